@@ -1,0 +1,125 @@
+"""The search-backend protocol and the backend registry.
+
+A backend stores documents (sparse vectors + metadata) in named indices and answers
+:class:`~stair_es.query.SearchRequest` objects. The embedded engine, Elasticsearch and
+OpenSearch each implement it in their own module; a new backend is one new module
+registered here (or through the ``stair_es.backends`` entry-point group).
+
+Contract every backend keeps:
+
+* ``search`` scores by the exact dot product ``sum_c weight_c * <q_c, d[field_c]>``
+  (ES/OS: with their stored 9-bit precision), after the request's filter;
+* ``ingest`` returns an :class:`IngestReport` with one item per input document; a document
+  that fails never makes the whole batch fail silently, and what is reported ok is durable;
+* ``explain`` gives per-token contributions that sum to the hit's score.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..errors import UnknownNameError
+from ..query import SearchRequest
+from ..schema import Document, Explanation, IndexSchema, IngestReport, ItemResult, SearchResult
+
+
+@dataclass
+class IndexInfo:
+    name: str
+    schema: IndexSchema
+    doc_count: int
+    size_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific figures (segments, postings...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "doc_count": self.doc_count, "size_bytes": self.size_bytes,
+                "schema": self.schema.to_dict(), **self.extra}
+
+
+ProgressCallback = Callable[[list[ItemResult]], None]
+
+
+class SearchBackend(ABC):
+    """What stair_es needs from a search engine."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def create_index(self, index: str, schema: IndexSchema, *, exist_ok: bool = False) -> None: ...
+
+    @abstractmethod
+    def list_indices(self) -> list[str]: ...
+
+    @abstractmethod
+    def index_info(self, index: str) -> IndexInfo: ...
+
+    @abstractmethod
+    def delete_index(self, index: str) -> None: ...
+
+    @abstractmethod
+    def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
+        """Add or replace documents by id. ``on_batch`` is called after each durable batch."""
+
+    @abstractmethod
+    def get(self, index: str, doc_id: str) -> Document: ...
+
+    @abstractmethod
+    def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
+        """Which of ``ids`` are in the index (used to resume an interrupted ingest)."""
+
+    @abstractmethod
+    def delete_documents(self, index: str, ids: Iterable[str]) -> IngestReport: ...
+
+    @abstractmethod
+    def search(self, index: str, request: SearchRequest) -> SearchResult: ...
+
+    @abstractmethod
+    def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation: ...
+
+    @abstractmethod
+    def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
+        """(document frequency per vocabulary id for sparse ``field``, number of live documents)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_BUILTIN = {
+    "embedded": "stair_es.backends.embedded:EmbeddedBackend",
+    "elasticsearch": "stair_es.backends.elasticsearch:ElasticsearchBackend",
+    "opensearch": "stair_es.backends.opensearch:OpenSearchBackend",
+}
+
+
+def list_backends() -> list[str]:
+    names = set(_BUILTIN)
+    names.update(ep.name for ep in entry_points(group="stair_es.backends"))
+    return sorted(names)
+
+
+def backend_class(name: str) -> type[SearchBackend]:
+    target = _BUILTIN.get(name)
+    if target is None:
+        for ep in entry_points(group="stair_es.backends"):
+            if ep.name == name:
+                return ep.load()
+        raise UnknownNameError(f"unknown backend {name!r}; available: {', '.join(list_backends())}")
+    module, _, attr = target.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def get_backend(name: str = "embedded", **options: Any) -> SearchBackend:
+    """Instantiate a backend by name, e.g. ``get_backend("embedded", home="./indices")``."""
+    return backend_class(name)(**options)

@@ -1,0 +1,94 @@
+"""The encoder interface and registry.
+
+An encoder maps images and/or texts to :class:`~stair_es.sparse.SparseVector` over the
+BERT vocabulary, in batches, optionally with a progress bar. Encoders are registered by
+name with a JSON-serialisable config so an index can record which encoder made it and a
+query can be encoded the same way.
+
+This module must not know about any particular model or backend.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError, UnknownNameError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, default_vocabulary
+
+
+class Encoder(ABC):
+    """Base class. Subclasses implement one or both of ``encode_images`` / ``encode_texts``."""
+
+    name: str = "abstract"
+    modalities: frozenset[str] = frozenset()
+
+    def __init__(self, vocab: Vocabulary | None = None):
+        self.vocab = vocab or default_vocabulary()
+
+    def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        """``images``: PIL images (RGB). Returns one vector per image, in order."""
+        raise InvalidInputError(f"encoder {self.name!r} does not encode images; choose an image encoder (see `stair-es encoders`)")
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        idf: np.ndarray | None = None,
+    ) -> list[SparseVector]:
+        """``idf``: optional per-token inverse document frequency from the target index."""
+        raise InvalidInputError(f"encoder {self.name!r} does not encode texts; choose a text encoder (see `stair-es encoders`)")
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable config; ``get_encoder(**config)`` rebuilds an equivalent encoder."""
+        return {"name": self.name}
+
+
+_BUILTIN: dict[str, str] = {
+    "default": "stair_es.encoders.default:DefaultEncoder",
+    "imagenet": "stair_es.encoders.imagenet:ImageNetLabelEncoder",
+    "bow": "stair_es.encoders.text:BagOfWordsEncoder",
+    "splade": "stair_es.encoders.text:SpladeEncoder",
+    "stair": "stair_es.stair.encoder:StairEncoder",
+}
+
+
+def register_encoder(name: str, target: str | Callable[..., Encoder]) -> None:
+    """Register an encoder factory (``"module:attr"`` or a callable) under ``name``."""
+    _BUILTIN[name] = target  # type: ignore[assignment]
+
+
+def list_encoders() -> list[str]:
+    names = set(_BUILTIN)
+    names.update(ep.name for ep in entry_points(group="stair_es.encoders"))
+    return sorted(names)
+
+
+def get_encoder(name: str = "default", **options: Any) -> Encoder:
+    """Build an encoder by registry name; unknown names list what exists."""
+    target: Any = _BUILTIN.get(name)
+    if target is None:
+        for ep in entry_points(group="stair_es.encoders"):
+            if ep.name == name:
+                target = ep.load()
+                break
+        else:
+            raise UnknownNameError(f"unknown encoder {name!r}; available: {', '.join(list_encoders())}")
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(import_module(module), attr)
+    return target(**options)
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar on stderr when enabled, else a no-op with the same interface."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item", disable=not enabled, leave=False)

@@ -1,0 +1,97 @@
+"""Typed errors raised by the stair_es library.
+
+The library raises these; the CLI maps them to one-line messages and exit codes.
+Every message says what is wrong and what the user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class StairError(Exception):
+    """Base class of every error stair_es raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidInputError(StairError, ValueError):
+    """The user gave a value stair_es cannot use (a bad weight, token, field, query...)."""
+
+    exit_code = 2
+
+
+class InvalidVectorError(InvalidInputError):
+    """A token map or sparse vector is malformed (NaN, negative, unknown or special tokens...)."""
+
+
+class EmptyQueryError(InvalidInputError):
+    """A query has nothing left to score with (it tokenized to nothing or was pruned away)."""
+
+
+class UnknownFieldError(InvalidInputError):
+    """A filter or query names a field the index does not have."""
+
+
+class UnknownNameError(InvalidInputError):
+    """A registry lookup (encoder, backend, model config) failed; the message lists what exists."""
+
+
+class MissingDependencyError(StairError, ImportError):
+    """An optional extra is not installed; the message says which `pip install` fixes it."""
+
+    exit_code = 3
+
+    def __init__(self, what: str, extra: str, package: str | None = None):
+        hint = f"pip install 'stair-es[{extra}]'"
+        if package:
+            hint += f" (or: pip install {package})"
+        super().__init__(f"{what} needs an optional dependency that is not installed: {hint}")
+        self.extra = extra
+
+
+class IndexError_(StairError):
+    """Base for problems with an index (named with a trailing underscore to avoid the builtin)."""
+
+    exit_code = 4
+
+
+class IndexNotFoundError(IndexError_):
+    pass
+
+
+class IndexExistsError(IndexError_):
+    pass
+
+
+class IndexLockedError(IndexError_):
+    """Another process holds the index's writer lock."""
+
+
+class IncompatibleIndexError(IndexError_):
+    """The index on disk was written by an incompatible stair_es version or is damaged."""
+
+
+class DocumentNotFoundError(StairError, KeyError):
+    exit_code = 4
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0]) if self.args else "document not found"
+
+
+class BackendError(StairError):
+    """A search backend (Elasticsearch, OpenSearch) failed or refused a request."""
+
+    exit_code = 5
+
+
+class ConnectionFailedError(BackendError):
+    """The cluster could not be reached; the message names the URL (never credentials)."""
+
+
+class ImageError(InvalidInputError):
+    """An image could not be used; the message says why (unreadable, truncated, too large...)."""
+
+
+class ModelError(StairError):
+    """A model checkpoint or config could not be loaded or does not match."""
+
+    exit_code = 6

@@ -1,0 +1,307 @@
+"""Index schema, documents, and the result types every backend returns.
+
+An index has *sparse fields* (token-weight maps; by default ``image`` and ``caption``)
+and *metadata fields* of four types: keyword, number, boolean, date. Metadata types are
+declared at index creation or inferred from the first document that uses a field; a
+later value of another type is a per-document error, never a silent coercion.
+
+This module owns value validation and normalisation. It must not know about any backend.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .errors import InvalidInputError, UnknownFieldError
+from .sparse import SparseVector
+
+FIELD_TYPES = ("keyword", "number", "boolean", "date")
+DEFAULT_SPARSE_FIELDS = ("image", "caption")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+RESERVED = {"id", "_id", "caption_text", "path", "image", "caption"}
+MAX_CAPTION_CHARS = 10_000
+MAX_KEYWORD_CHARS = 1_000
+
+
+def check_field_name(name: str, what: str = "field") -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidInputError(
+            f"invalid {what} name {name!r}: use letters, digits, '_' or '-', starting with a letter or '_', at most 64 chars"
+        )
+    return name
+
+
+def parse_date(value: Any, field_name: str = "") -> int:
+    """A date as epoch milliseconds (UTC). Accepts ISO 8601 strings, dates, datetimes, epoch ms ints."""
+    where = f" for field {field_name!r}" if field_name else ""
+    if isinstance(value, bool):
+        raise InvalidInputError(f"expected a date{where}, got a boolean")
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return int(value)
+    if isinstance(value, _dt.datetime):
+        dt = value
+    elif isinstance(value, _dt.date):
+        dt = _dt.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        s = value.strip()
+        if s.endswith("Z"):
+            s = s[:-1] + "+00:00"
+        try:
+            dt = _dt.datetime.fromisoformat(s)
+        except ValueError:
+            raise InvalidInputError(
+                f"invalid date {value!r}{where}: use ISO 8601, e.g. 2024-05-01 or 2024-05-01T12:30:00Z"
+            ) from None
+    else:
+        raise InvalidInputError(f"expected a date{where}, got {type(value).__name__}")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=_dt.timezone.utc)
+    return int(round(dt.timestamp() * 1000))
+
+
+def format_date(ms: int) -> str:
+    dt = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
+    if dt.hour == dt.minute == dt.second == dt.microsecond == 0:
+        return dt.date().isoformat()
+    return dt.isoformat().replace("+00:00", "Z")
+
+
+def infer_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "keyword"
+    if isinstance(value, (_dt.date, _dt.datetime)):
+        return "date"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return "keyword"
+    raise InvalidInputError(
+        f"metadata of type {type(value).__name__} is not supported: use a string (or list of strings), "
+        "a number, a boolean or an ISO date string in a field declared as date"
+    )
+
+
+def normalize_value(ftype: str, value: Any, field_name: str) -> Any:
+    """Validate one metadata value; returns the canonical form the backends store.
+
+    keyword -> str or tuple[str, ...]; number -> float; boolean -> bool; date -> epoch ms int.
+    """
+    if value is None:
+        return None
+    if ftype == "keyword":
+        vals = value if isinstance(value, (list, tuple)) else [value]
+        out = []
+        for v in vals:
+            if not isinstance(v, str):
+                raise InvalidInputError(f"field {field_name!r} is a keyword field; got {type(v).__name__} {v!r}")
+            if len(v) > MAX_KEYWORD_CHARS:
+                raise InvalidInputError(f"field {field_name!r}: keyword longer than {MAX_KEYWORD_CHARS} characters")
+            out.append(v)
+        return out[0] if not isinstance(value, (list, tuple)) else tuple(out)
+    if ftype == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidInputError(f"field {field_name!r} is a number field; got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise InvalidInputError(f"field {field_name!r}: numbers must be finite, got {value!r}")
+        return float(value)
+    if ftype == "boolean":
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"field {field_name!r} is a boolean field; got {type(value).__name__} {value!r}")
+        return value
+    if ftype == "date":
+        return parse_date(value, field_name)
+    raise InvalidInputError(f"unknown field type {ftype!r}; use one of {', '.join(FIELD_TYPES)}")
+
+
+@dataclass
+class IndexSchema:
+    """What an index holds. Serialisable to JSON; stored with the index."""
+
+    fields: dict[str, str] = field(default_factory=dict)  # metadata name -> type
+    sparse_fields: tuple[str, ...] = DEFAULT_SPARSE_FIELDS
+    vocab_name: str = "bert-base-uncased"
+    vocab_md5: str = "64800d5d8528ce344256daf115d4965e"
+    encoder: dict[str, Any] | None = None  # the encoder config used at ingest, for queries
+
+    def __post_init__(self) -> None:
+        for name, ftype in self.fields.items():
+            check_field_name(name)
+            if name in RESERVED:
+                raise InvalidInputError(f"{name!r} is reserved; choose another metadata field name")
+            if ftype not in FIELD_TYPES:
+                raise InvalidInputError(f"field {name!r}: unknown type {ftype!r}; use one of {', '.join(FIELD_TYPES)}")
+        for name in self.sparse_fields:
+            check_field_name(name, "sparse field")
+        self.sparse_fields = tuple(self.sparse_fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fields": dict(self.fields),
+            "sparse_fields": list(self.sparse_fields),
+            "vocab_name": self.vocab_name,
+            "vocab_md5": self.vocab_md5,
+            "encoder": self.encoder,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "IndexSchema":
+        return cls(
+            fields=dict(d.get("fields", {})),
+            sparse_fields=tuple(d.get("sparse_fields", DEFAULT_SPARSE_FIELDS)),
+            vocab_name=d.get("vocab_name", "bert-base-uncased"),
+            vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"),
+            encoder=d.get("encoder"),
+        )
+
+    def field_type(self, name: str) -> str:
+        try:
+            return self.fields[name]
+        except KeyError:
+            known = ", ".join(sorted(self.fields)) or "(none yet)"
+            raise UnknownFieldError(f"unknown metadata field {name!r}; this index has: {known}") from None
+
+    def check_sparse_field(self, name: str) -> str:
+        if name not in self.sparse_fields:
+            raise UnknownFieldError(
+                f"unknown sparse field {name!r}; this index has: {', '.join(self.sparse_fields)}"
+            )
+        return name
+
+    def normalize_metadata(self, metadata: Mapping[str, Any] | None, *, infer: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
+        """Validate a document's metadata. Returns (normalised values, newly inferred fields).
+
+        Does not mutate the schema: the backend adds new fields once the document is accepted.
+        """
+        if metadata is None:
+            return {}, {}
+        if not isinstance(metadata, Mapping):
+            raise InvalidInputError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+        out: dict[str, Any] = {}
+        new: dict[str, str] = {}
+        for name, value in metadata.items():
+            check_field_name(name, "metadata field")
+            if name in RESERVED:
+                raise InvalidInputError(f"metadata field {name!r} is reserved; rename it")
+            if value is None:
+                continue
+            ftype = self.fields.get(name)
+            if ftype is None:
+                if not infer:
+                    raise UnknownFieldError(f"unknown metadata field {name!r}; declare it when creating the index")
+                ftype = infer_type(value)
+                new[name] = ftype
+            out[name] = normalize_value(ftype, value, name)
+        return out, new
+
+
+@dataclass
+class Document:
+    """One catalog item: an id, its sparse vectors per field, metadata, and optional caption/source."""
+
+    id: str
+    vectors: dict[str, SparseVector]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    caption: str | None = None
+    source: str | None = None  # path or URL of the image, stored for display
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id or len(self.id) > 512 or "\n" in self.id:
+            raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {self.id!r}")
+
+
+@dataclass
+class Hit:
+    id: str
+    score: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    caption: str | None = None
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "score": self.score, "metadata": self.metadata, "caption": self.caption, "source": self.source}
+
+
+@dataclass
+class SearchResult:
+    hits: list[Hit]
+    total: int | None  # documents that passed the filter and scored > 0 (None if unknown)
+    took_ms: float
+    notes: list[str] = field(default_factory=list)  # e.g. "query pruned to 1024 tokens"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "took_ms": self.took_ms, "notes": self.notes, "hits": [h.to_dict() for h in self.hits]}
+
+
+@dataclass
+class TokenContribution:
+    field: str
+    token: str
+    query_weight: float  # after the clause weight is applied
+    doc_weight: float  # as stored by the backend (ES/OS: 9-bit precision)
+    contribution: float  # query_weight * doc_weight
+
+
+@dataclass
+class Explanation:
+    doc_id: str
+    score: float  # the backend's score
+    contributions: list[TokenContribution]
+    matched_filter: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return float(sum(c.contribution for c in self.contributions))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.doc_id,
+            "score": self.score,
+            "sum_of_contributions": self.total,
+            "matched_filter": self.matched_filter,
+            "notes": self.notes,
+            "contributions": [c.__dict__ for c in self.contributions],
+        }
+
+
+@dataclass
+class ItemResult:
+    id: str | None
+    ok: bool
+    error: str | None = None
+    source: str | None = None  # file or manifest line the item came from
+    action: str = "index"  # index | update | delete | skip
+
+
+@dataclass
+class IngestReport:
+    """Per-item outcome of a bulk operation. Nothing is dropped silently: every input is in here."""
+
+    items: list[ItemResult] = field(default_factory=list)
+
+    def add(self, item: ItemResult) -> None:
+        self.items.append(item)
+
+    def extend(self, items: Iterable[ItemResult]) -> None:
+        self.items.extend(items)
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for i in self.items if i.ok and i.action != "skip")
+
+    @property
+    def skipped(self) -> int:
+        return sum(1 for i in self.items if i.action == "skip")
+
+    @property
+    def failures(self) -> list[ItemResult]:
+        return [i for i in self.items if not i.ok]
+
+    def summary(self) -> dict[str, int]:
+        return {"ok": self.succeeded, "skipped": self.skipped, "failed": len(self.failures), "total": len(self.items)}

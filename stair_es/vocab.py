@@ -1,0 +1,192 @@
+"""The BERT uncased WordPiece vocabulary (30,522 entries) and a dependency-free tokenizer.
+
+Every sparse vector in stair_es is a weight map over this vocabulary. It ships with
+the package (``stair_es/data/bert_uncased_vocab.txt``) and is checked by md5 on load,
+so ids mean the same thing for every encoder, every index and every backend.
+
+This module owns: token <-> id lookup, which ids are *special* (never indexed), and
+BERT's basic + WordPiece tokenization (uncased, accents stripped), kept here so that
+query parsing works without ``transformers``. It must not know about encoders or indices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .errors import InvalidInputError, ModelError
+
+VOCAB_SIZE = 30522
+VOCAB_MD5 = "64800d5d8528ce344256daf115d4965e"
+_SPECIAL_RE = re.compile(r"^\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]$")
+
+
+class Vocabulary:
+    """An ordered WordPiece vocabulary; ``id`` is the line number in ``vocab.txt``."""
+
+    def __init__(self, tokens: Sequence[str], name: str = "bert-base-uncased"):
+        self.tokens: list[str] = list(tokens)
+        self.name = name
+        self._index = {t: i for i, t in enumerate(self.tokens)}
+        if len(self._index) != len(self.tokens):
+            raise ModelError(f"vocabulary {name!r} has duplicate entries")
+        special = np.zeros(len(self.tokens), dtype=bool)
+        for i, t in enumerate(self.tokens):
+            if _SPECIAL_RE.match(t):
+                special[i] = True
+        self.special_mask = special
+        self.special_mask.flags.writeable = False
+        self.unk_id = self._index.get("[UNK]")
+        self._digest: str | None = None
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, name: str | None = None) -> "Vocabulary":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ModelError(f"cannot read vocabulary file {path}: {e.strerror}") from e
+        tokens = text.split("\n")
+        if tokens and tokens[-1] == "":
+            tokens.pop()
+        return cls(tokens, name=name or path.name)
+
+    # --- lookup -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._index
+
+    def id(self, token: str) -> int:
+        try:
+            return self._index[token]
+        except KeyError:
+            raise InvalidInputError(
+                f"unknown token {token!r}: not in the {self.name} vocabulary "
+                f"(use `stair-es encode --text ...` to see how a word is tokenized)"
+            ) from None
+
+    def get(self, token: str, default: int | None = None) -> int | None:
+        return self._index.get(token, default)
+
+    def token(self, i: int) -> str:
+        return self.tokens[i]
+
+    def is_special(self, i: int) -> bool:
+        return bool(self.special_mask[i])
+
+    @property
+    def digest(self) -> str:
+        """md5 of the vocabulary as ``vocab.txt`` text; stored in indices and checkpoints."""
+        if self._digest is None:
+            self._digest = hashlib.md5(("\n".join(self.tokens) + "\n").encode("utf-8")).hexdigest()
+        return self._digest
+
+    # --- tokenization -------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[str]:
+        """BERT uncased tokenization: basic split, then greedy longest-match WordPiece."""
+        out: list[str] = []
+        for word in basic_tokenize(text):
+            out.extend(self.wordpiece(word))
+        return out
+
+    def wordpiece(self, word: str, max_chars: int = 100) -> list[str]:
+        if len(word) > max_chars:
+            return ["[UNK]"]
+        pieces: list[str] = []
+        start = 0
+        while start < len(word):
+            end = len(word)
+            found = None
+            while start < end:
+                sub = word[start:end]
+                if start > 0:
+                    sub = "##" + sub
+                if sub in self._index:
+                    found = sub
+                    break
+                end -= 1
+            if found is None:
+                return ["[UNK]"]
+            pieces.append(found)
+            start = end
+        return pieces
+
+    def encode(self, text: str) -> list[int]:
+        return [self._index[t] for t in self.tokenize(text)]
+
+    def ids_for(self, tokens: Iterable[str]) -> list[int]:
+        return [self.id(t) for t in tokens]
+
+
+def _is_punct(ch: str) -> bool:
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+def _is_cjk(cp: int) -> bool:
+    return (
+        0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F
+    )
+
+
+def basic_tokenize(text: str) -> list[str]:
+    """Lower-case, strip accents, drop control chars, split on whitespace and punctuation."""
+    chars = []
+    for ch in text:
+        cp = ord(ch)
+        if cp == 0 or cp == 0xFFFD or (unicodedata.category(ch) in ("Cc", "Cf") and ch not in "\t\n\r"):
+            continue
+        if _is_cjk(cp):
+            chars.append(f" {ch} ")
+        elif ch.isspace():
+            chars.append(" ")
+        else:
+            chars.append(ch)
+    words = []
+    for word in "".join(chars).lower().split():
+        word = "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")
+        cur = ""
+        for c in word:
+            if _is_punct(c):
+                if cur:
+                    words.append(cur)
+                    cur = ""
+                words.append(c)
+            else:
+                cur += c
+        if cur:
+            words.append(cur)
+    return words
+
+
+@lru_cache(maxsize=1)
+def default_vocabulary() -> Vocabulary:
+    """The shipped BERT uncased vocabulary, md5-checked."""
+    ref = resources.files("stair_es.data").joinpath("bert_uncased_vocab.txt")
+    data = ref.read_bytes()
+    digest = hashlib.md5(data).hexdigest()
+    if digest != VOCAB_MD5:
+        raise ModelError(
+            f"the packaged vocabulary is damaged (md5 {digest}, expected {VOCAB_MD5}); reinstall stair-es"
+        )
+    tokens = data.decode("utf-8").split("\n")
+    if tokens[-1] == "":
+        tokens.pop()
+    vocab = Vocabulary(tokens, name="bert-base-uncased")
+    if len(vocab) != VOCAB_SIZE:
+        raise ModelError(f"the packaged vocabulary has {len(vocab)} entries, expected {VOCAB_SIZE}")
+    return vocab
