@@ -347,14 +347,30 @@ class _ExprParser:
             return inner
         if tok in (")", "AND", "OR"):
             raise InvalidInputError(f"unexpected {tok!r} in token expression {self.text!r}")
-        if tok.startswith('"'):
-            t = tok[1:-1]
-            self.vocab.id(t)
-            return HasTokens((t,), field=self.field)
-        pieces = [p for p in self.vocab.tokenize(tok) if p != "[UNK]"]
-        if not pieces:
-            raise InvalidInputError(f"{tok!r} has no token in the vocabulary")
-        return HasTokens(pieces, field=self.field, mode="all")
+        return word_filter(tok, self.field, self.vocab)
+
+
+def word_filter(word: str, field: str = "image", vocab: Vocabulary | None = None) -> HasTokens:
+    """Documents containing ``word``: all of its WordPiece pieces, or one exact ``"token"`` if quoted."""
+    vocab = vocab or default_vocabulary()
+    word = word.strip()
+    if len(word) >= 2 and word.startswith('"') and word.endswith('"'):
+        t = word[1:-1]
+        vocab.id(t)
+        return HasTokens((t,), field=field)
+    pieces = [p for p in vocab.tokenize(word) if p != "[UNK]"]
+    if not pieces:
+        raise InvalidInputError(f"{word!r} has no token in the vocabulary")
+    return HasTokens(pieces, field=field, mode="all")
+
+
+def words_to_token_ids(words: Iterable[str], vocab: Vocabulary | None = None) -> list[str]:
+    """Tokens of each word (quoted items taken as exact tokens), for query-side dropping."""
+    vocab = vocab or default_vocabulary()
+    out: list[str] = []
+    for w in words:
+        out.extend(word_filter(w, vocab=vocab).tokens)
+    return out
 
 
 # --- the --where mini-language of the CLI ----------------------------------------------------

@@ -277,6 +277,10 @@ class ItemResult:
     error: str | None = None
     source: str | None = None  # file or manifest line the item came from
     action: str = "index"  # index | update | delete | skip
+    warning: str | None = None  # accepted, but something was changed (e.g. a caption truncated)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass
@@ -303,5 +307,10 @@ class IngestReport:
     def failures(self) -> list[ItemResult]:
         return [i for i in self.items if not i.ok]
 
+    @property
+    def warnings(self) -> list[ItemResult]:
+        return [i for i in self.items if i.warning]
+
     def summary(self) -> dict[str, int]:
-        return {"ok": self.succeeded, "skipped": self.skipped, "failed": len(self.failures), "total": len(self.items)}
+        return {"ok": self.succeeded, "skipped": self.skipped, "failed": len(self.failures),
+                "warnings": len(self.warnings), "total": len(self.items)}

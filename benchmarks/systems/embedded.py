@@ -1,0 +1,91 @@
+"""Adapter for the embedded engine (``stair_es.engine``): the one file to touch when its API drifts.
+
+Two timings: ``search()`` end to end (a :class:`SearchRequest` in, a :class:`SearchResult` with
+string ids out, including ``request.prepared``), and, when the engine exposes one, its lower-level
+array search (query ids/weights arrays in, doc numbers out) -- the engine's raw speed. The config
+chooses with ``params.api``: ``"search"`` (default) or ``"raw"``; ``params.raw_method`` names the
+array method if it is not one of :data:`RAW_METHODS`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stair_es.query import SearchRequest, SparseClause
+from stair_es.schema import IndexSchema
+from stair_es.sparse import SparseVector
+from stair_es.vocab import default_vocabulary
+
+from ..corpora import Corpus
+from .base import SkipSystem, System, dir_bytes
+
+FIELD = "image"
+RAW_METHODS = ("search_arrays", "search_raw", "search_ids")
+_ADD_BATCH = 200_000
+
+
+def _engine():
+    try:
+        from stair_es.engine import EngineIndex
+    except ImportError as e:
+        raise SkipSystem(f"stair_es.engine.EngineIndex is not available yet ({e})") from e
+    return EngineIndex
+
+
+class EmbeddedEngine(System):
+    exact = True
+
+    def build(self, corpus: Corpus) -> None:
+        EngineIndex = _engine()
+        self.path = self.workdir / "engine-index"
+        schema = IndexSchema(fields={}, sparse_fields=(FIELD,))
+        self.index = EngineIndex.create(self.path, schema)
+        d = corpus.docs
+        batch = int(self.params.get("add_batch", _ADD_BATCH))
+        for a in range(0, d.n_rows, batch):
+            b = min(d.n_rows, a + batch)
+            lo, hi = int(d.indptr[a]), int(d.indptr[b])
+            self.index.add_arrays(
+                [str(i) for i in range(a, b)],
+                {FIELD: (np.asarray(d.indptr[a : b + 1] - lo), np.asarray(d.indices[lo:hi]), np.asarray(d.weights[lo:hi]))},
+            )
+        for finish in self.params.get("after_build", ["commit"]):
+            if hasattr(self.index, finish):
+                getattr(self.index, finish)()
+        self.api = self.params.get("api", "search")
+        if self.api == "raw":
+            names = [self.params["raw_method"]] if "raw_method" in self.params else RAW_METHODS
+            self.raw = next((getattr(self.index, n) for n in names if hasattr(self.index, n)), None)
+            if self.raw is None:
+                raise SkipSystem(f"the engine exposes no array search method (looked for {', '.join(names)})")
+
+    def prepare_queries(self, corpus):
+        super().prepare_queries(corpus)
+        vocab = default_vocabulary()
+        q = corpus.queries
+        self.qarrays = [(np.ascontiguousarray(q.row(i)[0], np.int32), np.ascontiguousarray(q.row(i)[1], np.float32)) for i in range(q.n_rows)]
+        # building the request is the caller's work (it holds an encoded query), so it is not timed
+        self.requests = [SparseVector(ids, w, vocab) for ids, w in self.qarrays]
+
+    def search_one(self, qi, k, setting):
+        if self.api == "raw":
+            res = self.raw(*self.qarrays[qi], k) if "field" not in self.params else self.raw(self.params["field"], *self.qarrays[qi], k)
+            ids = res[0] if isinstance(res, tuple) else res
+            return np.asarray(ids, dtype=np.int64)
+        req = SearchRequest([SparseClause(FIELD, self.requests[qi])], top_k=k)
+        return np.array([int(h.id) for h in self.index.search(req).hits], dtype=np.int64)
+
+    def set_threads(self, n):
+        try:
+            import numba
+
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        except Exception:  # noqa: BLE001 - thread control is best effort
+            pass
+
+    def index_bytes(self):
+        return dir_bytes(self.path)
+
+    def close(self):
+        if hasattr(self, "index") and hasattr(self.index, "close"):
+            self.index.close()

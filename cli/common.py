@@ -1,0 +1,174 @@
+"""Shared CLI plumbing: backend/encoder options, output formatting, error mapping.
+
+Commands stay thin: flags in, library calls, results out. Library errors are typed
+(:mod:`stair_es.errors`); :class:`StairGroup` turns them into one-line messages and
+exit codes, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any, Callable, Iterable, Sequence
+
+import click
+
+from stair_es.errors import InvalidInputError, StairError
+
+BACKENDS = ("embedded", "elasticsearch", "opensearch")
+
+
+class StairGroup(click.Group):
+    """A click group that maps stair_es errors to ``Error: <one line>`` and the error's exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StairError as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted; everything acknowledged before the interruption is kept.", err=True)
+            ctx.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug: one line unless debugging
+            if os.environ.get("STAIR_ES_DEBUG"):
+                raise
+            click.echo(f"Error: internal error: {type(e).__name__}: {e} (set STAIR_ES_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(70)
+
+
+def backend_options(f: Callable) -> Callable:
+    """Options that choose and connect a backend. Only flags the user gave reach the backend."""
+    opts = [
+        click.option("--backend", type=click.Choice(BACKENDS), envvar="STAIR_ES_BACKEND", default="embedded",
+                     show_default=True, help="Where indices live. [env: STAIR_ES_BACKEND]"),
+        click.option("--home", type=click.Path(file_okay=False), envvar="STAIR_ES_HOME",
+                     help="Embedded engine: folder holding the indices. [env: STAIR_ES_HOME; default ~/.local/share/stair-es]"),
+        click.option("--url", "urls", multiple=True,
+                     help="Elasticsearch/OpenSearch URL; repeat for several nodes. [env: STAIR_ES_URL]"),
+        click.option("--api-key", help="Cluster API key. [env: STAIR_ES_API_KEY]"),
+        click.option("--username", help="Cluster basic-auth user. [env: STAIR_ES_USERNAME]"),
+        click.option("--password", help="Cluster basic-auth password. [env: STAIR_ES_PASSWORD]"),
+        click.option("--bearer-token", help="Cluster bearer token. [env: STAIR_ES_BEARER_TOKEN]"),
+        click.option("--ca-certs", type=click.Path(dir_okay=False), help="CA bundle for TLS. [env: STAIR_ES_CA_CERTS]"),
+        click.option("--insecure", is_flag=True, default=None, help="Do not verify TLS certificates (testing only)."),
+        click.option("--timeout", type=float, help="Cluster request timeout in seconds."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="Connection config file (TOML/JSON). [default ~/.config/stair-es/config.toml]"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        keys = ("backend", "home", "urls", "api_key", "username", "password", "bearer_token", "ca_certs",
+                "insecure", "timeout", "config_file")
+        conn = {k: kwargs.pop(k) for k in keys}
+        kwargs["backend"] = make_backend(conn)
+        try:
+            return f(*args, **kwargs)
+        finally:
+            kwargs["backend"].close()
+
+    return wrapper
+
+
+_CLUSTER_FLAGS = {"urls": "--url", "api_key": "--api-key", "username": "--username", "password": "--password",
+                  "bearer_token": "--bearer-token", "ca_certs": "--ca-certs", "timeout": "--timeout",
+                  "config_file": "--config", "insecure": "--insecure"}
+
+
+def make_backend(conn: dict[str, Any]):
+    from stair_es.backends.base import get_backend
+
+    name = conn.pop("backend")
+    if name == "embedded":
+        unused = [k for k in _CLUSTER_FLAGS if conn.get(k)]
+        if unused:
+            raise InvalidInputError(
+                f"{_CLUSTER_FLAGS[unused[0]]} is for --backend elasticsearch|opensearch; the embedded engine only takes --home"
+            )
+        return get_backend("embedded", **({"home": conn["home"]} if conn.get("home") else {}))
+    options: dict[str, Any] = {}
+    if conn.get("urls"):
+        options["urls"] = list(conn["urls"])
+    for k in ("api_key", "username", "password", "bearer_token", "ca_certs", "timeout", "config_file"):
+        if conn.get(k) is not None:
+            options[k] = conn[k]
+    if conn.get("insecure"):
+        options["verify_certs"] = False
+    return get_backend(name, **options)
+
+
+def encoder_options(default: str | None) -> Callable:
+    def deco(f: Callable) -> Callable:
+        f = click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
+                         help="Extra encoder option, e.g. text=bow or device=cuda; repeatable.")(f)
+        f = click.option("--model", help="Model for the encoder: a local directory or a hub id (e.g. for --encoder stair or splade).")(f)
+        help_ = "Encoder name (see `stair-es encoders`)." + ("" if default else " Default: the encoder recorded in the index.")
+        return click.option("--encoder", default=default, show_default=bool(default), help=help_)(f)
+    return deco
+
+
+def encoder_kwargs(model: str | None, opts: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for o in opts:
+        key, sep, value = o.partition("=")
+        if not sep or not key:
+            raise InvalidInputError(f"--encoder-option {o!r}: use KEY=VALUE")
+        out[key] = _parse_scalar(value)
+    if model:
+        out["model"] = model
+    return out
+
+
+def _parse_scalar(v: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    return v
+
+
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")(f)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: int = 60) -> str:
+    """A plain aligned text table (no dependency); long cells are cut with an ellipsis."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            s = f"{v:.4f}"
+        elif isinstance(v, (list, tuple)):
+            s = ",".join(str(x) for x in v)
+        elif v is None:
+            s = ""
+        else:
+            s = str(v)
+        s = s.replace("\n", " ")
+        return s if len(s) <= max_width else s[: max_width - 1] + "…"
+
+    body = [[cell(v) for v in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in body:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    sep = "  ".join("-" * w for w in widths)
+    out = [line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(x.rstrip() for x in out)
+
+
+def stderr_is_tty() -> bool:
+    return sys.stderr.isatty()

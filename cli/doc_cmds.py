@@ -1,0 +1,93 @@
+"""`stair-es get`, `stair-es delete`, `stair-es encode`, `stair-es encoders`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stair_es.encoders.base import get_encoder, list_encoders
+from stair_es.errors import InvalidInputError
+
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
+
+
+@click.command("get")
+@click.argument("index")
+@click.argument("doc_id")
+@click.option("--top-k", default=20, show_default=True, help="Top tokens to show per sparse field.")
+@json_option
+@backend_options
+def get(index, doc_id, top_k, as_json, backend) -> None:
+    """Show one document: metadata, caption, source and its top tokens."""
+    doc = backend.get(index, doc_id)
+    data = {"id": doc.id, "source": doc.source, "caption": doc.caption, "metadata": doc.metadata,
+            "nnz": {f: v.nnz for f, v in doc.vectors.items()},
+            "top_tokens": {f: v.to_token_map(top_k) for f, v in doc.vectors.items()}}
+    if as_json:
+        echo_json(data)
+        return
+    rows = [("id", doc.id), ("source", doc.source), ("caption", doc.caption)]
+    rows += [(f"metadata.{k}", v) for k, v in sorted(doc.metadata.items())]
+    for f, v in doc.vectors.items():
+        rows.append((f"{f} ({v.nnz} tokens)", " ".join(f"{t}:{w:.2f}" for t, w in v.top(top_k))))
+    click.echo(table(rows, ["property", "value"], max_width=120))
+
+
+@click.command("delete")
+@click.argument("index")
+@click.argument("doc_ids", nargs=-1, required=True)
+@json_option
+@backend_options
+def delete(index, doc_ids, as_json, backend) -> None:
+    """Delete documents by id from INDEX (reports ids that were not there)."""
+    report = backend.delete_documents(index, doc_ids)
+    if as_json:
+        echo_json({"summary": report.summary(), "items": [i.to_dict() for i in report.items]})
+    else:
+        for i in report.items:
+            click.echo(f"{'deleted' if i.ok else 'not deleted'}: {i.id}" + (f" ({i.error})" if i.error else ""))
+    if report.failures:
+        raise click.exceptions.Exit(1)
+
+
+@click.command("encode")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--text", "force_text", is_flag=True, help="Treat every input as text, even if a file has that name.")
+@click.option("--top-k", default=20, show_default=True, help="Tokens to show per input.")
+@encoder_options(default="default")
+@json_option
+def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> None:
+    """Show the top tokens of images (file paths) or texts.
+
+    \b
+      stair-es encode photo.jpg
+      stair-es encode "a dog on the beach"
+    """
+    from stair_es.images import load_image
+
+    enc = get_encoder(encoder, **encoder_kwargs(model, encoder_opts))
+    out = []
+    for item in inputs:
+        if not force_text and Path(item).is_file():
+            vec = enc.encode_images([load_image(item)])[0]
+            kind = "image"
+        else:
+            if not item.strip():
+                raise InvalidInputError("empty text")
+            vec = enc.encode_texts([item])[0]
+            kind = "text"
+        out.append({"input": item, "kind": kind, "nnz": vec.nnz, "tokens": vec.to_token_map(top_k)})
+    if as_json:
+        echo_json(out)
+        return
+    for o in out:
+        click.echo(f"{o['kind']} {o['input']!r}: {o['nnz']} non-zero tokens")
+        click.echo(table([(t, w) for t, w in o["tokens"].items()], ["token", "weight"]))
+
+
+@click.command("encoders")
+def encoders() -> None:
+    """List the registered encoders."""
+    for name in list_encoders():
+        click.echo(name)

@@ -1,0 +1,94 @@
+"""`stair-es index create|list|stats|delete`."""
+
+from __future__ import annotations
+
+import click
+
+from stair_es.errors import InvalidInputError
+from stair_es.schema import FIELD_TYPES, IndexSchema
+
+from .common import backend_options, echo_json, json_option, table
+
+
+@click.group("index")
+def index_group() -> None:
+    """Create, list, inspect and delete indices."""
+
+
+@index_group.command("create")
+@click.argument("name")
+@click.option("--field", "fields", multiple=True, metavar="NAME=TYPE",
+              help=f"Declare a metadata field; TYPE is one of {', '.join(FIELD_TYPES)}. Undeclared fields are "
+                   "inferred from the first document (strings -> keyword: declare dates here).")
+@click.option("--sparse-field", "sparse_fields", multiple=True,
+              help="Sparse (token-weight) fields; default: image and caption.")
+@click.option("--exist-ok", is_flag=True, help="Succeed if the index already exists.")
+@backend_options
+def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], exist_ok: bool, backend) -> None:
+    """Create an empty index NAME."""
+    declared = {}
+    for spec in fields:
+        fname, sep, ftype = spec.partition("=")
+        if not sep:
+            raise InvalidInputError(f"--field {spec!r}: use NAME=TYPE, e.g. taken=date")
+        declared[fname.strip()] = ftype.strip()
+    schema = IndexSchema(fields=declared, **({"sparse_fields": sparse_fields} if sparse_fields else {}))
+    backend.create_index(name, schema, exist_ok=exist_ok)
+    click.echo(f"created index {name!r} ({backend.name})")
+
+
+@index_group.command("list")
+@json_option
+@backend_options
+def list_(as_json: bool, backend) -> None:
+    """List indices with their document counts."""
+    infos = [backend.index_info(n) for n in backend.list_indices()]
+    if as_json:
+        echo_json([i.to_dict() for i in infos])
+        return
+    if not infos:
+        click.echo("no indices (create one with `stair-es index create NAME` or `stair-es ingest NAME SOURCE`)")
+        return
+    click.echo(table([(i.name, i.doc_count, _size(i.size_bytes), (i.schema.encoder or {}).get("name", "")) for i in infos],
+                     ["index", "docs", "size", "encoder"]))
+
+
+@index_group.command("stats")
+@click.argument("name")
+@json_option
+@backend_options
+def stats(name: str, as_json: bool, backend) -> None:
+    """Show an index's schema, encoder and size figures."""
+    info = backend.index_info(name)
+    if as_json:
+        echo_json(info.to_dict())
+        return
+    rows = [("docs", info.doc_count), ("size", _size(info.size_bytes)),
+            ("sparse fields", ", ".join(info.schema.sparse_fields)),
+            ("metadata fields", ", ".join(f"{k}:{v}" for k, v in sorted(info.schema.fields.items())) or "-"),
+            ("encoder", info.schema.encoder or "-")]
+    rows += [(k, v) for k, v in info.extra.items()]
+    click.echo(table(rows, ["property", "value"], max_width=100))
+
+
+@index_group.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@backend_options
+def delete(name: str, yes: bool, backend) -> None:
+    """Delete index NAME and all its documents."""
+    backend.index_info(name)  # fail early, with the backend's message, if it does not exist
+    if not yes:
+        click.confirm(f"Delete index {name!r} and all its documents?", abort=True)
+    backend.delete_index(name)
+    click.echo(f"deleted index {name!r}")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

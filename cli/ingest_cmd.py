@@ -1,0 +1,68 @@
+"""`stair-es ingest INDEX SOURCE`: bulk-ingest a folder, glob or JSONL manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from stair_es.encoders.base import get_encoder
+from stair_es.ingest import IngestOptions, ingest_catalog
+
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
+
+
+@click.command("ingest")
+@click.argument("index")
+@click.argument("source")
+@encoder_options(default="default")
+@click.option("--batch-size", default=32, show_default=True, help="Images encoded and committed together.")
+@click.option("--reindex", is_flag=True, help="Encode and write documents whose id is already indexed (default: skip them, "
+                                            "which is how an interrupted ingest resumes).")
+@click.option("--no-captions", is_flag=True, help="Do not encode captions into the caption field.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write one JSON line per input (ok, skipped or failed, with the reason) to this file.")
+@click.option("--allow-failures", is_flag=True, help="Exit 0 even if some items failed.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
+@json_option
+@backend_options
+def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_captions, report_path,
+           allow_failures, progress, as_json, backend) -> None:
+    """Encode the images of SOURCE and add them to INDEX (created if missing).
+
+    SOURCE is a folder (recursively; NAME.txt / NAME.json beside NAME.jpg give its caption and
+    metadata), a quoted glob such as 'photos/**/*.jpg', or a JSONL manifest with one
+    {"id", "path", "caption", "metadata"} object per line (paths relative to the manifest).
+
+    Ids already in the index are skipped, so running the same command again after an
+    interruption resumes without duplicates. Every input that cannot be used is reported with
+    its reason; the exit status is 1 if any item failed (unless --allow-failures).
+    """
+    kwargs = encoder_kwargs(model, encoder_opts)
+    opts = IngestOptions(batch_size=batch_size, reindex=reindex, encode_captions=not no_captions,
+                         progress=stderr_is_tty() if progress is None else progress)
+    report = ingest_catalog(backend, index, source, lambda: get_encoder(encoder, **kwargs), opts)
+    if report_path:
+        with Path(report_path).open("w", encoding="utf-8") as fh:
+            for item in report.items:
+                fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+    summary = report.summary()
+    if as_json:
+        echo_json({"summary": summary, "failures": [i.to_dict() for i in report.failures],
+                   "warnings": [i.to_dict() for i in report.warnings]})
+    else:
+        if report.failures:
+            click.echo(f"{len(report.failures)} item(s) could not be used:")
+            click.echo(table([(i.id or "-", i.source or "", i.error) for i in report.failures[:50]],
+                             ["id", "from", "reason"], max_width=90))
+            if len(report.failures) > 50:
+                click.echo(f"... and {len(report.failures) - 50} more" + ("" if report_path else " (use --report FILE for all)"))
+        notes = [i for i in report.warnings if i.action != "skip" or not i.warning.startswith("already indexed")]
+        if notes:
+            click.echo(f"{len(notes)} note(s):")
+            click.echo(table([(i.id or "-", i.warning) for i in notes[:50]], ["id", "note"], max_width=90))
+        click.echo(f"ingested {summary['ok']}, skipped {summary['skipped']}, failed {summary['failed']} "
+                   f"of {summary['total']} inputs into {index!r} ({backend.name})")
+    if report.failures and not allow_failures:
+        raise click.exceptions.Exit(1)

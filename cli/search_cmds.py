@@ -1,0 +1,184 @@
+"""`stair-es search` and `stair-es explain`: text or token-map queries with filters and token clauses."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable
+
+import click
+
+from stair_es.errors import InvalidInputError
+from stair_es.query import Filter, HasTokens, Not, Or, combine, parse_token_expression, parse_where, word_filter, words_to_token_ids
+from stair_es.search import build_request, encode_query_text, query_encoder
+from stair_es.sparse import SparseVector
+
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
+
+
+def query_options(f: Callable) -> Callable:
+    opts = [
+        click.option("--tokens", "token_map", metavar="JSON",
+                     help='Query with a given token map instead of text, e.g. \'{"dog": 1.2, "beach": 0.4}\'.'),
+        click.option("--where", "wheres", multiple=True, metavar="COND",
+                     help="Metadata filter, repeatable (ANDed): FIELD=VALUE, FIELD=A|B, FIELD!=VALUE, FIELD<N, "
+                          "FIELD>=N (numbers, dates), 'FIELD exists', prefix ! to negate."),
+        click.option("--require", "requires", multiple=True, metavar="WORD",
+                     help="Whitelist: documents must contain WORD's tokens (any of the --require words; "
+                          "all with --require-all). Quote an exact token: '\"##s\"'."),
+        click.option("--require-all", is_flag=True, help="Documents must contain every --require word."),
+        click.option("--exclude", "excludes", multiple=True, metavar="WORD",
+                     help="Index-side blacklist: drop documents containing WORD's tokens."),
+        click.option("--exclude-query", "query_excludes", multiple=True, metavar="WORD",
+                     help="Query-side blacklist: remove WORD's tokens from the query."),
+        click.option("--expr", metavar="EXPR", help="Boolean token filter, e.g. 'dog AND (beach OR park) NOT cat'."),
+        click.option("--token-field", default="image", show_default=True,
+                     help="Sparse field that --require/--exclude/--expr look at."),
+        click.option("--caption-weight", default=0.5, show_default=True, type=float,
+                     help="Weight of the match against caption tokens (0 = images only)."),
+        click.option("--image-weight", default=1.0, show_default=True, type=float,
+                     help="Weight of the match against image tokens."),
+        click.option("--top-k", "-k", default=10, show_default=True, help="Number of hits."),
+        click.option("--query-top-k", type=int, help="Keep only the N strongest query tokens."),
+        click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
+                  token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts):
+    info = backend.index_info(index)
+    schema = info.schema
+    if token_map:
+        try:
+            tm = json.loads(token_map)
+        except json.JSONDecodeError as e:
+            raise InvalidInputError(f"--tokens is not valid JSON: {e.msg}") from None
+        qvec = SparseVector.from_token_map(tm)
+        notes: list[str] = []
+    else:
+        if not text:
+            raise InvalidInputError("give a query text, or a token map with --tokens")
+        enc = query_encoder(schema, encoder, **encoder_kwargs(model, encoder_opts))
+        qvec = encode_query_text(enc, text, backend, index, field="image")
+        notes = []
+    filters: list[Filter | None] = [parse_where(w) for w in wheres]
+    if requires:
+        wl = [word_filter(w, token_field) for w in requires]
+        filters.append(combine(wl) if require_all else (wl[0] if len(wl) == 1 else Or(wl)))
+    if excludes:
+        filters.extend(Not(word_filter(w, token_field)) for w in excludes)
+    if expr:
+        filters.append(parse_token_expression(expr, token_field))
+    vectors = {}
+    if image_weight > 0 and "image" in schema.sparse_fields:
+        vectors["image"] = (qvec, image_weight)
+    if caption_weight > 0 and "caption" in schema.sparse_fields:
+        vectors["caption"] = (qvec, caption_weight)
+    request = build_request(vectors, filter=combine(filters), top_k=top_k,
+                            drop_tokens=tuple(words_to_token_ids(query_excludes)),
+                            query_top_k=query_top_k, query_min_weight=min_weight)
+    request.notes.extend(notes)
+    return request.prepared(schema), qvec
+
+
+@click.command("search")
+@click.argument("index")
+@click.argument("text", required=False)
+@query_options
+@click.option("--explain", "explain_hits", is_flag=True, help="Show each hit's per-token contributions.")
+@encoder_options(default=None)
+@json_option
+@backend_options
+def search(index, text, explain_hits, as_json, backend, **q) -> None:
+    """Search INDEX with TEXT (or --tokens), filters and token clauses.
+
+    The score is the dot product of the query's token weights with each document's image
+    tokens (plus --caption-weight times its caption tokens). Examples:
+
+    \b
+      stair-es search samples "a cat"
+      stair-es search samples "space" --where kind=photo --exclude rocket
+      stair-es search samples "animal" --require cat --explain
+      stair-es search samples "coffee" --expr 'cup OR espresso' --json
+    """
+    request, qvec = _make_request(backend, index, text, **q)
+    result = backend.search(index, request)
+    explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
+    if as_json:
+        data = result.to_dict()
+        data["query_tokens"] = qvec.to_token_map(50)
+        for h in data["hits"]:
+            if h["id"] in explanations:
+                h["explanation"] = explanations[h["id"]].to_dict()
+        echo_json(data)
+        return
+    click.echo(f"query tokens: {_fmt_tokens(request.clauses[0].vector.top(12))}")
+    for n in result.notes:
+        click.echo(f"note: {n}")
+    if not result.hits:
+        click.echo("no hits")
+        return
+    rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
+    click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
+    for h in result.hits:
+        if h.id in explanations:
+            click.echo("")
+            _print_explanation(explanations[h.id], limit=8)
+    total = "" if result.total is None else f"{result.total} matching, "
+    click.echo(f"({total}{result.took_ms:.1f} ms)")
+
+
+@click.command("explain")
+@click.argument("index")
+@click.argument("doc_id")
+@click.argument("text", required=False)
+@query_options
+@click.option("--limit", default=20, show_default=True, help="Rows to show.")
+@encoder_options(default=None)
+@json_option
+@backend_options
+def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
+    """Why DOC_ID scores what it does for TEXT (or --tokens); without a query, its top tokens.
+
+    Each row is one token: query weight x document weight = contribution; the rows sum to the score.
+    """
+    if not text and not q.get("token_map"):
+        doc = backend.get(index, doc_id)
+        data = {f: v.to_token_map(limit) for f, v in doc.vectors.items()}
+        if as_json:
+            echo_json({"id": doc.id, "top_tokens": data, "metadata": doc.metadata, "caption": doc.caption})
+            return
+        for f, tm in data.items():
+            click.echo(f"{f} tokens of {doc.id!r} ({doc.vectors[f].nnz} non-zero):")
+            click.echo("  " + _fmt_tokens(tm.items()))
+        return
+    request, _ = _make_request(backend, index, text, **q)
+    exp = backend.explain(index, doc_id, request)
+    if as_json:
+        echo_json(exp.to_dict())
+        return
+    _print_explanation(exp, limit=limit)
+
+
+def _print_explanation(exp, limit: int) -> None:
+    status = "" if exp.matched_filter else "  (does NOT pass the filter)"
+    click.echo(f"{exp.doc_id}: score {exp.score:.4f} = sum of {len(exp.contributions)} token contributions{status}")
+    rows = [(c.field, c.token, c.query_weight, c.doc_weight, c.contribution) for c in exp.contributions[:limit]]
+    if rows:
+        click.echo(table(rows, ["field", "token", "query w", "doc w", "contribution"]))
+    if len(exp.contributions) > limit:
+        rest = sum(c.contribution for c in exp.contributions[limit:])
+        click.echo(f"... {len(exp.contributions) - limit} more tokens contribute {rest:.4f}")
+    for n in exp.notes:
+        click.echo(f"note: {n}")
+
+
+def _fmt_tokens(items) -> str:
+    return " ".join(f"{t}:{w:.2f}" for t, w in items)
+
+
+def _fmt_meta(meta: dict[str, Any]) -> str:
+    return " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sorted(meta.items()))

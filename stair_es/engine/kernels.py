@@ -1,0 +1,372 @@
+"""Numba kernels of the embedded engine: postings build, exact block-max top-k, lookups.
+
+Posting layout of one segment (all fields in one structure, term key = field * V + token):
+
+* documents are cut into fixed *blocks* of ``2**bshift`` (<= 256) consecutive local doc ids;
+* per term key: its postings in doc order, split into (term, block) *pairs*; a pair stores
+  the block number (uint16), the posting count - 1 (uint8) and the maximum weight in the
+  block (float16 bits);
+* a posting is the doc offset inside its block (uint8) and the weight (float16 bits).
+
+Search is exact *block-max* ranking: upper bounds per block (sum of query weight x block
+max) are computed from the pairs only, blocks are scored in decreasing bound order and the
+scan stops once the next bound is below the current k-th score. This module must not know
+about files, schemas or ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TABLE[~np.isfinite(F16_TABLE)] = 0.0
+F16_TABLE.flags.writeable = False
+
+
+# --- hashing ---------------------------------------------------------------------------------
+@njit(cache=True)
+def fnv1a64(blob, offsets):
+    n = offsets.size - 1
+    out = np.empty(n, np.uint64)
+    prime = np.uint64(1099511628211)
+    for i in range(n):
+        h = np.uint64(14695981039346656037)
+        for p in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(blob[p])) * prime
+        out[i] = h
+    return out
+
+
+# --- input checks ------------------------------------------------------------------------------
+@njit(cache=True)
+def check_csr(indptr, indices, weights, vocab_size, special):
+    """Returns (status, row): 0 ok; 1 unsorted/duplicate ids; 2 bad id; 3 bad weight; 4 special token."""
+    n = indptr.size - 1
+    for d in range(n):
+        last = -1
+        for p in range(indptr[d], indptr[d + 1]):
+            t = indices[p]
+            if t < 0 or t >= vocab_size:
+                return 2, d
+            w = weights[p]
+            if not (w >= 0.0) or w == np.inf:
+                return 3, d
+            if w > 0.0 and special[t]:
+                return 4, d
+            if t <= last:
+                return 1, d
+            last = t
+    return 0, -1
+
+
+# --- build -------------------------------------------------------------------------------------
+@njit(cache=True)
+def build_postings(indptr, indices, wbits, n_docs, key_base, n_keys, bshift):
+    """CSR (doc-major, sorted token ids, non-zero fp16 bits) -> term-major block postings.
+
+    Returns keys, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w.
+    """
+    nnz = indptr[n_docs] - indptr[0]
+    counts = np.zeros(n_keys, np.int64)
+    for p in range(indptr[0], indptr[n_docs]):
+        counts[indices[p]] += 1
+    T = 0
+    for t in range(n_keys):
+        if counts[t] > 0:
+            T += 1
+    keys = np.empty(T, np.uint32)
+    post_ptr = np.empty(T + 1, np.int64)
+    pos = np.zeros(n_keys, np.int64)
+    j = 0
+    acc = 0
+    for t in range(n_keys):
+        if counts[t] > 0:
+            keys[j] = key_base + t
+            post_ptr[j] = acc
+            pos[t] = acc
+            acc += counts[t]
+            j += 1
+    post_ptr[T] = acc
+    post_doc = np.empty(nnz, np.uint32)
+    post_w = np.empty(nnz, np.uint16)
+    for d in range(n_docs):
+        for p in range(indptr[d], indptr[d + 1]):
+            t = indices[p]
+            q = pos[t]
+            post_doc[q] = d
+            post_w[q] = wbits[p]
+            pos[t] = q + 1
+    npairs = 0
+    for j in range(T):
+        last = -1
+        for q in range(post_ptr[j], post_ptr[j + 1]):
+            b = np.int64(post_doc[q] >> bshift)
+            if b != last:
+                npairs += 1
+                last = b
+    pair_ptr = np.empty(T + 1, np.int64)
+    pair_block = np.empty(npairs, np.uint16)
+    pair_cnt = np.empty(npairs, np.uint8)
+    pair_max = np.empty(npairs, np.uint16)
+    post_off = np.empty(nnz, np.uint8)
+    mask = (1 << bshift) - 1
+    k = -1
+    for j in range(T):
+        pair_ptr[j] = k + 1
+        last = -1
+        c = 0
+        for q in range(post_ptr[j], post_ptr[j + 1]):
+            d = np.int64(post_doc[q])
+            b = d >> bshift
+            post_off[q] = d & mask
+            w = post_w[q]
+            if b != last:
+                if k >= 0 and last >= 0:
+                    pair_cnt[k] = c - 1
+                k += 1
+                pair_block[k] = b
+                pair_max[k] = w
+                c = 0
+                last = b
+            elif w > pair_max[k]:  # positive fp16 bit patterns sort like their values
+                pair_max[k] = w
+            c += 1
+        if last >= 0:
+            pair_cnt[k] = c - 1
+    pair_ptr[T] = k + 1
+    return keys, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w
+
+
+@njit(cache=True)
+def postings_to_csr(n_docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, key_lo, key_hi, bshift, keep_map):
+    """Term-major postings of keys in [key_lo, key_hi) -> doc-major CSR over kept docs.
+
+    ``keep_map[d]`` is the new row of local doc d (-1 = dropped). Returns indptr, token ids
+    (key - key_lo), fp16 weight bits; token ids within a row come out sorted.
+    """
+    n_out = 0
+    for d in range(n_docs):
+        if keep_map[d] >= 0:
+            n_out += 1
+    counts = np.zeros(n_out + 1, np.int64)
+    for j in range(keys.size):
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        q = post_ptr[j]
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                r = keep_map[base + post_off[q]]
+                if r >= 0:
+                    counts[r + 1] += 1
+                q += 1
+    indptr = np.cumsum(counts)
+    pos = indptr[:-1].copy()
+    ids = np.empty(indptr[n_out], np.int32)
+    wb = np.empty(indptr[n_out], np.uint16)
+    for j in range(keys.size):  # keys ascending -> ids ascending within each row
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        tok = np.int32(keys[j] - key_lo)
+        q = post_ptr[j]
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                r = keep_map[base + post_off[q]]
+                if r >= 0:
+                    ids[pos[r]] = tok
+                    wb[pos[r]] = post_w[q]
+                    pos[r] += 1
+                q += 1
+    return indptr, ids, wb
+
+
+@njit(cache=True)
+def doc_row(doc, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift):
+    """All (key, fp16 bits) of one local doc, keys ascending."""
+    b = doc >> bshift
+    off = doc & ((1 << bshift) - 1)
+    out_k = np.empty(keys.size, np.uint32)
+    out_w = np.empty(keys.size, np.uint16)
+    n = 0
+    for j in range(keys.size):
+        lo = pair_ptr[j]
+        hi = pair_ptr[j + 1]
+        # binary search of block b in this term's pairs
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if pair_block[mid] < b:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < pair_ptr[j + 1] and pair_block[lo] == b:
+            q = post_ptr[j]
+            for p in range(pair_ptr[j], lo):
+                q += np.int64(pair_cnt[p]) + 1
+            for qq in range(q, q + np.int64(pair_cnt[lo]) + 1):
+                if post_off[qq] == off:
+                    out_k[n] = keys[j]
+                    out_w[n] = post_w[qq]
+                    n += 1
+                    break
+    return out_k[:n], out_w[:n]
+
+
+@njit(cache=True)
+def term_docs(j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, out_mask):
+    """Set ``out_mask[d] = 1`` for every local doc in term j's postings."""
+    q = post_ptr[j]
+    for p in range(pair_ptr[j], pair_ptr[j + 1]):
+        base = np.int64(pair_block[p]) << bshift
+        for _ in range(np.int64(pair_cnt[p]) + 1):
+            out_mask[base + post_off[q]] = 1
+            q += 1
+
+
+@njit(cache=True)
+def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, live, key_lo, key_hi, out):
+    """Live document frequency per key in [key_lo, key_hi) added into out[key - key_lo]."""
+    all_live = live.size == 0
+    for j in range(keys.size):
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        if all_live:
+            out[keys[j] - key_lo] += post_ptr[j + 1] - post_ptr[j]
+            continue
+        q = post_ptr[j]
+        c = 0
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                if live[base + post_off[q]]:
+                    c += 1
+                q += 1
+        out[keys[j] - key_lo] += c
+
+
+# --- top-k heap (root = worst kept hit: lowest score, then highest sequence number) ------------
+@njit(cache=True, inline="always")
+def _worse(s1, q1, s2, q2):
+    return s1 < s2 or (s1 == s2 and q1 > q2)
+
+
+@njit(cache=True)
+def _sift_down(hs, hq, hr, n, i):
+    while True:
+        l = 2 * i + 1
+        if l >= n:
+            return
+        m = l
+        r = l + 1
+        if r < n and _worse(hs[r], hq[r], hs[l], hq[l]):
+            m = r
+        if _worse(hs[m], hq[m], hs[i], hq[i]):
+            hs[i], hs[m] = hs[m], hs[i]
+            hq[i], hq[m] = hq[m], hq[i]
+            hr[i], hr[m] = hr[m], hr[i]
+            i = m
+        else:
+            return
+
+
+@njit(cache=True)
+def _push(hs, hq, hr, state, k, s, sq, ref):
+    n = state[0]
+    if n < k:
+        i = n
+        hs[i] = s
+        hq[i] = sq
+        hr[i] = ref
+        while i > 0:
+            par = (i - 1) >> 1
+            if _worse(hs[i], hq[i], hs[par], hq[par]):
+                hs[i], hs[par] = hs[par], hs[i]
+                hq[i], hq[par] = hq[par], hq[i]
+                hr[i], hr[par] = hr[par], hr[i]
+                i = par
+            else:
+                break
+        state[0] = n + 1
+    elif _worse(hs[0], hq[0], s, sq):
+        hs[0] = s
+        hq[0] = sq
+        hr[0] = ref
+        _sift_down(hs, hq, hr, n, 0)
+
+
+# --- search ------------------------------------------------------------------------------------
+@njit(cache=True)
+def search_segment(
+    q_j, q_w, n_docs, bshift,
+    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
+    allowed, seq, ref_base, k, hs, hq, hr, state,
+):
+    """Exact block-max top-k over one segment, merged into the shared heap (hs, hq, hr, state).
+
+    ``q_j``: term index of each query term in this segment (present terms only); ``q_w``:
+    float32 query weights (clause weight applied). ``allowed``: uint8 per doc (filter and
+    not deleted) or empty for "all". state = [heap size, matched docs, 1 if total is exact].
+    """
+    nq = q_j.size
+    bs = 1 << bshift
+    n_blocks = (n_docs + bs - 1) >> bshift
+    ub = np.zeros(n_blocks, np.float32)
+    slot = np.full((nq, n_blocks), -1, np.int64)
+    for i in range(nq):
+        j = q_j[i]
+        w = q_w[i]
+        q = post_ptr[j]
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            b = np.int64(pair_block[p])
+            ub[b] += w * f16[pair_max[p]]
+            c = np.int64(pair_cnt[p]) + 1
+            slot[i, b] = (q << 9) | c  # posting start and count (<= 256) in one word
+            q += c
+    # blocks that can hold an allowed hit, best bound first
+    has_allowed = np.ones(n_blocks, np.bool_)
+    if allowed.size:
+        for b in range(n_blocks):
+            found = False
+            for d in range(b * bs, min((b + 1) * bs, n_docs)):
+                if allowed[d]:
+                    found = True
+                    break
+            has_allowed[b] = found
+    nc = 0
+    cand = np.empty(n_blocks, np.int64)
+    for b in range(n_blocks):
+        if ub[b] > 0 and has_allowed[b]:
+            cand[nc] = b
+            nc += 1
+    cand = cand[:nc]
+    order = np.argsort(-ub[cand], kind="quicksort")
+    acc = np.zeros(bs, np.float32)
+    exact_total = True
+    for oi in range(nc):
+        b = cand[order[oi]]
+        if state[0] >= k:
+            # bounds are float32 sums in another order: leave a relative slack for rounding
+            if ub[b] * np.float32(1.0001) < hs[0]:
+                exact_total = False
+                break
+        for i in range(nq):
+            sl = slot[i, b]
+            if sl < 0:
+                continue
+            w = q_w[i]
+            q0 = sl >> 9
+            for q in range(q0, q0 + (sl & 511)):
+                acc[post_off[q]] += w * f16[post_w[q]]
+        base = b << bshift
+        for o in range(bs):
+            s = acc[o]
+            if s > 0:
+                acc[o] = 0.0
+                d = base + o
+                if allowed.size and not allowed[d]:
+                    continue
+                state[1] += 1
+                _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
+    if not exact_total:
+        state[2] = 0

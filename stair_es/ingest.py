@@ -1,0 +1,233 @@
+"""Bulk ingestion of an image catalog into any backend.
+
+Pipeline per batch: read catalog entries -> skip ids already indexed (resume) -> decode
+images (Pillow, in a small thread pool) -> encode images and captions -> ``backend.ingest``.
+Every input ends in the returned :class:`IngestReport`: ingested, skipped (and why) or
+failed (and why). A failure of one item never loses the others: a batch whose encoding
+fails is retried item by item so the culprit is named.
+
+Resuming is by document id: ids are deterministic (manifest id or relative path), ingest
+is an upsert, and ids already in the index are skipped unless ``reindex=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from .backends.base import SearchBackend
+from .catalog import CatalogEntry, read_catalog
+from .encoders.base import Encoder
+from .errors import IndexNotFoundError, InvalidInputError, StairError
+from .schema import Document, IndexSchema, IngestReport, ItemResult
+from .sparse import SparseVector
+
+log = logging.getLogger(__name__)
+
+EncoderFactory = Callable[[], Encoder]
+
+
+@dataclass
+class IngestOptions:
+    batch_size: int = 32
+    reindex: bool = False  # encode and write again even if the id exists
+    encode_captions: bool = True
+    progress: bool = False
+    decode_threads: int = 2
+
+
+def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for it in items:
+        batch.append(it)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encoder_signature(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of an encoder config that must match between ingest and query."""
+    if not config:
+        return None
+    return {k: v for k, v in config.items() if k not in ("device", "batch_size", "progress")}
+
+
+def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, Any] | None) -> IndexSchema:
+    """Open ``index`` or create it recording the encoder; refuse to mix encoders in one index."""
+    try:
+        info = backend.index_info(index)
+    except IndexNotFoundError:
+        schema = IndexSchema(encoder=encoder_config)
+        backend.create_index(index, schema)
+        return schema
+    schema = info.schema
+    have, want = encoder_signature(schema.encoder), encoder_signature(encoder_config)
+    if have and want and have.get("name") != "precomputed" and want.get("name") != "precomputed" and have != want:
+        raise InvalidInputError(
+            f"index {index!r} was built with encoder {have}, not {want}; vectors from different encoders "
+            "are not comparable: use the same --encoder/--model or another index"
+        )
+    return schema
+
+
+def ingest_catalog(
+    backend: SearchBackend,
+    index: str,
+    source: str | Path,
+    encoder_factory: EncoderFactory | None,
+    options: IngestOptions | None = None,
+    on_items: Callable[[list[ItemResult]], None] | None = None,
+) -> IngestReport:
+    """Ingest a folder, glob or JSONL manifest into ``index`` (created if missing)."""
+    opts = options or IngestOptions()
+    if opts.batch_size < 1:
+        raise InvalidInputError("batch size must be at least 1")
+    entries = list(read_catalog(source))
+    report = IngestReport()
+    encoder: Encoder | None = None
+    needs_encoder = any(isinstance(e, CatalogEntry) and e.vectors is None for e in entries)
+    if needs_encoder:
+        if encoder_factory is None:
+            raise InvalidInputError("this catalog has images to encode: choose an --encoder")
+        encoder = encoder_factory()
+    schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"})
+
+    total = len(entries)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=f"ingest {index}", unit="img", disable=not opts.progress)
+
+    def emit(items: list[ItemResult]) -> None:
+        report.extend(items)
+        bar.update(len(items))
+        if on_items:
+            on_items(items)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, opts.decode_threads))
+    try:
+        for batch in _batches(entries, opts.batch_size):
+            ready: list[CatalogEntry] = []
+            early: list[ItemResult] = []
+            for e in batch:
+                (ready if isinstance(e, CatalogEntry) else early).append(e)
+            if early:
+                emit(early)
+            if not ready:
+                continue
+            if not opts.reindex:
+                existing = backend.existing_ids(index, [e.id for e in ready])
+                if existing:
+                    emit([ItemResult(e.id, True, None, e.origin, "skip", "already indexed (use --reindex to encode it again)")
+                          for e in ready if e.id in existing])
+                    ready = [e for e in ready if e.id not in existing]
+            if ready:
+                docs, failed = _build_documents(ready, encoder, schema, opts, pool)
+                if failed:
+                    emit(failed)
+                if docs:
+                    warnings = {e.id: e.warning for e in ready if e.warning}
+                    result = backend.ingest(index, docs)
+                    for item in result.items:
+                        if item.id in warnings and not item.warning:
+                            item.warning = warnings[item.id]
+                    emit(result.items)
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+    return report
+
+
+def _build_documents(
+    entries: Sequence[CatalogEntry],
+    encoder: Encoder | None,
+    schema: IndexSchema,
+    opts: IngestOptions,
+    pool: ThreadPoolExecutor,
+) -> tuple[list[Document], list[ItemResult]]:
+    from .images import load_image
+
+    failed: list[ItemResult] = []
+    vectors: dict[str, dict[str, SparseVector]] = {e.id: {} for e in entries}
+
+    # 1. precomputed token maps
+    for e in entries:
+        if e.vectors is None:
+            continue
+        try:
+            for fname, tmap in e.vectors.items():
+                schema.check_sparse_field(fname)
+                vectors[e.id][fname] = SparseVector.from_token_map(tmap)
+        except StairError as err:
+            failed.append(ItemResult(e.id, False, f"vectors: {err}", e.origin))
+    bad = {f.id for f in failed}
+
+    # 2. images: decode in threads, encode in one batch
+    to_encode = [e for e in entries if e.id not in bad and e.path is not None
+                 and "image" not in (e.vectors or {}) and encoder is not None]
+    images, img_entries = [], []
+    for e, res in zip(to_encode, pool.map(_safe_load(load_image), [e.path for e in to_encode])):
+        if isinstance(res, Exception):
+            failed.append(ItemResult(e.id, False, str(res), e.origin))
+            bad.add(e.id)
+        else:
+            images.append(res)
+            img_entries.append(e)
+    if images and encoder is not None:
+        for e, vec in zip(img_entries, _encode_robust(encoder.encode_images, images, img_entries, failed, bad, "image")):
+            if vec is not None:
+                vectors[e.id]["image"] = vec
+
+    # 3. captions (a caption vector is optional: failure to encode one is reported, the image is kept)
+    cap_entries = [e for e in entries if e.id not in bad and e.caption and opts.encode_captions
+                   and "caption" in schema.sparse_fields and "caption" not in vectors[e.id]]
+    if cap_entries and encoder is not None and "text" in encoder.modalities:
+        caps = [e.caption for e in cap_entries]
+        for e, vec in zip(cap_entries, _encode_robust(encoder.encode_texts, caps, cap_entries, failed, bad, "caption")):
+            if vec is not None and vec.nnz:
+                vectors[e.id]["caption"] = vec
+
+    docs = []
+    for e in entries:
+        if e.id in bad:
+            continue
+        if not vectors[e.id]:
+            failed.append(ItemResult(e.id, False, "nothing to index: no image vector and no caption vector", e.origin))
+            continue
+        try:
+            docs.append(Document(e.id, vectors[e.id], e.metadata, e.caption, str(e.path) if e.path else None))
+        except StairError as err:
+            failed.append(ItemResult(e.id, False, str(err), e.origin))
+    return docs, failed
+
+
+def _safe_load(load: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def run(path: Any) -> Any:
+        try:
+            return load(path)
+        except StairError as e:
+            return e
+        except Exception as e:  # noqa: BLE001 - an unexpected decoder failure is one item's failure
+            return InvalidInputError(f"cannot read image {path}: {type(e).__name__}: {e}")
+    return run
+
+
+def _encode_robust(fn, inputs, entries, failed, bad, what) -> list[SparseVector | None]:
+    """Encode a batch; if the batch fails, encode one by one so only the culprit fails."""
+    try:
+        return list(fn(list(inputs)))
+    except Exception as batch_err:  # noqa: BLE001
+        log.warning("batch %s encoding failed (%s); retrying item by item", what, batch_err)
+    out: list[SparseVector | None] = []
+    for x, e in zip(inputs, entries):
+        try:
+            out.append(fn([x])[0])
+        except Exception as err:  # noqa: BLE001
+            failed.append(ItemResult(e.id, False, f"{what} encoding failed: {err}", e.origin))
+            bad.add(e.id)
+            out.append(None)
+    return out

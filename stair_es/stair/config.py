@@ -1,0 +1,103 @@
+"""STAIR model configurations: one dataclass, one JSON file per named size.
+
+Owns the architecture hyper-parameters (tower sizes, image size, head type) and the named
+configs shipped in ``configs/*.json``. Knows nothing about torch, training or data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, UnknownNameError
+from ..vocab import VOCAB_SIZE
+
+_CONFIG_DIR = Path(__file__).parent / "configs"
+FORMAT = "stair_es.stair/1"
+
+
+@dataclass
+class StairConfig:
+    """Architecture of a STAIR dual encoder (or of its dense CLIP-style baseline).
+
+    ``head="sparse"`` is STAIR: token projection heads onto the vocabulary (eq. 4-5).
+    ``head="dense"`` is the baseline: the same towers, a linear projection to ``dense_dim``.
+    """
+
+    vocab_size: int = VOCAB_SIZE
+    text_layers: int = 2
+    text_width: int = 128
+    text_heads: int = 2
+    text_max_length: int = 77
+    image_size: int = 64
+    patch_size: int = 16
+    image_layers: int = 2
+    image_width: int = 128
+    image_heads: int = 2
+    mlp_ratio: int = 4
+    head: str = "sparse"
+    dense_dim: int = 256
+    init_temperature: float = 0.07
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.head not in ("sparse", "dense"):
+            raise ModelError(f"config head must be 'sparse' or 'dense', got {self.head!r}")
+        if self.image_size % self.patch_size:
+            raise ModelError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        for tower, width, heads in (("text", self.text_width, self.text_heads), ("image", self.image_width, self.image_heads)):
+            if width % heads:
+                raise ModelError(f"{tower}_width {width} is not divisible by {tower}_heads {heads}")
+        if not 2 < self.text_max_length <= 512:
+            raise ModelError(f"text_max_length must be in (2, 512], got {self.text_max_length}")
+
+    @property
+    def grid(self) -> int:
+        """Patches per image side."""
+        return self.image_size // self.patch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "StairConfig":
+        data = dict(data)
+        fmt = data.pop("format", FORMAT)
+        if fmt != FORMAT:
+            raise ModelError(f"config format {fmt!r} is not {FORMAT!r}; this checkpoint was not written by stair_es.stair")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ModelError(f"unknown config keys {unknown}; known keys: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ModelError(f"bad STAIR config: {e}") from e
+
+    def replace(self, **changes: Any) -> "StairConfig":
+        return StairConfig.from_dict({**self.to_dict(), **changes})
+
+
+def list_configs() -> list[str]:
+    """Names of the shipped configs (``tiny``, ``small``, ``paper``...)."""
+    return sorted(p.stem for p in _CONFIG_DIR.glob("*.json"))
+
+
+def load_config(name_or_path: str | Path) -> StairConfig:
+    """A shipped config by name, or a JSON file by path; unknown names list what exists."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = _CONFIG_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise UnknownNameError(f"unknown STAIR config {str(name_or_path)!r}; available: {', '.join(list_configs())} (or a path to a JSON file)")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelError(f"cannot read STAIR config {path}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise ModelError(f"STAIR config {path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelError(f"STAIR config {path} must be a JSON object")
+    return StairConfig.from_dict(data)

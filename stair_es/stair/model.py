@@ -1,0 +1,362 @@
+"""The STAIR dual encoder (paper sections 2.2, 3, 7.2) and its save/load format.
+
+Owns: the two towers (BERT-style text transformer, ViT image transformer), the token
+projection heads (eq. 4-5), the stage-1 text mask (eq. 8), the dense CLIP-style baseline head,
+per-patch token activations for localisation, text/image preprocessing, and the checkpoint
+format (``config.json`` + ``model.safetensors`` + ``vocab.txt``).
+Must not know about training loops, data files, search backends or the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import MissingDependencyError, ModelError
+from ..vocab import Vocabulary, default_vocabulary
+from .config import StairConfig
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise MissingDependencyError("the STAIR model", "encoders", "torch==2.13.0") from e
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+VOCAB_NAME = "vocab.txt"
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingDependencyError("the STAIR model", "encoders", "transformers") from e
+    return transformers
+
+
+class TokenProjectionHead(nn.Module):
+    """TRANSFORM (dense, GELU, LayerNorm) then a projection onto the vocabulary (eq. 4).
+
+    The projection matrix ``e`` is not owned here: it is the text tower's token-embedding
+    table, passed in at call time, so both towers score the same rows the text tower reads.
+    """
+
+    def __init__(self, in_width: int, emb_width: int, vocab_size: int):
+        super().__init__()
+        self.dense = nn.Linear(in_width, emb_width)
+        self.norm = nn.LayerNorm(emb_width, eps=1e-12)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """``h``: (B, L, in_width) -> per-position vocabulary logits (B, L, V)."""
+        return F.linear(self.norm(F.gelu(self.dense(h))), embedding, self.bias)
+
+
+def pool_enc(logits: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """ENC = log(1 + ReLU(max over positions)) (eq. 5); padded positions never win the max."""
+    if position_mask is not None:
+        logits = logits.masked_fill(~position_mask.bool()[..., None], float("-inf"))
+    return torch.log1p(torch.relu(logits.amax(dim=1)))
+
+
+def token_presence_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """MASK(y) of eq. 8: 1 for every vocabulary entry that occurs in the (unpadded) input."""
+    mask = torch.zeros(input_ids.shape[0], vocab_size, device=input_ids.device)
+    return mask.scatter_(1, input_ids.long(), attention_mask.to(mask.dtype)).clamp_(max=1.0)
+
+
+class StairModel(nn.Module):
+    """Image and text towers with token projection heads (``head="sparse"``) or dense heads.
+
+    ``encode_text`` / ``encode_image`` return (B, V) non-negative token weights for the sparse
+    head (special tokens always zero) and (B, dense_dim) unnormalised vectors for the dense one.
+    """
+
+    def __init__(self, config: StairConfig, vocab: Vocabulary | None = None):
+        super().__init__()
+        tf = _transformers()
+        self.config = config
+        self.vocab = vocab or default_vocabulary()
+        if len(self.vocab) != config.vocab_size:
+            raise ModelError(f"config vocab_size {config.vocab_size} does not match the vocabulary ({len(self.vocab)} tokens)")
+        tcfg = tf.BertConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.text_width,
+            num_hidden_layers=config.text_layers,
+            num_attention_heads=config.text_heads,
+            intermediate_size=config.text_width * config.mlp_ratio,
+            max_position_embeddings=config.text_max_length,
+            hidden_dropout_prob=config.dropout,
+            attention_probs_dropout_prob=config.dropout,
+            pad_token_id=self.vocab.get("[PAD]", 0),
+        )
+        icfg = tf.ViTConfig(
+            image_size=config.image_size,
+            patch_size=config.patch_size,
+            num_channels=3,
+            hidden_size=config.image_width,
+            num_hidden_layers=config.image_layers,
+            num_attention_heads=config.image_heads,
+            intermediate_size=config.image_width * config.mlp_ratio,
+            hidden_dropout_prob=config.dropout,
+            attention_probs_dropout_prob=config.dropout,
+        )
+        self.text = tf.BertModel(tcfg, add_pooling_layer=False)
+        self.image = tf.ViTModel(icfg, add_pooling_layer=False)
+        if config.head == "sparse":
+            self.text_head = TokenProjectionHead(config.text_width, config.text_width, config.vocab_size)
+            self.image_head = TokenProjectionHead(config.image_width, config.text_width, config.vocab_size)
+        else:
+            self.text_head = nn.Linear(config.text_width, config.dense_dim, bias=False)
+            self.image_head = nn.Linear(config.image_width, config.dense_dim, bias=False)
+        # CLIP's learnable temperature, stored as log(1/T)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / config.init_temperature)))
+        self.register_buffer("keep_mask", torch.from_numpy(~self.vocab.special_mask).float(), persistent=False)
+
+    # --- parameter groups ---------------------------------------------------------------
+    @property
+    def is_sparse(self) -> bool:
+        return self.config.head == "sparse"
+
+    @property
+    def token_embedding(self) -> torch.Tensor:
+        """The vocabulary projection ``e`` shared by both heads (tied to the text embeddings)."""
+        return self.text.embeddings.word_embeddings.weight
+
+    def image_parameters(self) -> list[nn.Parameter]:
+        return list(self.image.parameters()) + list(self.image_head.parameters())
+
+    def text_parameters(self, include_embedding: bool = True) -> list[nn.Parameter]:
+        params = list(self.text.parameters()) + list(self.text_head.parameters())
+        if not include_embedding:
+            params = [p for p in params if p is not self.token_embedding]
+        return params
+
+    @property
+    def device(self) -> torch.device:
+        return self.logit_scale.device
+
+    # --- towers -------------------------------------------------------------------------
+    def text_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.text_head(h, self.token_embedding)
+
+    def image_logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, 1 + patches, V): position 0 is the ViT class token, then patches row-major."""
+        h = self.image(pixel_values=pixel_values).last_hidden_state
+        return self.image_head(h, self.token_embedding)
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_to_input: bool = False) -> torch.Tensor:
+        if not self.is_sparse:
+            h = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return self.text_head(h[:, 0])
+        enc = pool_enc(self.text_logits(input_ids, attention_mask), attention_mask) * self.keep_mask
+        if mask_to_input:
+            enc = enc * token_presence_mask(input_ids, attention_mask, self.config.vocab_size)
+        return enc
+
+    def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if not self.is_sparse:
+            return self.image_head(self.image(pixel_values=pixel_values).last_hidden_state[:, 0])
+        return pool_enc(self.image_logits(pixel_values)) * self.keep_mask
+
+    def patch_activations(self, pixel_values: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+        """log(1+ReLU(p(h_patch)[token])) per patch for the given tokens: (B, T, grid, grid)."""
+        if not self.is_sparse:
+            raise ModelError("localisation needs a sparse (STAIR) model; this checkpoint has a dense head")
+        h = self.image(pixel_values=pixel_values).last_hidden_state[:, 1:]
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=h.device)
+        head = self.image_head
+        t = head.norm(F.gelu(head.dense(h)))
+        logits = F.linear(t, self.token_embedding[ids], head.bias[ids])  # (B, P, T)
+        g = self.config.grid
+        return torch.log1p(torch.relu(logits)).permute(0, 2, 1).reshape(h.shape[0], len(ids), g, g)
+
+    # --- preprocessing ------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """[CLS] wordpieces [SEP], padded; returns (ids, mask, number of texts truncated)."""
+        ids, mask, truncated = tokenize_batch(self.vocab, texts, self.config.text_max_length)
+        return ids.to(self.device), mask.to(self.device), truncated
+
+    def preprocess_images(self, images: Sequence[Any]) -> torch.Tensor:
+        return images_to_tensor(images, self.config.image_size).to(self.device)
+
+    # --- save / load --------------------------------------------------------------------
+    def save_pretrained(self, path: str | Path, *, dtype: str = "float32") -> Path:
+        """Write ``config.json``, ``model.safetensors`` and ``vocab.txt`` into ``path``."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        state = {k: v.detach().to("cpu", tdtype).contiguous() for k, v in self.state_dict().items()}
+        tmp = path / (WEIGHTS_NAME + ".tmp")
+        save_file(state, str(tmp), metadata={"format": "pt", "stair_es": "stair/1", "vocab_md5": self.vocab.digest})
+        os.replace(tmp, path / WEIGHTS_NAME)
+        (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
+        (path / VOCAB_NAME).write_text("\n".join(self.vocab.tokens) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None) -> "StairModel":
+        """Load from a local directory, or from a Hugging Face hub id (``org/name`` or ``hf-hub:org/name``)."""
+        path = resolve_checkpoint(name_or_path)
+        config = _read_config(path)
+        vocab = _read_vocab(path, config)
+        model = cls(config, vocab)
+        state = _read_weights(path / WEIGHTS_NAME)
+        _load_state(model, state, path)
+        model.to(resolve_device(device))
+        model.eval()
+        return model
+
+
+# --- helpers ------------------------------------------------------------------------------
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """CUDA when present and not told otherwise, else CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ModelError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device {device!r} asked for but CUDA is not available here; use 'cpu'")
+    return dev
+
+
+def tokenize_batch(vocab: Vocabulary, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    cls_id, sep_id, pad_id = vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[PAD]")
+    rows, truncated = [], 0
+    for text in texts:
+        ids = vocab.encode(text)
+        if len(ids) > max_length - 2:
+            ids = ids[: max_length - 2]
+            truncated += 1
+        rows.append([cls_id, *ids, sep_id])
+    width = max((len(r) for r in rows), default=2)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return out, mask, truncated
+
+
+def image_to_array(image: Any, size: int) -> np.ndarray:
+    """RGB PIL image -> uint8 (size, size, 3), resized with bilinear filtering."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise ModelError(f"expected a PIL image, got {type(image).__name__}")
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if image.size != (size, size):
+        image = image.resize((size, size), Image.BILINEAR)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def arrays_to_tensor(arrays: np.ndarray) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> float (B, 3, H, W) scaled to [-1, 1]."""
+    x = torch.from_numpy(np.ascontiguousarray(arrays)).permute(0, 3, 1, 2).float()
+    return x / 127.5 - 1.0
+
+
+def images_to_tensor(images: Sequence[Any], size: int) -> torch.Tensor:
+    if len(images) == 0:
+        return torch.zeros(0, 3, size, size)
+    return arrays_to_tensor(np.stack([image_to_array(im, size) for im in images]))
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A local directory as is; ``hf-hub:org/name`` or ``org/name`` via ``snapshot_download``."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelError(f"{path} is a file; a STAIR checkpoint is a directory with {CONFIG_NAME}, {WEIGHTS_NAME} and {VOCAB_NAME}")
+    repo_id = text[len("hf-hub:"):] if text.startswith("hf-hub:") else text
+    if text.startswith(("/", ".", "~")) or repo_id.count("/") != 1:
+        raise ModelError(f"no STAIR checkpoint directory at {text!r} (and it is not a hub id like 'org/name')")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise MissingDependencyError("loading a STAIR model from the hub", "encoders", "huggingface_hub") from e
+    try:
+        local = snapshot_download(repo_id=repo_id, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME])
+    except Exception as e:  # the hub client raises many types (offline, 404, auth)
+        raise ModelError(f"cannot download STAIR checkpoint {repo_id!r} from the Hugging Face hub: {type(e).__name__}: {e}") from e
+    return Path(local)
+
+
+def _read_config(path: Path) -> StairConfig:
+    cfg_path = path / CONFIG_NAME
+    if not cfg_path.exists():
+        raise ModelError(f"{path} has no {CONFIG_NAME}; is it a STAIR checkpoint (see `stair-es stair train`)?")
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"cannot read {cfg_path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelError(f"{cfg_path} must hold a JSON object")
+    return StairConfig.from_dict(data)
+
+
+def _read_vocab(path: Path, config: StairConfig) -> Vocabulary:
+    vocab_path = path / VOCAB_NAME
+    default = default_vocabulary()
+    if not vocab_path.exists():
+        vocab = default
+    else:
+        vocab = Vocabulary.from_file(vocab_path, name=f"{path.name}/{VOCAB_NAME}")
+        if vocab.digest == default.digest:
+            vocab = default
+    if len(vocab) != config.vocab_size:
+        raise ModelError(
+            f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "
+            f"but its vocabulary has {len(vocab)} tokens"
+        )
+    if vocab.digest != default.digest:
+        raise ModelError(
+            f"checkpoint {path} uses another vocabulary ({len(vocab)} tokens, md5 {vocab.digest}); "
+            f"stair_es indexes over the {len(default)}-token {default.name} WordPiece vocabulary"
+        )
+    return vocab
+
+
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    if not file.exists():
+        raise ModelError(f"checkpoint weights {file} are missing")
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise MissingDependencyError("loading STAIR weights", "encoders", "safetensors") from e
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors raises SafetensorError / OSError / ValueError for damaged files
+        raise ModelError(f"checkpoint weights {file} are corrupt or truncated ({type(e).__name__}: {e}); re-download or re-train") from e
+
+
+def _load_state(model: StairModel, state: dict[str, torch.Tensor], path: Path) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or wrong:
+        parts = []
+        if wrong:
+            parts.append("shape mismatch for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:3]))
+        if missing:
+            parts.append(f"missing {len(missing)} tensors (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} tensors (e.g. {unexpected[0]})")
+        raise ModelError(f"checkpoint {path} does not match its config.json: " + "; ".join(parts))
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
