@@ -191,10 +191,19 @@ def _build_documents(
             if vec is not None and vec.nnz:
                 vectors[e.id]["caption"] = vec
 
+    # Validate metadata here, with the types inferred so far in this run, so that one bad
+    # document is reported on its own whatever the backend does with a batch.
+    check = IndexSchema(fields=dict(schema.fields), sparse_fields=schema.sparse_fields)
     docs = []
     for e in entries:
         if e.id in bad:
             continue
+        try:
+            _, new = check.normalize_metadata(e.metadata)
+        except StairError as err:
+            failed.append(ItemResult(e.id, False, str(err), e.origin))
+            continue
+        check.fields.update(new)
         if not vectors[e.id]:
             failed.append(ItemResult(e.id, False, "nothing to index: no image vector and no caption vector", e.origin))
             continue

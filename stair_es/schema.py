@@ -194,7 +194,10 @@ class IndexSchema:
             if ftype is None:
                 if not infer:
                     raise UnknownFieldError(f"unknown metadata field {name!r}; declare it when creating the index")
-                ftype = infer_type(value)
+                try:
+                    ftype = infer_type(value)
+                except InvalidInputError as e:
+                    raise InvalidInputError(f"metadata field {name!r}: {e}") from None
                 new[name] = ftype
             out[name] = normalize_value(ftype, value, name)
         return out, new
