@@ -1,0 +1,105 @@
+"""The OpenSearch backend (2.x and 3.x).
+
+``rank_features`` (default; exact dot product with ``rank_feature`` ``linear`` clauses) or the
+3.3+ ``sparse_vector`` field with the seismic method (integer token ids as keys, queried with
+``neural_sparse`` and raw ``query_tokens``). The client is ``opensearch-py``
+(extra ``stair-es[opensearch]``), imported only when a backend is created.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Mapping
+
+from ..errors import BackendError, MissingDependencyError
+from ._cluster import ClusterBackend, ClusterConfig, EngineAdapter, _error_body_reason, mapping, query_dsl, translate
+
+__all__ = ["OpenSearchBackend", "mapping", "query_dsl", "translate"]
+
+mapping_os = partial(mapping, "opensearch")
+
+
+def _client_module():
+    try:
+        import opensearchpy
+    except ImportError:
+        raise MissingDependencyError("the OpenSearch backend", "opensearch", "opensearch-py") from None
+    return opensearchpy
+
+
+class OpenSearchAdapter(EngineAdapter):
+    engine = "opensearch"
+    label = "OpenSearch"
+    extra = "opensearch"
+
+    def __init__(self) -> None:
+        self.os = _client_module()
+
+    def make_client(self, cfg: ClusterConfig) -> Any:
+        headers: dict[str, str] = {}
+        kwargs: dict[str, Any] = {
+            "timeout": cfg.timeout,
+            "max_retries": 0,  # stair_es retries itself, re-sending only what failed
+            "retry_on_timeout": False,
+            "verify_certs": cfg.verify_certs,
+            "ssl_show_warn": cfg.verify_certs,
+        }
+        if cfg.ca_certs:
+            kwargs["ca_certs"] = cfg.ca_certs
+        if cfg.api_key:
+            headers["authorization"] = f"ApiKey {cfg.api_key}"
+        elif cfg.bearer_token:
+            headers["authorization"] = f"Bearer {cfg.bearer_token}"
+        elif cfg.username:
+            kwargs["http_auth"] = (cfg.username, cfg.password or "")
+        if headers:
+            kwargs["headers"] = headers
+        try:
+            return self.os.OpenSearch(hosts=list(cfg.urls), **kwargs)
+        except (ValueError, TypeError, OSError, self.os.exceptions.ImproperlyConfigured) as e:
+            raise BackendError(f"cannot set up the OpenSearch client for {cfg.display_urls}: {e}") from None
+
+    def request(self, client: Any, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None) -> Any:
+        return client.transport.perform_request(method, path, params=dict(params) if params else None, body=body)
+
+    def streaming_bulk(self):
+        from opensearchpy.helpers import streaming_bulk
+
+        return streaming_bulk
+
+    def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
+        ex = self.os.exceptions
+        if isinstance(exc, ex.SSLError):
+            return "tls", None, _short(exc)
+        if isinstance(exc, ex.ConnectionTimeout):
+            return "timeout", None, _short(exc)
+        if isinstance(exc, ex.ConnectionError):
+            return "connection", None, _short(exc)
+        if isinstance(exc, ex.TransportError):
+            status = exc.status_code if isinstance(exc.status_code, int) else None
+            typ, reason = _error_body_reason(exc.info)
+            if not reason:
+                reason = str(exc.error)
+            return "api", status, f"{typ}: {reason}" if typ else reason
+        return "other", None, f"{type(exc).__name__}: {exc}"
+
+    def check_info(self, info: Mapping[str, Any]) -> None:
+        if (info.get("version") or {}).get("distribution") != "opensearch":
+            raise BackendError("this cluster is not OpenSearch (GET / has no version.distribution=opensearch): "
+                               "use --backend elasticsearch")
+
+
+def _short(exc: BaseException) -> str:
+    info = getattr(exc, "info", None)
+    text = str(info if isinstance(info, BaseException) else exc)
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+class OpenSearchBackend(ClusterBackend):
+    """stair_es indices on OpenSearch 2.x/3.x."""
+
+    name = "opensearch"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.adapter = OpenSearchAdapter()
+        super().__init__(*args, **kwargs)
