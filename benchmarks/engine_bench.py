@@ -1,0 +1,197 @@
+"""Benchmark of the embedded engine on a synthetic STAIR-like corpus.
+
+    python benchmarks/engine_bench.py --docs 1000000
+    python benchmarks/engine_bench.py --docs 100000
+
+Generates ``--docs`` documents with ~200 distinct tokens each, drawn Zipf-like over the
+non-special BERT vocabulary ids, weights ``log1p(lognormal)``; builds an index with
+``EngineIndex.add_arrays`` (chunks of ``--chunk`` docs) and ``optimize()``; runs ``--queries``
+queries of 10-30 tokens (also Zipf-like) for exact top-10 on one thread; checks the top-10
+of a sample against a scipy brute force over the stored (float16) weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+from stair_es.engine import EngineIndex  # noqa: E402
+from stair_es.engine.kernels import F16_TABLE  # noqa: E402
+from stair_es.query import SearchRequest, SparseClause  # noqa: E402
+from stair_es.schema import IndexSchema  # noqa: E402
+from stair_es.sparse import SparseVector  # noqa: E402
+from stair_es.vocab import VOCAB_SIZE, default_vocabulary  # noqa: E402
+
+
+@njit(cache=True)
+def _gen_rows_fast(n, seed, cdf, token_of, rank_of_token, lo, hi):
+    np.random.seed(seed)
+    indptr = np.zeros(n + 1, np.int64)
+    counts = np.empty(n, np.int64)
+    for i in range(n):
+        counts[i] = np.random.randint(lo, hi + 1)
+        indptr[i + 1] = indptr[i] + counts[i]
+    ids = np.empty(indptr[n], np.int32)
+    w = np.empty(indptr[n], np.float32)
+    seen = np.zeros(cdf.size, np.bool_)
+    row = np.empty(hi, np.int32)
+    for i in range(n):
+        c = 0
+        while c < counts[i]:
+            r = np.searchsorted(cdf, np.random.random())
+            if r >= cdf.size:
+                r = cdf.size - 1
+            if not seen[r]:
+                seen[r] = True
+                row[c] = token_of[r]
+                c += 1
+        srt = np.sort(row[:c])
+        for j in range(c):
+            ids[indptr[i] + j] = srt[j]
+            w[indptr[i] + j] = np.log1p(np.exp(np.random.normal()))
+            seen[rank_of_token[srt[j]]] = False
+    return indptr, ids, w
+
+
+def zipf_tables(seed: int, s: float = 1.0):
+    vocab = default_vocabulary()
+    usable = np.flatnonzero(~vocab.special_mask).astype(np.int32)
+    rng = np.random.default_rng(seed)
+    token_of = rng.permutation(usable).astype(np.int32)  # rank -> token id
+    p = 1.0 / np.arange(1, token_of.size + 1) ** s
+    cdf = np.cumsum(p / p.sum())
+    rank_of_token = np.zeros(VOCAB_SIZE, np.int64)
+    rank_of_token[token_of] = np.arange(token_of.size)
+    return cdf, token_of, rank_of_token
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=1_000_000)
+    ap.add_argument("--chunk", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--check", type=int, default=20, help="queries checked against brute force")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--dir", default=None, help="where to build the index (default: a temp dir, removed after)")
+    ap.add_argument("--bshift", type=int, default=None, help="log2 of the block size (default: engine default)")
+    args = ap.parse_args()
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    print(f"# engine_bench  commit={commit}  python={platform.python_version()}  machine={platform.machine()}  "
+          f"cpus={os.cpu_count()}  argv={' '.join(sys.argv[1:])}")
+    cdf, token_of, rank_of_token = zipf_tables(args.seed)
+    _gen_rows_fast(10, 0, cdf, token_of, rank_of_token, 150, 250)  # compile
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="engine-bench-"))
+    path = base / "bench-index"
+    if path.exists():
+        shutil.rmtree(path)
+    kw = {} if args.bshift is None else {"bshift": args.bshift}
+    ix = EngineIndex.create(path, IndexSchema(sparse_fields=("image",)), **kw)
+    ix.max_segments = 1 << 30  # measure raw ingest; merge once with optimize() below
+    rss0 = rss_mb()
+    ingest_s = 0.0
+    gen_s = 0.0
+    chunks = []
+    for c, lo in enumerate(range(0, args.docs, args.chunk)):
+        n = min(args.chunk, args.docs - lo)
+        t = time.perf_counter()
+        indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250)
+        gen_s += time.perf_counter() - t
+        doc_ids = [f"doc-{i}" for i in range(lo, lo + n)]
+        t = time.perf_counter()
+        ix.add_arrays(doc_ids, {"image": (indptr, ids, w)})
+        ingest_s += time.perf_counter() - t
+        if args.check:
+            chunks.append((indptr, ids, w))
+    t = time.perf_counter()
+    ix.optimize()
+    opt_s = time.perf_counter() - t
+    st = ix.stats()
+    print(f"corpus: {args.docs} docs, {st['postings']} postings ({st['postings'] / args.docs:.1f}/doc), generated in {gen_s:.1f}s")
+    print(f"ingest (add_arrays, {args.chunk}-doc commits): {ingest_s:.2f}s = {args.docs / ingest_s:,.0f} docs/s; "
+          f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s")
+    print(f"storage: {st['bytes_on_disk'] / 2**20:.1f} MiB on disk, postings structure {st['bytes_per_posting']:.3f} bytes/posting "
+          f"(whole directory {st['bytes_on_disk'] / st['postings']:.3f} bytes/posting)")
+
+    # queries
+    rng = np.random.default_rng(args.seed + 999)
+    reqs = []
+    for _ in range(args.queries):
+        nq = int(rng.integers(10, 31))
+        toks = set()
+        while len(toks) < nq:
+            r = min(int(np.searchsorted(cdf, rng.random())), cdf.size - 1)
+            toks.add(int(token_of[r]))
+        t_ids = np.array(sorted(toks))
+        t_w = np.log1p(np.exp(rng.normal(size=t_ids.size))).astype(np.float32)
+        reqs.append(SearchRequest([SparseClause("image", SparseVector.from_arrays(t_ids, t_w))], top_k=10))
+    reader = EngineIndex.open(path)
+    for r in reqs[:5]:
+        reader.search(r)  # warm up (JIT, page cache)
+    rss1 = rss_mb()
+    lat = []
+    results = []
+    for r in reqs:
+        t = time.perf_counter()
+        res = reader.search(r)
+        lat.append((time.perf_counter() - t) * 1000)
+        results.append(res)
+    lat = np.array(lat)
+    print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {np.percentile(lat, 50):.2f} ms, "
+          f"p95 {np.percentile(lat, 95):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms, mean {lat.mean():.2f} ms")
+    print(f"memory: reader RSS after queries {rss1:.0f} MiB (writer+reader process; start {rss0:.0f} MiB); "
+          f"mapped posting arrays {st['posting_bytes'] / 2**20:.0f} MiB = {st['bytes_per_posting']:.3f} bytes/posting")
+
+    if args.check:
+        import scipy.sparse as sp
+
+        indptr = np.concatenate([[0]] + [c[0][1:] + sum(int(x[0][-1]) for x in chunks[:i]) for i, c in enumerate(chunks)])
+        ids = np.concatenate([c[1] for c in chunks])
+        w = np.concatenate([c[2] for c in chunks])
+        stored = F16_TABLE[np.minimum(w, 65504).astype(np.float16).view(np.uint16)]
+        X = sp.csr_matrix((stored, ids, indptr), shape=(args.docs, VOCAB_SIZE))
+        bad = 0
+        for r, res in zip(reqs[: args.check], results[: args.check]):
+            q = np.zeros(VOCAB_SIZE, np.float32)
+            c = r.clauses[0]
+            q[c.vector.ids] = c.vector.weights
+            scores = X @ q
+            top = np.argsort(-scores, kind="stable")[:10]
+            want = scores[top]
+            got = np.array([h.score for h in res.hits])
+            kth = want[-1]
+            ok = np.allclose(got, want, rtol=1e-5) and all(
+                abs(scores[int(h.id.split("-")[1])] - h.score) <= 1e-5 * h.score for h in res.hits)
+            strict = {f"doc-{i}" for i in top if scores[i] > kth * (1 + 1e-5)}
+            ok = ok and strict <= {h.id for h in res.hits}
+            bad += not ok
+        print(f"exactness: {args.check - bad}/{args.check} sampled queries have the brute-force top-10 (scipy over stored weights)")
+    reader.close()
+    ix.close()
+    if not args.dir:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,638 @@
+"""The embedded index: a directory of immutable segments, tombstones and one manifest.
+
+Layout of ``path/``::
+
+    manifest.json          commit point: format version, generation, schema, segments, tombstones
+    seg-000001.seg         immutable segment files (see :mod:`.segment`)
+    seg-000001.del.7       tombstone bitmap of a segment as of generation 7 (packed bits)
+    write.lock             held (flock) by the one writer
+
+A commit writes new segment / tombstone files atomically (temp file, fsync, rename), then
+the manifest the same way; the manifest rename is the commit point, so a crash at any
+moment leaves the previous or the new generation, never a mix. Readers take no lock: they
+re-read the manifest when its inode changes (checked by one ``stat`` per search).
+
+Scores: weights are stored as IEEE float16 (11 significant bits, relative rounding error
+<= 2**-11, values above 65504 are clipped, below ~6e-8 dropped); scores are the float32 sum
+of ``clause weight x query weight x stored weight`` in a fixed order, exact with respect to
+the stored weights. Ties are broken by insertion order (older first; an update counts as a
+new insertion).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import (
+    DocumentNotFoundError,
+    IncompatibleIndexError,
+    IndexExistsError,
+    IndexLockedError,
+    IndexNotFoundError,
+    InvalidInputError,
+    InvalidVectorError,
+)
+from ..query import SearchRequest
+from ..schema import Document, Explanation, Hit, IndexSchema, ItemResult, SearchResult, TokenContribution
+from ..sparse import SparseVector
+from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
+from . import kernels as K
+from .segment import (
+    MAX_SEGMENT_DOCS,
+    Batch,
+    Segment,
+    build_segment,
+    columns_from_rows,
+    concat_batches,
+    encode_ids,
+    encode_strings,
+    segment_to_batch,
+)
+from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, fsync_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LOCK = "write.lock"
+DEFAULT_BSHIFT = 7  # 128-document blocks
+F16_MAX = 65504.0
+
+
+def _f16_bits(w: np.ndarray) -> np.ndarray:
+    return np.minimum(np.asarray(w, np.float32), F16_MAX).astype(np.float16).view(np.uint16)
+
+
+@dataclass
+class _SegState:
+    seg: Segment
+    deleted: np.ndarray | None  # bool per doc, None = no deletions
+    del_file: str | None
+    n_deleted: int
+
+    @property
+    def live(self) -> int:
+        return self.seg.n_docs - self.n_deleted
+
+
+class EngineIndex:
+    """An on-disk sparse index with exact top-k by dot product. Use :meth:`create` / :meth:`open`."""
+
+    def __init__(self, path: Path, writable: bool, lock: Any, vocab: Vocabulary):
+        self.path = path
+        self.writable = writable
+        self._lock = lock
+        self.vocab = vocab
+        self._sig: tuple | None = None
+        self._segs: list[_SegState] = []
+        self._manifest: dict[str, Any] = {}
+        self.schema: IndexSchema = IndexSchema()
+        self.merge_factor = 8
+        self.max_segments = 8
+        self.bshift = DEFAULT_BSHIFT
+
+    # --- opening --------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | Path, schema: IndexSchema, *, bshift: int = DEFAULT_BSHIFT) -> "EngineIndex":
+        path = Path(path)
+        if (path / MANIFEST).exists():
+            raise IndexExistsError(f"an index already exists at {path}; open it, or delete it first")
+        if not 1 <= bshift <= 8:
+            raise InvalidInputError("block size must be 2**1 .. 2**8 documents")
+        path.mkdir(parents=True, exist_ok=True)
+        manifest = {"format_version": FORMAT_VERSION, "generation": 0, "schema": schema.to_dict(), "segments": [],
+                    "next_segment": 1, "next_seq": 0, "bshift": bshift, "writer": _writer_version()}
+        atomic_write_json(path / MANIFEST, manifest)
+        fsync_dir(path.parent)
+        return cls.open(path, writable=True)
+
+    @classmethod
+    def open(cls, path: str | Path, writable: bool = False, *, vocab: Vocabulary | None = None) -> "EngineIndex":
+        path = Path(path)
+        if not (path / MANIFEST).is_file():
+            raise IndexNotFoundError(f"no stair_es index at {path}; create one with `stair-es index create`")
+        lock = None
+        if writable:
+            from filelock import FileLock, Timeout
+
+            lock = FileLock(str(path / LOCK), timeout=0)
+            try:
+                lock.acquire()
+            except Timeout:
+                raise IndexLockedError(
+                    f"the index at {path} is locked by another writer (process); wait for it to finish, "
+                    "or open the index read-only"
+                ) from None
+        idx = cls(path, writable, lock, vocab or default_vocabulary())
+        try:
+            idx._load()
+            if writable:
+                idx._clean_unreferenced()
+        except BaseException:
+            idx.close()
+            raise
+        return idx
+
+    def close(self) -> None:
+        self._segs = []
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> "EngineIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- manifest ---------------------------------------------------------------------------------
+    def _stat_sig(self) -> tuple:
+        st = os.stat(self.path / MANIFEST)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> None:
+        last: Exception | None = None
+        for _ in range(20):
+            try:
+                sig = self._stat_sig()
+                raw = (self.path / MANIFEST).read_bytes()
+                try:
+                    m = json.loads(raw)
+                except ValueError:
+                    raise IncompatibleIndexError(f"the manifest of the index at {self.path} is damaged; rebuild the index") from None
+                self._check_version(m)
+                old = {s.seg.name: s.seg for s in self._segs}
+                segs = []
+                for e in m["segments"]:
+                    seg = old.get(e["name"]) or Segment.open(self.path / e["file"])
+                    deleted, n_del = None, 0
+                    if e.get("del_file"):
+                        bits = np.fromfile(self.path / e["del_file"], dtype=np.uint8)
+                        deleted = np.unpackbits(bits, count=seg.n_docs).astype(bool)
+                        n_del = int(e["deleted"])
+                    segs.append(_SegState(seg, deleted, e.get("del_file"), n_del))
+                self._manifest, self._segs, self._sig = m, segs, sig
+                self.schema = IndexSchema.from_dict(m["schema"])
+                self.bshift = int(m.get("bshift", DEFAULT_BSHIFT))
+                return
+            except FileNotFoundError as e:  # a writer replaced files between our reads: retry
+                last = e
+                time.sleep(0.01)
+        raise IncompatibleIndexError(f"the index at {self.path} keeps changing or misses files ({last}); is it damaged?")
+
+    def _check_version(self, m: Mapping[str, Any]) -> None:
+        v = m.get("format_version")
+        if v != FORMAT_VERSION:
+            raise IncompatibleIndexError(
+                f"the index at {self.path} has format version {v!r} (written by {m.get('writer', 'an unknown stair_es')}); "
+                f"this stair_es ({_writer_version()}) reads format {FORMAT_VERSION}: rebuild the index "
+                "(`stair-es index create` + ingest) or use the stair_es version that wrote it"
+            )
+
+    def refresh(self) -> bool:
+        """Pick up commits made by another process/handle. Returns True if anything changed."""
+        if self._sig == self._stat_sig():
+            return False
+        self._load()
+        return True
+
+    def _clean_unreferenced(self) -> None:
+        keep = {MANIFEST, LOCK}
+        for e in self._manifest["segments"]:
+            keep.add(e["file"])
+            if e.get("del_file"):
+                keep.add(e["del_file"])
+        for p in self.path.iterdir():
+            if p.name in keep or not p.is_file():
+                continue
+            if p.name.startswith(TMP_PREFIX) or p.name.startswith("seg-"):
+                p.unlink(missing_ok=True)
+
+    def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int, *, obsolete: Sequence[str] = ()) -> None:
+        m = dict(self._manifest)
+        m["generation"] = int(m["generation"]) + 1
+        m["schema"] = schema.to_dict()
+        m["next_seq"] = int(next_seq)
+        m["writer"] = _writer_version()
+        m["segments"] = [{"name": s.seg.name, "file": s.seg.path.name, "docs": s.seg.n_docs,
+                          "del_file": s.del_file, "deleted": s.n_deleted} for s in segs]
+        m["next_segment"] = self._manifest["next_segment"]
+        atomic_write_json(self.path / MANIFEST, m)  # the commit point
+        old_files = {e["file"] for e in self._manifest["segments"]} | {e["del_file"] for e in self._manifest["segments"] if e.get("del_file")}
+        new_files = {e["file"] for e in m["segments"]} | {e["del_file"] for e in m["segments"] if e.get("del_file")}
+        self._manifest, self._segs, self.schema = m, segs, schema
+        self._sig = self._stat_sig()
+        for f in (old_files - new_files) | set(obsolete):
+            (self.path / f).unlink(missing_ok=True)
+
+    def _new_segment_name(self) -> str:
+        n = int(self._manifest["next_segment"])
+        self._manifest["next_segment"] = n + 1
+        return f"seg-{n:06d}"
+
+    def _require_writable(self) -> None:
+        if not self.writable or self._lock is None:
+            raise InvalidInputError(f"the index at {self.path} is open read-only; open it with writable=True to change it")
+
+    # --- id lookup ----------------------------------------------------------------------------------
+    def _locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(segment position, local doc) of each live id; -1/-1 when absent."""
+        blob, offs = encode_ids(list(ids))
+        hashes = K.fnv1a64(blob, offs)
+        seg_of = np.full(len(ids), -1, np.int64)
+        doc_of = np.full(len(ids), -1, np.int64)
+        for si, s in enumerate(self._segs):
+            d = s.seg.lookup(hashes, ids)
+            hit = d >= 0
+            if s.deleted is not None:
+                hit &= ~s.deleted[np.maximum(d, 0)]
+            seg_of[hit] = si
+            doc_of[hit] = d[hit]
+        return seg_of, doc_of
+
+    def contains(self, ids: Sequence[str]) -> set[str]:
+        self.refresh()
+        ids = list(ids)
+        if not ids:
+            return set()
+        seg_of, _ = self._locate(ids)
+        return {i for i, s in zip(ids, seg_of) if s >= 0}
+
+    # --- writing ----------------------------------------------------------------------------------------
+    def add(self, docs: Sequence[Document]) -> list[ItemResult]:
+        """Add or replace documents; one atomic commit. Returns one item per input document."""
+        self._require_writable()
+        self.refresh()
+        fields = dict(self.schema.fields)
+        results: list[ItemResult] = []
+        accepted: dict[str, tuple[int, Document, dict[str, Any]]] = {}
+        for i, doc in enumerate(docs):
+            try:
+                if not isinstance(doc, Document):
+                    raise InvalidInputError(f"expected a Document, got {type(doc).__name__}")
+                for f, v in doc.vectors.items():
+                    if f not in self.schema.sparse_fields:
+                        raise InvalidInputError(f"unknown sparse field {f!r}; this index has: {', '.join(self.schema.sparse_fields)}")
+                    if not isinstance(v, SparseVector):
+                        raise InvalidVectorError(f"vector of field {f!r} must be a SparseVector")
+                    if v.weights.size and float(v.weights.max()) > F16_MAX:
+                        raise InvalidVectorError(f"weights above {F16_MAX} cannot be stored (field {f!r})")
+                tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
+                meta, new = tmp.normalize_metadata(doc.metadata)
+                if doc.caption is not None and not isinstance(doc.caption, str):
+                    raise InvalidInputError("caption must be a string")
+                fields.update(new)
+                if doc.id in accepted:  # a later duplicate in the same batch wins
+                    results[accepted[doc.id][0]].action = "skip"
+                    results[accepted[doc.id][0]].error = "replaced by a later document with the same id in this batch"
+                accepted[doc.id] = (i, doc, meta)
+                results.append(ItemResult(doc.id, True, None, doc.source, "index"))
+            except InvalidInputError as e:
+                results.append(ItemResult(getattr(doc, "id", None), False, str(e), getattr(doc, "source", None), "index"))
+        if not accepted:
+            return results
+        items = list(accepted.values())
+        ids = [d.id for _, d, _ in items]
+        vectors = {}
+        for f in self.schema.sparse_fields:
+            ptr = np.zeros(len(items) + 1, np.int64)
+            tok, wts = [], []
+            for r, (_, d, _) in enumerate(items):
+                v = d.vectors.get(f)
+                if v is not None and v.nnz:
+                    wb = _f16_bits(v.weights)
+                    nz = wb != 0
+                    tok.append(v.ids[nz])
+                    wts.append(wb[nz])
+                    ptr[r + 1] = ptr[r] + int(nz.sum())
+                else:
+                    ptr[r + 1] = ptr[r]
+            vectors[f] = (ptr, np.concatenate(tok).astype(np.int32) if tok else np.zeros(0, np.int32),
+                          np.concatenate(wts).astype(np.uint16) if wts else np.zeros(0, np.uint16))
+        columns = columns_from_rows([m for _, _, m in items], fields)
+        captions = encode_strings([d.caption for _, d, _ in items])
+        sources = encode_strings([d.source for _, d, _ in items])
+        updated = self._write_batch(ids, vectors, columns, captions, sources, IndexSchema(
+            fields=fields, sparse_fields=self.schema.sparse_fields, vocab_name=self.schema.vocab_name,
+            vocab_md5=self.schema.vocab_md5, encoder=self.schema.encoder))
+        for (i, _, _), up in zip(items, updated):
+            if up:
+                results[i].action = "update"
+        return results
+
+    def add_arrays(self, ids: Sequence[str], vectors: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                   metadata: Sequence[Mapping[str, Any] | None] | None = None) -> int:
+        """Fast path: add already-encoded CSR vectors ``{field: (indptr, token ids, weights)}``.
+
+        Token ids must be sorted and unique per row, weights finite and >= 0 (zeros are
+        dropped), no special tokens. All-or-nothing: invalid input raises before anything is
+        written. Existing ids are replaced. Returns the number of documents committed.
+        """
+        self._require_writable()
+        self.refresh()
+        ids = list(ids)
+        n = len(ids)
+        if n == 0:
+            return 0
+        if len(set(ids)) != n:
+            raise InvalidInputError("add_arrays needs unique ids within one call")
+        for i in ids:
+            if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
+                raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
+        clean = {}
+        for f, (indptr, indices, weights) in vectors.items():
+            self.schema.check_sparse_field(f)
+            indptr = np.ascontiguousarray(indptr, np.int64)
+            indices = np.ascontiguousarray(indices, np.int32)
+            weights = np.ascontiguousarray(weights, np.float32)
+            if indptr.shape != (n + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or indices.size != weights.size:
+                raise InvalidVectorError(f"field {f!r}: indptr must have len(ids)+1 entries from 0 to nnz, and ids/weights the same length")
+            if np.any(np.diff(indptr) < 0):
+                raise InvalidVectorError(f"field {f!r}: indptr must be non-decreasing")
+            status, row = K.check_csr(indptr, indices, weights, VOCAB_SIZE, self.vocab.special_mask)
+            if status:
+                why = {1: "token ids must be sorted and unique within a document", 2: f"token ids must lie in [0, {VOCAB_SIZE})",
+                       3: "weights must be finite and non-negative", 4: "special tokens are never indexed"}[status]
+                raise InvalidVectorError(f"field {f!r}, document {ids[row]!r}: {why}")
+            if weights.size and float(weights.max()) > F16_MAX:
+                raise InvalidVectorError(f"field {f!r}: weights above {F16_MAX} cannot be stored")
+            wb = _f16_bits(weights)
+            zero = wb == 0
+            if zero.any():
+                rows = np.repeat(np.arange(n), np.diff(indptr))
+                counts = np.bincount(rows[~zero], minlength=n)
+                indptr = np.zeros(n + 1, np.int64)
+                np.cumsum(counts, out=indptr[1:])
+                indices, wb = indices[~zero], wb[~zero]
+            clean[f] = (indptr, indices, wb)
+        fields = dict(self.schema.fields)
+        columns: dict = {}
+        if metadata is not None:
+            if len(metadata) != n:
+                raise InvalidInputError("metadata must have one entry (or None) per id")
+            rows_meta = []
+            for i, md in zip(ids, metadata):
+                tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
+                try:
+                    norm, new = tmp.normalize_metadata(md)
+                except InvalidInputError as e:
+                    raise InvalidInputError(f"document {i!r}: {e}") from None
+                fields.update(new)
+                rows_meta.append(norm)
+            columns = columns_from_rows(rows_meta, fields)
+        schema = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields, vocab_name=self.schema.vocab_name,
+                             vocab_md5=self.schema.vocab_md5, encoder=self.schema.encoder)
+        self._write_batch(ids, clean, columns, None, None, schema)
+        return n
+
+    def _write_batch(self, ids, vectors, columns, captions, sources, schema: IndexSchema) -> np.ndarray:
+        """Write one new segment, tombstone replaced ids, commit. Returns 'was an update' per id."""
+        n = len(ids)
+        seq0 = int(self._manifest.get("next_seq", 0))
+        id_blob, id_offs = encode_ids(ids)
+        batch = Batch(id_blob, id_offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources)
+        seg_of, doc_of = self._locate(ids)
+        segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
+        gen = int(self._manifest["generation"]) + 1
+        for si in np.unique(seg_of[seg_of >= 0]):
+            self._tombstone(segs[si], doc_of[seg_of == si], gen)
+        chunks = [(lo, min(lo + MAX_SEGMENT_DOCS, n)) for lo in range(0, n, MAX_SEGMENT_DOCS)]
+        for lo, hi in chunks:
+            part = batch if (lo, hi) == (0, n) else _slice_batch(batch, lo, hi)
+            name = self._new_segment_name()
+            seg = build_segment(self.path / f"{name}.seg", name, part, self.schema.sparse_fields, self.bshift, sync_dir=False)
+            segs.append(_SegState(seg, None, None, 0))
+        fsync_dir(self.path)
+        self._commit(segs, schema, seq0 + n)
+        self._maybe_merge()
+        return seg_of >= 0
+
+    def _tombstone(self, s: _SegState, docs: np.ndarray, gen: int) -> None:
+        deleted = np.zeros(s.seg.n_docs, bool) if s.deleted is None else s.deleted.copy()
+        deleted[docs] = True
+        name = f"{s.seg.name}.del.{gen}"
+        atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
+        s.deleted, s.del_file, s.n_deleted = deleted, name, int(deleted.sum())
+
+    def delete(self, ids: Sequence[str]) -> list[ItemResult]:
+        """Delete documents by id (one atomic commit); unknown ids give ok=False items."""
+        self._require_writable()
+        self.refresh()
+        ids = list(ids)
+        if not ids:
+            return []
+        seg_of, doc_of = self._locate(ids)
+        results = [ItemResult(i, bool(s >= 0), None if s >= 0 else f"no document with id {i!r} in the index at {self.path}",
+                              None, "delete") for i, s in zip(ids, seg_of)]
+        if (seg_of >= 0).any():
+            segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
+            gen = int(self._manifest["generation"]) + 1
+            for si in np.unique(seg_of[seg_of >= 0]):
+                self._tombstone(segs[si], doc_of[seg_of == si], gen)
+            fsync_dir(self.path)
+            self._commit(segs, self.schema, int(self._manifest.get("next_seq", 0)))
+        return results
+
+    # --- merging ----------------------------------------------------------------------------------------
+    def _maybe_merge(self) -> None:
+        while len(self._segs) > self.max_segments:
+            order = sorted(range(len(self._segs)), key=lambda i: self._segs[i].live)
+            pick = sorted(order[: self.merge_factor])
+            if sum(self._segs[i].live for i in pick) > MAX_SEGMENT_DOCS:
+                return
+            self._merge(pick)
+
+    def optimize(self) -> None:
+        """Merge all segments into as few as possible, dropping deleted documents."""
+        self._require_writable()
+        self.refresh()
+        if len(self._segs) > 1 or any(s.n_deleted for s in self._segs):
+            pick, total = [], 0
+            for i, s in enumerate(self._segs):
+                if pick and total + s.live > MAX_SEGMENT_DOCS:
+                    self._merge(pick)
+                    return self.optimize()
+                pick.append(i)
+                total += s.live
+            self._merge(pick)
+
+    def _merge(self, pick: list[int]) -> None:
+        batches = []
+        for i in pick:
+            s = self._segs[i]
+            keep = np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+            batches.append(segment_to_batch(s.seg, keep))
+        batch = concat_batches(batches, self.schema.sparse_fields)
+        kept = [s for i, s in enumerate(self._segs) if i not in set(pick)]
+        if batch.n_docs:
+            name = self._new_segment_name()
+            seg = build_segment(self.path / f"{name}.seg", name, batch, self.schema.sparse_fields, self.bshift)
+            # the merged segment takes the place of the first merged one: segment order stays insertion order
+            kept.insert(pick[0], _SegState(seg, None, None, 0))
+        self._commit(kept, self.schema, int(self._manifest.get("next_seq", 0)))
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def _query_terms(self, req: SearchRequest) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
+        out = []
+        for c in req.clauses:
+            fi = self.schema.sparse_fields.index(c.field)
+            w = (c.vector.weights.astype(np.float32) * np.float32(c.weight)).astype(np.float32)
+            out.append((fi, c.field, c.vector.ids.astype(np.int64), w))
+        return out
+
+    def _allowed(self, s: _SegState, flt) -> np.ndarray:
+        if flt is None and s.deleted is None:
+            return np.zeros(0, np.uint8)
+        m = np.ones(s.seg.n_docs, bool) if flt is None else s.seg.filter_mask(flt, self.schema, self.vocab)
+        if s.deleted is not None:
+            m &= ~s.deleted
+        return m.view(np.uint8) if m.dtype == bool else m.astype(np.uint8)
+
+    def search(self, request: SearchRequest) -> SearchResult:
+        t0 = time.perf_counter()
+        self.refresh()
+        req = request.prepared(self.schema, self.vocab)
+        k = req.top_k
+        terms = self._query_terms(req)
+        hs = np.zeros(k, np.float32)
+        hq = np.zeros(k, np.uint64)
+        hr = np.zeros(k, np.int64)
+        state = np.array([0, 0, 1], np.int64)
+        segs = self._segs
+        for si, s in enumerate(segs):
+            js, ws = [], []
+            for fi, _, tok, w in terms:
+                j = s.seg.term_index(fi, tok)
+                ok = j >= 0
+                js.append(j[ok])
+                ws.append(w[ok])
+            q_j = np.concatenate(js) if js else np.zeros(0, np.int64)
+            if q_j.size == 0:
+                continue
+            q_w = np.concatenate(ws).astype(np.float32)
+            allowed = self._allowed(s, req.filter)
+            K.search_segment(q_j.astype(np.int64), q_w, s.seg.n_docs, s.seg.bshift, s.seg.post_ptr, s.seg.pair_ptr,
+                             s.seg.pair_block, s.seg.pair_cnt, s.seg.pair_max, s.seg.post_off, s.seg.post_w, K.F16_TABLE,
+                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state)
+        n = int(state[0])
+        order = np.lexsort((hq[:n], -hs[:n]))
+        hits = []
+        for i in order:
+            si, d = int(hr[i] >> 32), int(hr[i] & 0xFFFFFFFF)
+            seg = segs[si].seg
+            hits.append(Hit(seg.doc_id(d), float(hs[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
+        total = int(state[1]) if state[2] else None
+        return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes))
+
+    def _find(self, doc_id: str) -> tuple[_SegState, int]:
+        seg_of, doc_of = self._locate([doc_id])
+        if seg_of[0] < 0:
+            raise DocumentNotFoundError(f"no document with id {doc_id!r} in the index at {self.path}")
+        return self._segs[int(seg_of[0])], int(doc_of[0])
+
+    def get(self, doc_id: str) -> Document:
+        self.refresh()
+        s, d = self._find(doc_id)
+        vecs = {f: SparseVector(ids, w.astype(np.float32), self.vocab) for f, (ids, w) in s.seg.vectors(d).items() if ids.size}
+        return Document(doc_id, vecs, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
+
+    def explain(self, doc_id: str, request: SearchRequest) -> Explanation:
+        self.refresh()
+        req = request.prepared(self.schema, self.vocab)
+        s, d = self._find(doc_id)
+        vecs = s.seg.vectors(d)
+        contributions = []
+        score = np.float32(0.0)
+        for fi, field, tok, w in self._query_terms(req):
+            ids, dw = vecs.get(field, (np.zeros(0, np.int32), np.zeros(0, np.float32)))
+            pos = np.searchsorted(ids, tok)
+            posc = np.minimum(pos, max(ids.size - 1, 0))
+            for t, qw, p in zip(tok, w, posc):
+                if ids.size and ids[p] == t:
+                    c = np.float32(qw * dw[p])
+                    score = np.float32(score + c)  # same order and precision as the search kernel
+                    contributions.append(TokenContribution(field, self.vocab.token(int(t)), float(qw), float(dw[p]), float(c)))
+        matched = True
+        if req.filter is not None:
+            matched = bool(s.seg.filter_mask(req.filter, self.schema, self.vocab)[d])
+        notes = list(req.notes)
+        if not matched:
+            notes.append("the document does not pass the filter: search would not return it")
+        return Explanation(doc_id, float(score), contributions, matched, notes)
+
+    def doc_freqs(self, field: str) -> tuple[np.ndarray, int]:
+        self.refresh()
+        fi = self.schema.sparse_fields.index(self.schema.check_sparse_field(field))
+        out = np.zeros(VOCAB_SIZE, np.int64)
+        live = 0
+        for s in self._segs:
+            lv = np.zeros(0, np.uint8) if s.deleted is None else (~s.deleted).view(np.uint8)
+            K.term_freqs(s.seg.keys, s.seg.post_ptr, s.seg.pair_ptr, s.seg.pair_block, s.seg.pair_cnt, s.seg.post_off,
+                         s.seg.bshift, lv, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, out)
+            live += s.live
+        return out, live
+
+    @property
+    def doc_count(self) -> int:
+        self.refresh()
+        return sum(s.live for s in self._segs)
+
+    def stats(self) -> dict[str, Any]:
+        self.refresh()
+        per_field: dict[str, int] = {f: 0 for f in self.schema.sparse_fields}
+        postings = 0
+        for s in self._segs:
+            for f, c in s.seg.postings_per_field().items():
+                per_field[f] = per_field.get(f, 0) + c
+            postings += s.seg.n_postings
+        size = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        posting_bytes = sum(
+            sum(s.seg.a[n].nbytes for n in ("keys", "post_ptr", "pair_ptr", "pair_block", "pair_cnt", "pair_max", "post_off", "post_w"))
+            for s in self._segs)
+        return {
+            "docs": sum(s.live for s in self._segs),
+            "deleted": sum(s.n_deleted for s in self._segs),
+            "segments": len(self._segs),
+            "generation": int(self._manifest["generation"]),
+            "postings": postings,
+            "postings_per_field": per_field,
+            "bytes_on_disk": size,
+            "posting_bytes": posting_bytes,
+            "bytes_per_posting": posting_bytes / postings if postings else None,
+            "block_docs": 1 << self.bshift,
+        }
+
+
+def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
+    from .segment import take_columns, _gather_strings
+
+    rows = np.arange(lo, hi)
+    ib, io = _gather_strings(b.id_blob, b.id_offs, rows)
+    vectors = {}
+    for f, (indptr, ids, wb) in b.vectors.items():
+        vectors[f] = (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
+    caps = srcs = None
+    if b.captions is not None:
+        cb, co = _gather_strings(b.captions[0], b.captions[1], rows)
+        caps = (cb, co, b.captions[2][lo:hi])
+    if b.sources is not None:
+        sb, so = _gather_strings(b.sources[0], b.sources[1], rows)
+        srcs = (sb, so, b.sources[2][lo:hi])
+    return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)
+
+
+def _writer_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"stair_es {version('stair-es')}"
+    except Exception:  # pragma: no cover
+        return "stair_es (unknown version)"

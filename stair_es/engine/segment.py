@@ -1,0 +1,499 @@
+"""One immutable segment of an embedded index: postings, ids, metadata columns, strings.
+
+A segment is written once (atomically, see :mod:`.storage`) and then only memory-mapped.
+Deletions never touch it: the index keeps a tombstone bitmap per segment.
+
+Owns: the columnar in-memory form of a batch (:class:`Batch`), building a segment file from
+it, reading one back, id lookup by sorted 64-bit hashes, metadata columns (numbers as
+float64 with NaN for missing, dates as int64 epoch ms + presence, booleans as int8 with -1
+for missing, keywords dictionary-encoded as CSR code lists) and evaluating a resolved filter
+tree into a per-document mask. It must not know about manifests, locks or commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from numba import njit
+
+from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
+from ..schema import IndexSchema, format_date
+from ..vocab import VOCAB_SIZE, Vocabulary
+from . import kernels as K
+from .storage import read_arrays, write_arrays
+
+SEGMENT_FORMAT = 1
+MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
+DATE_MISSING = np.iinfo(np.int64).min
+
+
+# --- strings -------------------------------------------------------------------------------------
+def encode_strings(values: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(utf-8 blob as uint8, int64 offsets n+1, uint8 present mask)."""
+    enc = [b"" if v is None else v.encode("utf-8") for v in values]
+    lens = np.fromiter((len(e) for e in enc), dtype=np.int64, count=len(enc))
+    offs = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    present = np.fromiter((v is not None for v in values), dtype=np.uint8, count=len(values))
+    return np.frombuffer(b"".join(enc), dtype=np.uint8).copy(), offs, present
+
+
+def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Fast path for ids (never contain a newline): one join + one encode."""
+    if not ids:
+        return np.zeros(0, np.uint8), np.zeros(1, np.int64)
+    blob = "\n".join(ids).encode("utf-8")
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    nl = np.flatnonzero(arr == 10)
+    if nl.size != len(ids) - 1:
+        raise ValueError("document ids must not contain newlines")
+    # id i ends where the i-th newline was; removing the i newlines before it shifts it by i
+    offs = np.empty(len(ids) + 1, np.int64)
+    offs[0] = 0
+    offs[1:-1] = nl - np.arange(nl.size)
+    offs[-1] = arr.size - nl.size
+    return arr[arr != 10].copy(), offs
+
+
+@njit(cache=True)
+def _gather_strings(blob, offs, rows):
+    n = rows.size
+    out_offs = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        r = rows[i]
+        out_offs[i + 1] = out_offs[i] + offs[r + 1] - offs[r]
+    out = np.empty(out_offs[n], np.uint8)
+    for i in range(n):
+        r = rows[i]
+        out[out_offs[i]:out_offs[i + 1]] = blob[offs[r]:offs[r + 1]]
+    return out, out_offs
+
+
+def _str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
+    return bytes(blob[offs[i]:offs[i + 1]]).decode("utf-8")
+
+
+# --- the columnar batch a segment is built from ----------------------------------------------------
+@dataclass
+class Batch:
+    """Documents in columnar form. ``vectors[field] = (indptr int64, token ids int32, fp16 bits uint16)``."""
+
+    id_blob: np.ndarray
+    id_offs: np.ndarray
+    seq: np.ndarray  # uint64 insertion sequence numbers (tie-break: older first)
+    vectors: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    columns: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    captions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    sources: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def n_docs(self) -> int:
+        return self.id_offs.size - 1
+
+
+def columns_from_rows(rows: Sequence[dict[str, Any]], types: dict[str, str]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
+    """Normalised metadata dicts (see ``IndexSchema.normalize_metadata``) -> typed columns."""
+    n = len(rows)
+    used = {name for r in rows for name in r}
+    cols: dict[str, tuple[str, dict[str, np.ndarray]]] = {}
+    for name in sorted(used):
+        ftype = types[name]
+        vals = [r.get(name) for r in rows]
+        if ftype == "number":
+            cols[name] = (ftype, {"v": np.array([np.nan if v is None else v for v in vals], np.float64)})
+        elif ftype == "date":
+            cols[name] = (ftype, {"v": np.array([DATE_MISSING if v is None else v for v in vals], np.int64)})
+        elif ftype == "boolean":
+            cols[name] = (ftype, {"v": np.array([-1 if v is None else int(v) for v in vals], np.int8)})
+        else:
+            words = sorted({w for v in vals if v is not None for w in ((v,) if isinstance(v, str) else v)})
+            code = {w: i for i, w in enumerate(words)}
+            ptr = np.zeros(n + 1, np.int64)
+            codes: list[int] = []
+            islist = np.zeros(n, np.uint8)
+            for i, v in enumerate(vals):
+                if v is not None:
+                    if isinstance(v, str):
+                        codes.append(code[v])
+                    else:
+                        islist[i] = 1
+                        codes.extend(code[w] for w in v)
+                ptr[i + 1] = len(codes)
+            blob, offs, _ = encode_strings(words)
+            cols[name] = (ftype, {"ptr": ptr, "codes": np.array(codes, np.int32), "list": islist,
+                                  "dict": blob, "dict_offs": offs})
+    return cols
+
+
+def _empty_column(ftype: str, n: int) -> dict[str, np.ndarray]:
+    if ftype == "number":
+        return {"v": np.full(n, np.nan)}
+    if ftype == "date":
+        return {"v": np.full(n, DATE_MISSING, np.int64)}
+    if ftype == "boolean":
+        return {"v": np.full(n, -1, np.int8)}
+    return {"ptr": np.zeros(n + 1, np.int64), "codes": np.zeros(0, np.int32), "list": np.zeros(n, np.uint8),
+            "dict": np.zeros(0, np.uint8), "dict_offs": np.zeros(1, np.int64)}
+
+
+def concat_columns(parts: list[tuple[int, dict[str, tuple[str, dict[str, np.ndarray]]]]]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
+    """Concatenate per-part columns (each part: (rows, columns)); absent columns become missing values."""
+    types: dict[str, str] = {}
+    for _, cols in parts:
+        for name, (ftype, _) in cols.items():
+            types[name] = ftype
+    out = {}
+    for name, ftype in types.items():
+        arrs = [cols[name][1] if name in cols else _empty_column(ftype, n) for n, cols in parts]
+        if ftype != "keyword":
+            out[name] = (ftype, {"v": np.concatenate([a["v"] for a in arrs])})
+            continue
+        dicts = [[_str_at(a["dict"], a["dict_offs"], i) for i in range(a["dict_offs"].size - 1)] for a in arrs]
+        words = sorted(set().union(*dicts))
+        code = {w: i for i, w in enumerate(words)}
+        codes, ptrs, lists, base = [], [np.zeros(1, np.int64)], [], 0
+        for a, d in zip(arrs, dicts):
+            remap = np.array([code[w] for w in d], np.int32) if d else np.zeros(0, np.int32)
+            codes.append(remap[a["codes"]] if a["codes"].size else np.zeros(0, np.int32))
+            ptrs.append(a["ptr"][1:] - a["ptr"][0] + base)
+            base += int(a["ptr"][-1] - a["ptr"][0])
+            lists.append(a["list"])
+        blob, offs, _ = encode_strings(words)
+        out[name] = (ftype, {"ptr": np.concatenate(ptrs), "codes": np.concatenate(codes).astype(np.int32),
+                             "list": np.concatenate(lists), "dict": blob, "dict_offs": offs})
+    return out
+
+
+def take_columns(cols: dict[str, tuple[str, dict[str, np.ndarray]]], rows: np.ndarray) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
+    out = {}
+    for name, (ftype, a) in cols.items():
+        if ftype != "keyword":
+            out[name] = (ftype, {"v": np.asarray(a["v"])[rows]})
+            continue
+        ptr = np.asarray(a["ptr"])
+        counts = ptr[rows + 1] - ptr[rows]
+        newptr = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(counts, out=newptr[1:])
+        if counts.sum():
+            starts = np.repeat(ptr[rows] - newptr[:-1], counts)
+            idx = starts + np.arange(newptr[-1])
+            codes = np.asarray(a["codes"])[idx]
+        else:
+            codes = np.zeros(0, np.int32)
+        out[name] = (ftype, {"ptr": newptr, "codes": codes.astype(np.int32), "list": np.asarray(a["list"])[rows],
+                             "dict": np.asarray(a["dict"]), "dict_offs": np.asarray(a["dict_offs"])})
+    return out
+
+
+# --- segment -----------------------------------------------------------------------------------
+class Segment:
+    """A memory-mapped, read-only segment file."""
+
+    def __init__(self, path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
+        self.path = path
+        self.name = meta["name"]
+        self.a = arrays
+        self.meta = meta
+        self.n_docs = int(meta["n_docs"])
+        self.bshift = int(meta["bshift"])
+        self.fields: list[str] = list(meta["fields"])
+        self.column_types: dict[str, str] = dict(meta["columns"])
+        self.keys = arrays["keys"]
+        self.post_ptr = arrays["post_ptr"]
+        self.pair_ptr = arrays["pair_ptr"]
+        self.pair_block = arrays["pair_block"]
+        self.pair_cnt = arrays["pair_cnt"]
+        self.pair_max = arrays["pair_max"]
+        self.post_off = arrays["post_off"]
+        self.post_w = arrays["post_w"]
+        self.seq = arrays["seq"]
+        self._kw_cache: dict[str, tuple[dict[str, int], np.ndarray]] = {}
+
+    @classmethod
+    def open(cls, path: Path) -> "Segment":
+        arrays, meta = read_arrays(path)
+        return cls(path, arrays, meta)
+
+    @property
+    def nbytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def n_postings(self) -> int:
+        return int(self.post_w.size)
+
+    def postings_per_field(self) -> dict[str, int]:
+        out = {}
+        for fi, f in enumerate(self.fields):
+            lo, hi = np.searchsorted(self.keys, [fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE])
+            out[f] = int(self.post_ptr[hi] - self.post_ptr[lo])
+        return out
+
+    # --- ids ---------------------------------------------------------------------------------
+    def doc_id(self, d: int) -> str:
+        return _str_at(self.a["id_blob"], self.a["id_offs"], d)
+
+    def lookup(self, hashes: np.ndarray, ids: Sequence[str]) -> np.ndarray:
+        """Local doc of each id (-1 if absent); ``hashes`` = fnv1a64 of ``ids``."""
+        hs = self.a["id_hash"]
+        out = np.full(len(ids), -1, np.int64)
+        if hs.size == 0 or len(ids) == 0:
+            return out
+        pos = np.searchsorted(hs, hashes)
+        pos_c = np.minimum(pos, hs.size - 1)
+        cand = np.flatnonzero(hs[pos_c] == hashes)
+        order = self.a["id_order"]
+        for i in cand:
+            p = int(pos_c[i])
+            while p < hs.size and hs[p] == hashes[i]:  # 64-bit collisions: compare the strings
+                d = int(order[p])
+                if self.doc_id(d) == ids[i]:
+                    out[i] = d
+                    break
+                p += 1
+        return out
+
+    # --- stored fields ------------------------------------------------------------------------
+    def caption(self, d: int) -> str | None:
+        if self.a["cap_present"][d]:
+            return _str_at(self.a["cap_blob"], self.a["cap_offs"], d)
+        return None
+
+    def source(self, d: int) -> str | None:
+        if self.a["src_present"][d]:
+            return _str_at(self.a["src_blob"], self.a["src_offs"], d)
+        return None
+
+    def column(self, name: str) -> dict[str, np.ndarray]:
+        prefix = f"m.{name}."
+        return {k[len(prefix):]: v for k, v in self.a.items() if k.startswith(prefix)}
+
+    def columns(self) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
+        return {name: (t, self.column(name)) for name, t in self.column_types.items()}
+
+    def metadata(self, d: int, *, display: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, ftype in self.column_types.items():
+            c = self.column(name)
+            if ftype == "number":
+                v = float(c["v"][d])
+                if not np.isnan(v):
+                    out[name] = v
+            elif ftype == "date":
+                v = int(c["v"][d])
+                if v != DATE_MISSING:
+                    out[name] = format_date(v) if display else v
+            elif ftype == "boolean":
+                v = int(c["v"][d])
+                if v >= 0:
+                    out[name] = bool(v)
+            else:
+                lo, hi = int(c["ptr"][d]), int(c["ptr"][d + 1])
+                words = [_str_at(c["dict"], c["dict_offs"], int(k)) for k in c["codes"][lo:hi]]
+                if c["list"][d]:
+                    out[name] = words
+                elif words:
+                    out[name] = words[0]
+        return out
+
+    def vectors(self, d: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        keys, wb = K.doc_row(d, self.keys, self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                             self.post_off, self.post_w, self.bshift)
+        out = {}
+        fidx = keys // VOCAB_SIZE
+        for fi, f in enumerate(self.fields):
+            m = fidx == fi
+            out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), K.F16_TABLE[wb[m]])
+        return out
+
+    def term_index(self, field_idx: int, tokens: np.ndarray) -> np.ndarray:
+        """Index into ``keys`` of each token of a field, -1 when the segment lacks it."""
+        want = (np.asarray(tokens, np.int64) + field_idx * VOCAB_SIZE).astype(np.uint32)
+        j = np.searchsorted(self.keys, want)
+        jc = np.minimum(j, max(self.keys.size - 1, 0))
+        ok = (j < self.keys.size) & (self.keys[jc] == want) if self.keys.size else np.zeros(want.size, bool)
+        return np.where(ok, j, -1)
+
+    # --- filters ------------------------------------------------------------------------------
+    def _keyword(self, name: str) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+        if name not in self._kw_cache:
+            c = self.column(name)
+            words = {_str_at(c["dict"], c["dict_offs"], i): i for i in range(c["dict_offs"].size - 1)}
+            ptr = c["ptr"]
+            rows = np.repeat(np.arange(self.n_docs, dtype=np.int64), np.diff(ptr))
+            self._kw_cache[name] = (words, rows, np.asarray(c["codes"]))
+        return self._kw_cache[name]
+
+    def filter_mask(self, flt: Filter, schema: IndexSchema, vocab: Vocabulary) -> np.ndarray:
+        n = self.n_docs
+        if isinstance(flt, And):
+            m = np.ones(n, bool)
+            for f in flt.filters:
+                m &= self.filter_mask(f, schema, vocab)
+            return m
+        if isinstance(flt, Or):
+            m = np.zeros(n, bool)
+            for f in flt.filters:
+                m |= self.filter_mask(f, schema, vocab)
+            return m
+        if isinstance(flt, Not):
+            return ~self.filter_mask(flt.filter, schema, vocab)
+        if isinstance(flt, HasTokens):
+            fi = schema.sparse_fields.index(flt.field)
+            js = self.term_index(fi, np.array(flt.token_ids(vocab), np.int64))
+            m = np.ones(n, bool) if flt.mode == "all" else np.zeros(n, bool)
+            for j in js:
+                tm = np.zeros(n, np.uint8)
+                if j >= 0:
+                    K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                                self.post_off, self.bshift, tm)
+                if flt.mode == "all":
+                    m &= tm.astype(bool)
+                else:
+                    m |= tm.astype(bool)
+            return m
+        if isinstance(flt, (Term, Terms, Range, Exists)):
+            name = flt.field
+            ftype = self.column_types.get(name)
+            if ftype is None:
+                return np.zeros(n, bool)
+            c = self.column(name)
+            if isinstance(flt, Exists):
+                if ftype == "number":
+                    return ~np.isnan(c["v"])
+                if ftype == "date":
+                    return c["v"] != DATE_MISSING
+                if ftype == "boolean":
+                    return c["v"] >= 0
+                return np.diff(c["ptr"]) > 0
+            if isinstance(flt, Range):
+                v = c["v"]
+                m = v != DATE_MISSING if ftype == "date" else ~np.isnan(v)
+                if flt.gt is not None:
+                    m &= v > flt.gt
+                if flt.gte is not None:
+                    m &= v >= flt.gte
+                if flt.lt is not None:
+                    m &= v < flt.lt
+                if flt.lte is not None:
+                    m &= v <= flt.lte
+                return m
+            values: list[Any] = []
+            for v in ([flt.value] if isinstance(flt, Term) else list(flt.values)):
+                values.extend(v if isinstance(v, tuple) else [v])
+            if ftype == "keyword":
+                words, rows, codes = self._keyword(name)
+                want = [words[w] for w in values if w in words]
+                m = np.zeros(n, bool)
+                if want:
+                    m[rows[np.isin(codes, want)]] = True
+                return m
+            v = c["v"]
+            if ftype == "boolean":
+                return np.isin(v, [int(x) for x in values])
+            return np.isin(v, values) & (v != DATE_MISSING if ftype == "date" else True)
+        raise TypeError(f"unsupported filter {type(flt).__name__}")
+
+
+def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bshift: int, *, sync_dir: bool = True) -> Segment:
+    """Write ``batch`` as segment file ``path`` (atomically) and open it."""
+    n = batch.n_docs
+    if n > MAX_SEGMENT_DOCS:
+        raise ValueError(f"a segment holds at most {MAX_SEGMENT_DOCS} documents")
+    parts = []
+    for fi, f in enumerate(fields):
+        if f in batch.vectors:
+            indptr, ids, wb = batch.vectors[f]
+        else:
+            indptr, ids, wb = np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)
+        parts.append(K.build_postings(np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
+                                      np.ascontiguousarray(wb, np.uint16), n, fi * VOCAB_SIZE, VOCAB_SIZE, bshift))
+    keys = np.concatenate([p[0] for p in parts])
+    post_ptr, pair_ptr = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    pb, pc, pm, po, pw = [], [], [], [], []
+    base_post = base_pair = 0
+    for p in parts:
+        post_ptr.append(p[1][1:] + base_post)
+        pair_ptr.append(p[2][1:] + base_pair)
+        base_post += int(p[1][-1])
+        base_pair += int(p[2][-1])
+        pb.append(p[3]); pc.append(p[4]); pm.append(p[5]); po.append(p[6]); pw.append(p[7])  # noqa: E702
+    hashes = K.fnv1a64(batch.id_blob, batch.id_offs)
+    order = np.argsort(hashes, kind="stable")
+    caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
+    srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
+    arrays: dict[str, np.ndarray] = {
+        "keys": keys.astype(np.uint32),
+        "post_ptr": np.concatenate(post_ptr),
+        "pair_ptr": np.concatenate(pair_ptr),
+        "pair_block": np.concatenate(pb),
+        "pair_cnt": np.concatenate(pc),
+        "pair_max": np.concatenate(pm),
+        "post_off": np.concatenate(po),
+        "post_w": np.concatenate(pw),
+        "seq": batch.seq.astype(np.uint64),
+        "id_blob": batch.id_blob,
+        "id_offs": batch.id_offs,
+        "id_hash": hashes[order],
+        "id_order": order.astype(np.uint32),
+        "cap_blob": caps[0], "cap_offs": caps[1], "cap_present": caps[2],
+        "src_blob": srcs[0], "src_offs": srcs[1], "src_present": srcs[2],
+    }
+    col_types = {}
+    for cname, (ftype, cols) in batch.columns.items():
+        col_types[cname] = ftype
+        for part, arr in cols.items():
+            arrays[f"m.{cname}.{part}"] = arr
+    meta = {"format": SEGMENT_FORMAT, "name": name, "n_docs": n, "bshift": bshift, "fields": list(fields),
+            "columns": col_types}
+    write_arrays(path, arrays, meta, sync_dir=sync_dir)
+    return Segment.open(path)
+
+
+def segment_to_batch(seg: Segment, keep: np.ndarray) -> Batch:
+    """The live documents ``keep`` (sorted local ids) of a segment as a batch (for merging)."""
+    keep = np.asarray(keep, np.int64)
+    keep_map = np.full(seg.n_docs, -1, np.int64)
+    keep_map[keep] = np.arange(keep.size)
+    vectors = {}
+    for fi, f in enumerate(seg.fields):
+        vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                                       seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
+    a = seg.a
+    ib, io = _gather_strings(a["id_blob"], a["id_offs"], keep)
+    cb, co = _gather_strings(a["cap_blob"], a["cap_offs"], keep)
+    sb, so = _gather_strings(a["src_blob"], a["src_offs"], keep)
+    return Batch(ib, io, np.asarray(seg.seq)[keep], vectors, take_columns(seg.columns(), keep),
+                 (cb, co, np.asarray(a["cap_present"])[keep]), (sb, so, np.asarray(a["src_present"])[keep]))
+
+
+def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
+    def cat_strings(parts):
+        blobs, offs, base = [], [np.zeros(1, np.int64)], 0
+        for b, o in parts:
+            blobs.append(np.asarray(b))
+            offs.append(np.asarray(o)[1:] + base)
+            base += int(o[-1])
+        return np.concatenate(blobs) if blobs else np.zeros(0, np.uint8), np.concatenate(offs)
+
+    ib, io = cat_strings([(b.id_blob, b.id_offs) for b in batches])
+    vectors = {}
+    for f in fields:
+        ptrs, ids, wbs, base = [np.zeros(1, np.int64)], [], [], 0
+        for b in batches:
+            indptr, i, w = b.vectors.get(f, (np.zeros(b.n_docs + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)))
+            ptrs.append(indptr[1:] - indptr[0] + base)
+            ids.append(i[indptr[0]:indptr[-1]])
+            wbs.append(w[indptr[0]:indptr[-1]])
+            base += int(indptr[-1] - indptr[0])
+        vectors[f] = (np.concatenate(ptrs), np.concatenate(ids).astype(np.int32), np.concatenate(wbs).astype(np.uint16))
+    n_cap = [b.captions or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
+    n_src = [b.sources or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
+    cb, co = cat_strings([(c[0], c[1]) for c in n_cap])
+    sb, so = cat_strings([(s[0], s[1]) for s in n_src])
+    return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), vectors,
+                 concat_columns([(b.n_docs, b.columns) for b in batches]),
+                 (cb, co, np.concatenate([c[2] for c in n_cap])), (sb, so, np.concatenate([s[2] for s in n_src])))
