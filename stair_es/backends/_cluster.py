@@ -611,7 +611,7 @@ class ClusterBackend(SearchBackend):
         if kind == "tls":
             return BackendError(
                 f"TLS error talking to {label} at {where}: {reason}. Check --ca-certs (STAIR_ES_CA_CERTS) or, "
-                "for a test cluster only, --no-verify-certs"
+                "for a test cluster only, --insecure"
             )
         if kind in ("connection", "timeout"):
             what = "timed out" if kind == "timeout" else "could not connect"
@@ -620,7 +620,8 @@ class ClusterBackend(SearchBackend):
                 "Is the cluster running and the URL right (--url / STAIR_ES_URL)?"
             )
         if kind == "product":
-            return BackendError(f"{where} is not {label}: {reason}")
+            other = "opensearch" if self.adapter.engine == "elasticsearch" else "elasticsearch"
+            return BackendError(f"{where} is not {label} ({reason}); if it is {other}, use --backend {other}")
         if status == 401:
             return BackendError(
                 f"{label} at {where} refused the credentials ({self.config.auth_kind}); "
@@ -640,7 +641,7 @@ class ClusterBackend(SearchBackend):
     def _call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
               *, action: str, index: str | None = None, retry: bool = True) -> Any:
         """One request with back-off on 429/502/503/504 and connection errors (reads and admin calls)."""
-        from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+        from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt
 
         def transient(e: BaseException) -> bool:
             if isinstance(e, StairError):
@@ -652,7 +653,7 @@ class ClusterBackend(SearchBackend):
         attempts = self.max_retries + 1 if retry else 1
         try:
             for attempt in Retrying(stop=stop_after_attempt(attempts), reraise=True,
-                                    wait=wait_exponential_jitter(initial=self.backoff, max=self.backoff_max),
+                                    wait=self._wait(),
                                     retry=retry_if_exception(transient)):
                 with attempt:
                     return self.adapter.request(client, method, path, body, params)
@@ -660,6 +661,16 @@ class ClusterBackend(SearchBackend):
             raise self._map_error(e.last_attempt.exception(), action, index) from None
         except Exception as e:  # noqa: BLE001
             raise self._map_error(e, action, index) from None
+
+    def _wait(self) -> Any:
+        """Exponential back-off from ``backoff`` seconds, capped at ``backoff_max``, plus up to ``backoff`` of jitter."""
+        import inspect
+
+        from tenacity import wait_exponential_jitter
+
+        if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters:
+            return wait_exponential_jitter(multiplier=self.backoff, max=self.backoff_max, jitter=self.backoff)
+        return wait_exponential_jitter(initial=self.backoff, max=self.backoff_max, jitter=self.backoff)
 
     # --- index metadata ----------------------------------------------------------------
     def _path(self, index: str, *rest: str) -> str:
@@ -851,7 +862,7 @@ class ClusterBackend(SearchBackend):
         A 413 (request too large) halves the chunk and re-sends. After ``max_retries`` rounds what
         is still pending is reported failed with the last error: nothing is dropped silently.
         """
-        from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+        from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt
 
         pending = dict(actions)
         out: dict[int, tuple[bool, str | None]] = {}
@@ -906,7 +917,7 @@ class ClusterBackend(SearchBackend):
 
         try:
             for attempt in Retrying(stop=stop_after_attempt(self.max_retries + 1),
-                                    wait=wait_exponential_jitter(initial=self.backoff, max=self.backoff_max),
+                                    wait=self._wait(),
                                     retry=retry_if_exception_type(_Retry), reraise=True):
                 with attempt:
                     one_round()

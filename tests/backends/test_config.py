@@ -1,0 +1,113 @@
+"""Connection settings: precedence, secrets never shown, clear errors for bad connections."""
+
+import logging
+import socket
+import sys
+
+import pytest
+
+from stair_es.backends._cluster import ClusterConfig, redact_url
+from stair_es.backends.base import get_backend
+from stair_es.errors import BackendError, ConnectionFailedError, InvalidInputError, MissingDependencyError
+
+from .fake_cluster import FakeCluster
+
+SECRETS = ("s3cr3t-pass", "k3y-value", "t0ken-value")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_flags_beat_environment_beat_config_file(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('url = "http://file:9200"\nusername = "fileuser"\ntimeout = 7\n[opensearch]\nurl = "http://os-file:9200"\n')
+    c = ClusterConfig.resolve("elasticsearch", cfg)
+    assert c.urls == ["http://file:9200"] and c.username == "fileuser" and c.timeout == 7
+    assert ClusterConfig.resolve("opensearch", cfg).urls == ["http://os-file:9200"]
+    monkeypatch.setenv("STAIR_ES_URL", "http://env1:9200, http://env2:9200")
+    assert ClusterConfig.resolve("elasticsearch", cfg).urls == ["http://env1:9200", "http://env2:9200"]
+    assert ClusterConfig.resolve("elasticsearch", cfg, urls=["http://flag:9200"]).urls == ["http://flag:9200"]
+
+
+def test_json_config_and_default_location(tmp_path, monkeypatch):
+    (tmp_path / "c.json").write_text('{"urls": ["http://j:1"], "verify_certs": false}')
+    c = ClusterConfig.resolve("elasticsearch", tmp_path / "c.json")
+    assert c.urls == ["http://j:1"] and c.verify_certs is False
+    d = tmp_path / ".config" / "stair-es"
+    d.mkdir(parents=True)
+    (d / "config.toml").write_text('url = "http://home:9200"\n')
+    assert ClusterConfig.resolve("elasticsearch").urls == ["http://home:9200"]
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        ClusterConfig.resolve("elasticsearch", tmp_path / "missing.toml")
+
+
+def test_bad_settings_are_input_errors():
+    with pytest.raises(InvalidInputError, match="invalid cluster URL"):
+        ClusterConfig.resolve("elasticsearch", urls="localhost:9200")
+    with pytest.raises(InvalidInputError, match="without a username"):
+        ClusterConfig.resolve("elasticsearch", password="x")
+
+
+def test_secrets_never_appear_in_reprs(flavor):
+    b = get_backend(flavor, urls=["http://u:s3cr3t-pass@127.0.0.1:1"], api_key="k3y-value", password="s3cr3t-pass",
+                    username="u", bearer_token="t0ken-value")
+    for text in (repr(b), repr(b.config), str(b.config), b.config.display_urls):
+        assert not any(s in text for s in SECRETS), text
+    assert redact_url("https://u:p@h:9200/x") == "https://h:9200/x"
+
+
+def test_unreachable_cluster_names_the_url_without_credentials(flavor, caplog):
+    port = free_port()
+    b = get_backend(flavor, urls=[f"http://elastic:s3cr3t-pass@127.0.0.1:{port}"], password="s3cr3t-pass",
+                    username="elastic", timeout=2, max_retries=0)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ConnectionFailedError) as ei:
+        b.list_indices()
+    msg = str(ei.value)
+    assert f"127.0.0.1:{port}" in msg and "s3cr3t" not in msg
+    assert ei.value.__cause__ is None and ei.value.__suppress_context__
+    assert not any(s in caplog.text for s in SECRETS)
+
+
+def test_wrong_credentials_give_a_clear_error(flavor, caplog):
+    caplog.set_level(logging.DEBUG)
+    with FakeCluster(flavor, auth="ApiKey right") as c:
+        b = get_backend(flavor, urls=c.url, api_key="k3y-value")
+        with pytest.raises(BackendError, match="refused the credentials") as ei:
+            b.list_indices()
+        assert "k3y-value" not in str(ei.value)
+        assert c.seen_headers[-1]["authorization"] == "ApiKey k3y-value"
+    assert not any(s in caplog.text for s in SECRETS)
+
+
+def test_basic_and_bearer_auth_headers_are_sent(flavor):
+    with FakeCluster(flavor) as c:
+        get_backend(flavor, urls=c.url, username="u", password="s3cr3t-pass").list_indices()
+        assert c.seen_headers[-1]["authorization"].startswith("Basic ")
+        get_backend(flavor, urls=c.url, bearer_token="t0ken-value").list_indices()
+        assert c.seen_headers[-1]["authorization"] == "Bearer t0ken-value"
+
+
+def test_wrong_product_is_reported(flavor):
+    other = "opensearch" if flavor == "elasticsearch" else "elasticsearch"
+    with FakeCluster(other) as c:
+        with pytest.raises(BackendError, match="--backend"):
+            get_backend(flavor, urls=c.url).list_indices()
+
+
+def test_tls_to_a_plain_http_port_is_a_backend_error(flavor):
+    with FakeCluster(flavor) as c:
+        b = get_backend(flavor, urls=c.url.replace("http://", "https://"), timeout=2, max_retries=0)
+        with pytest.raises(BackendError) as ei:
+            b.list_indices()
+        assert "127.0.0.1" in str(ei.value)
+
+
+@pytest.mark.parametrize("name,module", [("elasticsearch", "elasticsearch"), ("opensearch", "opensearchpy")])
+def test_missing_client_names_the_extra(monkeypatch, name, module):
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(MissingDependencyError, match=f"stair-es\\[{name}\\]"):
+        get_backend(name)
