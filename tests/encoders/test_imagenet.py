@@ -138,14 +138,16 @@ def test_real_photo_tokens(imagenet_encoder, photos):
 
 
 def test_batching_matches_one_by_one(imagenet_encoder, photos):
-    imgs = list(photos.values())
-    batched = imagenet_encoder.encode_images(imgs, batch_size=len(imgs))
-    single = [imagenet_encoder.encode_images([im], batch_size=1)[0] for im in imgs]
+    imgs = [photos["chelsea"], photos["coffee"], photos["astronaut"]]
+    batched = imagenet_encoder.class_probabilities(imgs, batch_size=3)
+    single = imagenet_encoder.class_probabilities(imgs, batch_size=1)
+    np.testing.assert_allclose(batched, single, atol=1e-4)
     for a, b in zip(batched, single):
-        np.testing.assert_allclose(a.to_dense(), b.to_dense(), atol=2e-3)
-    p1 = imagenet_encoder.class_probabilities(imgs, batch_size=3)
-    p2 = imagenet_encoder.class_probabilities(imgs, batch_size=1)
-    np.testing.assert_allclose(p1, p2, atol=1e-4)
+        va, vb = imagenet_encoder.vector_from_probabilities(a), imagenet_encoder.vector_from_probabilities(b)
+        np.testing.assert_allclose(va.to_dense(), vb.to_dense(), atol=2e-3)
+    # encode_images is exactly probabilities -> vector_from_probabilities
+    (vec,) = imagenet_encoder.encode_images(imgs[:1])
+    np.testing.assert_allclose(vec.to_dense(), imagenet_encoder.vector_from_probabilities(single[0]).to_dense(), atol=2e-3)
 
 
 def test_preprocessing_is_deterministic_and_sized(imagenet_encoder, photos):
