@@ -797,7 +797,7 @@ class ClusterBackend(SearchBackend):
         if doc.caption is not None:
             src["caption_text"] = doc.caption
         if doc.source is not None:
-            src["source"] = doc.source
+            src["path"] = doc.source  # "path" is reserved in the schema; "source" may be user metadata
         return src
 
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
@@ -951,7 +951,7 @@ class ClusterBackend(SearchBackend):
             if feats:
                 vectors[name] = vector_from_features(feats, self.vocab, meta.keys)
         caption = src.pop("caption_text", None)
-        source = src.pop("source", None)
+        source = src.pop("path", None)
         src.pop("dense", None)
         return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), caption, source)
 
@@ -1002,13 +1002,13 @@ class ClusterBackend(SearchBackend):
         for h in res.get("hits", {}).get("hits", []):
             src = h.get("_source") or {}
             hits.append(Hit(h["_id"], float(h.get("_score") or 0.0), self._metadata_out(src, meta.schema),
-                            src.get("caption_text"), src.get("source")))
+                            src.get("caption_text"), src.get("path")))
         total = res.get("hits", {}).get("total")
         total = total.get("value") if isinstance(total, Mapping) else total
         notes = list(req.notes) + tr.notes
         if meta.field_type == "sparse_vector" and self.adapter.engine == "opensearch":
             notes.append("OpenSearch seismic search is approximate on segments above its approximate_threshold")
-        took = float(res.get("took", (time.perf_counter() - t0) * 1000))
+        took = (time.perf_counter() - t0) * 1000  # end to end, as the user waits for it
         return SearchResult(hits, total, took, notes)
 
     def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation:

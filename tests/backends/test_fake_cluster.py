@@ -190,3 +190,13 @@ def test_clause_limit_is_respected(fake):
     res = b.search("c", SearchRequest([SparseClause("image", corpus(5, nnz=30)[0].vectors["image"])]))
     assert res.hits[0].id == "d0000"
     assert any("clause limit of 10" in n for n in res.notes)
+
+
+def test_metadata_named_source_does_not_clash_with_the_image_path(fake):
+    b = backend(fake)
+    b.create_index("m", IndexSchema())
+    b.ingest("m", [Document("a", {"image": SparseVector.from_token_map({"dog": 1.0})}, {"source": "skimage"},
+                            source="img/a.jpg")])
+    hit = b.search("m", SearchRequest([SparseClause("image", SparseVector.from_token_map({"dog": 1.0}))],
+                                      filter=Term("source", "skimage"))).hits[0]
+    assert hit.source == "img/a.jpg" and hit.metadata == {"source": "skimage"}
