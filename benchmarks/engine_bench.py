@@ -36,7 +36,7 @@ from stair_es.vocab import VOCAB_SIZE, default_vocabulary  # noqa: E402
 
 
 @njit(cache=True)
-def _gen_rows_fast(n, seed, cdf, token_of, rank_of_token, lo, hi):
+def _gen_rows_fast(n, seed, cdf, token_of, rank_of_token, lo, hi, scale):
     np.random.seed(seed)
     indptr = np.zeros(n + 1, np.int64)
     counts = np.empty(n, np.int64)
@@ -60,7 +60,7 @@ def _gen_rows_fast(n, seed, cdf, token_of, rank_of_token, lo, hi):
         srt = np.sort(row[:c])
         for j in range(c):
             ids[indptr[i] + j] = srt[j]
-            w[indptr[i] + j] = np.log1p(np.exp(np.random.normal()))
+            w[indptr[i] + j] = np.log1p(np.exp(np.random.normal())) * scale[srt[j]]
             seen[rank_of_token[srt[j]]] = False
     return indptr, ids, w
 
@@ -75,6 +75,17 @@ def zipf_tables(seed: int, s: float = 1.0):
     rank_of_token = np.zeros(VOCAB_SIZE, np.int64)
     rank_of_token[token_of] = np.arange(token_of.size)
     return cdf, token_of, rank_of_token
+
+
+def weight_scale(kind: str, token_of: np.ndarray) -> np.ndarray:
+    """Per-token weight scale. ``iid``: 1 for every token (weights independent of frequency: the
+    worst case for any exact pruning). ``idf``: min(1, sqrt(rank / 1000)), i.e. frequent tokens get
+    small weights, as FLOPS/L1-regularised learned sparse encoders (SPLADE, STAIR) produce."""
+    scale = np.ones(VOCAB_SIZE, np.float32)
+    if kind == "idf":
+        rank = np.arange(1, token_of.size + 1)
+        scale[token_of] = np.minimum(1.0, np.sqrt(rank / 1000.0))
+    return scale
 
 
 def rss_mb() -> float:
@@ -92,6 +103,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--check", type=int, default=20, help="queries checked against brute force")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--weights", choices=("idf", "iid"), default="idf",
+                    help="idf: frequent tokens weigh less (like trained encoders); iid: independent of frequency")
     ap.add_argument("--dir", default=None, help="where to build the index (default: a temp dir, removed after)")
     ap.add_argument("--bshift", type=int, default=None, help="log2 of the block size (default: engine default)")
     args = ap.parse_args()
@@ -101,7 +114,8 @@ def main() -> None:
     print(f"# engine_bench  commit={commit}  python={platform.python_version()}  machine={platform.machine()}  "
           f"cpus={os.cpu_count()}  argv={' '.join(sys.argv[1:])}")
     cdf, token_of, rank_of_token = zipf_tables(args.seed)
-    _gen_rows_fast(10, 0, cdf, token_of, rank_of_token, 150, 250)  # compile
+    scale = weight_scale(args.weights, token_of)
+    _gen_rows_fast(10, 0, cdf, token_of, rank_of_token, 150, 250, scale)  # compile
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="engine-bench-"))
     path = base / "bench-index"
     if path.exists():
@@ -116,7 +130,7 @@ def main() -> None:
     for c, lo in enumerate(range(0, args.docs, args.chunk)):
         n = min(args.chunk, args.docs - lo)
         t = time.perf_counter()
-        indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250)
+        indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250, scale)
         gen_s += time.perf_counter() - t
         doc_ids = [f"doc-{i}" for i in range(lo, lo + n)]
         t = time.perf_counter()
@@ -144,7 +158,7 @@ def main() -> None:
             r = min(int(np.searchsorted(cdf, rng.random())), cdf.size - 1)
             toks.add(int(token_of[r]))
         t_ids = np.array(sorted(toks))
-        t_w = np.log1p(np.exp(rng.normal(size=t_ids.size))).astype(np.float32)
+        t_w = (np.log1p(np.exp(rng.normal(size=t_ids.size))) * scale[t_ids]).astype(np.float32)
         reqs.append(SearchRequest([SparseClause("image", SparseVector.from_arrays(t_ids, t_w))], top_k=10))
     reader = EngineIndex.open(path)
     for r in reqs[:5]:

@@ -505,7 +505,8 @@ class EngineIndex:
         hs = np.zeros(k, np.float32)
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
-        state = np.array([0, 0, 1], np.int64)
+        state = np.array([0, 0, 1, 0, 0], np.int64)
+        self.last_search_stats = state
         segs = self._segs
         for si, s in enumerate(segs):
             js, ws = [], []

@@ -296,77 +296,195 @@ def _push(hs, hq, hr, state, k, s, sq, ref):
 
 
 # --- search ------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _posting_weight(post_off, post_w, f16, sl, o):
+    q0 = sl >> 9
+    for q in range(q0, q0 + (sl & 511)):
+        if post_off[q] == o:
+            return f16[post_w[q]]
+    return np.float32(0.0)
+
+
+@njit(cache=True)
+def _canonical_score(slot_row, q_w, post_off, post_w, f16, o):
+    """The score of one doc summed in query-term order (what explain reproduces)."""
+    s = np.float32(0.0)
+    for i in range(q_w.size):
+        sl = slot_row[i]
+        if sl >= 0:
+            w = _posting_weight(post_off, post_w, f16, sl, o)
+            if w > 0:
+                s += q_w[i] * w
+    return s
+
+
 @njit(cache=True)
 def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
     allowed, seq, ref_base, k, hs, hq, hr, state,
 ):
-    """Exact block-max top-k over one segment, merged into the shared heap (hs, hq, hr, state).
+    """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
     ``q_j``: term index of each query term in this segment (present terms only); ``q_w``:
     float32 query weights (clause weight applied). ``allowed``: uint8 per doc (filter and
-    not deleted) or empty for "all". state = [heap size, matched docs, 1 if total is exact].
+    not deleted) or empty for "all". ``state`` = [heap size, matched docs, 1 if matched is
+    exact, blocks scored, candidate blocks].
+
+    Two levels of safe pruning, both against the current k-th score ``thr``:
+
+    * block-max: blocks are visited by decreasing upper bound (sum over terms of query
+      weight x block max) and the scan stops at the first bound below ``thr``;
+    * MaxScore inside a block: the terms whose block maxima sum below ``thr`` are
+      *non-essential*; a doc none of the other terms hit cannot reach ``thr``, and a doc is
+      dropped as soon as its partial score plus the remaining maxima falls below ``thr``.
+
+    Scores that enter the heap are recomputed in query-term order, so they are identical to
+    what :meth:`EngineIndex.explain` sums.
     """
     nq = q_j.size
     bs = 1 << bshift
     n_blocks = (n_docs + bs - 1) >> bshift
     ub = np.zeros(n_blocks, np.float32)
-    slot = np.full((nq, n_blocks), -1, np.int64)
+    slot = np.full((n_blocks, nq), -1, np.int64)  # block-major: one block's terms are adjacent
+    bmc = np.zeros((n_blocks, nq), np.float32)  # query weight x block max
     for i in range(nq):
         j = q_j[i]
         w = q_w[i]
         q = post_ptr[j]
         for p in range(pair_ptr[j], pair_ptr[j + 1]):
             b = np.int64(pair_block[p])
-            ub[b] += w * f16[pair_max[p]]
+            m = w * f16[pair_max[p]]
+            ub[b] += m
+            bmc[b, i] = m
             c = np.int64(pair_cnt[p]) + 1
-            slot[i, b] = (q << 9) | c  # posting start and count (<= 256) in one word
+            slot[b, i] = (q << 9) | c  # posting start and count (<= 256) in one word
             q += c
+    tmax = np.zeros(nq, np.float32)
+    for b in range(n_blocks):
+        for i in range(nq):
+            if bmc[b, i] > tmax[i]:
+                tmax[i] = bmc[b, i]
+    gorder = np.argsort(tmax)
     # blocks that can hold an allowed hit, best bound first
-    has_allowed = np.ones(n_blocks, np.bool_)
-    if allowed.size:
-        for b in range(n_blocks):
+    use_mask = allowed.size > 0
+    nc = 0
+    cand = np.empty(n_blocks, np.int64)
+    for b in range(n_blocks):
+        if ub[b] <= 0:
+            continue
+        if use_mask:
             found = False
             for d in range(b * bs, min((b + 1) * bs, n_docs)):
                 if allowed[d]:
                     found = True
                     break
-            has_allowed[b] = found
-    nc = 0
-    cand = np.empty(n_blocks, np.int64)
-    for b in range(n_blocks):
-        if ub[b] > 0 and has_allowed[b]:
-            cand[nc] = b
-            nc += 1
+            if not found:
+                continue
+        cand[nc] = b
+        nc += 1
     cand = cand[:nc]
     order = np.argsort(-ub[cand], kind="quicksort")
     acc = np.zeros(bs, np.float32)
+    live = np.zeros(bs, np.bool_)
+    cands = np.empty(bs, np.int64)
+    terms = np.empty(nq, np.int64)
     exact_total = True
+    matched = 0
+    scored = 0
+    full = state[0] >= k
+    thr = hs[0] if full else np.float32(0.0)
+    slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
     for oi in range(nc):
         b = cand[order[oi]]
-        if state[0] >= k:
-            # bounds are float32 sums in another order: leave a relative slack for rounding
-            if ub[b] * np.float32(1.0001) < hs[0]:
-                exact_total = False
-                break
-        for i in range(nq):
-            sl = slot[i, b]
-            if sl < 0:
-                continue
+        if full and ub[b] * slack < thr:
+            exact_total = False
+            break
+        scored += 1
+        # this block's terms in increasing order of their global max; a prefix whose block
+        # maxima sum below thr is non-essential
+        nt = 0
+        for t in range(nq):
+            i = gorder[t]
+            if slot[b, i] >= 0:
+                terms[nt] = i
+                nt += 1
+        n_ne = 0
+        ne_sum = np.float32(0.0)
+        if full:
+            while n_ne < nt and (ne_sum + bmc[b, terms[n_ne]]) * slack < thr:
+                ne_sum += bmc[b, terms[n_ne]]
+                n_ne += 1
+        if n_ne > 0:
+            exact_total = False
+        for t in range(n_ne, nt):
+            i = terms[t]
+            sl = slot[b, i]
             w = q_w[i]
             q0 = sl >> 9
             for q in range(q0, q0 + (sl & 511)):
                 acc[post_off[q]] += w * f16[post_w[q]]
         base = b << bshift
+        nca = 0
         for o in range(bs):
             s = acc[o]
             if s > 0:
                 acc[o] = 0.0
                 d = base + o
-                if allowed.size and not allowed[d]:
+                if use_mask and not allowed[d]:
                     continue
-                state[1] += 1
-                _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
+                matched += 1
+                if full and (s + ne_sum) * slack < thr:
+                    continue
+                cands[nca] = o
+                nca += 1
+                acc[o] = s
+                live[o] = True
+        # non-essential terms, largest first, only for the surviving docs
+        rem = ne_sum
+        t = n_ne - 1
+        while t >= 0 and nca > 0:
+            i = terms[t]
+            sl = slot[b, i]
+            w = q_w[i]
+            q0 = sl >> 9
+            for q in range(q0, q0 + (sl & 511)):
+                o = post_off[q]
+                if live[o]:
+                    acc[o] += w * f16[post_w[q]]
+            rem -= bmc[b, i]
+            if rem < 0:
+                rem = np.float32(0.0)
+            keep = 0
+            for c in range(nca):
+                o = cands[c]
+                if (acc[o] + rem) * slack >= thr:
+                    cands[keep] = o
+                    keep += 1
+                else:
+                    live[o] = False
+                    acc[o] = 0.0
+            nca = keep
+            t -= 1
+        for c in range(nca):
+            o = cands[c]
+            live[o] = False
+            s = acc[o]
+            acc[o] = 0.0
+            if full and s * slack < thr:
+                continue
+            s = _canonical_score(slot[b], q_w, post_off, post_w, f16, o)
+            if full and s < thr:
+                continue
+            d = base + o
+            _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
+            if not full and state[0] >= k:
+                full = True
+            if full:
+                thr = hs[0]
+    state[1] += matched
+    if state.size >= 5:
+        state[3] += scored
+        state[4] += nc
     if not exact_total:
         state[2] = 0

@@ -1,0 +1,158 @@
+"""Exact top-k against a brute-force reference on random data, with filters, deletes,
+updates, multi-field weighted clauses and segment merges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stair_es.engine import EngineIndex
+from stair_es.query import HasTokens, Range, SearchRequest, SparseClause, Term
+from stair_es.schema import Document, IndexSchema
+from stair_es.sparse import SparseVector
+from stair_es.vocab import default_vocabulary
+
+VOCAB = default_vocabulary()
+USABLE = np.flatnonzero(~VOCAB.special_mask)[1000:1300]  # a small token range: many overlaps
+BRANDS = ["acme", "globex", "initech"]
+
+
+def f16(w):
+    return np.asarray(w, np.float32).astype(np.float16).astype(np.float32)
+
+
+def random_doc(rng, i: int, zipf: bool) -> Document:
+    vecs = {}
+    for field, lo, hi in (("image", 5, 40), ("caption", 0, 8)):
+        n = int(rng.integers(lo, hi))
+        if n == 0:
+            continue
+        if zipf:
+            ranks = np.minimum(rng.zipf(1.3, size=n) - 1, USABLE.size - 1)
+            toks = USABLE[ranks]
+        else:
+            toks = rng.choice(USABLE, size=n, replace=False)
+        w = rng.choice([0.5, 1.0, 2.0], size=len(toks)) if rng.random() < 0.2 else np.log1p(rng.lognormal(size=len(toks)))
+        vecs[field] = SparseVector.from_arrays(toks, w)
+    meta = {"brand": BRANDS[i % 3], "price": float(rng.integers(0, 100))}
+    if i % 4 == 0:
+        meta["tags"] = ["x", "y"] if i % 8 == 0 else ["y"]
+    return Document(f"d{i}", vecs, meta)
+
+
+def brute(docs: dict[str, Document], order: dict[str, int], req: SearchRequest, allow) -> list[tuple[str, float]]:
+    out = []
+    for did, d in docs.items():
+        if not allow(d):
+            continue
+        s = np.float32(0)
+        for c in req.clauses:
+            v = d.vectors.get(c.field)
+            if v is None:
+                continue
+            qmap = dict(zip(c.vector.ids.tolist(), (c.vector.weights * np.float32(c.weight)).astype(np.float32)))
+            for t, w in zip(v.ids.tolist(), f16(v.weights)):
+                if t in qmap:
+                    s = np.float32(s + np.float32(qmap[t] * w))
+        if s > 0:
+            out.append((did, float(s)))
+    out.sort(key=lambda x: (-x[1], order[x[0]]))
+    return out
+
+
+def assert_same_topk(got, want, k):
+    want = want[:k]
+    assert len(got.hits) == len(want)
+    gs = np.array([h.score for h in got.hits])
+    ws = np.array([s for _, s in want])
+    np.testing.assert_allclose(gs, ws, rtol=2e-6)
+    if len(want):
+        kth = ws[-1]
+        must = {i for i, s in want if s > kth * (1 + 2e-6)}
+        assert must <= {h.id for h in got.hits}
+
+
+def random_query(rng, with_caption: bool) -> SearchRequest:
+    clauses = [SparseClause("image", SparseVector.from_arrays(*_qv(rng)), float(rng.choice([0.5, 1.0, 3.0])))]
+    if with_caption:
+        clauses.append(SparseClause("caption", SparseVector.from_arrays(*_qv(rng)), float(rng.choice([0.25, 1.0, 2.0]))))
+    return SearchRequest(clauses, top_k=int(rng.choice([1, 3, 10, 50])))
+
+
+def _qv(rng):
+    n = int(rng.integers(1, 25))
+    toks = rng.choice(USABLE[:200], size=n, replace=False)
+    return toks, np.log1p(rng.lognormal(size=n)) + 0.01
+
+
+FILTERS = [
+    (None, lambda d: True),
+    (Term("brand", "acme"), lambda d: d.metadata["brand"] == "acme"),
+    (Range("price", gte=20, lt=70) & ~Term("brand", "globex"),
+     lambda d: 20 <= d.metadata["price"] < 70 and d.metadata["brand"] != "globex"),
+    (Term("tags", "x") | Term("brand", "initech"), lambda d: "x" in d.metadata.get("tags", ()) or d.metadata["brand"] == "initech"),
+]
+
+
+@pytest.mark.parametrize("seed,zipf,bshift", [(1, False, 7), (2, True, 7), (3, True, 2), (4, False, 3)])
+def test_exact_against_brute_force(tmp_path, seed, zipf, bshift):
+    rng = np.random.default_rng(seed)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=bshift)
+    ix.max_segments = 4  # force automatic merges
+    docs: dict[str, Document] = {}
+    order: dict[str, int] = {}
+    seq = 0
+    for batch in range(8):
+        new = [random_doc(rng, int(i), zipf) for i in rng.integers(0, 700, size=int(rng.integers(30, 120)))]
+        ix.add(new)
+        for d in new:
+            docs[d.id] = d
+            order[d.id] = seq  # a re-added id counts as newly inserted
+            seq += 1
+        if batch % 3 == 2:
+            gone = [i for i in docs if rng.random() < 0.1]
+            ix.delete(gone)
+            for i in gone:
+                del docs[i]
+    assert ix.stats()["docs"] == len(docs)
+    tok = int(USABLE[3])
+    extra = [(HasTokens([VOCAB.token(tok)]), lambda d: tok in d.vectors.get("image", SparseVector.empty()).ids),
+             (~HasTokens([VOCAB.token(tok)]), lambda d: tok not in d.vectors.get("image", SparseVector.empty()).ids)]
+    for qi in range(40):
+        req = random_query(rng, with_caption=qi % 2 == 1)
+        flt, allow = (FILTERS + extra)[qi % (len(FILTERS) + len(extra))]
+        req.filter = flt
+        got = ix.search(req)
+        want = brute(docs, order, req, allow)
+        assert_same_topk(got, want, req.top_k)
+        if got.total is not None:
+            assert got.total == len(want)
+        if got.hits:
+            e = ix.explain(got.hits[0].id, req)
+            assert e.score == got.hits[0].score
+    before = [ix.search(random_query(np.random.default_rng(99 + i), True)) for i in range(5)]
+    ix.optimize()
+    assert ix.stats()["segments"] == 1 and ix.stats()["deleted"] == 0
+    after = [ix.search(random_query(np.random.default_rng(99 + i), True)) for i in range(5)]
+    for b, a in zip(before, after):
+        assert [(h.id, h.score) for h in b.hits] == [(h.id, h.score) for h in a.hits]
+    ix.close()
+
+
+def test_many_small_batches_merge_automatically(tmp_path):
+    rng = np.random.default_rng(7)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema())
+    docs = {}
+    for b in range(40):
+        new = [random_doc(rng, b * 10 + i, True) for i in range(10)]
+        ix.add(new)
+        docs.update({d.id: d for d in new})
+    assert ix.stats()["segments"] <= ix.max_segments
+    order = {d: i for i, d in enumerate(docs)}
+    req = random_query(rng, True)
+    assert_same_topk(ix.search(req), brute(docs, order, req, lambda d: True), req.top_k)
+    got = ix.get("d123")
+    for f, v in docs["d123"].vectors.items():
+        assert got.vectors[f].ids.tolist() == v.ids.tolist()
+        np.testing.assert_array_equal(got.vectors[f].weights, f16(v.weights))
+    ix.close()

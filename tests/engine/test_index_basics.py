@@ -1,0 +1,234 @@
+"""EngineIndex: opening, errors, add/update/delete/get, metadata, filters, explain."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stair_es.engine import EngineIndex
+from stair_es.errors import (
+    DocumentNotFoundError,
+    EmptyQueryError,
+    IncompatibleIndexError,
+    IndexExistsError,
+    IndexNotFoundError,
+    InvalidInputError,
+    InvalidVectorError,
+    UnknownFieldError,
+)
+from stair_es.query import Exists, HasTokens, Range, SearchRequest, SparseClause, Term, Terms
+from stair_es.schema import Document, IndexSchema
+from stair_es.sparse import SparseVector
+
+
+def vec(**weights: float) -> SparseVector:
+    return SparseVector.from_token_map(weights)
+
+
+def req(field: str = "image", top_k: int = 10, flt=None, **weights: float) -> SearchRequest:
+    return SearchRequest([SparseClause(field, vec(**weights))], filter=flt, top_k=top_k)
+
+
+@pytest.fixture
+def ix(tmp_path):
+    index = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "taken": "date"}))
+    index.add([
+        Document("a", {"image": vec(dog=1.0, cat=0.5)}, {"brand": "acme", "price": 3, "tags": ["red", "big"],
+                                                           "taken": "2024-01-02", "sale": True}, "a dog", "a.jpg"),
+        Document("b", {"image": vec(dog=2.0), "caption": vec(dog=1.0)}, {"brand": "globex", "price": 10,
+                                                                          "taken": "2024-03-01T10:00:00Z"}),
+        Document("c", {"image": vec(cat=2.0, beach=1.0)}, {"brand": "acme", "tags": "red", "sale": False}),
+        Document("d", {"caption": vec(beach=3.0)}, {}),
+    ])
+    yield index
+    index.close()
+
+
+def ids(result) -> list[str]:
+    return [h.id for h in result.hits]
+
+
+def test_create_twice_and_open_missing(tmp_path, ix):
+    with pytest.raises(IndexExistsError):
+        EngineIndex.create(tmp_path / "ix", IndexSchema())
+    with pytest.raises(IndexNotFoundError, match="stair-es index create") as e:
+        EngineIndex.open(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(e.value)
+
+
+def test_incompatible_version_names_writer(tmp_path):
+    p = tmp_path / "old"
+    EngineIndex.create(p, IndexSchema()).close()
+    m = json.loads((p / "manifest.json").read_text())
+    m["format_version"] = 99
+    m["writer"] = "stair_es 9.9.9"
+    (p / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IncompatibleIndexError, match=r"format version 99.*stair_es 9\.9\.9.*rebuild"):
+        EngineIndex.open(p)
+    (p / "manifest.json").write_text("{not json")
+    with pytest.raises(IncompatibleIndexError, match="damaged"):
+        EngineIndex.open(p)
+
+
+def test_search_scores_and_stored_fields(ix):
+    r = ix.search(req(dog=1.0, cat=1.0))
+    assert [h.score for h in r.hits] == [2.0, 2.0, 1.5]
+    a = next(h for h in r.hits if h.id == "a")
+    assert a.metadata == {"brand": "acme", "price": 3.0, "tags": ["red", "big"], "taken": "2024-01-02", "sale": True}
+    assert a.caption == "a dog" and a.source == "a.jpg"
+    b = next(h for h in r.hits if h.id == "b")
+    assert b.metadata["taken"] == "2024-03-01T10:00:00Z"
+    assert r.total == 3
+
+
+def test_ties_broken_by_insertion_order(ix):
+    r = ix.search(req(dog=1.0, cat=1.0))
+    # b (dog 2) and c (cat 2) tie at 2.0: b was inserted first
+    assert [(h.id, h.score) for h in r.hits] == [("b", 2.0), ("c", 2.0), ("a", 1.5)]
+
+
+def test_multi_field_clauses_with_weights(ix):
+    r = ix.search(SearchRequest([SparseClause("image", vec(dog=1.0)), SparseClause("caption", vec(beach=1.0, dog=1.0), 2.0)]))
+    scores = {h.id: h.score for h in r.hits}
+    assert scores == {"b": 2.0 + 2.0, "d": 6.0, "a": 1.0}
+    assert ids(r) == ["d", "b", "a"]
+
+
+def test_filters(ix):
+    q = dict(dog=1.0, cat=1.0, beach=1.0)
+    assert ids(ix.search(req(flt=Term("brand", "acme"), **q))) == ["c", "a"]
+    assert ids(ix.search(req(flt=Terms("brand", ["globex", "nope"]), **q))) == ["b"]
+    assert ids(ix.search(req(flt=Term("tags", "red"), **q))) == ["c", "a"]
+    assert ids(ix.search(req(flt=Term("tags", "big"), **q))) == ["a"]
+    assert ids(ix.search(req(flt=Range("price", gte=3, lt=10), **q))) == ["a"]
+    assert ids(ix.search(req(flt=Range("taken", gte="2024-02-01"), **q))) == ["b"]
+    assert ids(ix.search(req(flt=Term("taken", "2024-01-02"), **q))) == ["a"]
+    assert ids(ix.search(req(flt=Term("sale", False), **q))) == ["c"]
+    assert ids(ix.search(req(flt=Exists("price"), **q))) == ["b", "a"]
+    assert ids(ix.search(req(flt=~Exists("price"), **q))) == ["c"]
+    assert ids(ix.search(req(flt=Term("brand", "acme") | Term("price", 10), **q))) == ["c", "b", "a"]
+    assert ids(ix.search(req(flt=Term("brand", "acme") & ~Term("tags", "big"), **q))) == ["c"]
+
+
+def test_token_filters(ix):
+    q = dict(dog=1.0, cat=1.0, beach=1.0)
+    assert ids(ix.search(req(flt=HasTokens(["cat"]), **q))) == ["c", "a"]
+    assert ids(ix.search(req(flt=HasTokens(["cat", "dog"], mode="all"), **q))) == ["a"]
+    assert ids(ix.search(req(flt=HasTokens(["cat", "dog"], mode="any"), **q))) == ["c", "b", "a"]
+    assert ids(ix.search(req(flt=~HasTokens(["cat"]), **q))) == ["b"]
+    assert ids(ix.search(req("caption", flt=HasTokens(["beach"], field="caption"), **q))) == ["d"]
+
+
+def test_unknown_fields_and_empty_query(ix):
+    with pytest.raises(UnknownFieldError):
+        ix.search(req(flt=Term("nope", 1), dog=1.0))
+    with pytest.raises(UnknownFieldError):
+        ix.search(req("nofield", dog=1.0))
+    with pytest.raises(EmptyQueryError):
+        ix.search(SearchRequest([SparseClause("image", vec(dog=1.0))], drop_tokens=("dog",)))
+
+
+def test_update_replaces_and_reports(ix):
+    res = ix.add([Document("a", {"image": vec(beach=5.0)}, {"brand": "new"}), Document("e", {"image": vec(dog=0.25)})])
+    assert [(r.id, r.ok, r.action) for r in res] == [("a", True, "update"), ("e", True, "index")]
+    r = ix.search(req(dog=1.0, beach=1.0))
+    assert ids(r) == ["a", "b", "c", "e"]
+    assert r.hits[0].score == 5.0 and r.hits[0].metadata == {"brand": "new"}
+    assert ix.get("a").vectors["image"].to_token_map() == {"beach": 5.0}
+    assert ix.stats()["docs"] == 5
+
+
+def test_per_document_errors_do_not_fail_the_batch(ix):
+    res = ix.add([
+        Document("x", {"image": vec(dog=1.0)}, {"brand": 5}),  # keyword field given a number
+        Document("y", {"nofield": vec(dog=1.0)}),
+        Document("z", {"image": vec(dog=1.0)}, {"price": 1, "newfield": "v"}),
+    ])
+    assert [(r.id, r.ok) for r in res] == [("x", False), ("y", False), ("z", True)]
+    assert "keyword" in res[0].error and "nofield" in res[1].error
+    assert ix.schema.fields["newfield"] == "keyword"
+    assert ix.contains(["x", "y", "z"]) == {"z"}
+    reopened = EngineIndex.open(ix.path)
+    assert reopened.schema.fields["newfield"] == "keyword"
+
+
+def test_delete_and_get(ix):
+    res = ix.delete(["a", "missing"])
+    assert [(r.id, r.ok) for r in res] == [("a", True), ("missing", False)]
+    assert "missing" in res[1].error
+    with pytest.raises(DocumentNotFoundError):
+        ix.get("a")
+    assert "a" not in ids(ix.search(req(dog=1.0, cat=1.0)))
+    doc = ix.get("b")
+    assert doc.vectors["image"].to_token_map() == {"dog": 2.0}
+    assert doc.vectors["caption"].to_token_map() == {"dog": 1.0}
+    assert doc.metadata["brand"] == "globex"
+    assert ix.stats()["deleted"] == 1 and ix.stats()["docs"] == 3
+
+
+def test_explain_sums_to_search_score(ix):
+    r = SearchRequest([SparseClause("image", vec(dog=0.3, cat=0.7)), SparseClause("caption", vec(dog=1.1), 1.5)])
+    hits = ix.search(r).hits
+    for h in hits:
+        e = ix.explain(h.id, r)
+        assert e.score == h.score
+        assert e.total == pytest.approx(h.score, rel=1e-6)
+        assert e.matched_filter
+    e = ix.explain("b", r)
+    assert {(c.field, c.token) for c in e.contributions} == {("image", "dog"), ("caption", "dog")}
+    cap = next(c for c in e.contributions if c.field == "caption")
+    assert cap.query_weight == pytest.approx(1.1 * 1.5, rel=1e-6) and cap.doc_weight == 1.0
+    e = ix.explain("b", SearchRequest(r.clauses, filter=Term("brand", "acme")))
+    assert not e.matched_filter
+
+
+def test_float16_storage_precision(tmp_path):
+    ix = EngineIndex.create(tmp_path / "p", IndexSchema())
+    ix.add([Document("a", {"image": vec(dog=0.123456789)})])
+    w = ix.get("a").vectors["image"].weights[0]
+    assert w == np.float32(np.float16(0.123456789))
+    assert abs(w - 0.123456789) / 0.123456789 < 2**-11
+    ix.close()
+
+
+def test_add_arrays_fast_path(tmp_path):
+    ix = EngineIndex.create(tmp_path / "arr", IndexSchema())
+    indptr = np.array([0, 2, 2, 3])
+    tok = np.array([2000, 3000, 2500], np.int32)
+    w = np.array([1.0, 0.5, 2.0], np.float32)
+    assert ix.add_arrays(["p", "q", "r"], {"image": (indptr, tok, w)}, [{"n": 1}, None, {"n": 2}]) == 3
+    assert ix.get("r").vectors["image"].ids.tolist() == [2500]
+    assert ix.get("p").metadata == {"n": 1.0}
+    q = SearchRequest([SparseClause("image", SparseVector.from_arrays([2000, 2500], [1.0, 1.0]))])
+    assert [h.id for h in ix.search(q).hits] == ["r", "p"]
+    with pytest.raises(InvalidVectorError, match="sorted"):
+        ix.add_arrays(["s"], {"image": (np.array([0, 2]), np.array([4000, 3500]), np.array([1.0, 1.0]))})
+    with pytest.raises(InvalidVectorError, match="special"):
+        ix.add_arrays(["s"], {"image": (np.array([0, 1]), np.array([0]), np.array([1.0]))})
+    with pytest.raises(InvalidVectorError, match="finite"):
+        ix.add_arrays(["s"], {"image": (np.array([0, 1]), np.array([2000]), np.array([np.nan]))})
+    with pytest.raises(InvalidInputError):
+        ix.add_arrays(["s", "s"], {"image": (np.array([0, 0, 0]), np.zeros(0), np.zeros(0))})
+    assert ix.contains(["s", "p"]) == {"p"}
+    ix.close()
+
+
+def test_doc_freqs_and_stats(ix):
+    df, n = ix.doc_freqs("image")
+    v = ix.vocab
+    assert n == 4 and df[v.id("dog")] == 2 and df[v.id("cat")] == 2 and df[v.id("beach")] == 1
+    ix.delete(["a"])
+    df, n = ix.doc_freqs("image")
+    assert n == 3 and df[v.id("dog")] == 1
+    st = ix.stats()
+    assert st["postings_per_field"] == {"image": 5, "caption": 2}
+    assert st["bytes_on_disk"] > 0 and st["segments"] >= 1
+
+
+def test_read_only_handle_refuses_writes(ix):
+    r = EngineIndex.open(ix.path)
+    with pytest.raises(InvalidInputError, match="read-only"):
+        r.add([Document("zz", {"image": vec(dog=1.0)})])
+    r.close()
