@@ -45,9 +45,10 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
 DEFAULT_MAX_PIXELS = 64_000_000
 DEFAULT_TARGET_MAX_SIDE = 1024
 
-# ImageFile.LOAD_TRUNCATED_IMAGES is process-global; we force it off only around our own
-# decode and put back whatever the application chose.
+# ImageFile.LOAD_TRUNCATED_IMAGES is process-global; if an application turned it on, we force
+# it off around our own decode and put back its choice.
 _TRUNCATED_LOCK = threading.Lock()
+_WARNINGS_LOCK = threading.Lock()
 
 
 def _describe(source: object) -> str:
@@ -105,7 +106,8 @@ def load_image(
 
 def _open(fp, name: str, max_pixels: int | None) -> Image.Image:
     try:
-        with warnings.catch_warnings():
+        # catch_warnings swaps process-global state: serialise it (opening reads only the header).
+        with _WARNINGS_LOCK, warnings.catch_warnings():
             # Our own max_pixels check below replaces Pillow's warning; Pillow's hard error
             # (more than twice its global limit) is converted to ImageError.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -151,13 +153,16 @@ def _finish(
                 # draft() picks the largest 1/2^k reduction still at least this size.
                 img.draft(img.mode if img.mode != "YCbCr" else "RGB",
                           (max(1, int(w * scale)), max(1, int(h * scale))))
-        with _TRUNCATED_LOCK:
-            previous = ImageFile.LOAD_TRUNCATED_IMAGES
-            ImageFile.LOAD_TRUNCATED_IMAGES = False
-            try:
-                img.load()
-            finally:
-                ImageFile.LOAD_TRUNCATED_IMAGES = previous
+        if not ImageFile.LOAD_TRUNCATED_IMAGES:
+            img.load()  # the usual case: no lock, so a thread pool decodes in parallel
+        else:
+            with _TRUNCATED_LOCK:
+                previous = ImageFile.LOAD_TRUNCATED_IMAGES
+                ImageFile.LOAD_TRUNCATED_IMAGES = False
+                try:
+                    img.load()
+                finally:
+                    ImageFile.LOAD_TRUNCATED_IMAGES = previous
     except Image.DecompressionBombError as e:
         raise ImageError(_bomb_message(name, e, max_pixels)) from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as e:

@@ -232,3 +232,21 @@ def test_permission_denied_message(tmp_path, monkeypatch):
     monkeypatch.setattr(images_mod, "open", refuse, raising=False)
     with pytest.raises(ImageError, match="permission denied"):
         load_image(p)
+
+
+def test_thread_pool_loading(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = [_save(_photo(64, 48), tmp_path / f"t{i}.jpg") for i in range(16)]
+    (tmp_path / "bad.jpg").write_bytes(b"nope")
+    paths.append(tmp_path / "bad.jpg")
+
+    def safe(p):
+        try:
+            return load_image(p).size
+        except ImageError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(safe, paths))
+    assert out[:16] == [(64, 48)] * 16 and "not an image" in out[16]
