@@ -1,0 +1,163 @@
+"""The embedded backend: named indices as subdirectories of a home directory.
+
+Each index is an :class:`~stair_es.engine.EngineIndex` in ``home/<name>``; the default home
+is ``$STAIR_ES_HOME`` or ``~/.local/share/stair-es``. Read handles are cached and opened
+without a lock; the writable handle (which takes the index's writer lock) is opened only
+when something is written, so a reading process never blocks a writing one.
+This module owns naming and handle caching; everything about storage is in the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from ..engine import EngineIndex
+from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError
+from ..query import SearchRequest
+from ..schema import Document, Explanation, IndexSchema, IngestReport, SearchResult
+from .base import IndexInfo, ProgressCallback, SearchBackend
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
+DEFAULT_BATCH = 256
+
+
+def default_home() -> Path:
+    env = os.environ.get("STAIR_ES_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "share" / "stair-es"
+
+
+def check_index_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidInputError(
+            f"invalid index name {name!r}: use lowercase letters, digits, '-' and '_' "
+            "(starting with a letter or digit, at most 128 characters)"
+        )
+    return name
+
+
+class EmbeddedBackend(SearchBackend):
+    """Indices on local disk, searched in-process (no server)."""
+
+    name = "embedded"
+
+    def __init__(self, home: str | Path | None = None, *, batch_size: int = DEFAULT_BATCH):
+        self.home = Path(home).expanduser() if home is not None else default_home()
+        self.batch_size = int(batch_size)
+        self._readers: dict[str, EngineIndex] = {}
+        self._writers: dict[str, EngineIndex] = {}
+
+    # --- handles -------------------------------------------------------------------------------
+    def _path(self, index: str) -> Path:
+        return self.home / check_index_name(index)
+
+    def _open(self, index: str, writable: bool) -> EngineIndex:
+        path = self._path(index)
+        try:
+            return EngineIndex.open(path, writable=writable)
+        except IndexNotFoundError:
+            raise IndexNotFoundError(
+                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`"
+            ) from None
+
+    def _reader(self, index: str) -> EngineIndex:
+        if index in self._writers:  # the freshest view this process has
+            return self._writers[index]
+        if index not in self._readers:
+            self._readers[index] = self._open(index, writable=False)
+        return self._readers[index]
+
+    def _writer(self, index: str) -> EngineIndex:
+        if index not in self._writers:
+            self._writers[index] = self._open(index, writable=True)
+            old = self._readers.pop(index, None)
+            if old is not None:
+                old.close()
+        return self._writers[index]
+
+    def _forget(self, index: str) -> None:
+        for cache in (self._readers, self._writers):
+            h = cache.pop(index, None)
+            if h is not None:
+                h.close()
+
+    # --- indices ------------------------------------------------------------------------------
+    def create_index(self, index: str, schema: IndexSchema, *, exist_ok: bool = False) -> None:
+        path = self._path(index)
+        if (path / "manifest.json").exists():
+            if exist_ok:
+                return
+            raise IndexExistsError(f"index {index!r} already exists in {self.home}; delete it first or pick another name")
+        EngineIndex.create(path, schema).close()
+
+    def list_indices(self) -> list[str]:
+        if not self.home.is_dir():
+            return []
+        return sorted(p.name for p in self.home.iterdir() if (p / "manifest.json").is_file() and _NAME_RE.match(p.name))
+
+    def index_info(self, index: str) -> IndexInfo:
+        ix = self._reader(index)
+        st = ix.stats()
+        return IndexInfo(index, ix.schema, st["docs"], st["bytes_on_disk"], {
+            "path": str(ix.path), "segments": st["segments"], "deleted": st["deleted"], "postings": st["postings"],
+            "postings_per_field": st["postings_per_field"], "bytes_per_posting": st["bytes_per_posting"],
+        })
+
+    def delete_index(self, index: str) -> None:
+        path = self._path(index)
+        if not (path / "manifest.json").exists():
+            raise IndexNotFoundError(f"no index named {index!r} in {self.home}")
+        self._forget(index)
+        EngineIndex.open(path, writable=True).close()  # raises IndexLockedError while another process writes
+        shutil.rmtree(path)
+
+    def optimize(self, index: str) -> None:
+        self._writer(index).optimize()
+
+    # --- documents ----------------------------------------------------------------------------
+    def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
+        ix = self._writer(index)
+        report = IngestReport()
+        batch: list[Document] = []
+
+        def flush() -> None:
+            items = ix.add(batch)
+            report.extend(items)
+            batch.clear()
+            if on_batch is not None:
+                on_batch(items)
+
+        for d in docs:
+            batch.append(d)
+            if len(batch) >= self.batch_size:
+                flush()
+        if batch:
+            flush()
+        return report
+
+    def get(self, index: str, doc_id: str) -> Document:
+        return self._reader(index).get(doc_id)
+
+    def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
+        return self._reader(index).contains(list(ids))
+
+    def delete_documents(self, index: str, ids: Iterable[str]) -> IngestReport:
+        return IngestReport(self._writer(index).delete(list(ids)))
+
+    def search(self, index: str, request: SearchRequest) -> SearchResult:
+        return self._reader(index).search(request)
+
+    def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation:
+        return self._reader(index).explain(doc_id, request)
+
+    def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
+        return self._reader(index).doc_freqs(field)
+
+    def close(self) -> None:
+        for name in list(self._readers) + list(self._writers):
+            self._forget(name)
