@@ -458,6 +458,7 @@ def query_dsl(
 class EngineAdapter:
     """How one engine's client is built and called. Subclassed in elasticsearch.py / opensearch.py."""
 
+    loggers: tuple[str, ...] = ()  # the client's loggers, quietened unless the user asked for debug output
     engine = "abstract"
     label = "abstract"
     extra = "abstract"
@@ -578,6 +579,7 @@ class ClusterBackend(SearchBackend):
 
     def connect(self) -> None:
         """Build the client and read GET / (product and version) once; errors name the URL."""
+        _quiet_client_loggers(self.adapter.loggers)
         client = self.adapter.make_client(self.config)
         try:
             info = self.adapter.request(client, "GET", "/")
@@ -1078,6 +1080,19 @@ class ClusterBackend(SearchBackend):
                 except StairError:
                     pass
         return df, n
+
+
+def _quiet_client_loggers(names: Iterable[str]) -> None:
+    """The clients log every failed attempt at WARNING, with a traceback; stair_es reports the outcome itself.
+
+    Left alone when the user configured these loggers or asked for debug output (``-vv``).
+    """
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in names:
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.ERROR)
 
 
 def _item_error(item: Mapping[str, Any]) -> str:

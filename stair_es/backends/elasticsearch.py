@@ -35,6 +35,7 @@ def _client_module():
 class ElasticsearchAdapter(EngineAdapter):
     engine = "elasticsearch"
     label = "Elasticsearch"
+    loggers = ("elasticsearch", "elastic_transport")
     extra = "elasticsearch"
 
     def __init__(self) -> None:

@@ -30,6 +30,7 @@ def _client_module():
 class OpenSearchAdapter(EngineAdapter):
     engine = "opensearch"
     label = "OpenSearch"
+    loggers = ("opensearch",)
     extra = "opensearch"
 
     def __init__(self) -> None:

@@ -107,7 +107,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.cluster.flavor == "elasticsearch":
             self.send_header("X-Elastic-Product", "Elasticsearch")
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout) before a slow answer: as with a real node
 
     def do_GET(self) -> None:
         self._dispatch("GET")
