@@ -222,3 +222,23 @@ def test_same_ranking_as_the_embedded_engine(loaded, tmp_path):
     print(f"\n{b.name} vs embedded: identical top-{TOP_K} in {agree}/{total} queries")
     assert agree >= total * 0.8
     emb.close()
+
+
+def test_elasticsearch_sparse_vector_field(es_url):
+    """The sparse_vector field and query (noida-db 8.15: no index_options, which stair_es drops)."""
+    b = get_backend("elasticsearch", urls=es_url, field_type="sparse_vector")
+    try:
+        b.delete_index("stair-sv")
+    except Exception:  # noqa: BLE001
+        pass
+    b.create_index("stair-sv", SCHEMA)
+    docs, rank_of = zipf_corpus(80, seed=3)
+    assert not b.ingest("stair-sv", docs).failures
+    assert b.index_info("stair-sv").extra["field_type"] == "sparse_vector"
+    for q in queries(rank_of)[:5]:
+        for flt in (None, Not(HasTokens([VOCAB.tokens[int(docs[0].vectors["image"].ids[0])]]))):
+            res = b.search("stair-sv", SearchRequest([SparseClause("image", q, 1.5)], filter=flt, top_k=TOP_K))
+            ref = brute_force(docs, q, flt, "stored")
+            assert [h.id for h in res.hits] == [i for _, i in ref[:TOP_K]]
+            assert [h.score for h in res.hits] == pytest.approx([1.5 * s for s, _ in ref[:TOP_K]], rel=1e-5)
+    b.delete_index("stair-sv")
