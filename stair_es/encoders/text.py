@@ -366,8 +366,9 @@ class SpladeEncoder(Encoder):
                     ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
                     mask[r, : len(seqs[i])] = 1
                 logits = mlm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-                w = torch.log1p(torch.relu(logits.float())) * mask.to(logits.device).unsqueeze(-1)
-                pooled = w.amax(dim=1).cpu().numpy()
+                # log1p is monotone: max-pool the ReLU'd logits first, take the log of B x V only.
+                act = torch.relu_(logits.float()).masked_fill_(~mask.to(logits.device).bool().unsqueeze(-1), 0.0)
+                pooled = torch.log1p(act.amax(dim=1)).cpu().numpy()
                 for r, i in enumerate(group):
                     out[i] = self._to_vector(pooled[r])
                 bar.update(len(group))
