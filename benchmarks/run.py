@@ -1,7 +1,7 @@
 """The benchmark runner: ``python -m benchmarks.run CONFIG [--out DIR]``.
 
 For each corpus size (and each VisualSparta top-n, if the config sweeps it) the runner starts one
-subprocess per system (``--worker``) so peak memory (``ru_maxrss``) is that system's own; the worker
+subprocess per system (``--worker``) so peak memory (``VmHWM``) is that system's own; the worker
 builds the index, measures single-query latency on one thread, batched throughput on
 ``batch_threads`` and writes the top-k of every query. The parent then scores recall@10 against
 the exact ranking of the same run (sparse: brute force on the full, un-pruned corpus; dense: FAISS
@@ -175,8 +175,20 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
                 system.close()
             except Exception:  # noqa: BLE001
                 pass
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. ``VmHWM`` belongs to the address space created at exec, whereas
+    ``ru_maxrss`` survives exec and would report the parent's size at fork time."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- recall -------------------------------------------------------------------------------------
