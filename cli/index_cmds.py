@@ -7,7 +7,9 @@ import click
 from stair_es.errors import InvalidInputError
 from stair_es.schema import FIELD_TYPES, IndexSchema
 
-from .common import backend_options, echo_json, json_option, table
+from stair_es.encoders.base import get_encoder
+
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
 
 
 @click.group("index")
@@ -23,16 +25,24 @@ def index_group() -> None:
 @click.option("--sparse-field", "sparse_fields", multiple=True,
               help="Sparse (token-weight) fields; default: image and caption.")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the index already exists.")
+@encoder_options(default="default")
 @backend_options
-def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], exist_ok: bool, backend) -> None:
-    """Create an empty index NAME."""
+def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], exist_ok: bool,
+           encoder: str, model: str | None, encoder_opts: tuple[str, ...], backend) -> None:
+    """Create an empty index NAME.
+
+    The index records its encoder (--encoder, default `default`): ingest refuses another one,
+    and text queries are encoded with it. Use --encoder none for an index of precomputed
+    token maps (queries then need --encoder or --tokens).
+    """
     declared = {}
     for spec in fields:
         fname, sep, ftype = spec.partition("=")
         if not sep:
             raise InvalidInputError(f"--field {spec!r}: use NAME=TYPE, e.g. taken=date")
         declared[fname.strip()] = ftype.strip()
-    schema = IndexSchema(fields=declared, **({"sparse_fields": sparse_fields} if sparse_fields else {}))
+    enc_config = None if encoder == "none" else get_encoder(encoder, **encoder_kwargs(model, encoder_opts)).config()
+    schema = IndexSchema(fields=declared, encoder=enc_config, **({"sparse_fields": sparse_fields} if sparse_fields else {}))
     backend.create_index(name, schema, exist_ok=exist_ok)
     click.echo(f"created index {name!r} ({backend.name})")
 

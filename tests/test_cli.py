@@ -1,0 +1,154 @@
+"""The `stair-es` CLI end to end on the embedded engine, with a deterministic fake encoder.
+
+Asserts what a user sees: exit codes, one-line errors, tables and JSON.
+"""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from stair_es.cli.main import cli
+
+
+@pytest.fixture
+def run(tmp_path):
+    home = tmp_path / "home"
+
+    def invoke(*args, input=None):
+        result = CliRunner().invoke(cli, [*args, "--home", str(home)], input=input, catch_exceptions=False)
+        return result
+
+    return invoke
+
+
+@pytest.fixture
+def shop(tmp_path):
+    """A small catalog: colours as images, captions, metadata of every type."""
+    root = tmp_path / "shop"
+    root.mkdir()
+    rows = [
+        ("red-shoe", (250, 200, 200), "a red running shoe", {"brand": "acme", "price": 30, "sale": True, "added": "2024-03-01"}),
+        ("blue-shoe", (200, 200, 255), "a blue running shoe", {"brand": "acme", "price": 60, "sale": False, "added": "2024-05-01"}),
+        ("green-hat", (20, 250, 20), "a green hat", {"brand": "globex", "price": 15, "added": "2023-12-24"}),
+        ("dark-coat", (10, 10, 40), "a dark blue coat", {"brand": "globex", "price": 120, "tags": ["winter", "warm"], "added": "2024-01-10"}),
+    ]
+    lines = []
+    for id_, color, caption, meta in rows:
+        Image.new("RGB", (16, 16), color).save(root / f"{id_}.png")
+        lines.append(json.dumps({"id": id_, "path": f"{id_}.png", "caption": caption, "metadata": meta}))
+    lines.append("{broken")
+    (root / "catalog.jsonl").write_text("\n".join(lines) + "\n")
+    return root / "catalog.jsonl"
+
+
+def _ingest(run, shop):
+    assert run("index", "create", "shop", "--field", "added=date", "--encoder", "fake-color").exit_code == 0
+    return run("ingest", "shop", str(shop), "--encoder", "fake-color")
+
+
+def test_ingest_reports_bad_lines_and_exits_nonzero_then_resumes(run, shop):
+    r = _ingest(run, shop)
+    assert r.exit_code == 1
+    assert "catalog.jsonl:5" in r.output and "malformed JSON" in r.output
+    assert "ingested 4, skipped 0, failed 1 of 5 inputs" in r.output
+    again = run("ingest", "shop", str(shop), "--encoder", "fake-color", "--allow-failures", "--json")
+    assert again.exit_code == 0
+    assert json.loads(again.output)["summary"]["skipped"] == 4
+
+
+def test_search_with_filter_whitelist_blacklist_and_explain(run, shop):
+    _ingest(run, shop)
+    r = run("search", "shop", "red", "--json")
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.output)["hits"]
+    assert hits[0]["id"] == "red-shoe"
+
+    r = run("search", "shop", "blue", "--where", "price>=50", "--where", "added<2024-04-01", "--json")
+    assert [h["id"] for h in json.loads(r.output)["hits"]] == ["dark-coat"]
+
+    r = run("search", "shop", "blue shoe", "--require", "dark", "--json")
+    assert {h["id"] for h in json.loads(r.output)["hits"]} == {"dark-coat", "green-hat"}
+
+    r = run("search", "shop", "blue shoe", "--exclude", "dark", "--json")
+    assert "dark-coat" not in {h["id"] for h in json.loads(r.output)["hits"]}
+
+    r = run("search", "shop", "shoe", "--where", "tags=winter|summer", "--json")
+    assert [h["id"] for h in json.loads(r.output)["hits"]] in ([], ["dark-coat"])
+
+    r = run("search", "shop", "red", "--explain", "--top-k", "1")
+    assert r.exit_code == 0
+    assert "red-shoe" in r.output and "contribution" in r.output
+
+
+def test_explain_contributions_sum_to_score(run, shop):
+    _ingest(run, shop)
+    hits = json.loads(run("search", "shop", "red shoe", "--json").output)["hits"]
+    exp = json.loads(run("explain", "shop", hits[0]["id"], "red shoe", "--json").output)
+    assert exp["score"] == pytest.approx(hits[0]["score"], rel=1e-5)
+    assert exp["sum_of_contributions"] == pytest.approx(exp["score"], rel=1e-5)
+    top = run("explain", "shop", "red-shoe")
+    assert "image tokens of 'red-shoe'" in top.output and "red:" in top.output
+
+
+def test_token_map_query_and_expression(run, shop):
+    _ingest(run, shop)
+    r = run("search", "shop", "--tokens", '{"green": 1.0}', "--caption-weight", "0", "--json")
+    assert json.loads(r.output)["hits"][0]["id"] == "green-hat"
+    r = run("search", "shop", "--tokens", '{"blue": 1.0}', "--expr", "dark NOT bright", "--json")
+    assert {h["id"] for h in json.loads(r.output)["hits"]} == {"green-hat", "dark-coat"}
+    r = run("search", "shop", "--tokens", '{"blue": 1.0}', "--expr", "(dark AND green) OR \"bright\"", "--json")
+    assert {h["id"] for h in json.loads(r.output)["hits"]} == {"red-shoe", "blue-shoe", "green-hat", "dark-coat"}
+
+
+@pytest.mark.parametrize("args,message,code", [
+    (("search", "shop", "red", "--where", "colour=red"), "unknown metadata field 'colour'", 2),
+    (("search", "shop", "red", "--where", "price<cheap"), "not a number", 2),
+    (("search", "shop", "--tokens", '{"dog": -1}'), "non-negative", 2),
+    (("search", "shop", "--tokens", '{"dogz": 1}'), "unknown token", 2),
+    (("search", "shop", "--tokens", "{nope"), "not valid JSON", 2),
+    (("search", "shop", "red", "--expr", "red AND"), "ends early", 2),
+    (("search", "nope", "red"), "nope", 4),
+    (("get", "shop", "missing-id"), "missing-id", 4),
+])
+def test_errors_are_one_line_with_exit_codes(run, shop, args, message, code):
+    _ingest(run, shop)
+    r = run(*args)
+    assert r.exit_code == code, r.output
+    err = r.output.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and message in err[0], r.output
+
+
+def test_query_that_tokenizes_to_nothing(run, shop):
+    _ingest(run, shop)
+    r = run("search", "shop", "!!! the ???", "--encoder", "bow")
+    assert r.exit_code == 2 and "no searchable tokens" in r.output
+    r = run("search", "shop", "red", "--exclude-query", "red")
+    assert r.exit_code == 2 and "no tokens left" in r.output
+
+
+def test_get_delete_and_index_commands(run, shop):
+    _ingest(run, shop)
+    g = json.loads(run("get", "shop", "dark-coat", "--json").output)
+    assert g["metadata"]["tags"] == ["winter", "warm"] and g["metadata"]["added"] == "2024-01-10"
+    assert g["caption"] == "a dark blue coat" and g["top_tokens"]["image"]
+    d = run("delete", "shop", "dark-coat", "ghost")
+    assert d.exit_code == 1 and "deleted: dark-coat" in d.output and "not deleted: ghost" in d.output
+    assert run("get", "shop", "dark-coat").exit_code == 4
+    lst = json.loads(run("index", "list", "--json").output)
+    assert [(i["name"], i["doc_count"]) for i in lst] == [("shop", 3)]
+    assert "added:date" in run("index", "stats", "shop").output
+    assert run("index", "delete", "shop", input="n\n").exit_code == 1
+    assert run("index", "delete", "shop", "--yes").exit_code == 0
+    assert "no indices" in run("index", "list").output
+
+
+def test_cluster_flags_are_refused_on_the_embedded_backend(run):
+    r = run("index", "list", "--url", "http://127.0.0.1:9200")
+    assert r.exit_code == 2 and "--url is for --backend" in r.output
+
+
+def test_help_explains_commands():
+    r = CliRunner().invoke(cli, ["search", "--help"])
+    assert r.exit_code == 0 and "--require" in r.output and "--where" in r.output and "dot product" in r.output
