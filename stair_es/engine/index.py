@@ -51,10 +51,9 @@ from .segment import (
     Segment,
     build_segment,
     columns_from_rows,
-    concat_batches,
     encode_ids,
     encode_strings,
-    segment_to_batch,
+    merge_segments,
 )
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, fsync_dir
 
@@ -68,7 +67,8 @@ F16_MAX = 65504.0
 
 
 def _f16_bits(w: np.ndarray) -> np.ndarray:
-    return np.minimum(np.asarray(w, np.float32), F16_MAX).astype(np.float16).view(np.uint16)
+    """float16 bit patterns of weights already checked to be finite, >= 0 and <= F16_MAX."""
+    return np.asarray(w, np.float32).astype(np.float16).view(np.uint16)
 
 
 @dataclass
@@ -465,16 +465,15 @@ class EngineIndex:
             self._merge(pick)
 
     def _merge(self, pick: list[int]) -> None:
-        batches = []
-        for i in pick:
-            s = self._segs[i]
-            keep = np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
-            batches.append(segment_to_batch(s.seg, keep))
-        batch = concat_batches(batches, self.schema.sparse_fields)
+        segs = [self._segs[i].seg for i in pick]
+        keeps = [np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+                 for s in (self._segs[i] for i in pick)]
+        batch, postings = merge_segments(segs, keeps, self.bshift)
         kept = [s for i, s in enumerate(self._segs) if i not in set(pick)]
         if batch.n_docs:
             name = self._new_segment_name()
-            seg = build_segment(self.path / f"{name}.seg", name, batch, self.schema.sparse_fields, self.bshift)
+            seg = build_segment(self.path / f"{name}.seg", name, batch, self.schema.sparse_fields, self.bshift,
+                                postings=postings)
             # the merged segment takes the place of the first merged one: segment order stays insertion order
             kept.insert(pick[0], _SegState(seg, None, None, 0))
         self._commit(kept, self.schema, int(self._manifest.get("next_seq", 0)))

@@ -398,11 +398,18 @@ class Segment:
         raise TypeError(f"unsupported filter {type(flt).__name__}")
 
 
-def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bshift: int, *, sync_dir: bool = True) -> Segment:
-    """Write ``batch`` as segment file ``path`` (atomically) and open it."""
+def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bshift: int, *, sync_dir: bool = True,
+                  postings: tuple | None = None) -> Segment:
+    """Write ``batch`` as segment file ``path`` (atomically) and open it.
+
+    ``postings`` (as returned by ``kernels.build_postings``/``merge_postings``) replaces
+    ``batch.vectors`` when given (segment merges).
+    """
     n = batch.n_docs
     if n > MAX_SEGMENT_DOCS:
         raise ValueError(f"a segment holds at most {MAX_SEGMENT_DOCS} documents")
+    if postings is not None:
+        return _write_segment(path, name, batch, fields, bshift, postings, sync_dir)
     parts = []
     for fi, f in enumerate(fields):
         if f in batch.vectors:
@@ -411,29 +418,40 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
             indptr, ids, wb = np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)
         parts.append(K.build_postings(np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
                                       np.ascontiguousarray(wb, np.uint16), n, fi * VOCAB_SIZE, VOCAB_SIZE, bshift))
-    keys = np.concatenate([p[0] for p in parts])
-    post_ptr, pair_ptr = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
-    pb, pc, pm, po, pw = [], [], [], [], []
-    base_post = base_pair = 0
-    for p in parts:
-        post_ptr.append(p[1][1:] + base_post)
-        pair_ptr.append(p[2][1:] + base_pair)
-        base_post += int(p[1][-1])
-        base_pair += int(p[2][-1])
-        pb.append(p[3]); pc.append(p[4]); pm.append(p[5]); po.append(p[6]); pw.append(p[7])  # noqa: E702
+    nonempty = [p for p in parts if p[0].size]
+    if len(nonempty) <= 1:  # one field: no copies
+        p = nonempty[0] if nonempty else parts[0]
+    else:
+        keys = np.concatenate([p[0] for p in nonempty])
+        post_ptr_l, pair_ptr_l = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+        base_post = base_pair = 0
+        for p in nonempty:
+            post_ptr_l.append(p[1][1:] + base_post)
+            pair_ptr_l.append(p[2][1:] + base_pair)
+            base_post += int(p[1][-1])
+            base_pair += int(p[2][-1])
+        post_ptr, pair_ptr = np.concatenate(post_ptr_l), np.concatenate(pair_ptr_l)
+        pb, pc, pm, po, pw = (np.concatenate([p[i] for p in nonempty]) for i in range(3, 8))
+        p = (keys, post_ptr, pair_ptr, pb, pc, pm, po, pw)
+    return _write_segment(path, name, batch, fields, bshift, p, sync_dir)
+
+
+def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
+    n = batch.n_docs
+    keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
     hashes = K.fnv1a64(batch.id_blob, batch.id_offs)
     order = np.argsort(hashes, kind="stable")
     caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     arrays: dict[str, np.ndarray] = {
         "keys": keys.astype(np.uint32),
-        "post_ptr": np.concatenate(post_ptr),
-        "pair_ptr": np.concatenate(pair_ptr),
-        "pair_block": np.concatenate(pb),
-        "pair_cnt": np.concatenate(pc),
-        "pair_max": np.concatenate(pm),
-        "post_off": np.concatenate(po),
-        "post_w": np.concatenate(pw),
+        "post_ptr": post_ptr,
+        "pair_ptr": pair_ptr,
+        "pair_block": pb,
+        "pair_cnt": pc,
+        "pair_max": pm,
+        "post_off": po,
+        "post_w": pw,
         "seq": batch.seq.astype(np.uint64),
         "id_blob": batch.id_blob,
         "id_offs": batch.id_offs,
@@ -453,15 +471,16 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
     return Segment.open(path)
 
 
-def segment_to_batch(seg: Segment, keep: np.ndarray) -> Batch:
+def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = True) -> Batch:
     """The live documents ``keep`` (sorted local ids) of a segment as a batch (for merging)."""
     keep = np.asarray(keep, np.int64)
-    keep_map = np.full(seg.n_docs, -1, np.int64)
-    keep_map[keep] = np.arange(keep.size)
     vectors = {}
-    for fi, f in enumerate(seg.fields):
-        vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                                       seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
+    if with_vectors:
+        keep_map = np.full(seg.n_docs, -1, np.int64)
+        keep_map[keep] = np.arange(keep.size)
+        for fi, f in enumerate(seg.fields):
+            vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                                           seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
     a = seg.a
     ib, io = _gather_strings(a["id_blob"], a["id_offs"], keep)
     cb, co = _gather_strings(a["cap_blob"], a["cap_offs"], keep)
@@ -481,7 +500,7 @@ def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
 
     ib, io = cat_strings([(b.id_blob, b.id_offs) for b in batches])
     vectors = {}
-    for f in fields:
+    for f in (fields if all(b.vectors for b in batches) else ()):
         ptrs, ids, wbs, base = [np.zeros(1, np.int64)], [], [], 0
         for b in batches:
             indptr, i, w = b.vectors.get(f, (np.zeros(b.n_docs + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)))
@@ -497,3 +516,34 @@ def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
     return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), vectors,
                  concat_columns([(b.n_docs, b.columns) for b in batches]),
                  (cb, co, np.concatenate([c[2] for c in n_cap])), (sb, so, np.concatenate([s[2] for s in n_src])))
+
+
+def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift: int) -> tuple[Batch, tuple]:
+    """Documents (as a vector-less batch) and merged postings of the kept docs of ``segs``, in order."""
+    batches = [segment_to_batch(s, k, with_vectors=False) for s, k in zip(segs, keeps)]
+    batch = concat_batches(batches, ())
+    keys_u = np.unique(np.concatenate([np.asarray(s.keys) for s in segs])).astype(np.uint32)
+    S, U = len(segs), keys_u.size
+    kstart = np.zeros((S, U), np.int64)
+    kend = np.zeros((S, U), np.int64)
+    pstart = np.zeros((S, U), np.int64)
+    newdoc = np.full(sum(s.n_docs for s in segs), -1, np.int64)
+    doc_base = np.zeros(S, np.int64)
+    pair_base = post_base = doc_off = out_base = 0
+    for i, (s, k) in enumerate(zip(segs, keeps)):
+        j = np.searchsorted(keys_u, s.keys)
+        kstart[i, j] = s.pair_ptr[:-1] + pair_base
+        kend[i, j] = s.pair_ptr[1:] + pair_base
+        pstart[i, j] = s.post_ptr[:-1] + post_base
+        doc_base[i] = doc_off
+        newdoc[doc_off + np.asarray(k, np.int64)] = out_base + np.arange(len(k))
+        pair_base += s.pair_block.size
+        post_base += s.post_w.size
+        doc_off += s.n_docs
+        out_base += len(k)
+    bshifts = {s.bshift for s in segs}
+    if len(bshifts) != 1:
+        raise ValueError("cannot merge segments with different block sizes")
+    cat = [np.concatenate([np.asarray(getattr(s, a)) for s in segs]) for a in ("pair_block", "pair_cnt", "post_off", "post_w")]
+    postings = K.merge_postings(kstart, kend, keys_u, *cat, pstart, newdoc, doc_base, bshifts.pop(), bshift)
+    return batch, postings
