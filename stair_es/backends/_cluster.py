@@ -873,9 +873,11 @@ class ClusterBackend(SearchBackend):
         bulk = self.adapter.streaming_bulk()
         client = self.client
 
-        def one_round() -> None:
-            order = sorted(pending)
+        def send(order: list[int]) -> list[int]:
+            """One pass over ``order``; returns the items refused with 413 in a chunk of several."""
             done = 0
+            sent_docs = limits["docs"]
+            too_large: list[int] = []
             self.stats["bulk_requests"] += 1
             try:
                 extra = {"refresh": "wait_for"} if self.refresh == "wait_for" else {}
@@ -894,14 +896,14 @@ class ClusterBackend(SearchBackend):
                     status = status if isinstance(status, int) else None
                     err = _item_error(item)
                     exc = item.get("exception")
-                    transient_exc = exc is not None and self.adapter.classify(exc)[0] in ("connection", "timeout")
-                    if status == 413 and limits["docs"] > 1:
-                        limits["docs"] = max(1, limits["docs"] // 2)
-                        limits["bytes"] = max(1024, limits["bytes"] // 2)
+                    if status == 413 and sent_docs > 1:
+                        too_large.append(k)
                         last_error[k] = err
-                    elif status in RETRY_STATUSES or status is None and (transient_exc or exc is not None):
+                    elif status in RETRY_STATUSES or (status is None and exc is not None):
                         last_error[k] = err
                     else:
+                        if status == 413:
+                            err += " (this document alone is over the cluster's http.max_content_length)"
                         out[k] = (False, err)
                         pending.pop(k)
             except Exception as e:  # noqa: BLE001 - a connection error aborts the stream mid-way
@@ -911,6 +913,15 @@ class ClusterBackend(SearchBackend):
                 for k in order[done:]:
                     if k in pending:
                         last_error[k] = f"{kind} error: {reason or type(e).__name__}"
+            return too_large
+
+        def one_round() -> None:
+            keys = sorted(pending)
+            while keys:
+                keys = send(keys)
+                if keys:  # 413: halve the chunks and re-send those items at once (not an overload)
+                    limits["docs"] = max(1, limits["docs"] // 2)
+                    limits["bytes"] = max(1024, limits["bytes"] // 2)
             if pending:
                 self.stats["retried_items"] += len(pending)
                 self.stats["retry_rounds"] += 1

@@ -45,6 +45,7 @@ class Faults:
     max_faulty_requests: int | None = None  # stop injecting after this many faulty requests
     poison_caption: str = "POISON"  # documents with this caption_text get a permanent 400
     search_status: dict[int, float] = field(default_factory=dict)
+    max_bulk_bytes: int | None = None  # answer 413 to bigger bulk bodies (http.max_content_length)
 
 
 class FakeCluster:
@@ -219,6 +220,9 @@ class _Handler(BaseHTTPRequestHandler):
         f = c.faults
         with c.lock:
             c.counts["bulk_requests"] += 1
+            if f.max_bulk_bytes is not None and len(raw) > f.max_bulk_bytes:
+                c.counts["faults"] += 1
+                return 413, {"error": "Request Entity Too Large", "status": 413}
             for status, p in f.bulk_status.items():
                 if c._roll(p):
                     c.counts["faults"] += 1

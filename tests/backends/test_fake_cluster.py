@@ -200,3 +200,16 @@ def test_metadata_named_source_does_not_clash_with_the_image_path(fake):
     hit = b.search("m", SearchRequest([SparseClause("image", SparseVector.from_token_map({"dog": 1.0}))],
                                       filter=Term("source", "skimage"))).hits[0]
     assert hit.source == "img/a.jpg" and hit.metadata == {"source": "skimage"}
+
+
+def test_bulk_over_the_size_limit_is_split_and_a_too_large_document_reported(flavor):
+    docs = corpus(40, nnz=40)
+    big = Document("huge", {"image": SparseVector.from_arrays(np.flatnonzero(~VOCAB.special_mask)[:3000],
+                                                             np.ones(3000))})
+    with FakeCluster(flavor, faults=Faults(max_bulk_bytes=20_000)) as c:
+        b = backend(c, chunk_docs=40, max_retries=8)
+        b.create_index("cat", IndexSchema())
+        rep = b.ingest("cat", docs + [big])
+        assert {i.id for i in rep.failures} == {"huge"}
+        assert "413" in rep.failures[0].error
+        assert set(c.docs("cat")) == {d.id for d in docs}
