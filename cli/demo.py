@@ -13,11 +13,17 @@ from pathlib import Path
 import click
 
 DEMO_QUERIES: tuple[tuple[str, ...], ...] = (
+    # plain text search, each hit explained token by token
     ("search", "samples", "a cat", "--top-k", "3", "--explain"),
-    ("search", "samples", "space rocket", "--where", "kind=photo", "--top-k", "3"),
+    # metadata filter: only photos (the Hubble field and the moon are kind=scientific)
+    ("search", "samples", "space", "--where", "kind=photo", "--top-k", "3"),
+    # whitelist with a date filter: documents must contain the token "uniform"
     ("search", "samples", "a man in uniform", "--where", "added>=2024-01-08", "--require", "uniform", "--top-k", "3"),
-    ("search", "samples", "a cup of coffee", "--exclude", "espresso", "--top-k", "3"),
-    ("search", "samples", "stone", "--expr", "(stone OR wall) NOT brick", "--caption-weight", "0", "--top-k", "3"),
+    # index-side blacklist: drop documents whose image has the token "missile"
+    ("search", "samples", "space", "--exclude", "missile", "--top-k", "3"),
+    # boolean token expression over image tokens (STAIR appendix D)
+    ("search", "samples", "a drink or a pet", "--expr", "(cat OR coffee) NOT tiger", "--top-k", "3"),
+    # a document's own top tokens
     ("explain", "samples", "chelsea"),
 )
 

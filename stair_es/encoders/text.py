@@ -270,6 +270,16 @@ def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = N
         return tokenizer, mlm
 
 
+def _function_word_mask(vocab: Vocabulary) -> np.ndarray:
+    """Vocabulary ids of stopwords and of tokens without a letter or digit (punctuation)."""
+    mask = np.zeros(len(vocab), dtype=bool)
+    for i, tok in enumerate(vocab.tokens):
+        bare = tok[2:] if tok.startswith("##") else tok
+        if tok in DEFAULT_STOPWORDS or not any(ch.isalnum() for ch in bare):
+            mask[i] = True
+    return mask
+
+
 class SpladeEncoder(Encoder):
     """SPLADE max-pooled MLM logits: ``w_t = max_i log(1 + ReLU(logit_i,t))`` over the BERT vocab."""
 
@@ -287,12 +297,18 @@ class SpladeEncoder(Encoder):
         tokens_per_batch: int = 8192,
         vocab: Vocabulary | None = None,
         name: str | None = None,
+        drop_stopwords: bool = True,
     ):
         super().__init__(vocab)
         if name not in (None, self.name):
             raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
+        # Small SPLADE models (splade-tiny) put real weight on function words and punctuation
+        # ("is", "and", "’"), which then match every caption by accident. Dropping the bow
+        # stopword list and punctuation-only tokens from the output removes those matches.
+        self.drop_stopwords = bool(drop_stopwords)
+        self._drop_mask = _function_word_mask(self.vocab) if self.drop_stopwords else None
         if not (isinstance(max_length, int) and 8 <= max_length <= 512):
             raise InvalidInputError(f"max_length must be an integer in [8, 512], got {max_length!r}")
         if min_weight < 0 or (top_k is not None and top_k < 1):
@@ -311,6 +327,8 @@ class SpladeEncoder(Encoder):
             cfg["min_weight"] = self.min_weight
         if self.top_k:
             cfg["top_k"] = self.top_k
+        if not self.drop_stopwords:
+            cfg["drop_stopwords"] = False
         return cfg
 
     def load(self) -> tuple[Any, Any]:
@@ -375,6 +393,8 @@ class SpladeEncoder(Encoder):
         return out  # type: ignore[return-value]
 
     def _to_vector(self, dense: np.ndarray) -> SparseVector:
+        if self._drop_mask is not None:
+            dense = np.where(self._drop_mask, 0.0, dense)
         if self.min_weight:
             dense = np.where(dense >= self.min_weight, dense, 0.0)
         vec = SparseVector.from_dense(dense, self.vocab, drop_special=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from stair_es.encoders import get_encoder
-from stair_es.encoders.text import BagOfWordsEncoder, SpladeEncoder, splade_tiny_path
+from stair_es.encoders.text import DEFAULT_STOPWORDS, BagOfWordsEncoder, SpladeEncoder, splade_tiny_path
 from stair_es.errors import EmptyQueryError, InvalidInputError, MissingDependencyError, ModelError
 from stair_es.vocab import VOCAB_SIZE, default_vocabulary
 
@@ -144,8 +144,14 @@ def test_splade_is_max_pooling_of_log1p_relu(tiny_splade):
         logits = mlm(**batch).logits[0]
     expected = torch.log1p(torch.relu(logits)).amax(dim=0).numpy()
     expected[V.special_mask] = 0
-    (vec,) = tiny_splade.encode_texts(["red cat"])
+    raw = SpladeEncoder(tiny_splade.model, max_length=32, drop_stopwords=False)
+    (vec,) = raw.encode_texts(["red cat"])
     np.testing.assert_allclose(vec.to_dense(), expected, atol=1e-5)
+    # by default, stopwords and punctuation-only tokens are dropped from the output
+    (clean,) = tiny_splade.encode_texts(["red cat"])
+    dropped = {V.token(i) for i in set(vec.ids.tolist()) - set(clean.ids.tolist())}
+    assert dropped and all(t in DEFAULT_STOPWORDS or not any(c.isalnum() for c in t) for t in dropped)
+    assert set(clean.ids.tolist()) <= set(vec.ids.tolist())
 
 
 def test_splade_truncation_is_logged(tiny_splade, caplog):
