@@ -78,9 +78,17 @@ class _SegState:
     del_file: str | None
     n_deleted: int
 
+    _live_u8: np.ndarray | None = None
+
     @property
     def live(self) -> int:
         return self.seg.n_docs - self.n_deleted
+
+    def live_mask(self) -> np.ndarray:
+        """uint8 per doc (1 = not deleted), cached: searches on an index with deletes reuse it."""
+        if self._live_u8 is None:
+            self._live_u8 = (~self.deleted).view(np.uint8)
+        return self._live_u8
 
 
 class EngineIndex:
@@ -421,6 +429,7 @@ class EngineIndex:
         name = f"{s.seg.name}.del.{gen}"
         atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
         s.deleted, s.del_file, s.n_deleted = deleted, name, int(deleted.sum())
+        s._live_u8 = None
 
     def delete(self, ids: Sequence[str]) -> list[ItemResult]:
         """Delete documents by id (one atomic commit); unknown ids give ok=False items."""
@@ -490,7 +499,9 @@ class EngineIndex:
     def _allowed(self, s: _SegState, flt) -> np.ndarray:
         if flt is None and s.deleted is None:
             return np.zeros(0, np.uint8)
-        m = np.ones(s.seg.n_docs, bool) if flt is None else s.seg.filter_mask(flt, self.schema, self.vocab)
+        if flt is None:
+            return s.live_mask()
+        m = s.seg.filter_mask(flt, self.schema, self.vocab)
         if s.deleted is not None:
             m &= ~s.deleted
         return m.view(np.uint8) if m.dtype == bool else m.astype(np.uint8)

@@ -524,6 +524,18 @@ def search_segment(
                 ne_sum += bmc[b, terms[n_ne]]
                 n_ne += 1
         if n_ne > 0:
+            # worth it only when the non-essential terms hold a good share of the block's postings
+            ne_post = 0
+            all_post = 0
+            for t in range(nt):
+                c = slot[b, terms[t]] & 511
+                all_post += c
+                if t < n_ne:
+                    ne_post += c
+            if ne_post * 3 < all_post:
+                n_ne = 0
+                ne_sum = np.float32(0.0)
+        if n_ne > 0:
             exact_total = False
         for t in range(n_ne, nt):
             i = terms[t]
@@ -551,6 +563,17 @@ def search_segment(
         # non-essential terms, largest first, only for the surviving docs
         rem = ne_sum
         t = n_ne - 1
+        if nca * 4 > bs:  # most docs survive: refiltering after each term would cost more than it saves
+            while t >= 0:
+                i = terms[t]
+                sl = slot[b, i]
+                w = q_w[i]
+                q0 = sl >> 9
+                for q in range(q0, q0 + (sl & 511)):
+                    o = post_off[q]
+                    if live[o]:
+                        acc[o] += w * f16[post_w[q]]
+                t -= 1
         while t >= 0 and nca > 0:
             i = terms[t]
             sl = slot[b, i]
