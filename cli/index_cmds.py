@@ -102,3 +102,15 @@ def _size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+@index_group.command("optimize")
+@click.argument("name")
+@backend_options
+def optimize(name: str, backend) -> None:
+    """Merge an embedded index's segments into one (ingest also merges as it goes)."""
+    if not hasattr(backend, "optimize"):
+        raise InvalidInputError(f"`index optimize` is for the embedded engine; {backend.name} merges segments itself")
+    backend.optimize(name)
+    info = backend.index_info(name)
+    click.echo(f"optimized {name!r}: {info.doc_count} docs in {info.extra.get('segments', '?')} segment(s)")
