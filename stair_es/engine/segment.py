@@ -72,6 +72,23 @@ def _gather_strings(blob, offs, rows):
     return out, out_offs
 
 
+@njit(cache=True)
+def _same_strings(q_blob, q_offs, blob, offs, docs):
+    out = np.zeros(docs.size, np.bool_)
+    for i in range(docs.size):
+        a0, a1 = q_offs[i], q_offs[i + 1]
+        b0, b1 = offs[docs[i]], offs[docs[i] + 1]
+        if a1 - a0 != b1 - b0:
+            continue
+        ok = True
+        for k in range(a1 - a0):
+            if q_blob[a0 + k] != blob[b0 + k]:
+                ok = False
+                break
+        out[i] = ok
+    return out
+
+
 def _str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
     return bytes(blob[offs[i]:offs[i + 1]]).decode("utf-8")
 
@@ -245,10 +262,17 @@ class Segment:
         pos = np.searchsorted(hs, hashes)
         pos_c = np.minimum(pos, hs.size - 1)
         cand = np.flatnonzero(hs[pos_c] == hashes)
+        if cand.size == 0:
+            return out
         order = self.a["id_order"]
-        for i in cand:
-            p = int(pos_c[i])
-            while p < hs.size and hs[p] == hashes[i]:  # 64-bit collisions: compare the strings
+        docs = np.asarray(order[pos_c[cand]], np.int64)
+        q_blob, q_offs = encode_ids([ids[i] for i in cand])
+        same = _same_strings(q_blob, q_offs, self.a["id_blob"], self.a["id_offs"], docs)
+        out[cand[same]] = docs[same]
+        for ci in np.flatnonzero(~same):  # 64-bit hash collisions: try the other equal hashes
+            i = int(cand[ci])
+            p = int(pos_c[i]) + 1
+            while p < hs.size and hs[p] == hashes[i]:
                 d = int(order[p])
                 if self.doc_id(d) == ids[i]:
                     out[i] = d
