@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from stair_es.vocab import VOCAB_SIZE, default_vocabulary
 
@@ -202,15 +203,29 @@ def prune_rows(m: Csr, top_n: int | None) -> Csr:
     lens = np.diff(m.indptr)
     if lens.max(initial=0) <= top_n:
         return m
-    rows = np.repeat(np.arange(m.n_rows, dtype=np.int64), lens)
-    order = np.lexsort((-m.weights, rows))  # by row, heaviest first
-    rank = np.arange(m.nnz, dtype=np.int64) - m.indptr[rows]  # rows are already grouped
-    keep = order[rank < top_n]
-    keep.sort()  # back to (row, token) order
     new_lens = np.minimum(lens, top_n)
-    indptr = np.zeros_like(m.indptr)
+    indptr = np.zeros_like(np.asarray(m.indptr))
     np.cumsum(new_lens, out=indptr[1:])
+    keep = _top_n_positions(np.asarray(m.indptr), np.asarray(m.weights), int(top_n), int(indptr[-1]))
     return Csr(indptr, m.indices[keep], m.weights[keep])
+
+
+@njit(cache=True)
+def _top_n_positions(indptr, weights, top_n, total):
+    out = np.empty(total, np.int64)
+    o = 0
+    for r in range(indptr.size - 1):
+        a, b = indptr[r], indptr[r + 1]
+        if b - a <= top_n:
+            for p in range(a, b):
+                out[o] = p
+                o += 1
+        else:
+            best = np.sort(np.argsort(-weights[a:b], kind="mergesort")[:top_n])  # back to token order
+            for p in best:
+                out[o] = a + p
+                o += 1
+    return out
 
 
 def _save(path: Path, c: Csr) -> None:

@@ -83,7 +83,8 @@ def markdown(result: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- measurement: single-query latency on 1 thread over up to {cfg['measure']['latency_queries']} queries "
         f"(after {cfg['measure']['warmup']} warm-up queries, at most {cfg['measure']['time_budget_s']:.0f} s per setting); "
-        f"batched throughput over all queries on {cfg['measure']['batch_threads']} threads; recall@{cfg['measure']['k']} "
+        f"batched throughput over all queries through the system's batch API on {cfg['measure']['batch_threads']} threads "
+        "(\"loop\": no batch API, a sequential loop of single queries); recall@{cfg['measure']['k']} "
         "against the exact ranking of the same run (sparse: scipy brute force on the un-pruned corpus, ties within 1e-4 count; "
         "dense: FAISS Flat); peak memory is the worker process's peak RSS (`VmHWM`; corpus arrays it touched included).",
         "",
@@ -119,7 +120,7 @@ def markdown(result: dict[str, Any]) -> str:
                         r["system"], _setting_str(s), "yes" if r.get("exact") else "no", _fmt(r["build_s"]),
                         _fmt(r["index_bytes"] / 2**20 if r.get("index_bytes") else None), _fmt(r["peak_rss_mb"]),
                         _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(lat["p99"]),
-                        f"{_fmt(b.get('qps'))} ({b.get('threads', '-')})",
+                        f"{_fmt(b.get('qps'))} ({b.get('threads', '-')}{'' if b.get('native', True) else ', loop'})",
                         _fmt(s.get("recall@10")),
                         _fmt(flat_p50 / lat["p50"]) + "x" if flat_p50 else "-",
                         _fmt(b["qps"] / flat_qps) + "x" if flat_qps and b.get("qps") else "-",

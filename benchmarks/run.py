@@ -161,7 +161,11 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
                 t = time.perf_counter()
                 system.search_batch(k, setting, threads)
                 dt = time.perf_counter() - t
-                res["batch"] = {"qps": nq / dt, "threads": threads, "queries": nq, "seconds": dt}
+                if not cls.native_batch:
+                    threads = 1  # a sequential loop of single queries
+                elif cls.batch_threads_max:
+                    threads = min(threads, cls.batch_threads_max)
+                res["batch"] = {"qps": nq / dt, "threads": threads, "queries": nq, "seconds": dt, "native": cls.native_batch}
             out["settings"].append(res)
     except SkipSystem as e:
         out.update(status="skipped", reason=str(e))

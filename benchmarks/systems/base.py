@@ -23,6 +23,8 @@ class SkipSystem(Exception):
 class System:
     modality = "sparse"  # "sparse": ground truth is the exact sparse ranking; "dense": FAISS Flat's
     exact = False
+    native_batch = False  # True when search_batch uses the system's own batch API
+    batch_threads_max: int | None = None  # e.g. 1 for a single-threaded batch API
 
     def __init__(self, name: str, params: dict[str, Any], workdir: Path):
         self.name = name

@@ -14,6 +14,8 @@ from .base import System, pad, topk_from_scores
 
 class BruteForce(System):
     exact = True
+    native_batch = True
+    batch_threads_max = 1  # scipy's sparse product is single-threaded
 
     def build(self, corpus: Corpus) -> None:
         import scipy.sparse as sp

@@ -24,6 +24,7 @@ def _faiss():
 class FaissFlat(System):
     modality = "dense"
     exact = True
+    native_batch = True
 
     def _make(self, dim: int):
         return _faiss().IndexFlatIP(dim)

@@ -36,7 +36,7 @@ class BackendSystem(System):
         from stair_es.backends import get_backend
 
         try:
-            self.backend = get_backend(kind, url=url)
+            self.backend = get_backend(kind, urls=url)
         except Exception as e:  # noqa: BLE001 - any failure to connect is a reason to skip
             raise SkipSystem(f"cannot use {kind} at {url}: {e}") from e
         self.index_name = f"stair-bench-{uuid.uuid4().hex[:8]}"

@@ -24,6 +24,8 @@ def _seismic():
 
 
 class Seismic(System):
+    native_batch = True
+
     def build(self, corpus: Corpus) -> None:
         seismic = _seismic()
         d = corpus.docs
