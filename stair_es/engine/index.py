@@ -106,6 +106,7 @@ class EngineIndex:
         self.merge_factor = 8
         self.max_segments = 8
         self.bshift = DEFAULT_BSHIFT
+        self.head_blocks = 64  # blocks visited best-bound-first before the sequential sweep
 
     # --- opening --------------------------------------------------------------------------------
     @classmethod
@@ -532,7 +533,7 @@ class EngineIndex:
             allowed = self._allowed(s, req.filter)
             K.search_segment(q_j.astype(np.int64), q_w, s.seg.n_docs, s.seg.bshift, s.seg.post_ptr, s.seg.pair_ptr,
                              s.seg.pair_block, s.seg.pair_cnt, s.seg.pair_max, s.seg.post_off, s.seg.post_w, K.F16_TABLE,
-                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state)
+                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks)
         n = int(state[0])
         order = np.lexsort((hq[:n], -hs[:n]))
         hits = []

@@ -430,7 +430,7 @@ def _canonical_score(slot_row, q_w, post_off, post_w, f16, o):
 def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
-    allowed, seq, ref_base, k, hs, hq, hr, state,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64,
 ):
     """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
@@ -492,7 +492,23 @@ def search_segment(
         cand[nc] = b
         nc += 1
     cand = cand[:nc]
-    order = np.argsort(-ub[cand], kind="quicksort")
+    # visit order: the best-bounded blocks first (they raise thr quickly), then the rest in
+    # block order, which reads the postings sequentially; every visit re-checks the bound
+    n_first = min(nc, max(head_blocks, nc >> 4))
+    order = np.empty(nc, np.int64)
+    if n_first < nc:
+        top = np.argsort(-ub[cand])[:n_first] if n_first > 0 else np.empty(0, np.int64)
+        is_top = np.zeros(nc, np.bool_)
+        for x in range(n_first):
+            order[x] = top[x]
+            is_top[top[x]] = True
+        x = n_first
+        for c in range(nc):
+            if not is_top[c]:
+                order[x] = c
+                x += 1
+    else:
+        order[:] = np.argsort(-ub[cand])
     acc = np.zeros(bs, np.float32)
     live = np.zeros(bs, np.bool_)
     cands = np.empty(bs, np.int64)
@@ -503,11 +519,15 @@ def search_segment(
     full = state[0] >= k
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
-    for oi in range(nc):
+    oi = -1
+    while oi + 1 < nc:
+        oi += 1
         b = cand[order[oi]]
         if full and ub[b] * slack < thr:
             exact_total = False
-            break
+            if oi < n_first:
+                break  # the tail's bounds are all <= the sorted head's: nothing left can reach thr
+            continue
         scored += 1
         # this block's terms in increasing order of their global max; a prefix whose block
         # maxima sum below thr is non-essential

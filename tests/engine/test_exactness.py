@@ -99,6 +99,7 @@ def test_exact_against_brute_force(tmp_path, seed, zipf, bshift):
     rng = np.random.default_rng(seed)
     ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=bshift)
     ix.max_segments = 4  # force automatic merges
+    ix.head_blocks = 2  # most blocks go through the sequential sweep
     docs: dict[str, Document] = {}
     order: dict[str, int] = {}
     seq = 0
