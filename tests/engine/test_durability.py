@@ -156,3 +156,20 @@ def test_reader_sees_only_committed_state_while_writer_ingests(tmp_path):
     assert len(set(seen)) > 1
     w.close()
     reader.close()
+
+
+def test_writable_open_removes_leftovers_only(tmp_path):
+    path = tmp_path / "left"
+    ix = EngineIndex.create(path, IndexSchema())
+    ix.add_arrays(["a"], {"image": (np.array([0, 1]), np.array([2000], np.int32), np.ones(1, np.float32))})
+    ix.close()
+    (path / ".tmp-seg-000009.seg.abc").write_bytes(b"partial")
+    (path / "seg-000009.seg").write_bytes(b"never committed")
+    (path / "notes.txt").write_text("not ours")
+    EngineIndex.open(path).close()  # readers never delete anything
+    assert (path / "seg-000009.seg").exists()
+    ix = EngineIndex.open(path, writable=True)
+    names = {p.name for p in path.iterdir()}
+    assert ".tmp-seg-000009.seg.abc" not in names and "seg-000009.seg" not in names
+    assert "notes.txt" in names and ix.contains(["a"]) == {"a"}
+    ix.close()
