@@ -33,12 +33,13 @@ class BackendSystem(System):
         max_docs = int(self.params.get("max_docs", 5000))
         if corpus.docs.n_rows > max_docs:
             raise SkipSystem(f"{corpus.docs.n_rows} docs is above this system's max_docs={max_docs}")
-        from stair_es.backends import get_backend
+        from stair_es.backends.base import get_backend
 
         try:
             self.backend = get_backend(kind, urls=url)
         except Exception as e:  # noqa: BLE001 - any failure to connect is a reason to skip
             raise SkipSystem(f"cannot use {kind} at {url}: {e}") from e
+        self.url = url
         self.index_name = f"stair-bench-{uuid.uuid4().hex[:8]}"
         self.backend.create_index(self.index_name, IndexSchema(fields={}, sparse_fields=(FIELD,)))
         vocab = default_vocabulary()
@@ -49,6 +50,9 @@ class BackendSystem(System):
         report = self.backend.ingest(self.index_name, docs)
         if report.failures:
             raise SkipSystem(f"ingest failed for {len(report.failures)} documents: {report.failures[0].error}")
+
+    def extra_info(self):
+        return {"url": self.url}
 
     def prepare_queries(self, corpus):
         super().prepare_queries(corpus)
