@@ -1,10 +1,10 @@
 """Adapter for the embedded engine (``stair_es.engine``): the one file to touch when its API drifts.
 
-Two timings: ``search()`` end to end (a :class:`SearchRequest` in, a :class:`SearchResult` with
+Two timings from one build (the ``api`` setting): ``search()`` end to end (a :class:`SearchRequest` in, a :class:`SearchResult` with
 string ids out, including ``request.prepared``), and, when the engine exposes one, its lower-level
-array search (query ids/weights arrays in, doc numbers out) -- the engine's raw speed. The config
-chooses with ``params.api``: ``"search"`` (default) or ``"raw"``; ``params.raw_method`` names the
-array method if it is not one of :data:`RAW_METHODS`.
+array search (query ids/weights arrays in, doc numbers out) -- the engine's raw speed; without one,
+its numba kernel on the segment arrays. ``params.apis`` (default ``["search", "raw"]``) chooses;
+``params.raw_method`` names the array method if it is not one of :data:`RAW_METHODS`.
 """
 
 from __future__ import annotations
@@ -53,12 +53,22 @@ class EmbeddedEngine(System):
         for finish in self.params.get("after_build", ["optimize"]):
             if hasattr(self.index, finish):
                 getattr(self.index, finish)()
-        self.api = self.params.get("api", "search")
-        if self.api == "raw":
+        apis = self.params.get("apis", ["search", "raw"])
+        self.apis = [x for x in apis if x == "search"]
+        self.raw = None
+        if "raw" in apis:
             names = [self.params["raw_method"]] if "raw_method" in self.params else RAW_METHODS
             self.raw = next((getattr(self.index, n) for n in names if hasattr(self.index, n)), None)
-            if self.raw is None:
-                self.raw = self._kernel_search()
+            try:
+                self.raw = self.raw or self._kernel_search()
+                self.apis.append("raw")
+            except SkipSystem as e:
+                self.raw_note = f"raw timing skipped: {e}"
+        if not self.apis:
+            raise SkipSystem(f"none of the engine APIs {apis} can be timed ({getattr(self, 'raw_note', '')})")
+
+    def settings(self):
+        return [{"api": a} for a in self.apis]
 
     def _kernel_search(self):
         """Query arrays -> the engine's numba kernel directly, skipping request objects, filters,
@@ -113,7 +123,7 @@ class EmbeddedEngine(System):
         self.requests = [SparseVector(ids, w, vocab) for ids, w in self.qarrays]
 
     def search_one(self, qi, k, setting):
-        if self.api == "raw":
+        if setting["api"] == "raw":
             res = self.raw(*self.qarrays[qi], k) if "field" not in self.params else self.raw(self.params["field"], *self.qarrays[qi], k)
             ids = res[0] if isinstance(res, tuple) else res
             return np.asarray(ids, dtype=np.int64)
