@@ -138,6 +138,9 @@ def markdown(result: dict[str, Any]) -> str:
         for r in result["results"]:
             if r["size"] == size and r["status"] != "ok" and r.get("doc_top_n") is None:
                 L.append(f"- **{r['system']}** {r['status']}: {r.get('reason', '')}")
+        for r in ok_rows(result, size, None):
+            if (r.get("extra") or {}).get("raw"):
+                L.append(f"- {r['system']} api=raw: {r['extra']['raw']}")
         walls = [f"{r['system']}{' top-' + str(r['doc_top_n']) if r.get('doc_top_n') else ''} {r['wall_s']:.0f} s"
                  for r in result["results"] if r["size"] == size and "wall_s" in r]
         if walls:

@@ -61,9 +61,13 @@ class EmbeddedEngine(System):
             self.raw = next((getattr(self.index, n) for n in names if hasattr(self.index, n)), None)
             try:
                 self.raw = self.raw or self._kernel_search()
+                probe = d.row(0) if d.n_rows else (np.zeros(0, np.int32), np.zeros(0, np.float32))
+                self.raw(np.ascontiguousarray(probe[0], np.int32), np.ascontiguousarray(probe[1], np.float32), 10)
                 self.apis.append("raw")
             except SkipSystem as e:
                 self.raw_note = f"raw timing skipped: {e}"
+            except Exception as e:  # noqa: BLE001 - a drifted kernel signature must not lose the search() timing
+                self.raw_note = f"raw timing skipped: the array search failed ({type(e).__name__}: {e})"
         if not self.apis:
             raise SkipSystem(f"none of the engine APIs {apis} can be timed ({getattr(self, 'raw_note', '')})")
 
