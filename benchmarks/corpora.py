@@ -3,6 +3,8 @@
 A corpus is CSR arrays over the 30,522 BERT WordPiece ids (documents = image vectors, queries =
 text vectors), plus the seed that regenerates the dense 512-d baseline vectors of the same size.
 This module owns generation, caching and top-n pruning; it knows nothing about the systems.
+Real encoded corpora (``source = "scenes" | "samples"``) run images and captions through a
+registered stair_es encoder instead, and are cached the same way.
 
 Statistics (tunable in the config's ``corpus`` table), after STAIR section 6.3: image vectors
 activate more tokens than text ones (``doc_nnz`` ~100-300 vs ``query_nnz`` ~10-30); token
@@ -48,6 +50,10 @@ class CorpusSpec:
     dense_dim: int = 512
     seed: int = 0
     doc_top_n: int | None = None  # VisualSparta: keep only each image's top-n tokens
+    # "synthetic", or a real encoded corpus: "scenes" (STAIR's synthetic captioned scenes, n_docs
+    # of them) or "samples" (the sample catalog's photos); queries are captions of random images
+    source: str = "synthetic"
+    encoder: str = "default"
 
     @classmethod
     def from_config(cls, table: dict[str, Any], n_docs: int) -> "CorpusSpec":
@@ -62,6 +68,9 @@ class CorpusSpec:
     def key(self) -> str:
         d = asdict(self)
         d.pop("doc_top_n")
+        if self.source == "synthetic":  # keys of synthetic corpora predate these fields
+            d.pop("source")
+            d.pop("encoder")
         d["version"] = GENERATOR_VERSION
         return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -196,6 +205,45 @@ def _generate_queries(spec: CorpusSpec, docs: Csr, by_rank: np.ndarray, cdf: np.
     return Csr(indptr, indices, np.maximum(w, np.float32(1e-3))), targets
 
 
+def _csr_from_vectors(vectors) -> Csr:
+    lens = np.array([v.nnz for v in vectors], dtype=np.int64)
+    indptr = np.zeros(len(vectors) + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    idx = np.concatenate([v.ids for v in vectors]).astype(np.int32) if vectors else np.zeros(0, np.int32)
+    w = np.concatenate([v.weights for v in vectors]).astype(np.float32) if vectors else np.zeros(0, np.float32)
+    return Csr(indptr, idx, w)
+
+
+def _encode_corpus(spec: CorpusSpec, work: Path) -> tuple[Csr, Csr, np.ndarray, dict[str, Any]]:
+    """Encode real images and captions with ``spec.encoder`` (images -> docs, captions -> queries)."""
+    from PIL import Image
+
+    from stair_es.encoders.base import get_encoder
+
+    if spec.source == "scenes":
+        from stair_es.stair.scenes import make_scenes
+
+        paths = make_scenes(work / "scenes", n_train=0, n_test=spec.n_docs, seed=spec.seed)
+        rows = [json.loads(line) for line in Path(paths["test"]).read_text().splitlines() if line.strip()]
+        base = Path(paths["test"]).parent
+        items = [(base / r["image"], r["captions"][0]) for r in rows]
+    elif spec.source == "samples":
+        from stair_es.samples import write_sample_catalog
+
+        manifest = write_sample_catalog(work / "samples", on_error=lambda s, e: log.warning("sample %s skipped: %s", s.id, e))
+        rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+        items = [(manifest.parent / r["path"], r["caption"]) for r in rows]
+    else:
+        raise ValueError(f"unknown corpus source {spec.source!r}; use synthetic, scenes or samples")
+    enc = get_encoder(spec.encoder)
+    images = [Image.open(p).convert("RGB") for p, _ in items]
+    docs = _csr_from_vectors(enc.encode_images(images, batch_size=32))
+    rng = np.random.default_rng([spec.seed, 2])
+    targets = rng.integers(0, len(items), size=spec.n_queries)
+    queries = _csr_from_vectors(enc.encode_texts([items[t][1] for t in targets]))
+    return docs, queries, targets, {"encoder": enc.config()}
+
+
 def prune_rows(m: Csr, top_n: int | None) -> Csr:
     """Keep each row's ``top_n`` largest weights (VisualSparta's top-n terms per image)."""
     if top_n is None:
@@ -239,7 +287,7 @@ def _load(path: Path, mmap: bool) -> Csr:
 
 
 def corpus_dir(spec: CorpusSpec, cache_dir: Path | None = None) -> Path:
-    return Path(cache_dir or CACHE_DIR) / f"synthetic-{spec.n_docs}-{spec.key()}"
+    return Path(cache_dir or CACHE_DIR) / f"{spec.source}-{spec.n_docs}-{spec.key()}"
 
 
 def load_corpus(spec: CorpusSpec, cache_dir: Path | None = None, *, mmap: bool = False) -> Corpus:
@@ -254,10 +302,18 @@ def load_corpus(spec: CorpusSpec, cache_dir: Path | None = None, *, mmap: bool =
         with FileLock(str(path) + ".lock"):
             if not (path / "info.json").exists():
                 t0 = time.perf_counter()
-                by_rank, cdf = _token_table(spec)
-                docs = _generate_docs(spec, by_rank, cdf)
-                queries, targets = _generate_queries(spec, docs, by_rank, cdf)
                 tmp = path.with_name(path.name + ".tmp")
+                if tmp.exists():
+                    import shutil
+
+                    shutil.rmtree(tmp)
+                extra: dict[str, Any] = {}
+                if spec.source == "synthetic":
+                    by_rank, cdf = _token_table(spec)
+                    docs = _generate_docs(spec, by_rank, cdf)
+                    queries, targets = _generate_queries(spec, docs, by_rank, cdf)
+                else:
+                    docs, queries, targets, extra = _encode_corpus(spec, tmp)
                 (tmp / "docs").mkdir(parents=True, exist_ok=True)
                 (tmp / "queries").mkdir(parents=True, exist_ok=True)
                 _save(tmp / "docs", docs)
@@ -268,7 +324,7 @@ def load_corpus(spec: CorpusSpec, cache_dir: Path | None = None, *, mmap: bool =
                     "docs": docs.stats(),
                     "queries": queries.stats(),
                     "generate_s": round(time.perf_counter() - t0, 2),
-                }
+                } | extra
                 (tmp / "info.json").write_text(json.dumps(info, indent=1))
                 tmp.rename(path)
                 log.info("generated %s in %.1f s", path.name, info["generate_s"])

@@ -104,9 +104,14 @@ def markdown(result: dict[str, Any]) -> str:
     for size, info in result["corpora"].items():
         d, q = info["docs"], info["queries"]
         L.append(f"| {int(size):,} | {d['nnz_mean']:.0f} ({d['nnz_min']}-{d['nnz_max']}) | {q['rows']} | {q['nnz_mean']:.1f} | {info.get('generate_s', '-')} s |")
-    spec = next(iter(result["corpora"].values()), {}).get("spec", {})
-    if spec:
-        L += ["", "Synthetic corpus parameters: " + ", ".join(f"{k}={v}" for k, v in spec.items() if k not in ("n_docs", "doc_top_n")), ""]
+    first = next(iter(result["corpora"].values()), {})
+    spec = first.get("spec", {})
+    if spec.get("source", "synthetic") == "synthetic":
+        shown = {k: v for k, v in spec.items() if k not in ("n_docs", "doc_top_n", "source", "encoder")}
+        L += ["", "Synthetic corpus parameters: " + ", ".join(f"{k}={v}" for k, v in shown.items()), ""]
+    elif spec:
+        L += ["", f"Encoded corpus: source={spec['source']}, seed={spec['seed']}, encoder config {json.dumps(first.get('encoder'))}; "
+              "the dense baseline still indexes random 512-d vectors.", ""]
     sizes = sorted({r["size"] for r in result["results"]})
     for size in sizes:
         flat = _flat(result, size)
