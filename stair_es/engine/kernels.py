@@ -519,6 +519,10 @@ def search_segment(
     full = state[0] >= k
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
+    use_ne = True
+    ne_blocks = 0
+    ne_total = 0
+    ne_saved = 0
     oi = -1
     while oi + 1 < nc:
         oi += 1
@@ -539,13 +543,13 @@ def search_segment(
                 nt += 1
         n_ne = 0
         ne_sum = np.float32(0.0)
-        if full:
+        if full and use_ne:
             while n_ne < nt and (ne_sum + bmc[b, terms[n_ne]]) * slack < thr:
                 ne_sum += bmc[b, terms[n_ne]]
                 n_ne += 1
+        ne_post = 0
         if n_ne > 0:
             # worth it only when the non-essential terms hold a good share of the block's postings
-            ne_post = 0
             all_post = 0
             for t in range(nt):
                 c = slot[b, terms[t]] & 511
@@ -583,12 +587,14 @@ def search_segment(
         # non-essential terms, largest first, only for the surviving docs
         rem = ne_sum
         t = n_ne - 1
+        scanned = 0
         if nca * 4 > bs:  # most docs survive: refiltering after each term would cost more than it saves
             while t >= 0:
                 i = terms[t]
                 sl = slot[b, i]
                 w = q_w[i]
                 q0 = sl >> 9
+                scanned += sl & 511
                 for q in range(q0, q0 + (sl & 511)):
                     o = post_off[q]
                     if live[o]:
@@ -599,6 +605,7 @@ def search_segment(
             sl = slot[b, i]
             w = q_w[i]
             q0 = sl >> 9
+            scanned += sl & 511
             for q in range(q0, q0 + (sl & 511)):
                 o = post_off[q]
                 if live[o]:
@@ -617,6 +624,15 @@ def search_segment(
                     acc[o] = 0.0
             nca = keep
             t -= 1
+        if n_ne > 0 and oi >= n_first:
+            # MaxScore inside blocks pays only when it skips most non-essential postings; with
+            # frequency-independent weights it rarely does, and the plain scan is faster.
+            # Judged on the sweep only: the best-bound head blocks keep most of their docs.
+            ne_blocks += 1
+            ne_total += ne_post
+            ne_saved += ne_post - scanned
+            if ne_blocks == 32 and ne_saved * 2 < ne_total and state.size < 8:
+                use_ne = False
         for c in range(nca):
             o = cands[c]
             live[o] = False
@@ -637,5 +653,8 @@ def search_segment(
     if state.size >= 5:
         state[3] += scored
         state[4] += nc
+    if state.size >= 7:
+        state[5] += ne_total
+        state[6] += ne_saved
     if not exact_total:
         state[2] = 0
