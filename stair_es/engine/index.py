@@ -12,6 +12,11 @@ the manifest the same way; the manifest rename is the commit point, so a crash a
 moment leaves the previous or the new generation, never a mix. Readers take no lock: they
 re-read the manifest when its inode changes (checked by one ``stat`` per search).
 
+Segments: every commit of ``add``/``add_arrays`` writes one segment; when there are more
+than ``max_segments`` (8), the writer merges the ``merge_factor`` (8) smallest into one
+right after the commit (a tiered policy: each document is rewritten O(log n) times);
+``optimize()`` merges everything and drops deleted documents.
+
 Scores: weights are stored as IEEE float16 (11 significant bits, relative rounding error
 <= 2**-11, values above 65504 are clipped, below ~6e-8 dropped); scores are the float32 sum
 of ``clause weight x query weight x stored weight`` in a fixed order, exact with respect to
@@ -517,7 +522,7 @@ class EngineIndex:
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
         state = np.array([0, 0, 1, 0, 0], np.int64)
-        self.last_search_stats = state
+        self.last_search_stats = state  # [hits, matched, total exact?, blocks scored, candidate blocks]: for tuning
         segs = self._segs
         for si, s in enumerate(segs):
             js, ws = [], []

@@ -8,10 +8,9 @@ Posting layout of one segment (all fields in one structure, term key = field * V
   block (float16 bits);
 * a posting is the doc offset inside its block (uint8) and the weight (float16 bits).
 
-Search is exact *block-max* ranking: upper bounds per block (sum of query weight x block
-max) are computed from the pairs only, blocks are scored in decreasing bound order and the
-scan stops once the next bound is below the current k-th score. This module must not know
-about files, schemas or ids.
+Search is exact *block-max* ranking with MaxScore inside blocks (see :func:`search_segment`);
+every pruning decision compares an upper bound with the current k-th score, so results are
+those of a full scan. This module must not know about files, schemas or ids.
 """
 
 from __future__ import annotations
@@ -441,11 +440,15 @@ def search_segment(
 
     Two levels of safe pruning, both against the current k-th score ``thr``:
 
-    * block-max: blocks are visited by decreasing upper bound (sum over terms of query
-      weight x block max) and the scan stops at the first bound below ``thr``;
+    * block-max: the ``head_blocks`` blocks with the best upper bound (sum over terms of
+      query weight x block max) are scored first, best first, to raise ``thr``; the rest
+      are swept in block order (sequential reads) and skipped when their bound is below
+      ``thr``;
     * MaxScore inside a block: the terms whose block maxima sum below ``thr`` are
       *non-essential*; a doc none of the other terms hit cannot reach ``thr``, and a doc is
       dropped as soon as its partial score plus the remaining maxima falls below ``thr``.
+      It is switched off for the rest of the query when, over the first 32 swept blocks,
+      it skipped less than half of the non-essential postings (then it only costs).
 
     Scores that enter the heap are recomputed in query-term order, so they are identical to
     what :meth:`EngineIndex.explain` sums.
