@@ -94,7 +94,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"batched throughput over all queries through the system's batch API on {cfg['measure']['batch_threads']} threads "
         "(\"loop\": no batch API, a sequential loop of single queries); recall@{cfg['measure']['k']} "
         "against the exact ranking of the same run (sparse: scipy brute force on the un-pruned corpus, ties within 1e-4 count; "
-        "dense: FAISS Flat); peak memory is the worker process's peak RSS (`VmHWM`; corpus arrays it touched included).",
+        "dense: FAISS Flat); build time excludes an untimed warm-up (the engine builds, merges and searches 64 documents first so numba compilation is not counted); peak memory is the worker process's peak RSS (`VmHWM`; corpus arrays it touched included).",
         "",
         "## Corpora",
         "",

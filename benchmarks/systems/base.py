@@ -31,6 +31,10 @@ class System:
         self.params = dict(params)
         self.workdir = workdir
 
+    def warmup(self, corpus: Corpus) -> None:
+        """Untimed, before ``build``: e.g. JIT-compile kernels on a few documents of the same
+        array types, so build time does not include compilation."""
+
     def build(self, corpus: Corpus) -> None:
         raise NotImplementedError
 
