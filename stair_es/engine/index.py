@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LOCK = "write.lock"
-DEFAULT_BSHIFT = 7  # 128-document blocks
+DEFAULT_BSHIFT = 8  # 256-document blocks: smaller and faster than 128 on the 1M benchmark
 F16_MAX = 65504.0
 
 
