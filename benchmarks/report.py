@@ -272,7 +272,7 @@ def plot_latency_vs_size(results: list[dict[str, Any]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("documents")
     ax.set_ylabel("single-query p50 latency (ms, 1 thread)")
-    ax.set_title("Latency against corpus size\n(approximate systems: fastest setting with recall@10 >= 0.98)", fontsize=10)
+    ax.set_title("Latency against corpus size (approximate systems: fastest setting\nwith recall@10 >= 0.98, else their most accurate; see the tables)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
