@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from stair_es.encoders.base import get_encoder, list_encoders
+from stair_es.catalog import IMAGE_EXTENSIONS
 from stair_es.errors import InvalidInputError
 
 from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
@@ -69,8 +70,9 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
     enc = get_encoder(encoder, **encoder_kwargs(model, encoder_opts))
     out = []
     for item in inputs:
-        if not force_text and Path(item).is_file():
-            vec = enc.encode_images([load_image(item)])[0]
+        looks_like_image = Path(item).suffix.lower() in IMAGE_EXTENSIONS and " " not in item
+        if not force_text and (Path(item).is_file() or looks_like_image):
+            vec = enc.encode_images([load_image(item)])[0]  # a missing file is an ImageError, not text
             kind = "image"
         else:
             if not item.strip():

@@ -152,3 +152,16 @@ def test_cluster_flags_are_refused_on_the_embedded_backend(run):
 def test_help_explains_commands():
     r = CliRunner().invoke(cli, ["search", "--help"])
     assert r.exit_code == 0 and "--require" in r.output and "--where" in r.output and "dot product" in r.output
+
+
+def test_encode_shows_top_tokens_and_refuses_a_missing_image(tmp_path):
+    img = tmp_path / "red.png"
+    Image.new("RGB", (8, 8), (250, 10, 10)).save(img)
+    r = CliRunner().invoke(cli, ["encode", str(img), "red shoe", "--encoder", "fake-color", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert [o["kind"] for o in out] == ["image", "text"]
+    assert next(iter(out[0]["tokens"])) == "red" or "red" in out[0]["tokens"]
+    assert set(out[1]["tokens"]) == {"red", "shoe"}
+    r = CliRunner().invoke(cli, ["encode", str(tmp_path / "typo.jpg"), "--encoder", "fake-color"])
+    assert r.exit_code == 2 and "no such file" in r.output
