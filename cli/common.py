@@ -145,6 +145,15 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
+def display_value(v: Any) -> Any:
+    """Metadata for people: numbers are stored as floats, but 2000.0 reads better as 2000."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return int(v)
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(display_value(x)) for x in v)
+    return v
+
+
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: int = 60) -> str:
     """A plain aligned text table (no dependency); long cells are cut with an ellipsis."""
     def cell(v: Any) -> str:

@@ -10,7 +10,7 @@ from stair_es.encoders.base import get_encoder, list_encoders
 from stair_es.catalog import IMAGE_EXTENSIONS
 from stair_es.errors import InvalidInputError
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
+from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
 
 
 @click.command("get")
@@ -29,7 +29,7 @@ def get(index, doc_id, top_k, as_json, backend) -> None:
         echo_json(data)
         return
     rows = [("id", doc.id), ("source", doc.source), ("caption", doc.caption)]
-    rows += [(f"metadata.{k}", v) for k, v in sorted(doc.metadata.items())]
+    rows += [(f"metadata.{k}", display_value(v)) for k, v in sorted(doc.metadata.items())]
     for f, v in doc.vectors.items():
         rows.append((f"{f} ({v.nnz} tokens)", " ".join(f"{t}:{w:.2f}" for t, w in v.top(top_k))))
     click.echo(table(rows, ["property", "value"], max_width=120))

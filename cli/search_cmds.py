@@ -9,11 +9,11 @@ from typing import Any, Callable
 import click
 
 from stair_es.errors import InvalidInputError
-from stair_es.query import Filter, HasTokens, Not, Or, combine, parse_token_expression, parse_where, word_filter, words_to_token_ids
+from stair_es.query import Filter, Not, Or, combine, parse_token_expression, parse_where, word_filter, words_to_token_ids
 from stair_es.search import build_request, encode_query_text, query_encoder
 from stair_es.sparse import SparseVector
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
+from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
 
 
 def query_options(f: Callable) -> Callable:
@@ -181,4 +181,4 @@ def _fmt_tokens(items) -> str:
 
 
 def _fmt_meta(meta: dict[str, Any]) -> str:
-    return " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sorted(meta.items()))
+    return " ".join(f"{k}={display_value(v)}" for k, v in sorted(meta.items()))
