@@ -123,19 +123,29 @@ class Corpus:
     def dense_docs(self) -> np.ndarray:
         return random_unit_vectors(self.spec.n_docs, self.spec.dense_dim, self.spec.seed + 1)
 
+    def dense_doc_chunks(self):
+        return iter_unit_vectors(self.spec.n_docs, self.spec.dense_dim, self.spec.seed + 1)
+
     def dense_queries(self) -> np.ndarray:
         return random_unit_vectors(self.spec.n_queries, self.spec.dense_dim, self.spec.seed + 2)
 
 
-def random_unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
-    """``n`` seeded random unit vectors (float32), generated in chunks to bound temporaries."""
+def iter_unit_vectors(n: int, dim: int, seed: int, chunk: int = 100_000):
+    """Seeded random unit vectors (float32) in chunks, so a caller can index them without ever
+    holding a second full copy."""
     rng = np.random.default_rng(seed)
-    out = np.empty((n, dim), dtype=np.float32)
-    for a in range(0, n, 100_000):
-        b = min(n, a + 100_000)
-        x = rng.standard_normal((b - a, dim), dtype=np.float32)
+    for a in range(0, n, chunk):
+        x = rng.standard_normal((min(n, a + chunk) - a, dim), dtype=np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
-        out[a:b] = x
+        yield x
+
+
+def random_unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    out = np.empty((n, dim), dtype=np.float32)
+    a = 0
+    for x in iter_unit_vectors(n, dim, seed):
+        out[a : a + len(x)] = x
+        a += len(x)
     return out
 
 

@@ -30,10 +30,10 @@ class FaissFlat(System):
         return _faiss().IndexFlatIP(dim)
 
     def build(self, corpus: Corpus) -> None:
-        x = corpus.dense_docs()
-        self.index = self._make(x.shape[1])
-        self.index.add(x)
-        self.dim = x.shape[1]
+        self.dim = corpus.spec.dense_dim
+        self.index = self._make(self.dim)
+        for x in corpus.dense_doc_chunks():  # never a second full copy of the vectors
+            self.index.add(x)
 
     def prepare_queries(self, corpus):
         super().prepare_queries(corpus)
