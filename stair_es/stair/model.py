@@ -118,7 +118,7 @@ class StairModel(nn.Module):
             self.image_head = nn.Linear(config.image_width, config.dense_dim, bias=False)
         # CLIP's learnable temperature, stored as log(1/T)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / config.init_temperature)))
-        self.register_buffer("keep_mask", torch.from_numpy(~self.vocab.special_mask).float(), persistent=False)
+        self.register_buffer("keep_mask", torch.from_numpy((~self.vocab.special_mask).copy()).float(), persistent=False)
 
     # --- parameter groups ---------------------------------------------------------------
     @property

@@ -1,0 +1,138 @@
+"""STAIR experiments on synthetic scenes (issue 3), small enough for a shared 2-core CPU.
+
+Runs (same data, same seed, same total number of steps and batch size):
+  multi      three stages, lambda 1e-3           single    one stage, lambda 1e-3
+  dense      CLIP-style 64-d head, one stage     lam1e-2 / lam1e-4   three stages, other lambdas
+
+Usage:
+  python benchmarks/stair_experiments.py data  --work W          # scenes into W/scenes
+  python benchmarks/stair_experiments.py run NAME --work W [--steps N --threads T]
+  python benchmarks/stair_experiments.py report --work W --out docs/stair-experiments
+Each run writes W/runs/NAME/{model files, metrics.jsonl, result.json}; report writes the
+table (README fragment results.md), results.json and plots, with the git commit and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNS = {
+    "multi": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3),
+    "single": dict(head="sparse", stages=("single",), lam=1e-3),
+    "dense": dict(head="dense", stages=("single",), lam=0.0),
+    "lam1e-2": dict(head="sparse", stages=("1", "2", "3"), lam=1e-2),
+    "lam1e-4": dict(head="sparse", stages=("1", "2", "3"), lam=1e-4),
+}
+
+
+def cmd_data(a) -> None:
+    from stair_es.stair.scenes import make_scenes
+
+    print(make_scenes(Path(a.work) / "scenes", n_train=a.n_train, n_test=a.n_test, seed=0, size=64))
+
+
+def cmd_run(a) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from stair_es.stair.config import load_config
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.train import TrainConfig, new_model, train
+
+    spec = RUNS[a.name]
+    cfg = load_config(a.config).replace(head=spec["head"])
+    scenes = Path(a.work) / "scenes"
+    tr = load_caption_data(scenes / "train.jsonl", image_size=cfg.image_size)
+    te = load_caption_data(scenes / "test.jsonl", image_size=cfg.image_size)
+    n = len(spec["stages"])
+    steps = (a.steps // 3,) * 3 if n == 3 else (a.steps,)
+    tc = TrainConfig(stages=spec["stages"], steps=steps, batch_size=a.batch_size, lr=a.lr, stage3_lr=a.lr / 3,
+                     lambda_image=spec["lam"], lambda_text=spec["lam"], flops_warmup_steps=max(1, steps[0] // 2),
+                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0)
+    out = Path(a.work) / "runs" / a.name
+    model = new_model(cfg, "cpu", seed=0)
+    res = train(model, tr, tc, out, eval_data=te, progress=False)
+    res.update(name=a.name, spec={**spec, "stages": list(spec["stages"])}, steps=list(steps), config=cfg.to_dict())
+    (out / "result.json").write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res["history"][-1]))
+
+
+def cmd_report(a) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in RUNS:
+        f = Path(a.work) / "runs" / name / "result.json"
+        if f.exists():
+            results[name] = json.loads(f.read_text())
+    cols = ["t2i_r@1", "t2i_r@5", "t2i_r@10", "i2t_r@1", "i2t_r@5", "i2t_r@10", "active_tokens_image", "active_tokens_text", "interp_p@1", "interp_r@1", "interp_r@5"]
+    lines = ["| run | stages | lambda | train s | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 4)]
+    for name, r in results.items():
+        last = r["history"][-1]
+        cells = []
+        for c in cols:
+            v = last.get(c)
+            cells.append("-" if v is None else (f"{v:.0f}" if "active" in c else f"{100 * v:.1f}"))
+        lines.append(f"| {name} | {'+'.join(r['spec']['stages'])} | {r['spec']['lam']:g} | {r['seconds']:.0f} | " + " | ".join(cells) + " |")
+    stage_lines = ["| run | after stage | t2i R@1 | i2t R@1 | interp P@1 | interp R@5 | active img | active txt |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        for h in r["history"]:
+            stage_lines.append(f"| {name} | {h['stage']} | {100*h['t2i_r@1']:.1f} | {100*h['i2t_r@1']:.1f} | "
+                               f"{100*h.get('interp_p@1', float('nan')):.1f} | {100*h.get('interp_r@5', float('nan')):.1f} | "
+                               f"{h.get('active_tokens_image', float('nan')):.0f} | {h.get('active_tokens_text', float('nan')):.0f} |")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    (out / "results.md").write_text("\n".join(lines) + "\n\nPer stage:\n\n" + "\n".join(stage_lines) + f"\n\ncommit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "results": {k: {"history": v["history"], "steps": v["steps"], "spec": v["spec"], "seconds": v["seconds"]} for k, v in results.items()}}, indent=2) + "\n")
+    # plot 1: R@1 and grounding per run
+    names = list(results)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    x = range(len(names))
+    for off, c in ((-0.2, "t2i_r@1"), (0.0, "i2t_r@1"), (0.2, "t2i_r@5")):
+        ax[0].bar([i + off for i in x], [100 * results[n]["history"][-1][c] for n in names], width=0.2, label=c)
+    ax[0].set_xticks(list(x), names); ax[0].set_ylabel("%"); ax[0].set_title("retrieval"); ax[0].legend(fontsize=7)
+    sp = [n for n in names if results[n]["spec"]["head"] == "sparse"]
+    for off, c in ((-0.15, "interp_p@1"), (0.15, "interp_r@5")):
+        ax[1].bar([i + off for i in range(len(sp))], [100 * results[n]["history"][-1].get(c, 0) for n in sp], width=0.3, label=c)
+    ax[1].set_xticks(list(range(len(sp))), sp); ax[1].set_title("grounding (interpretability)"); ax[1].legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(out / "retrieval_grounding.png", dpi=110); plt.close(fig)
+    # plot 2: lambda vs active tokens and R@1
+    lam = [n for n in ("lam1e-2", "multi", "lam1e-4") if n in results]
+    if lam:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ls = [results[n]["spec"]["lam"] for n in lam]
+        h = [results[n]["history"][-1] for n in lam]
+        ax.plot(ls, [r["active_tokens_image"] for r in h], "o-", label="active tokens / image")
+        ax.plot(ls, [r["active_tokens_text"] for r in h], "s-", label="active tokens / text")
+        ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlabel("lambda"); ax.set_ylabel("active tokens")
+        ax2 = ax.twinx(); ax2.plot(ls, [100 * r["t2i_r@1"] for r in h], "r^--", label="t2i R@1 %"); ax2.set_ylabel("t2i R@1 %")
+        fig.legend(fontsize=7, loc="upper center"); fig.tight_layout(); fig.savefig(out / "lambda_sparsity.png", dpi=110); plt.close(fig)
+    print("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data"); d.add_argument("--work", required=True); d.add_argument("--n-train", type=int, default=1500); d.add_argument("--n-test", type=int, default=300)
+    r = sub.add_parser("run"); r.add_argument("name", choices=list(RUNS)); r.add_argument("--work", required=True)
+    r.add_argument("--steps", type=int, default=150); r.add_argument("--threads", type=int, default=1); r.add_argument("--batch-size", type=int, default=32)
+    r.add_argument("--lr", type=float, default=1e-3); r.add_argument("--config", default="cpu")
+    rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
+    a = p.parse_args()
+    {"data": cmd_data, "run": cmd_run, "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""`stair-es train | eval | localize | make-scenes`: train and inspect STAIR models.
+
+Thin: flags in, ``stair_es.stair`` calls, results out. Library errors (stair_es.errors)
+become one-line ``click.ClickException`` messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable
+
+import click
+
+from stair_es.errors import StairError
+
+
+def _errors(f: Callable) -> Callable:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except StairError as e:
+            raise click.ClickException(str(e)) from e
+
+    return wrapper
+
+
+def _floats(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+@click.command("train")
+@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the trained model, checkpoint/ and metrics.jsonl.")
+@click.option("--config", "model_config", default="tiny", show_default=True, help="Model size: a shipped config name (tiny, cpu, small, paper) or a JSON file.")
+@click.option("--head", type=click.Choice(["sparse", "dense"]), help="sparse = STAIR; dense = the CLIP-style baseline with the same towers.")
+@click.option("--stages", default="1,2,3", show_default=True, help="Stage plan: '1,2,3' (paper; any subset in order) or 'single' (one stage, no mask: the ablation).")
+@click.option("--steps", default="300", show_default=True, help="Steps per stage: one number for all stages, or one per stage ('300,300,600').")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate of stages 1, 2 and single.")
+@click.option("--stage3-lr", type=float, default=1e-4, show_default=True, help="Peak learning rate of stage 3 (lower, against forgetting).")
+@click.option("--lambda", "lam", type=float, default=1e-3, show_default=True, help="FLOPs weight for both modalities (grows quadratically at the start of a stage).")
+@click.option("--flops-warmup", type=int, default=200, show_default=True, help="Steps over which lambda grows from 0.")
+@click.option("--eval-data", type=click.Path(exists=True, dir_okay=False), help="A held-out JSONL/CSV evaluated after every stage (logged to metrics.jsonl).")
+@click.option("--resume", is_flag=True, help="Continue from OUTPUT/checkpoint with the same settings.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present).")
+@click.option("--threads", type=int, default=None, help="CPU threads for torch.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@_errors
+def train_cmd(data, output, model_config, head, stages, steps, batch_size, lr, stage3_lr, lam, flops_warmup, eval_data, resume, device, threads, seed):
+    """Train a STAIR model (or the dense baseline) on DATA: JSONL lines
+    {"image": path, "caption": str | "captions": [...]} or a CSV with image,caption columns.
+
+    Undecodable images are skipped, empty captions rejected, long captions truncated;
+    all are counted in the summary and in metrics.jsonl.
+    """
+    import torch
+
+    from stair_es.stair.config import load_config
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.train import TrainConfig, new_model, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = load_config(model_config)
+    if head:
+        cfg = cfg.replace(head=head)
+    stage_list = ("single",) if stages.strip() == "single" else _floats(stages)
+    try:
+        step_list = tuple(int(s) for s in _floats(steps))
+    except ValueError:
+        raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
+    tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
+                     lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, seed=seed)
+    train_data = load_caption_data(data, image_size=cfg.image_size, max_length=cfg.text_max_length)
+    click.echo(train_data.report.summary(), err=True)
+    held = load_caption_data(eval_data, image_size=cfg.image_size, max_length=cfg.text_max_length) if eval_data else None
+    model = new_model(cfg, device, seed=seed)
+    res = train(model, train_data, tc, output, resume=resume, eval_data=held)
+    click.echo(f"model saved to {output} ({res['seconds']:.0f} s)")
+    for h in res["history"]:
+        click.echo(json.dumps(h))
+
+
+@click.command("eval")
+@click.argument("model")
+@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.option("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present).")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@_errors
+def eval_cmd(model, data, device, as_json):
+    """Evaluate MODEL (a directory or hub id) on DATA: text->image and image->text R@1/5/10
+    (first caption of each image as its query), active tokens per image and per text, and
+    interpretability (label words among the image's top tokens; needs "labels" in the JSONL).
+    """
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.evaluate import evaluate
+    from stair_es.stair.model import StairModel
+
+    m = StairModel.from_pretrained(model, device=device)
+    d = load_caption_data(data, image_size=m.config.image_size, max_length=m.config.text_max_length)
+    res = evaluate(m, d)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    for k, v in res.items():
+        click.echo(f"{k:22s} {v:.4f}" if isinstance(v, float) else f"{k:22s} {v}")
+
+
+@click.command("localize")
+@click.argument("image", type=click.Path(exists=True, dir_okay=False))
+@click.argument("query")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG to write: the image with the heatmap over it.")
+@click.option("--model", required=True, help="A STAIR model directory or hub id.")
+@click.option("--alpha", type=float, default=0.5, show_default=True, help="Heatmap opacity.")
+@click.option("--scale", type=int, default=4, show_default=True, help="Enlarge the output image this many times.")
+@_errors
+def localize_cmd(image, query, output, model, alpha, scale):
+    """Show where QUERY's tokens fire in IMAGE (per-patch activations, no text encoder)."""
+    from stair_es.errors import ImageError
+    from stair_es.stair.data import decode_image  # noqa: F401 - same decoding errors as training
+    from stair_es.stair.localize import write_heatmap
+    from stair_es.stair.model import StairModel
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(image)
+        img.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise ImageError(f"cannot decode {image}: {e}") from e
+    m = StairModel.from_pretrained(model)
+    write_heatmap(m, img, query, output, alpha=alpha, scale=scale)
+    click.echo(output)
+
+
+@click.command("make-scenes")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--n-train", type=int, default=2000, show_default=True)
+@click.option("--n-test", type=int, default=500, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--size", type=int, default=64, show_default=True, help="Image side in pixels.")
+@_errors
+def make_scenes_cmd(out, n_train, n_test, seed, size):
+    """Draw synthetic captioned scenes (shapes, colours, sizes, spatial relations) into OUT:
+    train/ and test/ PNGs with train.jsonl and test.jsonl. Same seed, same scenes.
+    """
+    from stair_es.stair.scenes import make_scenes
+
+    for split, path in make_scenes(out, n_train=n_train, n_test=n_test, seed=seed, size=size).items():
+        click.echo(f"{split}: {path}")
+
+
+COMMANDS = [train_cmd, eval_cmd, localize_cmd, make_scenes_cmd]

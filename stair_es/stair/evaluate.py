@@ -1,0 +1,81 @@
+"""Evaluation: R@1/5/10 both ways, active tokens per image/text, interpretability top-K.
+
+Interpretability follows the paper's Table 4 on data with ``labels`` (the scene's shape and
+colour words): ``interp_p@1`` = share of images whose strongest token is one of their label
+words; ``interp_r@K`` = share of (image, label word) pairs whose token is among the image's
+top-K tokens. Knows nothing about training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..vocab import Vocabulary
+from .data import CaptionData, pad_tokens
+from .model import StairModel, arrays_to_tensor
+
+
+@torch.no_grad()
+def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image embeddings, text embeddings for ``pairs``) as CPU float tensors."""
+    model.eval()
+    dev = model.device
+    imgs = [model.encode_image(arrays_to_tensor(data.images[i : i + batch_size]).to(dev)).cpu() for i in range(0, len(data.images), batch_size)]
+    pairs = np.arange(len(data)) if pairs is None else pairs
+    txts = []
+    for i in range(0, len(pairs), batch_size):
+        ids, mask = pad_tokens([data.pair_tokens[p] for p in pairs[i : i + batch_size]])
+        txts.append(model.encode_text(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)).cpu())
+    return torch.cat(imgs), torch.cat(txts)
+
+
+def recall_at_k(sim: np.ndarray, truth: np.ndarray, ks=(1, 5, 10)) -> dict[int, float]:
+    """``sim``: queries x candidates; ``truth[q]`` = index of the correct candidate."""
+    correct = sim[np.arange(len(sim)), truth][:, None]
+    rank = (sim > correct).sum(axis=1)  # ties count in the query's favour
+    return {k: float((rank < k).mean()) for k in ks}
+
+
+def interpretability(image_emb: np.ndarray, labels: list[list[str]], vocab: Vocabulary, ks=(1, 5, 10)) -> dict[str, float]:
+    rows = [(i, [vocab.get(w) for w in lab if vocab.get(w) is not None]) for i, lab in enumerate(labels) if lab]
+    rows = [(i, ids) for i, ids in rows if ids]
+    if not rows:
+        return {}
+    emb = image_emb.copy()
+    emb[:, vocab.special_mask] = -np.inf
+    out = {}
+    top1 = emb.argmax(axis=1)
+    out["interp_p@1"] = float(np.mean([top1[i] in ids for i, ids in rows]))
+    for k in ks:
+        hits = []
+        for i, ids in rows:
+            kth = np.partition(-emb[i], k - 1)[k - 1]
+            hits.extend(float(-emb[i, t] <= kth and emb[i, t] > 0) for t in ids)
+        out[f"interp_r@{k}"] = float(np.mean(hits))
+    return out
+
+
+def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64) -> dict[str, Any]:
+    """One query caption per image (its first): text->image and image->text R@K and sparsity."""
+    first = data.first_caption_per_image()
+    img, txt = embed(model, data, batch_size, first)
+    simf = torch.nn.functional.normalize(img, dim=-1, eps=1e-6) @ torch.nn.functional.normalize(txt, dim=-1, eps=1e-6).t()
+    sim = simf.numpy()
+    truth = np.arange(len(first))
+    out: dict[str, Any] = {"n_images": len(first)}
+    for k, v in recall_at_k(sim.T, truth).items():
+        out[f"t2i_r@{k}"] = v
+    for k, v in recall_at_k(sim, truth).items():
+        out[f"i2t_r@{k}"] = v
+    if model.is_sparse:
+        out["active_tokens_image"] = float((img > 0).sum(1).float().mean())
+        out["active_tokens_text"] = float((txt > 0).sum(1).float().mean())
+        out.update(interpretability(img.numpy(), data.labels, model.vocab))
+        top = img.sum(0).topk(10).indices.tolist()
+        out["most_used_image_tokens"] = [model.vocab.token(t) for t in top]
+    else:
+        out["dims"] = int(img.shape[1])
+    return out
