@@ -325,6 +325,7 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
     sweep = cfg.get("visualsparta")  # {"doc_top_n": [50, 100, ..., null], "systems": [names]}
     systems = _with_ground_truth(cfg["systems"])
     t_run = time.perf_counter()
+    machine = machine_info()  # load average at the start; the end's is added below
     rows: list[dict[str, Any]] = []
     corpora_info = {}
     with tempfile.TemporaryDirectory(prefix="stair-bench-") as tmp:
@@ -386,7 +387,7 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
         "config": {k2: v for k2, v in cfg.items() if not k2.startswith("_")},
         "config_path": cfg.get("_path"),
         "git": git_commit(),
-        "machine": machine_info() | {"loadavg_end": list(os.getloadavg()), "shared": True},
+        "machine": machine | {"loadavg_end": list(os.getloadavg()), "shared": True},
         "versions": library_versions(),
         "corpora": corpora_info,
         "results": rows,
