@@ -16,5 +16,8 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q
 
+bench-tiny: setup
+	$(PY) -m benchmarks.run tiny
+
 clean:
 	rm -rf .venv stair-es-demo .pytest_cache
