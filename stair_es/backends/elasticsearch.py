@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
-from ._cluster import ClusterBackend, ClusterConfig, EngineAdapter, _error_body_reason, mapping, query_dsl, translate
+from ._cluster import ClusterBackend, EngineAdapter, _error_body_reason
+from .connection import ClusterConfig
+from .dsl import mapping, query_dsl, translate
 from .codec import decode_token, encode_token, stored_value
 
 __all__ = ["ElasticsearchBackend", "mapping", "query_dsl", "translate", "encode_token", "decode_token", "stored_value"]

@@ -12,7 +12,9 @@ from functools import partial
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
-from ._cluster import ClusterBackend, ClusterConfig, EngineAdapter, _error_body_reason, mapping, query_dsl, translate
+from ._cluster import ClusterBackend, EngineAdapter, _error_body_reason
+from .connection import ClusterConfig
+from .dsl import mapping, query_dsl, translate
 
 __all__ = ["OpenSearchBackend", "mapping", "query_dsl", "translate"]
 

@@ -4,7 +4,9 @@ Each scene holds one or two shapes (circle, square, triangle, diamond) in one of
 colours and two sizes; two-shape scenes are described with a spatial relation ("a small red
 circle left of a large blue square"). Output: ``<out>/{train,test}/*.png`` and
 ``<out>/{train,test}.jsonl`` with ``image`` (relative path), ``captions`` and ``labels`` (the
-scene's shape and colour words, the ground truth of the interpretability metric).
+scene's shape and colour words, the ground truth of the interpretability metric); and
+``<out>/{train,test}.manifest.jsonl``, the same images as a `stair-es ingest` manifest (id, path,
+first caption, metadata: shapes, colors, objects).
 Deterministic by seed. Knows nothing about models.
 """
 
@@ -105,14 +107,17 @@ def make_scenes(out: str | Path, n_train: int = 2000, n_test: int = 500, seed: i
         rng = random.Random(split_seed)
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
-        lines = []
+        lines, manifest = [], []
         for i in range(n):
             shapes, captions = _scene(rng)
             rel = f"{split}/{i:06d}.png"
             render(shapes, size).save(out / rel, format="PNG")
             labels = sorted({s.shape for s in shapes} | {s.color for s in shapes})
+            meta = {"shapes": sorted({s.shape for s in shapes}), "colors": sorted({s.color for s in shapes}), "objects": len(shapes)}
             lines.append(json.dumps({"image": rel, "captions": captions, "labels": labels}))
+            manifest.append(json.dumps({"id": f"{split}-{i:06d}", "path": rel, "caption": captions[0], "metadata": meta}))
         path = out / f"{split}.jsonl"
         path.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+        (out / f"{split}.manifest.jsonl").write_text("\n".join(manifest) + ("\n" if manifest else ""), encoding="utf-8")
         result[split] = path
     return result

@@ -1,6 +1,5 @@
 """The token <-> feature-name codec and the engines' stored precision."""
 
-import math
 
 import numpy as np
 import pytest

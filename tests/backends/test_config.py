@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stair_es.backends._cluster import ClusterConfig, redact_url
+from stair_es.backends.connection import ClusterConfig, redact_url
 from stair_es.backends.base import get_backend
 from stair_es.errors import BackendError, ConnectionFailedError, InvalidInputError, MissingDependencyError
 
