@@ -19,7 +19,7 @@ from .model import StairModel, arrays_to_tensor
 
 
 @torch.no_grad()
-def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.ndarray | None = None, mask_text: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(image embeddings, text embeddings for ``pairs``) as CPU float tensors."""
     model.eval()
     dev = model.device
@@ -28,7 +28,7 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
     txts = []
     for i in range(0, len(pairs), batch_size):
         ids, mask = pad_tokens([data.pair_tokens[p] for p in pairs[i : i + batch_size]])
-        txts.append(model.encode_text(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)).cpu())
+        txts.append(model.encode_text(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev), mask_to_input=mask_text and model.is_sparse).cpu())
     return torch.cat(imgs), torch.cat(txts)
 
 
@@ -58,10 +58,13 @@ def interpretability(image_emb: np.ndarray, labels: list[list[str]], vocab: Voca
     return out
 
 
-def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64) -> dict[str, Any]:
-    """One query caption per image (its first): text->image and image->text R@K and sparsity."""
+def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_text: bool = False) -> dict[str, Any]:
+    """One query caption per image (its first): text->image and image->text R@K and sparsity.
+
+    ``mask_text`` evaluates the text tower as stage 1 trains it (eq. 8: only the caption's tokens).
+    """
     first = data.first_caption_per_image()
-    img, txt = embed(model, data, batch_size, first)
+    img, txt = embed(model, data, batch_size, first, mask_text)
     simf = torch.nn.functional.normalize(img, dim=-1, eps=1e-6) @ torch.nn.functional.normalize(txt, dim=-1, eps=1e-6).t()
     sim = simf.numpy()
     truth = np.arange(len(first))

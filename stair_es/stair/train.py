@@ -173,7 +173,7 @@ def train(
             if state.step % tc.log_every == 0 or state.step == total:
                 _log(metrics_file, row)
             if tc.eval_every and eval_data is not None and state.step % tc.eval_every == 0:
-                _log(metrics_file, {"event": "eval", "stage": stage, "step": state.step, **evaluate(model, eval_data)})
+                _log(metrics_file, {"event": "eval", "stage": stage, "step": state.step, **evaluate(model, eval_data, mask_text=masked)})
                 model.train()
             if tc.checkpoint_every and state.step % tc.checkpoint_every == 0 and state.step < total:
                 _checkpoint(model, opt, state, tc, ckpt)
@@ -181,7 +181,7 @@ def train(
         state.stage_index += 1
         state.step = 0
         if eval_data is not None:
-            res = evaluate(model, eval_data)
+            res = evaluate(model, eval_data, mask_text=masked)
             state.history.append({"stage": stage, **res})
             _log(metrics_file, {"event": "eval", "stage": stage, "step": total, **res})
         _checkpoint(model, None, state, tc, ckpt)
