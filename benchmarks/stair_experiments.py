@@ -92,7 +92,7 @@ def cmd_report(a) -> None:
             stage_lines.append(f"| {name} | {h['stage']} | {100*h['t2i_r@1']:.1f} | {100*h['i2t_r@1']:.1f} | "
                                f"{100*h.get('interp_p@1', float('nan')):.1f} | {100*h.get('interp_r@5', float('nan')):.1f} | "
                                f"{h.get('active_tokens_image', float('nan')):.0f} | {h.get('active_tokens_text', float('nan')):.0f} |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     (out / "results.md").write_text("\n".join(lines) + "\n\nPer stage:\n\n" + "\n".join(stage_lines) + f"\n\ncommit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "results": {k: {"history": v["history"], "steps": v["steps"], "spec": v["spec"], "seconds": v["seconds"]} for k, v in results.items()}}, indent=2) + "\n")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -118,12 +119,11 @@ def eval_cmd(model, data, device, as_json):
 @_errors
 def localize_cmd(image, query, output, model, alpha, scale):
     """Show where QUERY's tokens fire in IMAGE (per-patch activations, no text encoder)."""
+    from PIL import Image, UnidentifiedImageError
+
     from stair_es.errors import ImageError
-    from stair_es.stair.data import decode_image  # noqa: F401 - same decoding errors as training
     from stair_es.stair.localize import write_heatmap
     from stair_es.stair.model import StairModel
-
-    from PIL import Image, UnidentifiedImageError
 
     try:
         img = Image.open(image)

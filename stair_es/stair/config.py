@@ -62,7 +62,7 @@ class StairConfig:
         return {"format": FORMAT, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "StairConfig":
+    def from_dict(cls, data: dict[str, Any]) -> StairConfig:
         data = dict(data)
         fmt = data.pop("format", FORMAT)
         if fmt != FORMAT:
@@ -76,7 +76,7 @@ class StairConfig:
         except TypeError as e:
             raise ModelError(f"bad STAIR config: {e}") from e
 
-    def replace(self, **changes: Any) -> "StairConfig":
+    def replace(self, **changes: Any) -> StairConfig:
         return StairConfig.from_dict({**self.to_dict(), **changes})
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -205,7 +206,7 @@ class StairModel(nn.Module):
         return path
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None) -> "StairModel":
+    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None) -> StairModel:
         """Load from a local directory, or from a Hugging Face hub id (``org/name`` or ``hf-hub:org/name``)."""
         path = resolve_checkpoint(name_or_path)
         config = _read_config(path)
@@ -283,7 +284,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
         return path
     if path.exists():
         raise ModelError(f"{path} is a file; a STAIR checkpoint is a directory with {CONFIG_NAME}, {WEIGHTS_NAME} and {VOCAB_NAME}")
-    repo_id = text[len("hf-hub:"):] if text.startswith("hf-hub:") else text
+    repo_id = text.removeprefix("hf-hub:")
     if text.startswith(("/", ".", "~")) or repo_id.count("/") != 1:
         raise ModelError(f"no STAIR checkpoint directory at {text!r} (and it is not a hub id like 'org/name')")
     try:

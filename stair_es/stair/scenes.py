@@ -70,7 +70,7 @@ def _scene(rng: random.Random) -> tuple[list[Shape], list[str]]:
     a_shape, b_shape = rng.sample(SHAPES, 2) if rng.random() < 0.7 else (rng.choice(SHAPES),) * 2
     a_col, b_col = rng.sample(list(COLORS), 2)
     a_pos, b_pos = (0.27, 0.73) if rel in ("left of", "above") else (0.73, 0.27)
-    jitter = lambda: rng.uniform(0.3, 0.7)  # noqa: E731 - the other axis is free
+    jitter = lambda: rng.uniform(0.3, 0.7)
     if rel in ("left of", "right of"):
         a = Shape(a_shape, a_col, rng.choice(list(SIZES)), a_pos + rng.uniform(-0.04, 0.04), jitter())
         b = Shape(b_shape, b_col, rng.choice(list(SIZES)), b_pos + rng.uniform(-0.04, 0.04), jitter())

@@ -11,19 +11,19 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from click.testing import CliRunner  # noqa: E402
-from PIL import Image  # noqa: E402
+from click.testing import CliRunner
+from PIL import Image
 
-from stair_es.encoders.base import get_encoder  # noqa: E402
-from stair_es.errors import ModelError  # noqa: E402
-from stair_es.sparse import SparseVector  # noqa: E402
-from stair_es.stair.config import load_config  # noqa: E402
-from stair_es.stair.data import load_caption_data  # noqa: E402
-from stair_es.stair.localize import localize  # noqa: E402
-from stair_es.stair.losses import flops_loss  # noqa: E402
-from stair_es.stair.model import StairModel  # noqa: E402
-from stair_es.stair.scenes import make_scenes  # noqa: E402
-from stair_es.stair.train import TrainConfig, new_model, train  # noqa: E402
+from stair_es.encoders.base import get_encoder
+from stair_es.errors import ModelError
+from stair_es.sparse import SparseVector
+from stair_es.stair.config import load_config
+from stair_es.stair.data import load_caption_data
+from stair_es.stair.localize import localize
+from stair_es.stair.losses import flops_loss
+from stair_es.stair.model import StairModel
+from stair_es.stair.scenes import make_scenes
+from stair_es.stair.train import TrainConfig, new_model, train
 
 torch.set_num_threads(1)
 
