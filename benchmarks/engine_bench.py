@@ -8,6 +8,10 @@ non-special BERT vocabulary ids, weights ``log1p(lognormal)``; builds an index w
 ``EngineIndex.add_arrays`` (chunks of ``--chunk`` docs) and ``optimize()``; runs ``--queries``
 queries of 10-30 tokens (also Zipf-like) for exact top-10 on one thread; checks the top-10
 of a sample against a scipy brute force over the stored (float16) weights.
+
+``--strategy blockmax|taat`` forces one exact search strategy (default: the engine's per-query
+choice); ``--dir D --reuse`` keeps the index in D and searches it again on the next run with the
+same corpus arguments instead of rebuilding it.
 """
 
 from __future__ import annotations
@@ -107,6 +111,10 @@ def main() -> None:
                     help="idf: frequent tokens weigh less (like trained encoders); iid: independent of frequency")
     ap.add_argument("--dir", default=None, help="where to build the index (default: a temp dir, removed after)")
     ap.add_argument("--bshift", type=int, default=None, help="log2 of the block size (default: engine default)")
+    ap.add_argument("--strategy", choices=("auto", "blockmax", "taat"), default="auto",
+                    help="the engine's exact search strategy (default: auto, chosen per query and segment)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --dir: search the index an earlier run with the same --docs/--weights/--seed/--chunk built there")
     args = ap.parse_args()
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -117,34 +125,42 @@ def main() -> None:
     scale = weight_scale(args.weights, token_of)
     _gen_rows_fast(10, 0, cdf, token_of, rank_of_token, 150, 250, scale)  # compile
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="engine-bench-"))
-    path = base / "bench-index"
-    if path.exists():
+    path = base / f"bench-index-{args.docs}-{args.weights}-{args.seed}-{args.chunk}"
+    reuse = args.reuse and args.dir and (path / "manifest.json").exists()
+    if path.exists() and not reuse:
         shutil.rmtree(path)
     kw = {} if args.bshift is None else {"bshift": args.bshift}
-    ix = EngineIndex.create(path, IndexSchema(sparse_fields=("image",)), **kw)
+    ix = EngineIndex.create(path, IndexSchema(sparse_fields=("image",)), **kw) if not reuse else EngineIndex.open(path, writable=True)
     ix.max_segments = 1 << 30  # measure raw ingest; merge once with optimize() below
     rss0 = rss_mb()
     ingest_s = 0.0
     gen_s = 0.0
     chunks = []
     for c, lo in enumerate(range(0, args.docs, args.chunk)):
+        if reuse and not args.check:
+            break
         n = min(args.chunk, args.docs - lo)
         t = time.perf_counter()
         indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250, scale)
         gen_s += time.perf_counter() - t
         doc_ids = [f"doc-{i}" for i in range(lo, lo + n)]
         t = time.perf_counter()
-        ix.add_arrays(doc_ids, {"image": (indptr, ids, w)})
+        if not reuse:
+            ix.add_arrays(doc_ids, {"image": (indptr, ids, w)})
         ingest_s += time.perf_counter() - t
         if args.check:
             chunks.append((indptr, ids, w))
     t = time.perf_counter()
-    ix.optimize()
+    if not reuse:
+        ix.optimize()
     opt_s = time.perf_counter() - t
     st = ix.stats()
     print(f"corpus: {args.docs} docs, {st['postings']} postings ({st['postings'] / args.docs:.1f}/doc), generated in {gen_s:.1f}s")
-    print(f"ingest (add_arrays, {args.chunk}-doc commits): {ingest_s:.2f}s = {args.docs / ingest_s:,.0f} docs/s; "
-          f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s")
+    if reuse:
+        print(f"ingest: skipped (--reuse of {path})")
+    else:
+        print(f"ingest (add_arrays, {args.chunk}-doc commits): {ingest_s:.2f}s = {args.docs / ingest_s:,.0f} docs/s; "
+              f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s")
     print(f"storage: {st['bytes_on_disk'] / 2**20:.1f} MiB on disk, postings structure {st['bytes_per_posting']:.3f} bytes/posting "
           f"(whole directory {st['bytes_on_disk'] / st['postings']:.3f} bytes/posting)")
 
@@ -161,23 +177,35 @@ def main() -> None:
         t_w = (np.log1p(np.exp(rng.normal(size=t_ids.size))) * scale[t_ids]).astype(np.float32)
         reqs.append(SearchRequest([SparseClause("image", SparseVector.from_arrays(t_ids, t_w))], top_k=10))
     reader = EngineIndex.open(path)
+    reader.strategy = args.strategy
     for r in reqs[:5]:
         reader.search(r)  # warm up (JIT, page cache)
     rss1 = rss_mb()
     lat, cpu = [], []
     results = []
+    used: dict[str, int] = {}
+    streamed = []
     for r in reqs:
         t, c = time.perf_counter(), time.thread_time()
         res = reader.search(r)
         cpu.append((time.thread_time() - c) * 1000)
         lat.append((time.perf_counter() - t) * 1000)
         results.append(res)
+        for u in getattr(reader, "last_search_strategies", ()):
+            used[u] = used.get(u, 0) + 1
+        stats = getattr(reader, "last_search_stats", np.zeros(0))
+        if len(stats) >= 6:
+            streamed.append(int(stats[5]))
     lat, cpu = np.array(lat), np.array(cpu)
     print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {np.percentile(lat, 50):.2f} ms, "
           f"p95 {np.percentile(lat, 95):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms, mean {lat.mean():.2f} ms (wall clock)")
     print(f"  same queries, CPU time of the searching thread (less sensitive to other load on a shared machine): "
           f"p50 {np.percentile(cpu, 50):.2f} ms, p95 {np.percentile(cpu, 95):.2f} ms, p99 {np.percentile(cpu, 99):.2f} ms; "
           f"load average {os.getloadavg()[0]:.2f}")
+    if used:
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(used.items()))
+        extra = f"; postings streamed per query: median {np.median(streamed):,.0f}" if streamed else ""
+        print(f"  strategy {args.strategy}: segment searches by {mix}{extra}")
     print(f"memory: reader RSS after queries {rss1:.0f} MiB (writer+reader process; start {rss0:.0f} MiB); "
           f"mapped posting arrays {st['posting_bytes'] / 2**20:.0f} MiB = {st['bytes_per_posting']:.3f} bytes/posting")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,9 @@ class EngineIndex:
         self.max_segments = 8
         self.bshift = DEFAULT_BSHIFT
         self.head_blocks = 64  # blocks visited best-bound-first before the sequential sweep
+        # exact search strategy per segment: "auto" (a cost model per query and segment), "blockmax" or "taat"
+        self.strategy = "auto"
+        self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
 
     # --- opening --------------------------------------------------------------------------------
     @classmethod
@@ -512,6 +516,19 @@ class EngineIndex:
             m &= ~s.deleted
         return m.view(np.uint8) if m.dtype == bool else m.astype(np.uint8)
 
+    def _strategy_code(self) -> int:
+        try:
+            return K.STRATEGY_NAMES.index(self.strategy)
+        except ValueError:
+            raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(K.STRATEGY_NAMES)}") from None
+
+    def _taat_scratch(self, n_docs: int) -> np.ndarray:
+        buf = getattr(self._scratch, "acc", None)
+        if buf is None or buf.size < n_docs:
+            buf = np.zeros(max(n_docs, 1), np.float32)  # the kernel leaves it all zeros
+            self._scratch.acc = buf
+        return buf
+
     def search(self, request: SearchRequest) -> SearchResult:
         t0 = time.perf_counter()
         self.refresh()
@@ -521,8 +538,13 @@ class EngineIndex:
         hs = np.zeros(k, np.float32)
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
-        state = np.array([0, 0, 1, 0, 0], np.int64)
-        self.last_search_stats = state  # [hits, matched, total exact?, blocks scored, candidate blocks]: for tuning
+        state = np.zeros(7, np.int64)
+        state[2] = 1
+        # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
+        self.last_search_stats = state
+        strategy = self._strategy_code()
+        used = []
+        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
         segs = self._segs
         for si, s in enumerate(segs):
             js, ws = [], []
@@ -536,9 +558,11 @@ class EngineIndex:
                 continue
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
-            K.search_segment(q_j.astype(np.int64), q_w, s.seg.n_docs, s.seg.bshift, s.seg.post_ptr, s.seg.pair_ptr,
+            ran = K.search_segment(q_j.astype(np.int64), q_w, s.seg.n_docs, s.seg.bshift, s.seg.post_ptr, s.seg.pair_ptr,
                              s.seg.pair_block, s.seg.pair_cnt, s.seg.pair_max, s.seg.post_off, s.seg.post_w, K.F16_TABLE,
-                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks)
+                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
+                             strategy, self._taat_scratch(s.seg.n_docs))
+            used.append(K.STRATEGY_NAMES[ran])
         n = int(state[0])
         order = np.lexsort((hq[:n], -hs[:n]))
         hits = []

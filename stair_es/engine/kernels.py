@@ -403,62 +403,150 @@ def _push(hs, hq, hr, state, k, s, sq, ref):
 
 
 # --- search ------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _posting_weight(post_off, post_w, f16, sl, o):
-    q0 = sl >> 9
-    for q in range(q0, q0 + (sl & 511)):
-        if post_off[q] == o:
-            return f16[post_w[q]]
-    return np.float32(0.0)
-
-
-@njit(cache=True)
-def _canonical_score(slot_row, q_w, post_off, post_w, f16, o):
-    """The score of one doc summed in query-term order (what explain reproduces)."""
-    s = np.float32(0.0)
-    for i in range(q_w.size):
-        sl = slot_row[i]
-        if sl >= 0:
-            w = _posting_weight(post_off, post_w, f16, sl, o)
-            if w > 0:
-                s += q_w[i] * w
-    return s
+STRATEGY_AUTO = 0
+STRATEGY_BLOCKMAX = 1
+STRATEGY_TAAT = 2
+STRATEGY_NAMES = ("auto", "blockmax", "taat")
+LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
 
 
 @njit(cache=True)
 def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
-    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64, strategy=0, scratch=None,
 ):
     """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
     ``q_j``: term index of each query term in this segment (present terms only); ``q_w``:
     float32 query weights (clause weight applied). ``allowed``: uint8 per doc (filter and
     not deleted) or empty for "all". ``state`` = [heap size, matched docs, 1 if matched is
-    exact, blocks scored, candidate blocks].
+    exact, blocks scored, candidate blocks(, postings streamed, lookups)]: the counters in
+    brackets are kept when ``state`` is that long.
 
-    Two levels of safe pruning, both against the current k-th score ``thr``:
-
-    * block-max: the ``head_blocks`` blocks with the best upper bound (sum over terms of
-      query weight x block max) are scored first, best first, to raise ``thr``; the rest
-      are swept in block order (sequential reads) and skipped when their bound is below
-      ``thr``;
-    * MaxScore inside a block: the terms whose block maxima sum below ``thr`` are
-      *non-essential*; a doc none of the other terms hit cannot reach ``thr``, and a doc is
-      dropped as soon as its partial score plus the remaining maxima falls below ``thr``.
-      It is switched off for the rest of the query when, over the first 32 swept blocks,
-      it skipped less than half of the non-essential postings (then it only costs).
-
-    Scores that enter the heap are recomputed in query-term order, so they are identical to
-    what :meth:`EngineIndex.explain` sums.
+    ``strategy``: :data:`STRATEGY_AUTO` (0) picks one per call with :func:`choose_strategy`;
+    :data:`STRATEGY_BLOCKMAX` (1) forces :func:`_blockmax_segment`; :data:`STRATEGY_TAAT` (2)
+    forces :func:`_taat_segment`. ``scratch``: float32 zeros, at least ``n_docs`` long, that
+    TAAT uses as its accumulator and leaves all zeros (reuse it across calls); without it TAAT
+    allocates one. Every strategy returns the same hits with bit-identical scores (summed in
+    query-term order, like ``explain``). Returns the strategy used.
     """
+    s = strategy
+    if s == STRATEGY_AUTO:
+        s = choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state)
+    if s == STRATEGY_TAAT:
+        if scratch is None:
+            acc = np.zeros(n_docs, np.float32)
+        else:
+            acc = scratch
+            if acc.size < n_docs:
+                acc = np.zeros(n_docs, np.float32)
+        _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16,
+                      allowed, seq, ref_base, k, hs, hq, hr, state, acc)
+        return STRATEGY_TAAT
+    _blockmax_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off,
+                      post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks)
+    return STRATEGY_BLOCKMAX
+
+
+@njit(cache=True)
+def choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state):
+    """The cheaper exact strategy for this query on this segment (a cost model, see docs/engine.md).
+
+    TAAT streams every posting of the query terms plus one pass over the segment's documents;
+    block-max streams at most as many postings (usually far fewer) but pays per visited block
+    and per (term, block) pair. TAAT wins when pruning cannot pay: a large k against a small
+    segment, or (term, block) runs so short that per-pair work dominates."""
+    P = 0
+    pairs = 0
+    for i in range(q_j.size):
+        P += post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
+        pairs += pair_ptr[q_j[i] + 1] - pair_ptr[q_j[i]]
+    if P == 0:
+        return STRATEGY_BLOCKMAX
+    if k * TAAT_K_FACTOR >= n_docs:
+        return STRATEGY_TAAT
+    if pairs * TAAT_PAIR_FACTOR >= P:
+        return STRATEGY_TAAT
+    return STRATEGY_BLOCKMAX
+
+
+TAAT_K_FACTOR = 64  # k >= n_docs / 64: hardly anything can be skipped
+TAAT_PAIR_FACTOR = 2  # runs of <= 2 postings on average: per-pair work dominates
+
+
+@njit(cache=True)
+def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16,
+                  allowed, seq, ref_base, k, hs, hq, hr, state, acc):
+    """Exact term-at-a-time: every posting of the query terms, in query-term order, into the dense
+    float32 accumulator ``acc`` (so each doc's sum is its canonical score bit for bit), then one
+    pass over the documents hit keeps the allowed top k and zeroes ``acc`` again."""
+    lo = n_docs
+    hi = 0
+    streamed = 0
+    for i in range(q_j.size):
+        j = q_j[i]
+        w = q_w[i]
+        q = post_ptr[j]
+        p0 = pair_ptr[j]
+        p1 = pair_ptr[j + 1]
+        if p1 > p0:
+            b0 = np.int64(pair_block[p0]) << bshift
+            if b0 < lo:
+                lo = b0
+            b1 = (np.int64(pair_block[p1 - 1]) + 1) << bshift
+            if b1 > hi:
+                hi = b1
+        streamed += post_ptr[j + 1] - q
+        for p in range(p0, p1):
+            base = np.int64(pair_block[p]) << bshift
+            c = np.int64(pair_cnt[p]) + 1
+            for qq in range(q, q + c):
+                acc[base + post_off[qq]] += w * f16[post_w[qq]]
+            q += c
+    if hi > n_docs:
+        hi = n_docs
+    use_mask = allowed.size > 0
+    matched = 0
+    full = state[0] >= k
+    thr = hs[0] if full else np.float32(0.0)
+    for d in range(lo, hi):
+        s = acc[d]
+        if s > 0:
+            acc[d] = 0.0
+            if use_mask and not allowed[d]:
+                continue
+            matched += 1
+            if full and s < thr:
+                continue
+            _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
+            if not full and state[0] >= k:
+                full = True
+            if full:
+                thr = hs[0]
+    state[1] += matched
+    if state.size >= 5:
+        nb = (hi - lo + (1 << bshift) - 1) >> bshift if hi > lo else 0
+        state[3] += nb
+        state[4] += nb
+    if state.size >= 6:
+        state[5] += streamed
+
+
+@njit(cache=True)
+def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks):
+    """Per-query block table and visit order.
+
+    ``slot[b, i]``: posting start << 9 | count of term i in block b (-1: none); ``bmc[b, i]``:
+    query weight x the term's block max; ``ub[b]``: their sum. Candidate blocks (a positive bound
+    and, with a filter, an allowed doc) are visited best bound first for the ``n_first`` head
+    blocks (they raise the k-th score quickly), then in block order (sequential reads)."""
     nq = q_j.size
     bs = 1 << bshift
     n_blocks = (n_docs + bs - 1) >> bshift
     ub = np.zeros(n_blocks, np.float32)
     slot = np.full((n_blocks, nq), -1, np.int64)  # block-major: one block's terms are adjacent
-    bmc = np.zeros((n_blocks, nq), np.float32)  # query weight x block max
+    bmc = np.zeros((n_blocks, nq), np.float32)
     for i in range(nq):
         j = q_j[i]
         w = q_w[i]
@@ -471,13 +559,6 @@ def search_segment(
             c = np.int64(pair_cnt[p]) + 1
             slot[b, i] = (q << 9) | c  # posting start and count (<= 256) in one word
             q += c
-    tmax = np.zeros(nq, np.float32)
-    for b in range(n_blocks):
-        for i in range(nq):
-            if bmc[b, i] > tmax[i]:
-                tmax[i] = bmc[b, i]
-    gorder = np.argsort(tmax)
-    # blocks that can hold an allowed hit, best bound first
     use_mask = allowed.size > 0
     nc = 0
     cand = np.empty(n_blocks, np.int64)
@@ -495,8 +576,6 @@ def search_segment(
         cand[nc] = b
         nc += 1
     cand = cand[:nc]
-    # visit order: the best-bounded blocks first (they raise thr quickly), then the rest in
-    # block order, which reads the postings sequentially; every visit re-checks the bound
     n_first = min(nc, max(head_blocks, nc >> 4))
     order = np.empty(nc, np.int64)
     if n_first < nc:
@@ -512,20 +591,90 @@ def search_segment(
                 x += 1
     else:
         order[:] = np.argsort(-ub[cand])
+    return ub, slot, bmc, cand, order, n_first, nc
+
+
+@njit(cache=True, inline="always")
+def _find_weight(post_off, post_w, f16, q0, cnt, o):
+    """Weight of block offset ``o`` in one (term, block) run (offsets ascending), or 0."""
+    lo = q0
+    n = cnt
+    while n > 1:  # branch-free lower bound
+        half = n >> 1
+        lo = lo + half if post_off[lo + half - 1] < o else lo
+        n -= half
+    if n == 1 and post_off[lo] < o:
+        lo += 1
+    if lo < q0 + cnt and post_off[lo] == o:
+        return f16[post_w[lo]]
+    return np.float32(0.0)
+
+
+@njit(cache=True)
+def _canonical_score(slot_row, q_w, post_off, post_w, f16, o):
+    """The score of one doc summed in query-term order (what explain reproduces)."""
+    s = np.float32(0.0)
+    for i in range(q_w.size):
+        sl = slot_row[i]
+        if sl >= 0:
+            w = _find_weight(post_off, post_w, f16, sl >> 9, sl & 511, o)
+            if w > 0:
+                s += q_w[i] * w
+    return s
+
+
+@njit(cache=True)
+def _blockmax_segment(
+    q_j, q_w, n_docs, bshift,
+    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks,
+):
+    """Exact block-max top-k with progressive pruning inside blocks.
+
+    Every decision compares a true upper bound with the current k-th score ``thr``:
+
+    * block-max: a block whose bound (sum over terms of query weight x block max) is below
+      ``thr`` is skipped (visit order: see :func:`_block_plan`);
+    * inside a block, the terms are streamed into a 256-float accumulator in decreasing order
+      of (bound / postings in the block), so the bound ``rem`` of the terms not yet streamed
+      falls fastest per posting read. Once ``rem`` < ``thr``, a doc no streamed term hit is
+      out, and a hit doc is out when its partial sum + ``rem`` < ``thr``: when no doc is left
+      the block's remaining terms are never read; when a handful is left, each remaining
+      term is looked up for them (binary search in its run) where that is cheaper than
+      streaming the run.
+
+    Heap entries are rescored in query-term order, so scores are identical to explain's.
+    """
+    nq = q_j.size
+    bs = 1 << bshift
+    ub, slot, bmc, cand, order, n_first, nc = _block_plan(
+        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks)
+    use_mask = allowed.size > 0
+    # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
+    # posting read takes off on average: rare heavy terms first, long light ones last
+    gkey = np.zeros(nq, np.float64)
+    for i in range(nq):
+        n_post = post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
+        if n_post > 0:
+            tot = 0.0
+            for p in range(pair_ptr[q_j[i]], pair_ptr[q_j[i] + 1]):
+                tot += bmc[np.int64(pair_block[p]), i]
+            gkey[i] = -tot / n_post
+    gorder = np.argsort(gkey)
     acc = np.zeros(bs, np.float32)
-    live = np.zeros(bs, np.bool_)
     cands = np.empty(bs, np.int64)
     terms = np.empty(nq, np.int64)
     exact_total = True
     matched = 0
     scored = 0
+    n_look = 0
+    n_stream = 0
+    n_check = 0
+    n_switch = 0
     full = state[0] >= k
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
-    use_ne = True
-    ne_blocks = 0
-    ne_total = 0
-    ne_saved = 0
+    limit = bs // LOOKUP_COST  # more survivors than this: streaming the rest is cheaper
     oi = -1
     while oi + 1 < nc:
         oi += 1
@@ -536,117 +685,117 @@ def search_segment(
                 break  # the tail's bounds are all <= the sorted head's: nothing left can reach thr
             continue
         scored += 1
-        # this block's terms in increasing order of their global max; a prefix whose block
-        # maxima sum below thr is non-essential
+        # the block's terms in the query's order of decreasing bound per posting
         nt = 0
-        for t in range(nq):
-            i = gorder[t]
+        rem = np.float32(0.0)
+        for x in range(nq):
+            i = gorder[x]
             if slot[b, i] >= 0:
                 terms[nt] = i
+                rem += bmc[b, i]
                 nt += 1
-        n_ne = 0
-        ne_sum = np.float32(0.0)
-        if full and use_ne:
-            while n_ne < nt and (ne_sum + bmc[b, terms[n_ne]]) * slack < thr:
-                ne_sum += bmc[b, terms[n_ne]]
-                n_ne += 1
-        ne_post = 0
-        if n_ne > 0:
-            # worth it only when the non-essential terms hold a good share of the block's postings
-            all_post = 0
-            for t in range(nt):
-                c = slot[b, terms[t]] & 511
-                all_post += c
-                if t < n_ne:
-                    ne_post += c
-            if ne_post * 3 < all_post:
-                n_ne = 0
-                ne_sum = np.float32(0.0)
-        if n_ne > 0:
-            exact_total = False
-        for t in range(n_ne, nt):
-            i = terms[t]
+        base = b << bshift
+        ti = 0
+        nca = -1  # -1: every term streamed; >= 0: only cands[:nca] can still reach thr
+        while ti < nt:
+            i = terms[ti]
             sl = slot[b, i]
             w = q_w[i]
             q0 = sl >> 9
-            for q in range(q0, q0 + (sl & 511)):
+            cnt = sl & 511
+            for q in range(q0, q0 + cnt):
                 acc[post_off[q]] += w * f16[post_w[q]]
-        base = b << bshift
-        nca = 0
-        for o in range(bs):
-            s = acc[o]
-            if s > 0:
-                acc[o] = 0.0
-                d = base + o
-                if use_mask and not allowed[d]:
-                    continue
-                matched += 1
-                if full and (s + ne_sum) * slack < thr:
-                    continue
-                cands[nca] = o
-                nca += 1
-                acc[o] = s
-                live[o] = True
-        # non-essential terms, largest first, only for the surviving docs
-        rem = ne_sum
-        t = n_ne - 1
-        scanned = 0
-        if nca * 4 > bs:  # most docs survive: refiltering after each term would cost more than it saves
-            while t >= 0:
-                i = terms[t]
+            n_stream += cnt
+            rem -= bmc[b, i]
+            ti += 1
+            if full and ti < nt and rem * slack < thr:
+                n_check += 1
+                # untouched docs are out; roughly count the hit docs that may still reach thr
+                # (branch-free; the count only decides the switch, survivors are picked exactly)
+                cut = thr / slack - rem
+                c = 0
+                for o in range(bs):
+                    c += acc[o] >= cut
+                if c <= limit:
+                    nca = 0
+                    for o in range(bs):
+                        s = acc[o]
+                        if s > 0 and (s + rem) * slack >= thr and not (use_mask and not allowed[base + o]):
+                            cands[nca] = o
+                            nca += 1
+                    break
+        if nca >= 0:
+            n_switch += 1
+            exact_total = False
+            while ti < nt and nca > 0:
+                i = terms[ti]
                 sl = slot[b, i]
                 w = q_w[i]
                 q0 = sl >> 9
-                scanned += sl & 511
-                for q in range(q0, q0 + (sl & 511)):
-                    o = post_off[q]
-                    if live[o]:
-                        acc[o] += w * f16[post_w[q]]
-                t -= 1
-        while t >= 0 and nca > 0:
-            i = terms[t]
-            sl = slot[b, i]
-            w = q_w[i]
-            q0 = sl >> 9
-            scanned += sl & 511
-            for q in range(q0, q0 + (sl & 511)):
-                o = post_off[q]
-                if live[o]:
-                    acc[o] += w * f16[post_w[q]]
-            rem -= bmc[b, i]
-            if rem < 0:
-                rem = np.float32(0.0)
-            keep = 0
+                cnt = sl & 511
+                if nca * LOOKUP_COST < cnt:
+                    n_look += nca
+                    for c in range(nca):
+                        o = cands[c]
+                        x = _find_weight(post_off, post_w, f16, q0, cnt, o)
+                        if x > 0:
+                            acc[o] += w * x
+                else:  # stream the run: the dead docs' sums are never read again
+                    n_stream += cnt
+                    for q in range(q0, q0 + cnt):
+                        acc[post_off[q]] += w * f16[post_w[q]]
+                rem -= bmc[b, i]
+                if rem < 0:
+                    rem = np.float32(0.0)
+                keep = 0
+                for c in range(nca):
+                    o = cands[c]
+                    cands[keep] = o
+                    keep += (acc[o] + rem) * slack >= thr
+                nca = keep
+                ti += 1
             for c in range(nca):
                 o = cands[c]
-                if (acc[o] + rem) * slack >= thr:
-                    cands[keep] = o
-                    keep += 1
-                else:
-                    live[o] = False
-                    acc[o] = 0.0
-            nca = keep
-            t -= 1
-        if n_ne > 0 and oi >= n_first:
-            # MaxScore inside blocks pays only when it skips most non-essential postings; with
-            # frequency-independent weights it rarely does, and the plain scan is faster.
-            # Judged on the sweep only: the best-bound head blocks keep most of their docs.
-            ne_blocks += 1
-            ne_total += ne_post
-            ne_saved += ne_post - scanned
-            if ne_blocks == 32 and ne_saved * 2 < ne_total and state.size < 8:
-                use_ne = False
-        for c in range(nca):
-            o = cands[c]
-            live[o] = False
+                s = acc[o]
+                if s * slack < thr:
+                    continue
+                s = _canonical_score(slot[b], q_w, post_off, post_w, f16, o)
+                if s < thr:
+                    continue
+                d = base + o
+                _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
+                thr = hs[0]
+            acc[:] = 0.0
+            continue
+        # every term streamed: count the hit docs and look for possible hits without branching
+        # (cut is a hair below thr / slack: the exact test follows for what passes it)
+        cut = thr / slack * np.float32(0.99999) if full else np.float32(0.0)
+        c = 0
+        if use_mask:
+            for o in range(bs):
+                a = allowed[base + o] != 0 if base + o < n_docs else False
+                matched += (acc[o] > 0) & a
+                c += (acc[o] >= cut) & (acc[o] > 0) & a
+        else:
+            for o in range(bs):
+                matched += acc[o] > 0
+                c += (acc[o] >= cut) & (acc[o] > 0)
+        if c == 0:
+            acc[:] = 0.0
+            continue
+        for o in range(bs):
             s = acc[o]
+            if s <= 0:
+                continue
             acc[o] = 0.0
+            d = base + o
+            if use_mask and not allowed[d]:
+                continue
             if full and s * slack < thr:
                 continue
             s = _canonical_score(slot[b], q_w, post_off, post_w, f16, o)
             if full and s < thr:
                 continue
-            d = base + o
             _push(hs, hq, hr, state, k, s, seq[d], ref_base + d)
             if not full and state[0] >= k:
                 full = True
@@ -657,7 +806,10 @@ def search_segment(
         state[3] += scored
         state[4] += nc
     if state.size >= 7:
-        state[5] += ne_total
-        state[6] += ne_saved
+        state[5] += n_stream
+        state[6] += n_look
+    if state.size >= 9:
+        state[7] += n_check
+        state[8] += n_switch
     if not exact_total:
         state[2] = 0

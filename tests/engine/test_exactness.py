@@ -94,12 +94,30 @@ FILTERS = [
 ]
 
 
-@pytest.mark.parametrize("seed,zipf,bshift", [(1, False, 7), (2, True, 7), (3, True, 2), (4, False, 3)])
-def test_exact_against_brute_force(tmp_path, seed, zipf, bshift):
+STRATEGIES = ("auto", "blockmax", "taat")
+
+
+def search_all_strategies(ix, req):
+    """Search once per strategy; every strategy must return the same hits with bit-identical scores."""
+    out = {}
+    for strat in STRATEGIES:
+        ix.strategy = strat
+        out[strat] = ix.search(req)
+    ix.strategy = "auto"
+    ref = [(h.id, h.score) for h in out["taat"].hits]
+    for strat, res in out.items():
+        assert [(h.id, h.score) for h in res.hits] == ref, f"{strat} differs from taat"
+    return out
+
+
+@pytest.mark.parametrize("seed,zipf,bshift,strategy", [(1, False, 7, "auto"), (2, True, 7, "blockmax"), (3, True, 2, "taat"),
+                                                        (4, False, 3, "blockmax"), (5, True, 8, "taat")])
+def test_exact_against_brute_force(tmp_path, seed, zipf, bshift, strategy):
     rng = np.random.default_rng(seed)
     ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=bshift)
     ix.max_segments = 4  # force automatic merges
     ix.head_blocks = 2  # most blocks go through the sequential sweep
+    ix.strategy = strategy
     docs: dict[str, Document] = {}
     order: dict[str, int] = {}
     seq = 0
@@ -124,6 +142,10 @@ def test_exact_against_brute_force(tmp_path, seed, zipf, bshift):
         flt, allow = (FILTERS + extra)[qi % (len(FILTERS) + len(extra))]
         req.filter = flt
         got = ix.search(req)
+        assert set(ix.last_search_strategies) <= ({"blockmax", "taat"} if strategy == "auto" else {strategy})
+        if qi % 5 == 0:
+            search_all_strategies(ix, req)
+            ix.strategy = strategy
         want = brute(docs, order, req, allow)
         assert_same_topk(got, want, req.top_k)
         if got.total is not None:
@@ -156,4 +178,67 @@ def test_many_small_batches_merge_automatically(tmp_path):
     for f, v in docs["d123"].vectors.items():
         assert got.vectors[f].ids.tolist() == v.ids.tolist()
         np.testing.assert_array_equal(got.vectors[f].weights, f16(v.weights))
+    ix.close()
+
+
+def _dense_corpus(rng, n_docs, n_tok, per_doc):
+    """Docs holding most of a few frequent tokens with weights independent of frequency: pruning
+    cannot skip blocks, only postings inside them (the engine's worst case)."""
+    p = 1.0 / np.arange(1, n_tok + 1)
+    p /= p.sum()
+    indptr = [0]
+    ids, ws = [], []
+    for _ in range(n_docs):
+        toks = np.sort(rng.choice(USABLE[:n_tok], size=per_doc, replace=False, p=p))
+        ids.append(toks)
+        ws.append(np.log1p(rng.lognormal(size=per_doc)).astype(np.float32))
+        indptr.append(indptr[-1] + per_doc)
+    return np.array(indptr, np.int64), np.concatenate(ids).astype(np.int32), np.concatenate(ws)
+
+
+def test_strategies_agree_where_pruning_fails(tmp_path):
+    """Block-max's in-block pruning (term skipping and per-document lookups) against TAAT and a
+    brute force, on data where both must work hard; counters prove each path ran."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    indptr, ids, ws = _dense_corpus(rng, n, 60, 25)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={}, sparse_fields=("image",)))
+    ix.add_arrays([f"d{i}" for i in range(n)], {"image": (indptr, ids, ws)})
+    ix.delete([f"d{i}" for i in range(0, n, 17)])
+    dense = np.zeros((n, int(USABLE[:60].max()) + 1), np.float32)
+    for d in range(n):
+        dense[d, ids[indptr[d]:indptr[d + 1]]] = f16(ws[indptr[d]:indptr[d + 1]])
+    streamed = looked_up = total = 0
+    for qi in range(30):
+        toks = np.sort(rng.choice(USABLE[:60], size=int(rng.integers(3, 20)), replace=False))
+        qw = np.log1p(rng.lognormal(size=toks.size)).astype(np.float32)
+        k = int(rng.choice([1, 10, 100, 5000]))
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=k)
+        out = search_all_strategies(ix, req)
+        if k <= 10:
+            ix.strategy = "blockmax"
+            ix.search(req)
+            st = ix.last_search_stats
+            streamed += int(st[5])
+            looked_up += int(st[6])
+            ix.strategy = "taat"
+            ix.search(req)
+            total += int(ix.last_search_stats[5])
+        ix.strategy = "auto"
+        ix.search(req)
+        if k == 5000:
+            assert ix.last_search_strategies == ["taat"]
+        scores = np.zeros(n, np.float32)
+        for t, w in zip(toks, qw):  # query-term order, float32, like the engine
+            scores = (scores + np.float32(w) * dense[:, t]).astype(np.float32)
+        scores[::17] = 0
+        order = np.lexsort((np.arange(n), -scores))
+        want = [(f"d{i}", float(scores[i])) for i in order[:k] if scores[i] > 0]
+        got = out["taat"]
+        assert [(h.id, h.score) for h in got.hits] == want
+        assert got.total == int((scores > 0).sum())
+        e = ix.explain(got.hits[0].id, req)
+        assert e.score == got.hits[0].score
+    assert streamed < total * 0.9  # block-max skipped postings inside the blocks it scored
+    assert looked_up > 0  # and looked some documents up instead of streaming a run
     ix.close()
