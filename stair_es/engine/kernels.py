@@ -16,11 +16,33 @@ those of a full scan. This module must not know about files, schemas or ids.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 F16_TABLE[~np.isfinite(F16_TABLE)] = 0.0
 F16_TABLE.flags.writeable = False
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Hint the CPU to load the cache line of ``arr[idx]`` (no effect on results)."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 # --- hashing ---------------------------------------------------------------------------------
@@ -407,7 +429,8 @@ STRATEGY_AUTO = 0
 STRATEGY_BLOCKMAX = 1
 STRATEGY_TAAT = 2
 STRATEGY_NAMES = ("auto", "blockmax", "taat")
-LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
+LOOKUP_COST = 64
+PREFETCH_LINES = 1  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
 
 
 @njit(cache=True)
@@ -451,28 +474,34 @@ def search_segment(
 
 @njit(cache=True)
 def choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state):
-    """The cheaper exact strategy for this query on this segment (a cost model, see docs/engine.md).
+    """The cheaper exact strategy for this query on this segment: a cost model in nanoseconds,
+    calibrated on 20k-1M document segments (docs/engine.md).
 
-    TAAT streams every posting of the query terms plus one pass over the segment's documents;
-    block-max streams at most as many postings (usually far fewer) but pays per visited block
-    and per (term, block) pair. TAAT wins when pruning cannot pay: a large k against a small
-    segment, or (term, block) runs so short that per-pair work dominates."""
+    TAAT reads every posting of the query terms (~1.4 ns each) and scans the documents hit
+    (~0.5 ns each). Block-max reads at most as many postings, often far fewer, but pays per
+    visited block (~500 ns) and, for every hit that enters the top-k heap, a rescoring in
+    query-term order (~50 ns per query term); about k (1 + ln(n / k)) hits enter a heap of k
+    over n documents in scan order, fewer when earlier segments already filled it. Block-max
+    is kept unless those extra costs exceed half of TAAT's: it wins by far whenever the
+    weights let its bounds prune, which the model cannot see in advance."""
     P = 0
-    pairs = 0
     for i in range(q_j.size):
         P += post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
-        pairs += pair_ptr[q_j[i] + 1] - pair_ptr[q_j[i]]
-    if P == 0:
+    if P == 0 or n_docs == 0:
         return STRATEGY_BLOCKMAX
-    if k * TAAT_K_FACTOR >= n_docs:
-        return STRATEGY_TAAT
-    if pairs * TAAT_PAIR_FACTOR >= P:
+    n_blocks = (n_docs + (1 << bshift) - 1) >> bshift
+    kk = float(max(k, 1))
+    if state[0] >= k:  # the heap is full already: only docs beating earlier segments' hits enter
+        seen = float(max(state[1], k))
+        pushes = kk * np.log1p(n_docs / seen)
+    else:
+        pushes = kk * (1.0 + np.log(max(n_docs / kk, 1.0)))
+    pushes = min(pushes, float(n_docs))
+    blockmax_extra = pushes * q_j.size * 50.0 + n_blocks * 500.0
+    taat = 1.4 * P + 0.5 * n_docs
+    if blockmax_extra > 0.5 * taat:
         return STRATEGY_TAAT
     return STRATEGY_BLOCKMAX
-
-
-TAAT_K_FACTOR = 64  # k >= n_docs / 64: hardly anything can be skipped
-TAAT_PAIR_FACTOR = 2  # runs of <= 2 postings on average: per-pair work dominates
 
 
 @njit(cache=True)
@@ -669,8 +698,6 @@ def _blockmax_segment(
     scored = 0
     n_look = 0
     n_stream = 0
-    n_check = 0
-    n_switch = 0
     full = state[0] >= k
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
@@ -685,6 +712,18 @@ def _blockmax_segment(
                 break  # the tail's bounds are all <= the sorted head's: nothing left can reach thr
             continue
         scored += 1
+        if oi + 1 < nc and PREFETCH_LINES > 0:
+            # the next block's runs are elsewhere in memory: start loading them now
+            nb = cand[order[oi + 1]]
+            for i in range(nq):
+                sl = slot[nb, i]
+                if sl >= 0:
+                    q0 = sl >> 9
+                    cnt = sl & 511
+                    for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 64), 64):
+                        _prefetch(post_off, q)
+                    for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 32), 32):
+                        _prefetch(post_w, q)
         # the block's terms in the query's order of decreasing bound per posting
         nt = 0
         rem = np.float32(0.0)
@@ -709,7 +748,6 @@ def _blockmax_segment(
             rem -= bmc[b, i]
             ti += 1
             if full and ti < nt and rem * slack < thr:
-                n_check += 1
                 # untouched docs are out; roughly count the hit docs that may still reach thr
                 # (branch-free; the count only decides the switch, survivors are picked exactly)
                 cut = thr / slack - rem
@@ -725,7 +763,6 @@ def _blockmax_segment(
                             nca += 1
                     break
         if nca >= 0:
-            n_switch += 1
             exact_total = False
             while ti < nt and nca > 0:
                 i = terms[ti]
@@ -808,8 +845,5 @@ def _blockmax_segment(
     if state.size >= 7:
         state[5] += n_stream
         state[6] += n_look
-    if state.size >= 9:
-        state[7] += n_check
-        state[8] += n_switch
     if not exact_total:
         state[2] = 0
