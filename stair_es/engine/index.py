@@ -533,6 +533,32 @@ class EngineIndex:
         t0 = time.perf_counter()
         self.refresh()
         req = request.prepared(self.schema, self.vocab)
+        result, state, used = self._search(req, self._segs, self._strategy_code(), t0)
+        # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
+        self.last_search_stats = state
+        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
+        return result
+
+    def search_batch(self, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
+        """Search several requests at once on ``threads`` threads (default: one per CPU).
+
+        For throughput: the numba kernel runs without the GIL, so queries proceed in parallel
+        (each one stays single-threaded; its latency is that of :meth:`search`). All requests
+        see the same commit. Results are in request order; an invalid request raises (as
+        :meth:`search` would) before any is run."""
+        self.refresh()
+        reqs = [r.prepared(self.schema, self.vocab) for r in requests]
+        segs = self._segs
+        strategy = self._strategy_code()
+        n = max(1, min(len(reqs), threads if threads is not None else (os.cpu_count() or 1)))
+        if n == 1 or len(reqs) <= 1:
+            return [self._search(r, segs, strategy, time.perf_counter())[0] for r in reqs]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="stair-es-search") as pool:
+            return [res for res, _, _ in pool.map(lambda r: self._search(r, segs, strategy, time.perf_counter()), reqs)]
+
+    def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float) -> tuple[SearchResult, np.ndarray, list[str]]:
         k = req.top_k
         terms = self._query_terms(req)
         hs = np.zeros(k, np.float32)
@@ -540,12 +566,7 @@ class EngineIndex:
         hr = np.zeros(k, np.int64)
         state = np.zeros(7, np.int64)
         state[2] = 1
-        # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
-        self.last_search_stats = state
-        strategy = self._strategy_code()
         used = []
-        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
-        segs = self._segs
         for si, s in enumerate(segs):
             js, ws = [], []
             for fi, _, tok, w in terms:
@@ -571,7 +592,7 @@ class EngineIndex:
             seg = segs[si].seg
             hits.append(Hit(seg.doc_id(d), float(hs[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
         total = int(state[1]) if state[2] else None
-        return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes))
+        return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes)), state, used
 
     def _find(self, doc_id: str) -> tuple[_SegState, int]:
         seg_of, doc_of = self._locate([doc_id])

@@ -433,7 +433,7 @@ LOOKUP_COST = 64
 PREFETCH_LINES = 1  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,

@@ -242,3 +242,22 @@ def test_strategies_agree_where_pruning_fails(tmp_path):
     assert streamed < total * 0.9  # block-max skipped postings inside the blocks it scored
     assert looked_up > 0  # and looked some documents up instead of streaming a run
     ix.close()
+
+
+def test_search_batch_matches_search(tmp_path):
+    rng = np.random.default_rng(5)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}))
+    for _ in range(3):  # several segments
+        ix.add([random_doc(rng, int(i), True) for i in rng.integers(0, 400, size=150)])
+    reqs = []
+    for qi in range(12):
+        r = random_query(rng, with_caption=qi % 2 == 1)
+        r.filter = FILTERS[qi % len(FILTERS)][0]
+        reqs.append(r)
+    one = [ix.search(r) for r in reqs]
+    for threads in (1, 2, None):
+        got = ix.search_batch(reqs, threads=threads)
+        assert [[(h.id, h.score) for h in g.hits] for g in got] == [[(h.id, h.score) for h in o.hits] for o in one]
+        assert [g.total for g in got] == [o.total for o in one]
+    assert ix.search_batch([]) == []
+    ix.close()
