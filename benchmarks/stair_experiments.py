@@ -54,14 +54,40 @@ def cmd_run(a) -> None:
     n = len(spec["stages"])
     steps = (a.steps // 3,) * 3 if n == 3 else (a.steps,)
     tc = TrainConfig(stages=spec["stages"], steps=steps, batch_size=a.batch_size, lr=a.lr, stage3_lr=a.lr / 3,
-                     lambda_image=spec["lam"], lambda_text=spec["lam"], flops_warmup_steps=max(1, steps[0] // 2),
+                     lambda_image=spec["lam"], lambda_text=spec["lam"],
+                     flops_warmup_steps=a.flops_warmup or max(1, steps[0] // 2),
                      warmup_steps=10, checkpoint_every=0, log_every=10, seed=0)
     out = Path(a.work) / "runs" / a.name
     model = new_model(cfg, "cpu", seed=0)
     res = train(model, tr, tc, out, eval_data=te, progress=False)
-    res.update(name=a.name, spec={**spec, "stages": list(spec["stages"])}, steps=list(steps), config=cfg.to_dict())
+    res.update(name=a.name, spec={**spec, "stages": list(spec["stages"])}, steps=list(steps), config=cfg.to_dict(),
+               flops_warmup_steps=tc.flops_warmup_steps)
     (out / "result.json").write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res["history"][-1]))
+
+
+def cmd_reeval(a) -> None:
+    """Evaluate each run's final model again with the current evaluation (stored as ``final``)."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.evaluate import evaluate
+    from stair_es.stair.model import StairModel
+
+    te = None
+    for name in RUNS:
+        run = Path(a.work) / "runs" / name
+        f = run / "result.json"
+        if not f.exists():
+            continue
+        model = StairModel.from_pretrained(run, device="cpu")
+        if te is None:
+            te = load_caption_data(Path(a.work) / "scenes" / "test.jsonl", image_size=model.config.image_size)
+        res = json.loads(f.read_text())
+        res["final"] = {k: v for k, v in evaluate(model, te).items() if not isinstance(v, list)}
+        f.write_text(json.dumps(res, indent=2) + "\n")
+        print(name, json.dumps(res["final"]))
 
 
 def cmd_report(a) -> None:
@@ -80,7 +106,7 @@ def cmd_report(a) -> None:
     cols = ["t2i_r@1", "t2i_r@5", "t2i_r@10", "i2t_r@1", "i2t_r@5", "i2t_r@10", "active_tokens_image", "active_tokens_text", "interp_p@1", "interp_r@1", "interp_r@5"]
     lines = ["| run | stages | lambda | train s | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 4)]
     for name, r in results.items():
-        last = r["history"][-1]
+        last = r.get("final") or r["history"][-1]
         cells = []
         for c in cols:
             v = last.get(c)
@@ -97,15 +123,16 @@ def cmd_report(a) -> None:
     (out / "results.md").write_text("\n".join(lines) + "\n\nPer stage:\n\n" + "\n".join(stage_lines) + f"\n\ncommit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "results": {k: {"history": v["history"], "steps": v["steps"], "spec": v["spec"], "seconds": v["seconds"]} for k, v in results.items()}}, indent=2) + "\n")
     # plot 1: R@1 and grounding per run
+    fin = {n: (r.get("final") or r["history"][-1]) for n, r in results.items()}
     names = list(results)
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
     x = range(len(names))
     for off, c in ((-0.2, "t2i_r@1"), (0.0, "i2t_r@1"), (0.2, "t2i_r@5")):
-        ax[0].bar([i + off for i in x], [100 * results[n]["history"][-1][c] for n in names], width=0.2, label=c)
+        ax[0].bar([i + off for i in x], [100 * fin[n][c] for n in names], width=0.2, label=c)
     ax[0].set_xticks(list(x), names); ax[0].set_ylabel("%"); ax[0].set_title("retrieval"); ax[0].legend(fontsize=7)
     sp = [n for n in names if results[n]["spec"]["head"] == "sparse"]
     for off, c in ((-0.15, "interp_p@1"), (0.15, "interp_r@5")):
-        ax[1].bar([i + off for i in range(len(sp))], [100 * results[n]["history"][-1].get(c, 0) for n in sp], width=0.3, label=c)
+        ax[1].bar([i + off for i in range(len(sp))], [100 * fin[n].get(c, 0) for n in sp], width=0.3, label=c)
     ax[1].set_xticks(list(range(len(sp))), sp); ax[1].set_title("grounding (interpretability)"); ax[1].legend(fontsize=7)
     fig.tight_layout(); fig.savefig(out / "retrieval_grounding.png", dpi=110); plt.close(fig)
     # plot 2: lambda vs active tokens and R@1
@@ -113,7 +140,7 @@ def cmd_report(a) -> None:
     if lam:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ls = [results[n]["spec"]["lam"] for n in lam]
-        h = [results[n]["history"][-1] for n in lam]
+        h = [fin[n] for n in lam]
         ax.plot(ls, [r["active_tokens_image"] for r in h], "o-", label="active tokens / image")
         ax.plot(ls, [r["active_tokens_text"] for r in h], "s-", label="active tokens / text")
         ax.set_xscale("log"); ax.set_yscale("log"); ax.set_xlabel("lambda"); ax.set_ylabel("active tokens")
@@ -129,9 +156,11 @@ def main() -> None:
     r = sub.add_parser("run"); r.add_argument("name", choices=list(RUNS)); r.add_argument("--work", required=True)
     r.add_argument("--steps", type=int, default=150); r.add_argument("--threads", type=int, default=1); r.add_argument("--batch-size", type=int, default=32)
     r.add_argument("--lr", type=float, default=1e-3); r.add_argument("--config", default="cpu")
+    r.add_argument("--flops-warmup", type=int, default=0, help="FLOPs warm-up steps (default: half of the first stage)")
+    ev = sub.add_parser("reeval"); ev.add_argument("--work", required=True); ev.add_argument("--threads", type=int, default=1)
     rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
     a = p.parse_args()
-    {"data": cmd_data, "run": cmd_run, "report": cmd_report}[a.cmd](a)
+    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report}[a.cmd](a)
 
 
 if __name__ == "__main__":

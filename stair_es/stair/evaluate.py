@@ -32,11 +32,33 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
     return torch.cat(imgs), torch.cat(txts)
 
 
-def recall_at_k(sim: np.ndarray, truth: np.ndarray, ks=(1, 5, 10)) -> dict[int, float]:
-    """``sim``: queries x candidates; ``truth[q]`` = index of the correct candidate."""
-    correct = sim[np.arange(len(sim)), truth][:, None]
-    rank = (sim > correct).sum(axis=1)  # ties count in the query's favour
+def recall_at_k(sim: np.ndarray, relevant: np.ndarray, ks=(1, 5, 10)) -> dict[int, float]:
+    """``sim``: queries x candidates; ``relevant``: same-shape bool matrix (or one index per query).
+
+    A query's rank is the number of irrelevant candidates scoring strictly above its best
+    relevant one (ties count in the query's favour).
+    """
+    if relevant.ndim == 1:
+        rel = np.zeros(sim.shape, dtype=bool)
+        rel[np.arange(len(sim)), relevant] = True
+        relevant = rel
+    best = np.where(relevant, sim, -np.inf).max(axis=1, keepdims=True)
+    rank = ((sim > best) & ~relevant).sum(axis=1)
     return {k: float((rank < k).mean()) for k in ks}
+
+
+def caption_relevance(data: "CaptionData", first: np.ndarray) -> np.ndarray:
+    """images x query captions: True where the image has that exact caption among its own.
+
+    Synthetic scenes repeat captions ("a red circle" is drawn many times at other positions and
+    sizes): every image the caption describes is a right answer, in both directions, so that
+    text->image is not capped below 1 by identical queries and matches image->text's treatment.
+    """
+    norm = [" ".join(c.lower().split()) for c in data.captions]
+    per_image: list[set[str]] = [set() for _ in range(len(data.images))]
+    for p, i in enumerate(data.pair_image):
+        per_image[int(i)].add(norm[p])
+    return np.array([[norm[q] in caps for q in first] for caps in per_image], dtype=bool)
 
 
 def interpretability(image_emb: np.ndarray, labels: list[list[str]], vocab: Vocabulary, ks=(1, 5, 10)) -> dict[str, float]:
@@ -67,11 +89,11 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
     img, txt = embed(model, data, batch_size, first, mask_text)
     simf = torch.nn.functional.normalize(img, dim=-1, eps=1e-6) @ torch.nn.functional.normalize(txt, dim=-1, eps=1e-6).t()
     sim = simf.numpy()
-    truth = np.arange(len(first))
-    out: dict[str, Any] = {"n_images": len(first)}
-    for k, v in recall_at_k(sim.T, truth).items():
+    relevant = caption_relevance(data, first)  # images x queries
+    out: dict[str, Any] = {"n_images": len(first), "distinct_query_captions": len({data.captions[q] for q in first})}
+    for k, v in recall_at_k(sim.T, relevant.T).items():
         out[f"t2i_r@{k}"] = v
-    for k, v in recall_at_k(sim, truth).items():
+    for k, v in recall_at_k(sim, relevant).items():
         out[f"i2t_r@{k}"] = v
     if model.is_sparse:
         out["active_tokens_image"] = float((img > 0).sum(1).float().mean())
