@@ -26,7 +26,7 @@ class StairEncoder(Encoder):
 
     def __init__(self, model: str | None = None, device: str | None = None, text_mode: str = "model", normalize: bool = True, min_weight: float = 0.0):
         if not model:
-            raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory from `stair-es stair train`) or a hub id")
+            raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory written by `stair-es train`) or a hub id")
         if text_mode not in ("model", "mask"):
             raise InvalidInputError(f"text_mode must be 'model' or 'mask', got {text_mode!r}")
         import torch
@@ -43,6 +43,9 @@ class StairEncoder(Encoder):
         self.text_mode = text_mode
         self.normalize = normalize
         self.min_weight = float(min_weight)
+        from ..encoders.text import BagOfWordsEncoder
+
+        self._bow = BagOfWordsEncoder(vocab=self.model.vocab)
 
     def _to_vectors(self, enc) -> list[SparseVector]:
         if self.normalize:
@@ -76,12 +79,9 @@ class StairEncoder(Encoder):
         return out
 
     def _mask_vector(self, text: str, idf: np.ndarray | None) -> SparseVector:
-        ids = sorted({i for i in self.vocab.encode(text) if not self.vocab.is_special(i)})
-        if idf is not None:
-            w = np.asarray(idf, dtype=np.float64)[ids] if ids else np.zeros(0)
-        else:
-            w = np.ones(len(ids))
-        return SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
+        # Section 7.1's text-encoder-free query is the bag-of-words encoder: the query's own
+        # tokens, stopwords and punctuation dropped, optionally idf-weighted.
+        return self._bow.encode_text(text, idf)
 
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"name": self.name, "model": self.model_name, "text_mode": self.text_mode, "normalize": self.normalize}

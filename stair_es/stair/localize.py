@@ -16,9 +16,12 @@ from ..errors import EmptyQueryError, InvalidInputError
 
 
 def query_token_ids(model, query: str) -> list[int]:
-    ids = [i for i in dict.fromkeys(model.vocab.encode(query)) if not model.vocab.is_special(i)]
+    """The query's content tokens: stopwords ("a", "of"), which fire everywhere, would blur the map."""
+    from ..encoders.text import BagOfWordsEncoder
+
+    ids = list(BagOfWordsEncoder(vocab=model.vocab).counts(query))
     if not ids:
-        raise EmptyQueryError(f"query {query!r} has no indexable tokens to localise")
+        raise EmptyQueryError(f"query {query!r} has no content tokens to localise (only stopwords or punctuation)")
     return ids
 
 
