@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +116,9 @@ def train(
     dev = model.device
     metrics_file = out / "metrics.jsonl"
     opt_state = None
+    np_rng_state = None
+    if resume and not (ckpt / "trainer_state.pt").exists() and (out / "checkpoint.old" / "trainer_state.pt").exists():
+        ckpt = out / "checkpoint.old"  # a crash between the two renames of _checkpoint
     if resume and (ckpt / "trainer_state.pt").exists():
         saved = torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
         if saved["train_config"] != _tc_dict(tc):
@@ -125,13 +129,17 @@ def train(
         opt_state = saved["optimizer"]
         torch.set_rng_state(saved["torch_rng"])
         random.setstate(saved["py_rng"])
+        np_rng_state = saved.get("np_rng")
         log.info("resuming at stage %s step %d", tc.stages[state.stage_index] if state.stage_index < len(tc.stages) else "done", state.step)
     else:
         torch.manual_seed(tc.seed)
         random.seed(tc.seed)
         metrics_file.write_text("", encoding="utf-8")
     _log(metrics_file, {"event": "data", **data.report.to_dict()})
-    rng = np.random.default_rng(tc.seed + state.global_step)
+    rng = np.random.default_rng(tc.seed)
+    if np_rng_state is not None:  # the batch sampler continues exactly where it stopped
+        rng.bit_generator.state = np_rng_state
+    ckpt = out / "checkpoint"
     t0 = time.time()
     while state.stage_index < len(tc.stages):
         stage = tc.stages[state.stage_index]
@@ -176,7 +184,7 @@ def train(
                 _log(metrics_file, {"event": "eval", "stage": stage, "step": state.step, **evaluate(model, eval_data, mask_text=masked)})
                 model.train()
             if tc.checkpoint_every and state.step % tc.checkpoint_every == 0 and state.step < total:
-                _checkpoint(model, opt, state, tc, ckpt)
+                _checkpoint(model, opt, state, tc, ckpt, rng)
         bar.close()
         state.stage_index += 1
         state.step = 0
@@ -184,7 +192,7 @@ def train(
             res = evaluate(model, eval_data, mask_text=masked)
             state.history.append({"stage": stage, **res})
             _log(metrics_file, {"event": "eval", "stage": stage, "step": total, **res})
-        _checkpoint(model, None, state, tc, ckpt)
+        _checkpoint(model, None, state, tc, ckpt, rng)
     for p in model.parameters():
         p.requires_grad_(True)
     model.eval()
@@ -214,18 +222,26 @@ def _sample(rng: np.random.Generator, data: CaptionData, batch_size: int) -> dic
     return {"images": data.pair_image[chosen], "ids": ids, "mask": mask}
 
 
-def _checkpoint(model: StairModel, opt, state: TrainState, tc: TrainConfig, ckpt: Path) -> None:
-    model.save_pretrained(ckpt)
+def _checkpoint(model: StairModel, opt, state: TrainState, tc: TrainConfig, ckpt: Path, rng: np.random.Generator) -> None:
+    """Weights and trainer state are written together into a fresh folder that then replaces
+    ``ckpt`` by renames, so a crash never leaves weights and state from different steps."""
+    tmp, old = ckpt.with_name(ckpt.name + ".tmp"), ckpt.with_name(ckpt.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
     payload = {
         "state": asdict(state),
         "optimizer": opt.state_dict() if opt is not None else None,
         "train_config": _tc_dict(tc),
         "torch_rng": torch.get_rng_state(),
         "py_rng": random.getstate(),
+        "np_rng": rng.bit_generator.state,
     }
-    tmp = ckpt / "trainer_state.pt.tmp"
-    torch.save(payload, tmp)
-    tmp.replace(ckpt / "trainer_state.pt")
+    torch.save(payload, tmp / "trainer_state.pt")
+    shutil.rmtree(old, ignore_errors=True)
+    if ckpt.exists():
+        ckpt.rename(old)
+    tmp.rename(ckpt)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _log(path: Path, row: dict[str, Any]) -> None:

@@ -223,3 +223,28 @@ def test_cli_commands(tmp_path, trained, scenes):
     assert r.exit_code == 1 and "no STAIR checkpoint" in r.output
     r = runner.invoke(cmds["train"], [str(tmp_path / "sc/train.jsonl"), "-o", str(tmp_path / "m2"), "--stages", "1,4"])
     assert r.exit_code == 1 and "stages" in r.output
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tmp_path, data, cfg, monkeypatch):
+    import stair_es.stair.train as T
+
+    tc = TrainConfig(stages=("1", "2"), steps=(3, 3), batch_size=8, checkpoint_every=1, log_every=1)
+    full = new_model(cfg, "cpu", seed=3)
+    train(full, data, tc, tmp_path / "full", progress=False)
+
+    real, calls = T._sample, {"n": 0}
+
+    def crash_on_fifth(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(T, "_sample", crash_on_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        train(new_model(cfg, "cpu", seed=3), data, tc, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(T, "_sample", real)
+    resumed = new_model(cfg, "cpu", seed=99)
+    train(resumed, data, tc, tmp_path / "cut", resume=True, progress=False)
+    a, b = full.state_dict(), resumed.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
