@@ -478,28 +478,27 @@ def choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state):
     calibrated on 20k-1M document segments (docs/engine.md).
 
     TAAT reads every posting of the query terms (~1.4 ns each) and scans the documents hit
-    (~0.5 ns each). Block-max reads at most as many postings, often far fewer, but pays per
-    visited block (~500 ns) and, for every hit that enters the top-k heap, a rescoring in
-    query-term order (~50 ns per query term); about k (1 + ln(n / k)) hits enter a heap of k
-    over n documents in scan order, fewer when earlier segments already filled it. Block-max
-    is kept unless those extra costs exceed half of TAAT's: it wins by far whenever the
-    weights let its bounds prune, which the model cannot see in advance."""
+    (~0.5 ns each). Block-max reads at most as many postings, usually far fewer, but every hit
+    that enters its top-k heap is rescored in query-term order (~50 ns per query term); about
+    k (1 + ln(n / k)) hits enter a heap of k over n documents in scan order, fewer when earlier
+    segments filled it already. Block-max is kept unless that rescoring alone would cost more
+    than half of a TAAT pass: it wins by far whenever the weights let its bounds prune, which
+    the model cannot see in advance. In practice TAAT is chosen for large k."""
     P = 0
     for i in range(q_j.size):
         P += post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
     if P == 0 or n_docs == 0:
         return STRATEGY_BLOCKMAX
-    n_blocks = (n_docs + (1 << bshift) - 1) >> bshift
     kk = float(max(k, 1))
     if state[0] >= k:  # the heap is full already: only docs beating earlier segments' hits enter
         seen = float(max(state[1], k))
         pushes = kk * np.log1p(n_docs / seen)
     else:
         pushes = kk * (1.0 + np.log(max(n_docs / kk, 1.0)))
-    pushes = min(pushes, float(n_docs))
-    blockmax_extra = pushes * q_j.size * 50.0 + n_blocks * 500.0
+    pushes = min(pushes, float(n_docs), float(P))
+    rescoring = pushes * q_j.size * 50.0
     taat = 1.4 * P + 0.5 * n_docs
-    if blockmax_extra > 0.5 * taat:
+    if rescoring > 0.5 * taat:
         return STRATEGY_TAAT
     return STRATEGY_BLOCKMAX
 
@@ -756,11 +755,17 @@ def _blockmax_segment(
                     c += acc[o] >= cut
                 if c <= limit:
                     nca = 0
-                    for o in range(bs):
-                        s = acc[o]
-                        if s > 0 and (s + rem) * slack >= thr and not (use_mask and not allowed[base + o]):
+                    if use_mask:
+                        for o in range(bs):
+                            s = acc[o]
+                            a = allowed[base + o] != 0 if base + o < n_docs else False
                             cands[nca] = o
-                            nca += 1
+                            nca += (s > 0) & ((s + rem) * slack >= thr) & a
+                    else:
+                        for o in range(bs):  # branch-free compaction
+                            s = acc[o]
+                            cands[nca] = o
+                            nca += (s > 0) & ((s + rem) * slack >= thr)
                     break
         if nca >= 0:
             exact_total = False
