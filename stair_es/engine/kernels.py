@@ -575,6 +575,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     ub = np.zeros(n_blocks, np.float32)
     slot = np.full((n_blocks, nq), -1, np.int64)  # block-major: one block's terms are adjacent
     bmc = np.zeros((n_blocks, nq), np.float32)
+    tsum = np.zeros(nq, np.float64)  # per term: sum of its block bounds
     for i in range(nq):
         j = q_j[i]
         w = q_w[i]
@@ -584,6 +585,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
             m = w * f16[pair_max[p]]
             ub[b] += m
             bmc[b, i] = m
+            tsum[i] += m
             c = np.int64(pair_cnt[p]) + 1
             slot[b, i] = (q << 9) | c  # posting start and count (<= 256) in one word
             q += c
@@ -619,7 +621,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
                 x += 1
     else:
         order[:] = np.argsort(-ub[cand])
-    return ub, slot, bmc, cand, order, n_first, nc
+    return ub, slot, bmc, tsum, cand, order, n_first, nc
 
 
 @njit(cache=True, inline="always")
@@ -675,7 +677,7 @@ def _blockmax_segment(
     """
     nq = q_j.size
     bs = 1 << bshift
-    ub, slot, bmc, cand, order, n_first, nc = _block_plan(
+    ub, slot, bmc, tsum, cand, order, n_first, nc = _block_plan(
         q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
@@ -684,10 +686,7 @@ def _blockmax_segment(
     for i in range(nq):
         n_post = post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
         if n_post > 0:
-            tot = 0.0
-            for p in range(pair_ptr[q_j[i]], pair_ptr[q_j[i] + 1]):
-                tot += bmc[np.int64(pair_block[p]), i]
-            gkey[i] = -tot / n_post
+            gkey[i] = -tsum[i] / n_post
     gorder = np.argsort(gkey)
     acc = np.zeros(bs, np.float32)
     cands = np.empty(bs, np.int64)
@@ -701,6 +700,7 @@ def _blockmax_segment(
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
     limit = bs // LOOKUP_COST  # more survivors than this: streaming the rest is cheaper
+    last_streamed = nq
     oi = -1
     while oi + 1 < nc:
         oi += 1
@@ -712,11 +712,17 @@ def _blockmax_segment(
             continue
         scored += 1
         if oi + 1 < nc and PREFETCH_LINES > 0:
-            # the next block's runs are elsewhere in memory: start loading them now
+            # the next block's runs are elsewhere in memory: start loading the ones it will
+            # likely stream (as many as this block's predecessor did, and two more) now
             nb = cand[order[oi + 1]]
-            for i in range(nq):
+            n_pf = 0
+            for x in range(nq):
+                if n_pf > last_streamed + 1:
+                    break
+                i = gorder[x]
                 sl = slot[nb, i]
                 if sl >= 0:
+                    n_pf += 1
                     q0 = sl >> 9
                     cnt = sl & 511
                     for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 64), 64):
@@ -767,6 +773,7 @@ def _blockmax_segment(
                             cands[nca] = o
                             nca += (s > 0) & ((s + rem) * slack >= thr)
                     break
+        last_streamed = ti
         if nca >= 0:
             exact_total = False
             while ti < nt and nca > 0:
