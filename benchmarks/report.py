@@ -92,7 +92,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"- measurement: single-query latency on 1 thread over up to {cfg['measure']['latency_queries']} queries "
         f"(after {cfg['measure']['warmup']} warm-up queries, at most {cfg['measure']['time_budget_s']:.0f} s per setting); "
         f"batched throughput over all queries through the system's batch API on {cfg['measure']['batch_threads']} threads "
-        "(\"loop\": no batch API, a sequential loop of single queries); recall@{cfg['measure']['k']} "
+        "(\"loop\": no batch API, a sequential loop of single queries); "
+        f"recall@{cfg['measure']['k']} "
         "against the exact ranking of the same run (sparse: scipy brute force on the un-pruned corpus, ties within 1e-4 count; "
         "dense: FAISS Flat); build time excludes an untimed warm-up (the engine builds, merges and searches 64 documents first so numba compilation is not counted); peak memory is the worker process's peak RSS (`VmHWM`; corpus arrays it touched included).",
         "",
