@@ -46,11 +46,23 @@ WRITER = textwrap.dedent(
 
 
 def _ingest_and_kill(path, start: int, delay: float) -> list[int]:
-    """Run the writer, SIGKILL it after ``delay`` seconds; return the batches it acknowledged."""
+    """Run the writer, SIGKILL it ``delay`` seconds after its first acknowledged batch.
+
+    Counting from the first acknowledgement, not from the start, keeps the kill inside the
+    ingest loop on a fresh machine, where the first batch also compiles numba's kernels.
+    """
     p = subprocess.Popen([PY, "-c", WRITER, str(path), str(start)], stdout=subprocess.PIPE, text=True)
     acked: list[int] = []
-    reader = threading.Thread(target=lambda: acked.extend(int(line) for line in p.stdout))
+    first = threading.Event()
+
+    def read() -> None:
+        for line in p.stdout:
+            acked.append(int(line))
+            first.set()
+
+    reader = threading.Thread(target=read)
     reader.start()
+    first.wait(timeout=180)
     time.sleep(delay)
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -66,7 +78,7 @@ def test_sigkill_keeps_every_acknowledged_batch(tmp_path):
     deleted: set[str] = set()
     start = 0
     for round_ in range(4):
-        acked = _ingest_and_kill(path, start, delay=float(rng.uniform(1.5, 3.0)))
+        acked = _ingest_and_kill(path, start, delay=float(rng.uniform(0.05, 1.5)))
         all_acked += acked
         # the next batch deletes doc 0 of a batch b with (b + 1) % 7 == 3, in its own commit
         deleted |= {f"b{b}-0" for b in acked if (b + 1) % 7 == 3}
