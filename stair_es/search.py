@@ -46,7 +46,7 @@ def encode_query_text(
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the query text is empty")
     weights = None
-    if backend is not None and index is not None:
+    if backend is not None and index is not None and encoder.uses_idf:
         try:
             df, n = backend.doc_freqs(index, field)
             weights = idf(df, n)

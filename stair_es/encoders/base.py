@@ -28,6 +28,15 @@ class Encoder(ABC):
     name: str = "abstract"
     modalities: frozenset[str] = frozenset()
 
+    @property
+    def uses_idf(self) -> bool:
+        """Whether ``encode_texts`` weights by the ``idf`` it is given (then callers compute it).
+
+        Document frequencies can be costly on a cluster, so they are only fetched for encoders
+        that use them.
+        """
+        return False
+
     def __init__(self, vocab: Vocabulary | None = None):
         self.vocab = vocab or default_vocabulary()
 

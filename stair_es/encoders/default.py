@@ -62,6 +62,10 @@ class DefaultEncoder(Encoder):
             self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
         self.device = device
 
+    @property
+    def uses_idf(self) -> bool:
+        return self.text_encoder.uses_idf
+
     def config(self) -> dict[str, Any]:
         img = self.image_encoder.config()
         cfg: dict[str, Any] = {

@@ -116,6 +116,10 @@ class BagOfWordsEncoder(Encoder):
             cfg["stopwords"] = sorted(self.stopwords)
         return cfg
 
+    @property
+    def uses_idf(self) -> bool:
+        return True
+
     def counts(self, text: str) -> dict[int, float]:
         """Fractional token counts of ``text`` (before saturation and idf)."""
         counts: dict[int, float] = {}

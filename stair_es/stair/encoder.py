@@ -83,6 +83,10 @@ class StairEncoder(Encoder):
         # tokens, stopwords and punctuation dropped, optionally idf-weighted.
         return self._bow.encode_text(text, idf)
 
+    @property
+    def uses_idf(self) -> bool:
+        return self.text_mode == "mask"
+
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"name": self.name, "model": self.model_name, "text_mode": self.text_mode, "normalize": self.normalize}
         if self.min_weight:
