@@ -12,8 +12,9 @@ import json
 import os
 import struct
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import numpy as np
 
@@ -41,12 +42,17 @@ def _tmp_file(directory: Path, name: str):
     return os.fdopen(fd, "wb"), Path(tmp)
 
 
-def atomic_write_bytes(path: Path, data: bytes | memoryview, *, sync_dir: bool = True) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+@contextmanager
+def atomic_file(path: Path, *, sync_dir: bool = True) -> Iterator[BinaryIO]:
+    """A file to write that replaces ``path`` only when the block ends without error.
+
+    Written to a temporary name, flushed and fsynced, renamed over ``path``, then the directory
+    is fsynced: a crash at any moment leaves either the old or the new file, never a mix.
+    """
     f, tmp = _tmp_file(path.parent, path.name)
     try:
         with f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -55,6 +61,12 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview, *, sync_dir: bool =
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+    with atomic_file(path, sync_dir=sync_dir) as f:
+        f.write(data)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -76,31 +88,21 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str
         offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
     header = json.dumps({"arrays": layout, "meta": dict(meta)}, separators=(",", ":")).encode("utf-8")
     data_start = (_HEAD.size + len(header) + _ALIGN - 1) // _ALIGN * _ALIGN
-    f, tmp = _tmp_file(path.parent, path.name)
-    try:
-        with f:
-            f.write(_HEAD.pack(_MAGIC, len(header)))
-            f.write(header)
-            pos = _HEAD.size + len(header)
-            for off, arr in items:
-                target = data_start + off
-                if target > pos:
-                    f.write(b"\0" * (target - pos))
-                    pos = target
-                if arr.nbytes:
-                    f.write(memoryview(arr.reshape(-1).view(np.uint8)))
-                pos += arr.nbytes
-            end = data_start + offset
-            if end > pos:
-                f.write(b"\0" * (end - pos))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        fsync_dir(path.parent)
+    with atomic_file(path, sync_dir=sync_dir) as f:
+        f.write(_HEAD.pack(_MAGIC, len(header)))
+        f.write(header)
+        pos = _HEAD.size + len(header)
+        for off, arr in items:
+            target = data_start + off
+            if target > pos:
+                f.write(b"\0" * (target - pos))
+                pos = target
+            if arr.nbytes:
+                f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+            pos += arr.nbytes
+        end = data_start + offset
+        if end > pos:
+            f.write(b"\0" * (end - pos))
     return data_start + offset
 
 
