@@ -7,8 +7,11 @@ tests, and lets the ingest pipeline and CLI be tested without the engine or a mo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -202,3 +205,24 @@ class ColorEncoder(Encoder):
 
     def config(self):
         return {"name": self.name}
+
+
+_LOCK_HOLDER = """
+import sys, time
+from stair_es.engine import EngineIndex
+ix = EngineIndex.open(sys.argv[1], writable=True)
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@contextmanager
+def writer_lock_held(index_dir) -> Iterator[None]:
+    """Another process holds ``index_dir``'s writer lock for the duration of the block."""
+    p = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(index_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        p.kill()
+        p.wait()

@@ -5,13 +5,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fakes import writer_lock_held
 from stair_es.engine import EngineIndex
 
 pytestmark = pytest.mark.process
@@ -62,25 +62,12 @@ def test_kill_9_during_ingest_then_resume_without_duplicates(tmp_path):
     assert _count(home / "big") == n  # every document once
 
 
-LOCKER = textwrap.dedent(
-    """
-    import sys, time
-    from stair_es.engine import EngineIndex
-    ix = EngineIndex.open(sys.argv[1], writable=True)
-    print("locked", flush=True)
-    time.sleep(60)
-    """
-)
-
-
 def test_ingest_into_an_index_locked_by_another_writer(tmp_path):
     home = tmp_path / "home"
     manifest = _manifest(tmp_path / "m.jsonl", 5)
     subprocess.run(STAIR_ES + ["index", "create", "shop", "--encoder", "none", "--home", str(home)], check=True,
                    capture_output=True)
-    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(home / "shop")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert locker.stdout.readline().strip() == "locked"
+    with writer_lock_held(home / "shop"):
         r = subprocess.run(STAIR_ES + ["ingest", "shop", str(manifest), "--home", str(home)],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 4
@@ -90,9 +77,6 @@ def test_ingest_into_an_index_locked_by_another_writer(tmp_path):
         s = subprocess.run(STAIR_ES + ["search", "shop", "--tokens", '{"dog": 1}', "--home", str(home)],
                            capture_output=True, text=True, timeout=120)
         assert s.returncode == 0, s.stderr
-    finally:
-        locker.kill()
-        locker.wait()
 
 
 def test_missing_and_incompatible_index_directories(tmp_path):

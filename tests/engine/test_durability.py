@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from fakes import writer_lock_held
 from stair_es.engine import EngineIndex
 from stair_es.errors import IndexLockedError
 from stair_es.query import SearchRequest, SparseClause
@@ -107,29 +107,13 @@ def test_sigkill_keeps_every_acknowledged_batch(tmp_path):
     assert len(all_acked) > 0
 
 
-LOCKER = textwrap.dedent(
-    """
-    import sys, time
-    from stair_es.engine import EngineIndex
-    ix = EngineIndex.open(sys.argv[1], writable=True)
-    print("locked", flush=True)
-    time.sleep(30)
-    """
-)
-
-
 def test_writer_lock_held_by_another_process(tmp_path):
     path = tmp_path / "locked"
     EngineIndex.create(path, IndexSchema()).close()
-    p = subprocess.Popen([PY, "-c", LOCKER, str(path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "locked"
+    with writer_lock_held(path):
         with pytest.raises(IndexLockedError, match=str(path)):
             EngineIndex.open(path, writable=True)
         EngineIndex.open(path).close()  # readers take no lock
-    finally:
-        p.kill()
-        p.wait()
     EngineIndex.open(path, writable=True).close()  # the lock died with the process
 
 
