@@ -12,6 +12,7 @@ is an upsert, and ids already in the index are skipped unless ``reindex=True``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .backends.base import SearchBackend
-from .catalog import CatalogEntry, read_catalog
+from .catalog import CatalogEntry, CatalogItem, count_catalog, read_catalog
 from .encoders.base import Encoder
 from .errors import IndexNotFoundError, InvalidInputError, StairError
 from .schema import Document, IndexSchema, IngestReport, ItemResult
@@ -87,20 +88,27 @@ def ingest_catalog(
     opts = options or IngestOptions()
     if opts.batch_size < 1:
         raise InvalidInputError("batch size must be at least 1")
-    entries = list(read_catalog(source))
+    # Stream the catalog (a million-line manifest is never held in memory); look ahead only to
+    # the first usable entry to learn whether it needs an encoder or brings its own vectors.
+    stream = read_catalog(source)
+    head: list[CatalogItem] = []
+    for item in stream:
+        head.append(item)
+        if isinstance(item, CatalogEntry):
+            break
+    entries = itertools.chain(head, stream)
     report = IngestReport()
+    first = head[-1] if head and isinstance(head[-1], CatalogEntry) else None
     encoder: Encoder | None = None
-    needs_encoder = any(isinstance(e, CatalogEntry) and e.vectors is None for e in entries)
-    if needs_encoder:
+    if first is not None and first.vectors is None:
         if encoder_factory is None:
             raise InvalidInputError("this catalog has images to encode: choose an --encoder")
         encoder = encoder_factory()
     schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"})
 
-    total = len(entries)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc=f"ingest {index}", unit="img", disable=not opts.progress)
+    bar = tqdm(total=count_catalog(source), desc=f"ingest {index}", unit="img", disable=not opts.progress)
 
     def emit(items: list[ItemResult]) -> None:
         report.extend(items)
@@ -125,6 +133,13 @@ def ingest_catalog(
                     emit([ItemResult(e.id, True, None, e.origin, "skip", "already indexed (use --reindex to encode it again)")
                           for e in ready if e.id in existing])
                     ready = [e for e in ready if e.id not in existing]
+            if encoder is None and any(e.vectors is None for e in ready):
+                if encoder_factory is None:
+                    emit([ItemResult(e.id, False, "needs an encoder (no precomputed vectors): pass --encoder", e.origin)
+                          for e in ready if e.vectors is None])
+                    ready = [e for e in ready if e.vectors is not None]
+                else:
+                    encoder = encoder_factory()
             if ready:
                 docs, failed = _build_documents(ready, encoder, schema, opts, pool)
                 if failed:

@@ -157,3 +157,24 @@ def test_glob_catalog_ids_are_relative_to_the_glob_root(tmp_path):
     _img(tmp_path / "a" / "b" / "two.jpg")
     ids = [i.id for i in read_catalog(str(tmp_path / "a" / "**" / "*.jpg"))]
     assert ids == ["b/two.jpg", "one.jpg"]
+
+
+def test_count_catalog_matches_what_is_read(catalog, tmp_path):
+    from stair_es.catalog import count_catalog
+
+    assert count_catalog(catalog) == len(list(read_catalog(catalog)))
+    m = _manifest(tmp_path, [json.dumps({"id": str(i), "vectors": {"image": {"dog": 1.0}}}) for i in range(5)] + ["", "{bad"])
+    assert count_catalog(m) == len(list(read_catalog(m))) == 6
+
+
+def test_precomputed_first_then_images_needing_an_encoder(tmp_path):
+    _img(tmp_path / "a.png")
+    lines = [json.dumps({"id": "v", "vectors": {"image": {"dog": 1.0}}}), json.dumps({"id": "img", "path": "a.png"})]
+    m = _manifest(tmp_path, lines)
+    be = MemoryBackend()
+    report = ingest_catalog(be, "x", m, None)
+    assert {i.id: i.ok for i in report.items} == {"v": True, "img": False}
+    assert "needs an encoder" in report.failures[0].error
+    be2 = MemoryBackend()
+    report = ingest_catalog(be2, "x", m, ColorEncoder, IngestOptions(batch_size=1))
+    assert report.summary()["ok"] == 2 and be2.index_info("x").schema.encoder == {"name": "precomputed"}
