@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -42,11 +43,18 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
     kwargs = encoder_kwargs(model, encoder_opts)
     opts = IngestOptions(batch_size=batch_size, reindex=reindex, encode_captions=not no_captions,
                          progress=stderr_is_tty() if progress is None else progress)
-    report = ingest_catalog(backend, index, source, lambda: get_encoder(encoder, **kwargs), opts)
-    if report_path:
-        with Path(report_path).open("w", encoding="utf-8") as fh:
-            for item in report.items:
-                fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+    # The report file is written as items finish, so an interrupted run still says what it did.
+    with contextlib.ExitStack() as stack:
+        on_items = None
+        if report_path:
+            fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
+
+            def on_items(items):
+                for item in items:
+                    fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+                fh.flush()
+
+        report = ingest_catalog(backend, index, source, lambda: get_encoder(encoder, **kwargs), opts, on_items=on_items)
     summary = report.summary()
     if as_json:
         echo_json({"summary": summary, "failures": [i.to_dict() for i in report.failures],
