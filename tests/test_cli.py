@@ -165,3 +165,13 @@ def test_encode_shows_top_tokens_and_refuses_a_missing_image(tmp_path):
     assert set(out[1]["tokens"]) == {"red", "shoe"}
     r = CliRunner().invoke(cli, ["encode", str(tmp_path / "typo.jpg"), "--encoder", "fake-color"])
     assert r.exit_code == 2 and "no such file" in r.output
+
+
+def test_ingest_report_file_has_one_line_per_input(run, shop, tmp_path):
+    run("index", "create", "shop", "--encoder", "fake-color")
+    rep = tmp_path / "report.jsonl"
+    r = run("ingest", "shop", str(shop), "--encoder", "fake-color", "--report", str(rep))
+    assert r.exit_code == 1
+    rows = [json.loads(x) for x in rep.read_text().splitlines()]
+    assert len(rows) == 5 and sum(not x["ok"] for x in rows) == 1
+    assert {x["id"] for x in rows if x["ok"]} == {"red-shoe", "blue-shoe", "green-hat", "dark-coat"}
