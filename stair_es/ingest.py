@@ -145,11 +145,13 @@ def ingest_catalog(
                 if failed:
                     emit(failed)
                 if docs:
-                    warnings = {e.id: e.warning for e in ready if e.warning}
+                    by_id = {e.id: e for e in ready}
                     result = backend.ingest(index, docs)
-                    for item in result.items:
-                        if item.id in warnings and not item.warning:
-                            item.warning = warnings[item.id]
+                    for item in result.items:  # say where each backend outcome came from
+                        e = by_id.get(item.id)
+                        if e is not None:
+                            item.source = item.source or e.origin
+                            item.warning = item.warning or e.warning
                     emit(result.items)
     finally:
         pool.shutdown(wait=True)

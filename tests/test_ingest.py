@@ -178,3 +178,10 @@ def test_precomputed_first_then_images_needing_an_encoder(tmp_path):
     be2 = MemoryBackend()
     report = ingest_catalog(be2, "x", m, ColorEncoder, IngestOptions(batch_size=1))
     assert report.summary()["ok"] == 2 and be2.index_info("x").schema.encoder == {"name": "precomputed"}
+
+
+def test_backend_outcomes_name_the_input_they_came_from(tmp_path):
+    m = _manifest(tmp_path, [json.dumps({"id": "a", "vectors": {"image": {"dog": 1.0}}}),
+                             json.dumps({"id": "b", "vectors": {"image": {"cat": 1.0}}})])
+    report = ingest_catalog(MemoryBackend(fail_ids={"b"}), "x", m, None)
+    assert {i.id: i.source for i in report.items} == {"a": "m.jsonl:1", "b": "m.jsonl:2"}
