@@ -37,7 +37,11 @@ class Encoder(ABC):
         """
         return False
 
-    def __init__(self, vocab: Vocabulary | None = None):
+    def __init__(self, vocab: Vocabulary | None = None, *, name: str | None = None):
+        # ``name`` is accepted so that ``get_encoder(**encoder.config())`` rebuilds an encoder;
+        # a config saved by another encoder is refused rather than silently reinterpreted.
+        if name not in (None, self.name):
+            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
         self.vocab = vocab or default_vocabulary()
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:

@@ -43,9 +43,7 @@ class DefaultEncoder(Encoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
-        super().__init__(vocab)
-        if name not in (None, self.name):
-            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        super().__init__(vocab, name=name)
         if text not in TEXT_CHOICES:
             raise InvalidInputError(f"text must be one of {', '.join(TEXT_CHOICES)}; got {text!r}")
         if text == "auto":

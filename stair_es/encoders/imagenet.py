@@ -222,9 +222,7 @@ class ImageNetLabelEncoder(Encoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
-        super().__init__(vocab)
-        if name not in (None, self.name):
-            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        super().__init__(vocab, name=name)
         if model not in MODELS:
             raise InvalidInputError(f"unknown EfficientNet model {model!r}; available: {', '.join(MODELS)}")
         if not (isinstance(top_classes, int) and top_classes >= 1):

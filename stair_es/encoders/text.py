@@ -99,9 +99,7 @@ class BagOfWordsEncoder(Encoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
-        super().__init__(vocab)
-        if name not in (None, self.name):
-            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        super().__init__(vocab, name=name)
         if not k1 > 0:
             raise InvalidInputError(f"k1 must be > 0, got {k1!r}")
         self.k1 = float(k1)
@@ -303,9 +301,7 @@ class SpladeEncoder(Encoder):
         name: str | None = None,
         drop_stopwords: bool = True,
     ):
-        super().__init__(vocab)
-        if name not in (None, self.name):
-            raise InvalidInputError(f"config for encoder {name!r} given to the {self.name!r} encoder")
+        super().__init__(vocab, name=name)
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
         # Small SPLADE models (splade-tiny) put real weight on function words and punctuation

@@ -24,7 +24,8 @@ class StairEncoder(Encoder):
     name = "stair"
     modalities = frozenset({"image", "text"})
 
-    def __init__(self, model: str | None = None, device: str | None = None, text_mode: str = "model", normalize: bool = True, min_weight: float = 0.0):
+    def __init__(self, model: str | None = None, device: str | None = None, text_mode: str = "model", normalize: bool = True,
+                 min_weight: float = 0.0, name: str | None = None):
         if not model:
             raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory written by `stair-es train`) or a hub id")
         if text_mode not in ("model", "mask"):
@@ -38,7 +39,7 @@ class StairEncoder(Encoder):
         self.model = StairModel.from_pretrained(model, device=device)
         if not self.model.is_sparse:
             raise ModelError(f"{model} is a dense baseline checkpoint; the stair encoder needs a sparse (STAIR) model")
-        super().__init__(self.model.vocab)
+        super().__init__(self.model.vocab, name=name)
         self.device = device
         self.text_mode = text_mode
         self.normalize = normalize

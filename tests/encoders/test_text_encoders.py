@@ -261,3 +261,11 @@ def test_splade_tiny_expands_a_caption(splade_tiny):
     assert cat.dot(cup) < min(cat.dot(cat), cup.dot(cup)) / 3
     assert max(cat.weights) < 5 and min(cat.weights) > 0
     assert not math.isnan(float(cat.weights.sum()))
+
+
+def test_config_round_trip_and_foreign_configs_are_refused():
+    bow = BagOfWordsEncoder()
+    again = get_encoder(**bow.config())
+    assert again.encode_texts(["a red dog"])[0] == bow.encode_texts(["a red dog"])[0]
+    with pytest.raises(InvalidInputError, match="config for encoder 'splade' given to the 'bow' encoder"):
+        BagOfWordsEncoder(name="splade")
