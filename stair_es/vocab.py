@@ -173,6 +173,57 @@ def basic_tokenize(text: str) -> list[str]:
     return words
 
 
+def hf_tokenizer(vocab: Vocabulary | None = None, *, max_length: int | None = None):
+    """A Hugging Face ``tokenizers`` BERT WordPiece tokenizer over ``vocab`` (default: the shipped one).
+
+    Uncased, accents stripped, Chinese characters split, ``[CLS] ... [SEP]`` added by
+    ``encode`` (pass ``add_special_tokens=False`` to leave them out). ``max_length`` turns on
+    truncation (special tokens included). Built in milliseconds; never imports transformers.
+    A new object per call for a custom vocabulary; the shipped vocabulary's is cached.
+    """
+    if vocab is None or vocab.digest == VOCAB_MD5:
+        base = _shipped_hf_tokenizer()
+    else:
+        base = _build_hf_tokenizer(tuple(vocab.tokens))
+    if max_length is None:
+        return base
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(base.to_str())
+    tok.enable_truncation(max_length=max_length)
+    return tok
+
+
+@lru_cache(maxsize=1)
+def _shipped_hf_tokenizer():
+    return _build_hf_tokenizer(tuple(default_vocabulary().tokens))
+
+
+def _build_hf_tokenizer(tokens: tuple[str, ...]):
+    try:
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    except ImportError:
+        raise ModelError(
+            "BERT tokenization needs the `tokenizers` package, a dependency of stair-es: pip install tokenizers"
+        ) from None
+    index = {t: i for i, t in enumerate(tokens)}
+    for needed in ("[UNK]", "[CLS]", "[SEP]"):
+        if needed not in index:
+            raise ModelError(f"the vocabulary has no {needed} token; a BERT WordPiece vocabulary is required")
+    tok = Tokenizer(models.WordPiece(index, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
 @lru_cache(maxsize=1)
 def default_vocabulary() -> Vocabulary:
     """The shipped BERT uncased vocabulary, md5-checked."""
