@@ -40,6 +40,7 @@ class DefaultEncoder(Encoder):
         top_classes: int = 20,
         min_weight: float = 0.05,
         device: str = "cpu",
+        runtime: str | None = None,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -51,11 +52,12 @@ class DefaultEncoder(Encoder):
         self.text = text
         self.text_model = text_model
         self.image_encoder = ImageNetLabelEncoder(
-            image_model, top_classes=top_classes, min_weight=min_weight, device=device, vocab=self.vocab
+            image_model, top_classes=top_classes, min_weight=min_weight, device=device, runtime=runtime,
+            vocab=self.vocab,
         )
         self.text_encoder: Encoder
         if text == "splade":
-            self.text_encoder = SpladeEncoder(text_model, device=device, vocab=self.vocab)
+            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab)
         else:
             self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
         self.device = device

@@ -219,10 +219,14 @@ class ImageNetLabelEncoder(Encoder):
         hypernyms: bool = True,
         weights: str | None = None,
         device: str = "cpu",
+        runtime: str | None = None,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
         super().__init__(vocab, name=name)
+        from .runtime import runtime_choice
+
+        self.runtime = runtime_choice(runtime)
         if model not in MODELS:
             raise InvalidInputError(f"unknown EfficientNet model {model!r}; available: {', '.join(MODELS)}")
         if not (isinstance(top_classes, int) and top_classes >= 1):
@@ -248,6 +252,7 @@ class ImageNetLabelEncoder(Encoder):
             (np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table
         ]
         self._net = None
+        self._tower: Any = None  # an OnnxTower, False once PyTorch was chosen, None before the choice
 
     # --- public ----------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -265,28 +270,78 @@ class ImageNetLabelEncoder(Encoder):
         return cfg
 
     def load(self):
-        """Load the classifier now (otherwise it is loaded on first use)."""
+        """Load the classifier now (otherwise it is loaded on first use): the ONNX Runtime tower
+        when the runtime allows it (exported and verified on first use), else PyTorch."""
+        if self._tower is None:
+            from .runtime import resolve_tower
+
+            onnx_ok = self.device == "cpu" or self.runtime == "onnx"
+            tower = resolve_tower(self.tower_spec(), self.runtime) if onnx_ok else None
+            self._tower = tower if tower is not None else False
+        if self._tower is not False:
+            return self._tower
         if self._net is None:
             self._net = load_efficientnet(self.model, self.weights, self.device)
         return self._net
 
+    def tower_spec(self):
+        """How the classifier is exported to ONNX (see :mod:`stair_es.encoders.runtime`)."""
+        from .runtime import TowerSpec
+
+        size = self.image_size
+
+        def sample() -> dict[str, np.ndarray]:
+            rng = np.random.default_rng(0)
+            return {"pixels": rng.uniform(-1.0, 1.0, (2, 3, size, size)).astype(np.float32)}
+
+        path = Path(self.weights) if self.weights else _weights_file(self.model)
+        if not path.is_file():
+            raise ModelError(f"EfficientNet weights file not found: {path}")
+        return TowerSpec(
+            kind=f"efficientnet-{self.model}",
+            weight_files=[path],
+            build=lambda: load_efficientnet(self.model, self.weights, "cpu"),
+            sample=sample,
+            input_names=["pixels"],
+            output_names=["logits"],
+            dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}},
+            tolerance=1e-3,
+        )
+
+    @property
+    def runtime_in_use(self) -> str:
+        """``"onnx"`` or ``"torch"``: what :meth:`load` chose."""
+        self.load()
+        return "onnx" if self._tower is not False else "torch"
+
     def class_probabilities(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> np.ndarray:
         """``(n, 1000)`` softmax probabilities, in the order of ``images``."""
-        import torch
-
         images = list(images)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         net = self.load()
         out = np.zeros((len(images), 1000), dtype=np.float32)
-        with progress_bar(len(images), "encoding images", progress) as bar, torch.no_grad():
+        with progress_bar(len(images), "encoding images", progress) as bar:
             for start in range(0, len(images), batch_size):
                 chunk = images[start : start + batch_size]
-                x = torch.from_numpy(np.stack([self.preprocess(im) for im in chunk])).to(self.device)
-                logits = net(x)
-                out[start : start + len(chunk)] = torch.softmax(logits.float(), dim=1).cpu().numpy()
+                x = np.stack([self.preprocess(im) for im in chunk])
+                out[start : start + len(chunk)] = self.probabilities_from_pixels(x, net)
                 bar.update(len(chunk))
         return out
+
+    def probabilities_from_pixels(self, pixels: np.ndarray, net: Any = None) -> np.ndarray:
+        """Softmax class probabilities of preprocessed ``(n, 3, size, size)`` pixels."""
+        net = net if net is not None else self.load()
+        if self._tower is not False:
+            logits = net.run({"pixels": np.ascontiguousarray(pixels, dtype=np.float32)})[0].astype(np.float64)
+        else:
+            import torch
+
+            with torch.no_grad():
+                logits = net(torch.from_numpy(pixels).to(self.device)).float().cpu().numpy().astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        e = np.exp(logits)
+        return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
 
     def classify(self, images: Sequence[Any], *, top: int = 5, batch_size: int = 16) -> list[list[tuple[str, float]]]:
         """The ``top`` ImageNet classes per image, as ``(class name, probability)``."""

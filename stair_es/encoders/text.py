@@ -300,8 +300,12 @@ class SpladeEncoder(Encoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
         drop_stopwords: bool = True,
+        runtime: str | None = None,
     ):
         super().__init__(vocab, name=name)
+        from .runtime import runtime_choice
+
+        self.runtime = runtime_choice(runtime)
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
         # Small SPLADE models (splade-tiny) put real weight on function words and punctuation
@@ -320,6 +324,7 @@ class SpladeEncoder(Encoder):
         self.device = device
         self.tokens_per_batch = max(int(tokens_per_batch), max_length)
         self._loaded: tuple[Any, Any] | None = None
+        self._onnx: tuple[Any, Any] | None | bool = None  # (tokenizer, OnnxTower), False = PyTorch
 
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"name": self.name, "model": self.model, "max_length": self.max_length}
@@ -332,10 +337,36 @@ class SpladeEncoder(Encoder):
         return cfg
 
     def load(self) -> tuple[Any, Any]:
-        """Load tokenizer and model now (otherwise on first use); raises ModelError / MissingDependencyError."""
+        """Load tokenizer and model now (otherwise on first use); raises ModelError / MissingDependencyError.
+
+        Returns ``(tokenizers.Tokenizer, OnnxTower)`` when ONNX Runtime is used, else the
+        transformers ``(tokenizer, model)`` pair.
+        """
+        if self._onnx is None:
+            self._onnx = self._load_onnx() or False
+        if self._onnx:
+            return self._onnx  # type: ignore[return-value]
         if self._loaded is None:
             self._loaded = load_masked_lm(self.model, self.device, self.vocab)
         return self._loaded
+
+    def _load_onnx(self) -> tuple[Any, Any] | None:
+        """The ONNX Runtime path: the model's own ``tokenizer.json`` (or the shipped vocabulary)
+        and the exported MLM with SPLADE pooling inside the graph. Once exported, neither
+        torch nor transformers is imported."""
+        if self.runtime == "torch" or (self.device != "cpu" and self.runtime != "onnx"):
+            return None
+        from .runtime import resolve_tower
+
+        folder = _model_folder(self.model)
+        tokenizer = _fast_tokenizer(folder, self.vocab, self.model, self.max_length)
+        tower = resolve_tower(_splade_spec(self.model, folder, self.device, self.vocab), self.runtime)
+        return (tokenizer, tower) if tower is not None else None
+
+    @property
+    def runtime_in_use(self) -> str:
+        self.load()
+        return "onnx" if self._onnx else "torch"
 
     def encode_texts(
         self,
@@ -345,12 +376,14 @@ class SpladeEncoder(Encoder):
         progress: bool = False,
         idf: np.ndarray | None = None,
     ) -> list[SparseVector]:
-        import torch
-
         texts = _check_texts(texts)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         tokenizer, mlm = self.load()
+        if self._onnx:
+            return self._encode_onnx(texts, tokenizer, mlm, batch_size, progress)
+        import torch
+
         enc = tokenizer(texts, add_special_tokens=True, truncation=False, padding=False)["input_ids"]
         cls_id, sep_id, pad_id = self.vocab.get("[CLS]"), self.vocab.get("[SEP]"), self.vocab.get("[PAD]")
         seqs: list[list[int]] = []
@@ -392,6 +425,38 @@ class SpladeEncoder(Encoder):
                 bar.update(len(group))
         return out  # type: ignore[return-value]
 
+    def _encode_onnx(self, texts: list[str], tokenizer: Any, tower: Any, batch_size: int, progress: bool) -> list[SparseVector]:
+        encodings = tokenizer.encode_batch(texts)
+        n_cut = sum(1 for e in encodings if e.overflowing)
+        if n_cut:
+            log.warning("splade: %d of %d texts are longer than %d tokens and were truncated", n_cut, len(texts), self.max_length)
+        seqs = [e.ids for e in encodings]
+        pad_id = self.vocab.get("[PAD]") or 0
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        out: list[SparseVector | None] = [None] * len(seqs)
+        with progress_bar(len(seqs), "encoding texts", progress) as bar:
+            pos = 0
+            while pos < len(order):
+                group = [order[pos]]
+                while (
+                    pos + len(group) < len(order)
+                    and len(group) < batch_size
+                    and (len(group) + 1) * len(seqs[order[pos + len(group)]]) <= self.tokens_per_batch
+                ):
+                    group.append(order[pos + len(group)])
+                pos += len(group)
+                width = max(len(seqs[i]) for i in group)
+                ids = np.full((len(group), width), pad_id, dtype=np.int64)
+                mask = np.zeros((len(group), width), dtype=np.int64)
+                for r, i in enumerate(group):
+                    ids[r, : len(seqs[i])] = seqs[i]
+                    mask[r, : len(seqs[i])] = 1
+                pooled = tower.run({"input_ids": ids, "attention_mask": mask})[0]
+                for r, i in enumerate(group):
+                    out[i] = self._to_vector(pooled[r])
+                bar.update(len(group))
+        return out  # type: ignore[return-value]
+
     def _to_vector(self, dense: np.ndarray) -> SparseVector:
         if self._drop_mask is not None:
             dense = np.where(self._drop_mask, 0.0, dense)
@@ -401,3 +466,109 @@ class SpladeEncoder(Encoder):
         if self.top_k:
             vec = vec.prune(top_k=self.top_k)
         return vec
+
+
+# --- SPLADE in ONNX Runtime ---------------------------------------------------------------
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".txt")
+
+
+def _model_folder(model: str) -> Path:
+    """The local folder of a SPLADE checkpoint; hub ids are fetched into the Hugging Face cache
+    with ``huggingface_hub`` (no torch needed), as ``from_pretrained`` would."""
+    where, local = _resolve(model)
+    if local:
+        return Path(where)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise MissingDependencyError(f"loading {model!r} from the Hugging Face hub", "encoders", "huggingface_hub") from None
+    try:
+        return Path(snapshot_download(where, allow_patterns=["*.json", "*.txt", "*.safetensors"]))
+    except Exception as e:  # the hub client raises many types; all mean "cannot get the files"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(
+            f"cannot load masked-LM model {model!r}: {first}; check the hub id and the network "
+            "(HF_HUB_OFFLINE=1 allows only models already in the cache), or pass a local folder"
+        ) from None
+
+
+def _fast_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_length: int) -> Any:
+    """The model's own ``tokenizer.json`` if it has one, else the shipped BERT vocabulary;
+    its token ids must be ours (a different vocabulary would index different words)."""
+    from ..vocab import hf_tokenizer
+
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        return hf_tokenizer(vocab, max_length=max_length)
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises its own Exception subclass
+        raise ModelError(f"cannot read the tokenizer of {model!r} ({file}): {e}") from None
+    table = tok.get_vocab(with_added_tokens=True)
+    mismatched = [t for i, t in enumerate(vocab.tokens) if table.get(t) != i]
+    if mismatched or len(table) != len(vocab):
+        raise ModelError(
+            f"model {model!r} uses a different vocabulary than {vocab.name} "
+            f"({len(mismatched)} tokens differ, e.g. {mismatched[:3]}); use a bert-base-uncased based model"
+        )
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_length)
+    return tok
+
+
+def _splade_spec(model: str, folder: Path, device: str, vocab: Vocabulary):
+    from .runtime import TowerSpec
+
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    if not any(p.suffix in (".safetensors", ".bin") for p in files):
+        raise ModelError(f"model {model!r}: no weights (.safetensors or .bin) in {folder}")
+
+    def build() -> Any:
+        import torch
+
+        _, mlm = load_masked_lm(model, "cpu", vocab)
+
+        class SpladePooling(torch.nn.Module):
+            """MLM logits -> max over unmasked positions of log(1 + ReLU(logit)): one (B, V) output."""
+
+            def __init__(self, inner: Any):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+                logits = self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
+                act = torch.relu(logits.float()) * attention_mask.unsqueeze(-1).to(logits.dtype)
+                return torch.log1p(act.amax(dim=1))
+
+        return SpladePooling(mlm).eval()
+
+    def sample() -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        ids = rng.integers(1000, len(vocab), (2, 12)).astype(np.int64)
+        ids[:, 0], ids[:, -1] = vocab.get("[CLS]") or 0, vocab.get("[SEP]") or 0
+        mask = np.ones_like(ids)
+        mask[1, 8:] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+
+    return TowerSpec(
+        kind="splade-" + ("tiny" if model == SPLADE_TINY else hashlib_name(model)),
+        weight_files=files,
+        build=build,
+        sample=sample,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["weights"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                      "weights": {0: "batch"}},
+        tolerance=2e-3,
+    )
+
+
+def hashlib_name(model: str) -> str:
+    """A short, file-name-safe stand-in for a model id or folder."""
+    import hashlib
+    import re
+
+    tail = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or "model")[-40:]
+    return f"{tail}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"

@@ -1,0 +1,307 @@
+"""ONNX Runtime inference for stair_es's neural towers, with PyTorch as the fallback.
+
+Every shipped tower (the EfficientNet-Lite image classifier, SPLADE masked-LM text towers,
+the STAIR image and text towers) is a PyTorch module. Eager PyTorch is slow on a CPU and
+importing it costs seconds, so at first use each tower is exported once with
+``torch.onnx.export``, checked against PyTorch on fixed inputs, cached, and from then on run
+with ``onnxruntime`` -- which a query never needs torch for.
+
+The cache
+---------
+``$STAIR_ES_MODEL_CACHE`` or ``<data home>/_models`` (data home: ``$STAIR_ES_HOME`` or
+``~/.local/share/stair-es``; index names cannot start with ``_``). A cached tower is two
+files, ``KIND-KEY.onnx`` and ``KIND-KEY.json``; ``KEY`` hashes the tower kind, the sha256 of
+the weight files, the ONNX opset and :data:`EXPORT_VERSION` (bumped whenever the exported
+graph changes), so new weights or a new stair_es give a new file, never a stale one. The JSON
+records the sha256 of the ``.onnx`` file and the largest absolute difference from PyTorch
+measured at export; a file whose sha256 does not match (damaged, half-written by another
+tool) is exported again. Files are written to a temporary name and renamed, so concurrent
+processes never read a partial model.
+
+Choosing the runtime
+--------------------
+``runtime="auto"`` (default; or ``$STAIR_ES_RUNTIME``) uses ONNX Runtime when it is installed
+and the export works, else PyTorch with one warning line in the log. ``"onnx"`` makes those
+failures errors; ``"torch"`` never touches ONNX. Outputs agree within float error (the
+tolerance checked at export), so the runtime is not part of an encoder's config: an index
+built with one runtime is searched with the other.
+
+ONNX Runtime uses the CUDA provider when ``onnxruntime-gpu`` offers it, else the CPU
+provider, with intra-op threads = the number of cores (``$STAIR_ES_ORT_THREADS`` overrides).
+
+This module knows how to export, cache and run a module; it must not know what any tower
+means (the encoders give it the module, the inputs and the names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError, ModelError
+
+log = logging.getLogger(__name__)
+
+#: Bump when the graph an encoder exports changes (inputs, outputs, pooling inside the graph).
+EXPORT_VERSION = 1
+OPSET = 17
+RUNTIMES = ("auto", "onnx", "torch")
+
+_WARNED: set[str] = set()
+_LOCK = threading.Lock()
+_SESSIONS: dict[str, "OnnxTower"] = {}
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def runtime_choice(runtime: str | None) -> str:
+    """Validate a ``runtime`` option; ``None`` reads ``$STAIR_ES_RUNTIME`` (default ``auto``)."""
+    value = runtime if runtime is not None else os.environ.get("STAIR_ES_RUNTIME", "auto")
+    value = (value or "auto").strip().lower()
+    if value not in RUNTIMES:
+        raise InvalidInputError(f"runtime must be one of {', '.join(RUNTIMES)}; got {value!r}")
+    return value
+
+
+def model_cache_dir() -> Path:
+    env = os.environ.get("STAIR_ES_MODEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("STAIR_ES_HOME")
+    base = Path(home).expanduser() if home else Path.home() / ".local" / "share" / "stair-es"
+    return base / "_models"
+
+
+def onnxruntime_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def warn_once(key: str, message: str) -> None:
+    """One log line per process and cause (a fallback must be visible, not noisy)."""
+    with _LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    log.warning(message)
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) within the process."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    cached = _DIGESTS.get(key)
+    if cached:
+        return cached
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    _DIGESTS[key] = digest
+    return digest
+
+
+def weights_digest(paths: Sequence[Path]) -> str:
+    """One sha256 over the contents of the given weight/config files (order-independent)."""
+    parts = sorted(f"{Path(p).name}:{file_sha256(Path(p))}" for p in paths)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+@dataclass
+class TowerSpec:
+    """What an encoder hands over to export one tower.
+
+    ``build`` returns the eval-mode torch module (only called when an export is needed);
+    ``sample`` returns fixed example inputs (numpy, keyed by ``input_names``) used both to
+    trace the graph and to compare ONNX Runtime with PyTorch; ``dynamic_axes`` as in
+    ``torch.onnx.export``; ``tolerance`` is the largest absolute output difference accepted.
+    """
+
+    kind: str
+    weight_files: Sequence[Path]
+    build: Callable[[], Any]
+    sample: Callable[[], dict[str, np.ndarray]]
+    input_names: Sequence[str]
+    output_names: Sequence[str]
+    dynamic_axes: Mapping[str, Mapping[int, str]]
+    tolerance: float = 1e-3
+    extra_key: str = ""
+
+    def cache_key(self) -> str:
+        text = "|".join([self.kind, weights_digest(self.weight_files), f"opset{OPSET}",
+                         f"export{EXPORT_VERSION}", self.extra_key])
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class OnnxTower:
+    """An ``onnxruntime.InferenceSession`` over one cached tower; ``run`` is thread-safe."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        import onnxruntime as ort
+
+        self.path = path
+        self.meta = meta
+        opts = ort.SessionOptions()
+        threads = int(os.environ.get("STAIR_ES_ORT_THREADS", "0") or 0) or (os.cpu_count() or 1)
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        available = ort.get_available_providers()
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ModelError(f"ONNX Runtime cannot load {path}: {e}") from None
+        self.providers = self.session.get_providers()
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(None, dict(feeds))
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("onnx_sha256") != file_sha256(path):
+        log.warning("cached ONNX model %s does not match its checksum; exporting it again", path)
+        return None
+    return meta
+
+
+def load_tower(spec: TowerSpec, cache_dir: Path | None = None) -> OnnxTower:
+    """The cached ONNX tower for ``spec``, exporting and verifying it first when needed.
+
+    Raises :class:`ModelError` when the export or the check against PyTorch fails.
+    """
+    folder = cache_dir or model_cache_dir()
+    path = folder / f"{spec.kind}-{spec.cache_key()}.onnx"
+    with _LOCK:
+        tower = _SESSIONS.get(str(path))
+    if tower is not None and path.is_file():
+        return tower
+    meta = _read_meta(path)
+    if meta is None:
+        meta = export_tower(spec, path)
+    tower = OnnxTower(path, meta)
+    with _LOCK:
+        _SESSIONS[str(path)] = tower
+    return tower
+
+
+def cached_tower_path(spec: TowerSpec, cache_dir: Path | None = None) -> Path | None:
+    """The path of an already exported, checksum-valid tower, or None (never exports)."""
+    folder = cache_dir or model_cache_dir()
+    path = folder / f"{spec.kind}-{spec.cache_key()}.onnx"
+    return path if _read_meta(path) is not None else None
+
+
+def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
+    """Export ``spec`` to ``path`` (atomically), check it against PyTorch, write the sidecar."""
+    try:
+        import torch
+    except ImportError:
+        raise ModelError(f"exporting the {spec.kind} tower to ONNX needs PyTorch (pip install 'stair-es[encoders]')") from None
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ModelError("ONNX Runtime is not installed (pip install onnxruntime)") from None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelError(f"cannot create the model cache folder {path.parent}: {e.strerror or e}") from None
+    started = time.perf_counter()
+    module = spec.build()
+    sample = spec.sample()
+    args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in spec.input_names)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.kind}-", suffix=".onnx.tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        import warnings
+
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+            reference = module(*args)
+            if isinstance(reference, torch.Tensor):
+                reference = (reference,)
+            reference = [r.detach().float().cpu().numpy() for r in reference]
+            # The TorchScript-based exporter: works offline, no onnxscript needed, and handles
+            # the dynamic batch / sequence axes these towers need.
+            torch.onnx.export(
+                module, args, str(tmp), input_names=list(spec.input_names), output_names=list(spec.output_names),
+                dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()}, opset_version=OPSET,
+                do_constant_folding=True, dynamo=False,
+            )
+        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        got = session.run(None, {name: sample[name] for name in spec.input_names})
+        diff = max(float(np.max(np.abs(g.astype(np.float64) - r))) if r.size else 0.0 for g, r in zip(got, reference))
+        if not np.isfinite(diff) or diff > spec.tolerance:
+            raise ModelError(
+                f"the ONNX export of {spec.kind} differs from PyTorch by {diff:.3g} (tolerance {spec.tolerance:g})"
+            )
+        meta = {
+            "kind": spec.kind,
+            "onnx_sha256": file_sha256(tmp),
+            "weights_sha256": weights_digest(spec.weight_files),
+            "opset": OPSET,
+            "export_version": EXPORT_VERSION,
+            "max_abs_diff_vs_torch": diff,
+            "tolerance": spec.tolerance,
+            "torch": torch.__version__,
+            "onnxruntime": ort.__version__,
+            "export_seconds": round(time.perf_counter() - started, 3),
+        }
+        meta_tmp = tmp.with_suffix(".json.tmp")
+        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+        os.replace(tmp, path)
+        os.replace(meta_tmp, path.with_suffix(".json"))
+    except ModelError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"exporting the {spec.kind} tower to ONNX failed: {first}") from None
+    finally:
+        for leftover in (tmp, tmp.with_suffix(".json.tmp")):
+            if leftover.exists():
+                leftover.unlink()
+    log.info("exported %s to %s (max |onnx - torch| = %.2g)", spec.kind, path, meta["max_abs_diff_vs_torch"])
+    return meta
+
+
+def resolve_tower(spec: TowerSpec, runtime: str) -> OnnxTower | None:
+    """The ONNX tower to use under ``runtime``, or None to run PyTorch.
+
+    ``auto`` falls back to PyTorch with one warning line when ONNX Runtime is missing or the
+    export fails; ``onnx`` raises instead; ``torch`` returns None.
+    """
+    if runtime == "torch":
+        return None
+    if not onnxruntime_available():
+        if runtime == "onnx":
+            raise ModelError("runtime='onnx' needs ONNX Runtime: pip install onnxruntime")
+        warn_once("no-ort", "onnxruntime is not installed: running the encoders in PyTorch (slower); "
+                            "pip install onnxruntime to speed them up")
+        return None
+    try:
+        return load_tower(spec)
+    except ModelError as e:
+        if runtime == "onnx":
+            raise
+        warn_once(f"export-{spec.kind}", f"{e}; running {spec.kind} in PyTorch instead")
+        return None
