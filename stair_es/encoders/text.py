@@ -523,7 +523,7 @@ def _splade_spec(model: str, folder: Path, device: str, vocab: Vocabulary):
 
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
     if not any(p.suffix in (".safetensors", ".bin") for p in files):
-        raise ModelError(f"model {model!r}: no weights (.safetensors or .bin) in {folder}")
+        raise ModelError(f"cannot load masked-LM model {model!r}: no weights (.safetensors or .bin) in {folder}")
 
     def build() -> Any:
         import torch
