@@ -35,6 +35,10 @@ class UnknownNameError(InvalidInputError):
     """A registry lookup (encoder, backend, model config) failed; the message lists what exists."""
 
 
+class EncoderVersionError(InvalidInputError):
+    """An index records an encoder version (token map, weights) other than the installed one."""
+
+
 class MissingDependencyError(StairError, ImportError):
     """An optional extra is not installed; the message says which `pip install` fixes it."""
 

@@ -41,6 +41,8 @@ class DefaultEncoder(Encoder):
         min_weight: float = 0.05,
         device: str = "cpu",
         runtime: str | None = None,
+        token_map: str | None = None,
+        allow_version_mismatch: bool = False,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -53,7 +55,7 @@ class DefaultEncoder(Encoder):
         self.text_model = text_model
         self.image_encoder = ImageNetLabelEncoder(
             image_model, top_classes=top_classes, min_weight=min_weight, device=device, runtime=runtime,
-            vocab=self.vocab,
+            token_map=token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
         )
         self.text_encoder: Encoder
         if text == "splade":
@@ -74,6 +76,7 @@ class DefaultEncoder(Encoder):
             "image_model": img["model"],
             "top_classes": img["top_classes"],
             "min_weight": img["min_weight"],
+            "token_map": img["token_map"],
         }
         if self.text == "splade":
             cfg["text_model"] = self.text_model

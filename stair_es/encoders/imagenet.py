@@ -24,9 +24,12 @@ punctuation, a possessive ``'s`` and stopwords (``of``, ``the``...) are dropped.
   ``shark`` 1.0, ``great`` 0.6, ``white`` 0.6;
 * the WordPiece **pieces of one word share its weight** equally, as the ``bow`` query
   encoder does: ``"goldfish"`` -> ``gold`` 0.5, ``##fish`` 0.5;
-* a few **hypernyms** are added from ``configs/imagenet_hypernyms.json`` because
-  ImageNet names rarely say what a thing is (``"beagle"`` gets ``dog`` 0.8, ``"tabby cat"``
-  keeps ``cat`` 1.0, every animal class gets ``animal`` 0.4);
+* with ``hypernyms=True`` (the default) the table is the one generated from **WordNet 3.0**
+  by ``scripts/build_imagenet_tokens.py`` (``configs/imagenet_wordnet.json``): the class
+  name as above, the synset's WordNet synonyms, and its hypernym chain with decaying shares
+  (``beagle`` -> ``hound``/``dog`` 0.85, ``canine`` 0.64, ``mammal`` 0.5, ``animal``;
+  ``espresso`` -> ``coffee``, ``drink``, ``beverage``), because ImageNet names rarely say
+  what a thing is. The map's ``version`` is recorded in the encoder config;
 * a token that appears several times in one class keeps its largest share.
 
 For an image with class probabilities ``p_c`` the raw score of token ``t`` is the **sum**
@@ -59,7 +62,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError, MissingDependencyError, ModelError
+from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import Encoder, progress_bar
@@ -150,9 +153,32 @@ def imagenet_classnames() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1)
-def _hypernyms() -> dict[str, Any]:
-    text = resources.files("stair_es.encoders").joinpath("configs/imagenet_hypernyms.json").read_text("utf-8")
-    return json.loads(text)["hypernyms"]
+def wordnet_token_map() -> dict[str, Any]:
+    """The generated class -> token map (``configs/imagenet_wordnet.json``), checked."""
+    try:
+        text = resources.files("stair_es.encoders").joinpath("configs/imagenet_wordnet.json").read_text("utf-8")
+        data = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"the ImageNet token map imagenet_wordnet.json cannot be read ({e}); reinstall stair-es") from None
+    classes = data.get("classes") if isinstance(data, dict) else None
+    if not isinstance(classes, list) or len(classes) != 1000 or not data.get("version"):
+        raise ModelError("the ImageNet token map imagenet_wordnet.json is damaged (expected 1000 classes and a version); "
+                         "reinstall stair-es or regenerate it with scripts/build_imagenet_tokens.py")
+    return data
+
+
+def wordnet_class_shares(vocab: Vocabulary) -> list[dict[int, float]]:
+    """Per class, ``{token id: share}`` from the generated WordNet map."""
+    table = []
+    for c in wordnet_token_map()["classes"]:
+        shares: dict[int, float] = {}
+        for tok, share in c["tokens"].items():
+            i = vocab.get(tok)
+            if i is None or vocab.is_special(i):
+                raise ModelError(f"the ImageNet token map names {tok!r}, which is not a searchable token of {vocab.name}")
+            shares[i] = float(share)
+        table.append(shares)
+    return table
 
 
 # --- model loading --------------------------------------------------------------------------
@@ -220,6 +246,8 @@ class ImageNetLabelEncoder(Encoder):
         weights: str | None = None,
         device: str = "cpu",
         runtime: str | None = None,
+        token_map: str | None = None,
+        allow_version_mismatch: bool = False,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -247,7 +275,14 @@ class ImageNetLabelEncoder(Encoder):
         self.weights = weights
         self.device = device
         self.classnames = imagenet_classnames()
-        self._table = class_token_shares(self.classnames, self.vocab, _hypernyms() if hypernyms else None)
+        self._table = wordnet_class_shares(self.vocab) if hypernyms else class_token_shares(self.classnames, self.vocab)
+        self.token_map = wordnet_token_map()["version"] if hypernyms else "classnames-v1"
+        if token_map is not None and token_map != self.token_map and not allow_version_mismatch:
+            raise EncoderVersionError(
+                f"the index was built with the ImageNet token map {token_map!r}, but this stair_es has "
+                f"{self.token_map!r}: image vectors from the two are not comparable. Re-ingest the catalog into a "
+                "new index, install the stair_es version that built it, or pass --force to search it anyway"
+            )
         self._table_arrays = [
             (np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table
         ]
@@ -264,6 +299,7 @@ class ImageNetLabelEncoder(Encoder):
             "min_weight": self.min_weight,
             "scale": self.scale,
             "hypernyms": self.hypernyms,
+            "token_map": self.token_map,
         }
         if self.weights:
             cfg["weights"] = str(self.weights)

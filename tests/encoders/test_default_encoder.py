@@ -19,7 +19,10 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     monkeypatch.setattr(mod, "splade_available", lambda model="splade-tiny": False)
     enc = DefaultEncoder()
     assert isinstance(enc.text_encoder, BagOfWordsEncoder)
-    assert enc.config() == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05}
+    from stair_es.encoders.imagenet import wordnet_token_map
+
+    assert enc.config() == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
+                            "token_map": wordnet_token_map()["version"]}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
 

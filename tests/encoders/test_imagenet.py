@@ -44,17 +44,56 @@ def test_alternatives_and_stopwords():
     assert "s" not in _shares("potter's wheel")
 
 
-def test_hypernyms_cover_unnamed_classes():
-    enc = ImageNetLabelEncoder.__new__(ImageNetLabelEncoder)  # table only, no model
-    names = imagenet_classnames()
-    from stair_es.encoders.imagenet import _hypernyms
+def _wordnet_shares(classname: str) -> dict[str, float]:
+    from stair_es.encoders.imagenet import wordnet_class_shares
 
-    table = class_token_shares(names, V, _hypernyms())
-    beagle = names.index("Beagle") if "Beagle" in names else [n.lower() for n in names].index("beagle")
-    assert table[beagle][V.id("dog")] == pytest.approx(0.8)
-    assert table[names.index("tabby cat")][V.id("cat")] == pytest.approx(1.0)  # own name wins
-    assert V.id("dog") not in table[names.index("tabby cat")]
-    del enc
+    names = [n.lower() for n in imagenet_classnames()]
+    return {V.token(i): s for i, s in wordnet_class_shares(V)[names.index(classname.lower())].items()}
+
+
+def test_wordnet_map_is_complete_and_versioned():
+    from stair_es.encoders.imagenet import wordnet_token_map
+
+    data = wordnet_token_map()
+    assert len(data["classes"]) == 1000 and data["version"].startswith("wordnet3.0-")
+    assert "Princeton University" in data["license_notice"]
+    for c in data["classes"]:
+        assert c["wnid"].startswith("n") and c["tokens"]
+        for tok, share in c["tokens"].items():
+            assert tok in V and not V.is_special(V.id(tok)) and 0 < share <= 1
+    assert ImageNetLabelEncoder.__init__.__defaults__ is not None  # (constructor stays cheap: no model loaded)
+    assert get_encoder("imagenet").config()["token_map"] == data["version"]
+
+
+def test_wordnet_hypernyms_say_what_a_class_is():
+    beagle = _wordnet_shares("beagle")
+    assert beagle["dog"] >= 0.8 and beagle["hound"] >= 0.8 and "animal" in beagle and "mammal" in beagle
+    assert _wordnet_shares("tabby cat")["cat"] == 1.0 and "dog" not in _wordnet_shares("tabby cat")
+    sports_car = _wordnet_shares("sports car")
+    assert sports_car["car"] == 1.0 and "vehicle" in sports_car
+    espresso = _wordnet_shares("espresso")
+    assert {"coffee", "drink", "beverage"} <= set(espresso)
+    assert "person" in _wordnet_shares("scuba diver")
+    # the uninformative top of WordNet never becomes a token
+    for c in ("beagle", "banana", "sports car", "espresso"):
+        assert not {"entity", "object", "whole", "artifact", "organism", "being"} & set(_wordnet_shares(c))
+
+
+def test_an_index_built_with_another_token_map_is_refused_clearly():
+    from stair_es.errors import EncoderVersionError
+
+    with pytest.raises(EncoderVersionError, match="ImageNet token map 'wordnet3.0-v0-old'.*--force"):
+        ImageNetLabelEncoder(token_map="wordnet3.0-v0-old")
+    assert ImageNetLabelEncoder(token_map="wordnet3.0-v0-old", allow_version_mismatch=True).token_map != "wordnet3.0-v0-old"
+    cfg = get_encoder("default", text="bow").config()
+    assert get_encoder(**cfg).config() == cfg
+
+
+def test_names_only_table_without_hypernyms():
+    enc = ImageNetLabelEncoder(hypernyms=False)
+    assert enc.config()["token_map"] == "classnames-v1"
+    beagle = [n.lower() for n in enc.classnames].index("beagle")
+    assert V.id("dog") not in enc._table[beagle]
 
 
 def test_sum_over_classes_rewards_a_likely_concept():
@@ -65,7 +104,9 @@ def test_sum_over_classes_rewards_a_likely_concept():
     for n, v in (("tabby cat", 0.4), ("tiger cat", 0.3), ("Egyptian Mau", 0.2), ("goldfish", 0.1)):
         p[names.index(n)] = v
     vec = enc.vector_from_probabilities(p)
-    cat_share = 0.4 + 0.3 + 0.2 * 0.8  # Egyptian Mau gets `cat` as a hypernym
+    cat = V.id("cat")
+    cat_share = sum(v * enc._table[names.index(n)].get(cat, 0.0) for n, v in (("tabby cat", 0.4), ("tiger cat", 0.3), ("Egyptian Mau", 0.2)))
+    assert cat_share > 0.85  # all three are cats in WordNet (Egyptian Mau: "Egyptian cat")
     assert vec.weight("cat") == pytest.approx(math.log1p(10 * cat_share), rel=1e-5)
     assert vec.top(1)[0][0] == "cat"
     assert enc._net is None  # no model needed for the mapping

@@ -1,0 +1,1 @@
+"""Offline evaluation of stair_es encoders on public image sets (see README.md here)."""

@@ -1,0 +1,192 @@
+"""Text -> image retrieval quality of the offline encoders on public sets.
+
+    python -m benchmarks.encoders.run                                  # all sets, default encoder
+    python -m benchmarks.encoders.run --sets samples,tuxpaint --limit 300 --out benchmarks/results/encoders/after.json
+    python benchmarks/encoders/run.py ...                              # same, without the repository on sys.path:
+                                                                       # measures whichever stair_es is installed
+
+For every set, each item's image is encoded by the image side of the ``default`` encoder
+(or ``--image-encoder NAME``) and each item's own description is the query. Queries are
+scored against every image of the set by the sparse dot product -- what every backend
+computes -- and ranked with **ties counted against the query** (an image scoring the same
+as the right one is ranked before it). Items sharing the same description are all relevant.
+
+Query encoders compared (``--query`` to choose):
+
+* ``splade``: SPLADE-tiny expansion;
+* ``bow``: the query's own tokens (no model), weight 1 each (count-saturated);
+* ``bow-idf``: ``bow`` times the IDF of each token among the set's image vectors (what
+  ``stair-es search`` does for ``bow`` on an index);
+* ``splade-idf``: SPLADE-tiny restricted to tokens that occur in the image vectors, times IDF;
+* ``default``: whatever the ``default`` encoder's text side is (with IDF if it uses it).
+
+Metrics: P@1, MRR, R@5, and images/s of the image encoder (PIL image in, vector out; the
+set's own loading and rasterising is not counted). Each report carries the git commit,
+the stair_es version under test and machine info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: import the sets module beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sets import SETS, SetUnavailable  # type: ignore[no-redef]
+else:
+    from .sets import SETS, SetUnavailable
+
+QUERY_ENCODERS = ("default", "splade", "bow", "bow-idf", "splade-idf")
+
+
+def rank_metrics(scores: np.ndarray, relevant: list[np.ndarray]) -> dict[str, float]:
+    """P@1, MRR, R@5 of a (queries x images) score matrix; ties count against the query.
+
+    ``relevant[i]``: indices of the images relevant to query ``i``. The rank of a query is
+    1 + the number of non-relevant images scoring at least as high as its best relevant one.
+    """
+    ranks = []
+    for i, rel in enumerate(relevant):
+        row = scores[i]
+        best = row[rel].max()
+        ahead = np.count_nonzero(row >= best) - np.count_nonzero(row[rel] >= best)
+        ranks.append(1 + int(ahead))
+    r = np.asarray(ranks, dtype=np.float64)
+    return {"p1": float(np.mean(r == 1)), "mrr": float(np.mean(1.0 / r)), "r5": float(np.mean(r <= 5)),
+            "median_rank": float(np.median(r))}
+
+
+def _dense(vectors) -> np.ndarray:
+    from stair_es.vocab import VOCAB_SIZE
+
+    out = np.zeros((len(vectors), VOCAB_SIZE), np.float32)
+    for i, v in enumerate(vectors):
+        if v is not None and v.nnz:
+            out[i, np.asarray(v.ids, dtype=np.int64)] = v.weights
+    return out
+
+
+def _idf(image_dense: np.ndarray) -> np.ndarray:
+    df = np.count_nonzero(image_dense > 0, axis=0)
+    n = image_dense.shape[0]
+    return np.log1p((n - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+
+def _encode_queries(kind: str, texts: list[str], image_dense: np.ndarray, default_encoder) -> np.ndarray:
+    from stair_es.encoders import get_encoder
+    from stair_es.errors import StairError
+
+    idf = _idf(image_dense)
+    present = (image_dense > 0).any(axis=0)
+    if kind == "default":
+        enc, weights = default_encoder, (idf if getattr(default_encoder, "uses_idf", False) else None)
+    elif kind in ("splade", "splade-idf"):
+        enc, weights = get_encoder("splade"), None
+    else:
+        enc, weights = get_encoder("bow"), (idf if kind == "bow-idf" else None)
+    vecs = []
+    for t in texts:
+        try:
+            vecs.append(enc.encode_texts([t], idf=weights)[0])
+        except StairError:  # nothing searchable in the text: it finds nothing
+            vecs.append(None)
+    q = _dense(vecs)
+    if kind == "splade-idf":
+        q = q * present * idf
+    return q
+
+
+def _relevance(texts: list[str]) -> list[np.ndarray]:
+    norm = [" ".join(t.lower().split()) for t in texts]
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(norm):
+        groups.setdefault(t, []).append(i)
+    return [np.asarray(groups[t]) for t in norm]
+
+
+def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32) -> list[dict]:
+    images = [it.load() for it in items]
+    texts = [it.query for it in items]
+    image_encoder.encode_images(images[: min(4, len(images))], batch_size=batch_size)  # warm-up / export
+    t = time.perf_counter()
+    vecs = image_encoder.encode_images(images, batch_size=batch_size)
+    ips = len(images) / max(time.perf_counter() - t, 1e-9)
+    img = _dense(vecs)
+    rel = _relevance(texts)
+    rows = []
+    for q in queries:
+        qd = _encode_queries(q, texts, img, default_encoder)
+        m = rank_metrics(qd @ img.T, rel)
+        rows.append({"set": name, "n": len(items), "query_encoder": q, **{k: round(v, 4) for k, v in m.items()},
+                     "images_per_s": round(ips, 1), "mean_image_nnz": round(float(np.mean([v.nnz for v in vecs])), 1)})
+    return rows
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, from {', '.join(SETS)}")
+    ap.add_argument("--limit", type=int, default=400, help="items per set (fixed-seed sample of larger sets)")
+    ap.add_argument("--query", default=",".join(QUERY_ENCODERS), help=f"query encoders, from {', '.join(QUERY_ENCODERS)}")
+    ap.add_argument("--image-encoder", default="default", help="registry name of the image encoder")
+    ap.add_argument("--label", default="", help="a name for this run in the report (e.g. before / after)")
+    ap.add_argument("--out", type=Path, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+
+    import stair_es
+    from stair_es.encoders import get_encoder
+
+    default_encoder = get_encoder("default")
+    image_encoder = default_encoder if args.image_encoder == "default" else get_encoder(args.image_encoder)
+    queries = [q for q in args.query.split(",") if q]
+    for q in queries:
+        if q not in QUERY_ENCODERS:
+            ap.error(f"unknown query encoder {q!r}; choose from {', '.join(QUERY_ENCODERS)}")
+    report = {
+        "label": args.label, "commit": _git_commit(), "stair_es": str(Path(stair_es.__file__).parent),
+        "image_encoder": image_encoder.config(), "default_encoder": default_encoder.config(),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
+        "results": [], "skipped": {},
+    }
+    print(f"# encoder eval {args.label}  commit {report['commit']}  stair_es from {report['stair_es']}")
+    print(f"# image encoder {report['image_encoder']}")
+    header = f"{'set':<12} {'n':>4} {'query':<11} {'P@1':>6} {'MRR':>6} {'R@5':>6} {'med.rank':>8} {'img/s':>7} {'nnz':>5}"
+    print(header)
+    for name in [s for s in args.sets.split(",") if s]:
+        if name not in SETS:
+            ap.error(f"unknown set {name!r}; choose from {', '.join(SETS)}")
+        try:
+            items = SETS[name](limit=args.limit)
+        except SetUnavailable as e:
+            print(f"{name:<12} skipped: {e}")
+            report["skipped"][name] = str(e)
+            continue
+        for row in evaluate_set(name, items, image_encoder, queries, default_encoder):
+            report["results"].append(row)
+            print(f"{row['set']:<12} {row['n']:>4} {row['query_encoder']:<11} {row['p1']:>6.3f} {row['mrr']:>6.3f} "
+                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Generate the ImageNet-1k class -> WordPiece token map of the ``imagenet`` encoder from WordNet 3.0.
+
+    python scripts/build_imagenet_tokens.py                       # writes stair_es/encoders/configs/imagenet_wordnet.json
+    python scripts/build_imagenet_tokens.py --wordnet /usr/share/wordnet --synsets imagenet_synsets.txt --out map.json
+
+ImageNet-1k classes are WordNet 3.0 noun synsets (``n02085620`` = offset 02085620 in
+``data.noun``). For every class this script collects, with a *share* in (0, 1] of the class
+probability each token receives:
+
+* **names**: the cleaned class name (open_clip's, shipped in
+  ``stair_es/data/imagenet_classnames.json``) and the synset's WordNet lemmas. In a name the
+  head noun gets 1.0 and modifiers 0.6 (``great white shark``: ``shark`` 1.0, ``great`` 0.6);
+  a parenthesised gloss counts half; the WordPiece pieces of one word share its weight
+  (``goldfish`` -> ``gold`` 0.5, ``##fish`` 0.5), as the ``bow`` query encoder splits a query
+  word. WordNet lemmas (synonyms) count :data:`SYNONYM_FACTOR` and add only words that are
+  one whole BERT token (Latin names such as *Tinca tinca* would add noise pieces).
+* **hypernyms**: walking up the ``@`` (hypernym) and ``@i`` (instance) pointers, the first
+  :data:`LEMMAS_PER_HYPERNYM` lemmas of each ancestor synset, head noun only, kept only when
+  that word is one whole BERT token (``beagle`` -> ``hound``, ``dog``, ``canine``,
+  ``carnivore``, ``mammal``, ``animal``). The share decays with the distance ``d`` (1 for the
+  parent): ``max(HYPERNYM_FLOOR, HYPERNYM_FIRST - HYPERNYM_STEP * (d - 1))``. The walk stops
+  at the uninformative top of the hierarchy (:data:`STOP_SYNSETS`: ``entity``, ``object``,
+  ``whole``, ``artifact``, ``instrumentality``, ``organism``...): a query never says
+  "instrumentality", and a token every image carries ranks nothing. Taxonomic jargon that
+  only blurs rankings (``chordate``, ``vertebrate``, ``placental``...) is skipped but the
+  walk goes on through it.
+
+A token reached several ways keeps its largest share. Stopwords and punctuation are never
+tokens. The output records its provenance (WordNet 3.0 with the WordNet licence notice,
+which requires the notice to go with copies of derived data), the parameters, and a
+``version`` string (parameters + content hash) that the encoder stores in every index it
+builds, so vectors made with another map are never mixed with these.
+
+Inputs, all offline:
+
+* WordNet 3.0: Debian ``wordnet-base`` (``/usr/share/wordnet``); installed with apt-get when
+  missing (needs root). The database itself is not shipped with stair_es.
+* the 1,000 class wnids in class order: ``timm/data/_info/imagenet_synsets.txt`` from the
+  ``timm`` wheel on PyPI, fetched with ``pip download timm --no-deps`` into a temporary
+  folder (timm is not a dependency of stair_es), or a local file given with ``--synsets``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stair_es.vocab import basic_tokenize, default_vocabulary  # noqa: E402
+
+SCRIPT_VERSION = 1
+HEAD_SHARE = 1.0
+MODIFIER_SHARE = 0.6
+GLOSS_FACTOR = 0.5
+SYNONYM_FACTOR = 0.8
+LEMMAS_PER_HYPERNYM = 2
+HYPERNYM_FIRST = 0.85
+HYPERNYM_STEP = 0.07
+HYPERNYM_FLOOR = 0.4
+MAX_DEPTH = 12
+NAME_STOPWORDS = frozenset("a an the of or and for on in with to at by from s".split())
+# The walk stops at these synsets (first lemma as in WordNet 3.0): too general to be searched
+# for, and a token on most images ranks nothing.
+STOP_SYNSETS = frozenset("""entity physical_entity abstraction abstract_entity object whole artifact
+instrumentality organism living_thing causal_agent matter unit thing part substance
+physical_object group grouping attribute measure relation communication psychological_feature
+event act process state location""".split())
+# Skipped (the walk continues through them): taxonomy words a catalog user does not search by.
+SKIP_WORDS = frozenset("""chordate vertebrate craniate placental eutherian metazoan invertebrate
+arthropod mollusk gastropod passerine oscine diapsid anapsid archosaur saurian ungulate
+artiodactyl perissodactyl odontoceti cetacean teleost ganoid elasmobranch selachian
+commodity instrument implement device equipment container structure covering conveyance
+creation product way system medium article being object part solid organ goods good nutrient
+individual produce java matter entity whole mammalian unit element piece thing form kind type""".split())
+
+
+def ensure_wordnet(folder: Path) -> Path:
+    if (folder / "data.noun").is_file():
+        return folder
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", "wordnet-base"], check=True)
+        if (folder / "data.noun").is_file():
+            return folder
+    sys.exit(f"WordNet 3.0 not found in {folder}: install the Debian package wordnet-base (as root: apt-get install wordnet-base)")
+
+
+def fetch_synsets(explicit: Path | None) -> list[str]:
+    if explicit is not None:
+        lines = explicit.read_text().split()
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "timm", "-d", tmp], check=True)
+            wheel = next(Path(tmp).glob("timm-*.whl"))
+            with zipfile.ZipFile(wheel) as z:
+                lines = z.read("timm/data/_info/imagenet_synsets.txt").decode().split()
+    if len(lines) != 1000 or not all(re.fullmatch(r"n\d{8}", w) for w in lines):
+        sys.exit(f"expected 1000 wnids like n01440764, got {len(lines)}")
+    return lines
+
+
+def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """offset -> (lemmas, hypernym offsets) for every noun synset of ``data.noun``."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    with open(folder / "data.noun", encoding="latin-1") as f:
+        for line in f:
+            if line.startswith("  "):
+                continue  # the licence header
+            fields = line.split(" | ")[0].split()
+            offset, n_words = fields[0], int(fields[3], 16)
+            words = [fields[4 + 2 * i] for i in range(n_words)]
+            p = 4 + 2 * n_words
+            n_ptr = int(fields[p])
+            hyper = []
+            for i in range(n_ptr):
+                sym, target, pos = fields[p + 1 + 4 * i : p + 4 + 4 * i]
+                if sym in ("@", "@i") and pos == "n":
+                    hyper.append(target)
+            out[offset] = ([re.sub(r"\(.*\)$", "", w) for w in words], hyper)
+    return out
+
+
+class Builder:
+    def __init__(self) -> None:
+        self.vocab = default_vocabulary()
+
+    def _pieces(self, word: str) -> list[str] | None:
+        pieces = self.vocab.wordpiece(word)
+        if not pieces or any(p not in self.vocab or self.vocab.is_special(self.vocab.id(p)) for p in pieces):
+            return None
+        return pieces
+
+    def name_shares(self, name: str, factor: float, out: dict[str, float], whole_words_only: bool = False) -> None:
+        """Head noun 1.0, modifiers 0.6, pieces of a word share it (see the module docstring)."""
+        parts: list[tuple[str, float]] = []
+        main = name
+        if "(" in name and name.rstrip().endswith(")"):
+            main, _, gloss = name.partition("(")
+            parts.append((gloss.rstrip().rstrip(")"), GLOSS_FACTOR))
+        for alt in main.replace(" or ", " / ").split("/"):
+            if alt.strip():
+                parts.append((alt.strip(), 1.0))
+        for text, f in parts:
+            words = [w for w in basic_tokenize(text.replace("_", " ")) if w.isalnum()]
+            content = [i for i, w in enumerate(words) if w not in NAME_STOPWORDS]
+            if not content:
+                continue
+            head = content[-1]
+            if "of" in words[1:]:
+                cut = words.index("of")
+                before = [i for i in content if i < cut]
+                if before and len(content) - len(before) == 1:
+                    head = before[-1]
+            for i in content:
+                pieces = self._pieces(words[i])
+                if pieces is None or (whole_words_only and (len(pieces) > 1 or words[i] in SKIP_WORDS)):
+                    continue
+                share = (HEAD_SHARE if i == head else MODIFIER_SHARE) * f * factor / len(pieces)
+                for p in pieces:
+                    out[p] = max(out.get(p, 0.0), round(share, 4))
+
+    def hypernym_shares(self, offset: str, wn: dict, out: dict[str, float]) -> list[str]:
+        seen = {offset}
+        frontier = [offset]
+        path: list[str] = []
+        for depth in range(1, MAX_DEPTH + 1):
+            nxt = []
+            for off in frontier:
+                for h in wn[off][1]:
+                    if h in seen:
+                        continue
+                    seen.add(h)
+                    lemmas = wn[h][0]
+                    if lemmas[0].lower() in STOP_SYNSETS:
+                        continue
+                    nxt.append(h)
+                    share = max(HYPERNYM_FLOOR, HYPERNYM_FIRST - HYPERNYM_STEP * (depth - 1))
+                    for lemma in lemmas[:LEMMAS_PER_HYPERNYM]:
+                        words = [w for w in basic_tokenize(lemma.replace("_", " ")) if w.isalnum()]
+                        words = [w for w in words if w not in NAME_STOPWORDS]
+                        if not words:
+                            continue
+                        head = words[-1]
+                        if head in SKIP_WORDS or head not in self.vocab:
+                            continue
+                        if self.vocab.is_special(self.vocab.id(head)):
+                            continue
+                        if share > out.get(head, 0.0):
+                            out[head] = round(share, 4)
+                        path.append(head)
+            frontier = nxt
+            if not frontier:
+                break
+        return path
+
+
+def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
+    wn = read_wordnet(wordnet)
+    b = Builder()
+    classes = []
+    for idx, (wnid, cname) in enumerate(zip(synsets, classnames)):
+        offset = wnid[1:]
+        if offset not in wn:
+            sys.exit(f"class {idx} {wnid} ({cname}) is not a WordNet 3.0 noun synset")
+        tokens: dict[str, float] = {}
+        b.name_shares(cname, 1.0, tokens)
+        lemmas = wn[offset][0]
+        for lemma in lemmas:
+            # Synonyms add only whole-token words: Latin names (Tinca tinca) split into noise pieces.
+            b.name_shares(lemma.replace("_", " "), SYNONYM_FACTOR, tokens, whole_words_only=True)
+        b.hypernym_shares(offset, wn, tokens)
+        ordered = dict(sorted(tokens.items(), key=lambda kv: (-kv[1], kv[0])))
+        classes.append({"index": idx, "wnid": wnid, "name": cname, "lemmas": [w.replace("_", " ") for w in lemmas],
+                        "tokens": ordered})
+    params = {
+        "script_version": SCRIPT_VERSION, "head_share": HEAD_SHARE, "modifier_share": MODIFIER_SHARE,
+        "gloss_factor": GLOSS_FACTOR, "synonym_factor": SYNONYM_FACTOR, "lemmas_per_hypernym": LEMMAS_PER_HYPERNYM,
+        "hypernym_first": HYPERNYM_FIRST, "hypernym_step": HYPERNYM_STEP, "hypernym_floor": HYPERNYM_FLOOR,
+        "max_depth": MAX_DEPTH, "stop_synsets": sorted(STOP_SYNSETS), "skip_words": sorted(SKIP_WORDS),
+    }
+    content = json.dumps([c["tokens"] for c in classes], sort_keys=True).encode()
+    version = f"wordnet3.0-v{SCRIPT_VERSION}-{hashlib.sha256(content).hexdigest()[:12]}"
+    return {
+        "version": version,
+        "generated_by": "scripts/build_imagenet_tokens.py (stair_es); re-run it to regenerate",
+        "provenance": (
+            "Class ids: ImageNet-1k wnids in class order (timm/data/_info/imagenet_synsets.txt). "
+            "Lemmas and hypernyms: WordNet 3.0 (Debian package wordnet-base). Class names: open_clip's cleaned "
+            "ImageNet class names (stair_es/data/imagenet_classnames.json)."
+        ),
+        "license_notice": WORDNET_NOTICE,
+        "parameters": params,
+        "classes": classes,
+    }
+
+
+WORDNET_NOTICE = (
+    "WordNet 3.0 Copyright 2006 by Princeton University. All rights reserved. "
+    "Permission to use, copy, modify and distribute this software and database and its documentation for any "
+    "purpose and without fee or royalty is hereby granted, provided that you agree to comply with the following "
+    "copyright notice and statements, including the disclaimer, and that the same appear on ALL copies of the "
+    "software, database and documentation, including modifications that you make for internal use or for "
+    "distribution. THIS SOFTWARE AND DATABASE IS PROVIDED \"AS IS\" AND PRINCETON UNIVERSITY MAKES NO "
+    "REPRESENTATIONS OR WARRANTIES, EXPRESS OR IMPLIED. BY WAY OF EXAMPLE, BUT NOT LIMITATION, PRINCETON "
+    "UNIVERSITY MAKES NO REPRESENTATIONS OR WARRANTIES OF MERCHANTABILITY OR FITNESS FOR ANY PARTICULAR PURPOSE OR "
+    "THAT THE USE OF THE LICENSED SOFTWARE, DATABASE OR DOCUMENTATION WILL NOT INFRINGE ANY THIRD PARTY PATENTS, "
+    "COPYRIGHTS, TRADEMARKS OR OTHER RIGHTS. The name of Princeton University or Princeton may not be used in "
+    "advertising or publicity pertaining to distribution of the software and/or database. Title to copyright in "
+    "this software, database and any associated documentation shall at all times remain with Princeton "
+    "University and LICENSEE agrees to preserve same."
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="folder with data.noun")
+    ap.add_argument("--synsets", type=Path, help="file with the 1000 wnids in class order (default: from the timm wheel)")
+    ap.add_argument("--out", type=Path, default=ROOT / "stair_es" / "encoders" / "configs" / "imagenet_wordnet.json")
+    args = ap.parse_args()
+    wordnet = ensure_wordnet(args.wordnet)
+    synsets = fetch_synsets(args.synsets)
+    classnames = json.loads((ROOT / "stair_es" / "data" / "imagenet_classnames.json").read_text("utf-8"))
+    data = build(wordnet, synsets, classnames)
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(text, "utf-8")
+    os.replace(tmp, args.out)
+    n_tokens = sum(len(c["tokens"]) for c in data["classes"])
+    print(f"wrote {args.out}: {len(data['classes'])} classes, {n_tokens} class-token shares, version {data['version']}")
+
+
+if __name__ == "__main__":
+    main()
