@@ -110,6 +110,30 @@ def fetch_synsets(explicit: Path | None) -> list[str]:
     return lines
 
 
+def read_index(folder: Path) -> dict[str, list[str]]:
+    """lemma -> its noun synset offsets, most frequent sense first (``index.noun``)."""
+    out: dict[str, list[str]] = {}
+    with open(folder / "index.noun", encoding="latin-1") as f:
+        for line in f:
+            if line.startswith("  "):
+                continue
+            fields = line.split()
+            n_synsets, n_ptr = int(fields[2]), int(fields[3])
+            offsets = fields[6 + n_ptr : 6 + n_ptr + n_synsets]
+            out[fields[0]] = offsets
+    return out
+
+
+def read_exceptions(folder: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with open(folder / "noun.exc", encoding="latin-1") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2:
+                out[parts[0]] = parts[1]
+    return out
+
+
 def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
     """offset -> (lemmas, hypernym offsets) for every noun synset of ``data.noun``."""
     out: dict[str, tuple[list[str], list[str]]] = {}
@@ -205,6 +229,81 @@ class Builder:
         return path
 
 
+QUERY_SYNONYM_SHARE = 0.8
+SENSES_PER_WORD = 2
+
+
+def build_query_expansion(wordnet: Path, synsets: list[str], image_map: dict) -> dict:
+    """Word -> tokens an image can carry, for query words the classifier has no class for.
+
+    For every single-token noun of WordNet (and its irregular plurals), the senses that
+    concern what ImageNet shows are kept: senses that are an ImageNet class, an ancestor of
+    one, or a descendant of one (``drake``: the male duck, not Sir Francis Drake; ``tiger``:
+    the cat, not the fierce person); without such a sense, the most frequent one. Each kept
+    sense gives its synonyms (share 0.8) and its hypernym chain (the shares of the image
+    map), restricted to tokens the image map can produce: an expansion no image can carry
+    only adds noise. A token keeps its largest share.
+    """
+    wn = read_wordnet(wordnet)
+    index = read_index(wordnet)
+    b = Builder()
+    emittable = {t for c in image_map["classes"] for t in c["tokens"]}
+    classes = {w[1:] for w in synsets}
+    ancestors: set[str] = set()
+    for off in classes:
+        stack = list(wn[off][1])
+        while stack:
+            h = stack.pop()
+            if h not in ancestors:
+                ancestors.add(h)
+                stack.extend(wn[h][1])
+
+    def descends_from_class(off: str) -> bool:
+        seen, stack = set(), list(wn[off][1])
+        while stack:
+            h = stack.pop()
+            if h in classes:
+                return True
+            if h not in seen:
+                seen.add(h)
+                stack.extend(wn[h][1])
+        return False
+
+    words: dict[str, dict[str, float]] = {}
+    for lemma, offsets in index.items():
+        if "_" in lemma or lemma not in b.vocab or b.vocab.is_special(b.vocab.id(lemma)):
+            continue
+        visual = [o for o in offsets if o in classes or (o in ancestors and wn[o][0][0].lower() not in STOP_SYNSETS)
+                  or descends_from_class(o)]
+        chosen = (visual or offsets[:1])[:SENSES_PER_WORD]
+        expansion: dict[str, float] = {}
+        for rank, off in enumerate(chosen):
+            factor = 1.0 / (rank + 1)
+            for syn in wn[off][0]:
+                w = syn.lower()
+                if w != lemma and w in emittable and w not in SKIP_WORDS:
+                    expansion[w] = max(expansion.get(w, 0.0), round(QUERY_SYNONYM_SHARE * factor, 4))
+            hyper: dict[str, float] = {}
+            b.hypernym_shares(off, wn, hyper)
+            for w, share in hyper.items():
+                if w != lemma and w in emittable:
+                    expansion[w] = max(expansion.get(w, 0.0), round(share * factor, 4))
+        if expansion:
+            words[lemma] = dict(sorted(expansion.items(), key=lambda kv: (-kv[1], kv[0])))
+    exceptions = {k: v for k, v in read_exceptions(wordnet).items() if v in words and " " not in k}
+    return {
+        "version": "wordnet3.0-qx-v%d-%s" % (SCRIPT_VERSION, hashlib.sha256(json.dumps(words, sort_keys=True).encode()).hexdigest()[:12]),
+        "image_token_map": image_map["version"],
+        "generated_by": "scripts/build_imagenet_tokens.py (stair_es); re-run it to regenerate",
+        "provenance": "WordNet 3.0 (Debian package wordnet-base): noun senses, synonyms and hypernyms; "
+                      "targets restricted to the tokens of the ImageNet token map " + image_map["version"],
+        "license_notice": WORDNET_NOTICE,
+        "parameters": {"synonym_share": QUERY_SYNONYM_SHARE, "senses_per_word": SENSES_PER_WORD},
+        "plurals": exceptions,
+        "words": words,
+    }
+
+
 def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
     wn = read_wordnet(wordnet)
     b = Builder()
@@ -278,6 +377,12 @@ def main() -> None:
     os.replace(tmp, args.out)
     n_tokens = sum(len(c["tokens"]) for c in data["classes"])
     print(f"wrote {args.out}: {len(data['classes'])} classes, {n_tokens} class-token shares, version {data['version']}")
+    qx = build_query_expansion(wordnet, synsets, data)
+    out = args.out.with_name("wordnet_query_expansion.json")
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(qx, separators=(",", ":"), ensure_ascii=False) + "\n", "utf-8")
+    os.replace(tmp, out)
+    print(f"wrote {out}: {len(qx['words'])} words, version {qx['version']}")
 
 
 if __name__ == "__main__":

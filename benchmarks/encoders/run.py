@@ -18,6 +18,9 @@ Query encoders compared (``--query`` to choose):
 * ``bow-idf``: ``bow`` times the IDF of each token among the set's image vectors (what
   ``stair-es search`` does for ``bow`` on an index);
 * ``splade-idf``: SPLADE-tiny restricted to tokens that occur in the image vectors, times IDF;
+* ``grounded`` / ``grounded-idf``: the query's own tokens plus their WordNet relatives that
+  images can carry (``stair_es.encoders.grounded``), without / with IDF;
+* ``splade+grounded``: per token the larger of the two;
 * ``default``: whatever the ``default`` encoder's text side is (with IDF if it uses it).
 
 Metrics: P@1, MRR, R@5, and images/s of the image encoder (PIL image in, vector out; the
@@ -44,7 +47,7 @@ if __package__ in (None, ""):  # run as a file: import the sets module beside it
 else:
     from .sets import SETS, SetUnavailable
 
-QUERY_ENCODERS = ("default", "splade", "bow", "bow-idf", "splade-idf")
+QUERY_ENCODERS = ("default", "splade", "bow", "bow-idf", "splade-idf", "grounded", "grounded-idf", "splade+grounded")
 
 
 def rank_metrics(scores: np.ndarray, relevant: list[np.ndarray]) -> dict[str, float]:
@@ -86,10 +89,15 @@ def _encode_queries(kind: str, texts: list[str], image_dense: np.ndarray, defaul
 
     idf = _idf(image_dense)
     present = (image_dense > 0).any(axis=0)
+    if kind == "splade+grounded":
+        return np.maximum(_encode_queries("splade", texts, image_dense, default_encoder),
+                          _encode_queries("grounded", texts, image_dense, default_encoder))
     if kind == "default":
         enc, weights = default_encoder, (idf if getattr(default_encoder, "uses_idf", False) else None)
     elif kind in ("splade", "splade-idf"):
         enc, weights = get_encoder("splade"), None
+    elif kind in ("grounded", "grounded-idf"):
+        enc, weights = get_encoder("grounded"), (idf if kind == "grounded-idf" else None)
     else:
         enc, weights = get_encoder("bow"), (idf if kind == "bow-idf" else None)
     vecs = []

@@ -68,6 +68,7 @@ _BUILTIN: dict[str, str] = {
     "default": "stair_es.encoders.default:DefaultEncoder",
     "imagenet": "stair_es.encoders.imagenet:ImageNetLabelEncoder",
     "bow": "stair_es.encoders.text:BagOfWordsEncoder",
+    "grounded": "stair_es.encoders.grounded:GroundedQueryEncoder",
     "splade": "stair_es.encoders.text:SpladeEncoder",
     "stair": "stair_es.stair.encoder:StairEncoder",
 }

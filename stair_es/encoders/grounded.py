@@ -1,0 +1,168 @@
+"""``grounded``: a query's own words plus the WordNet words an image can carry (no model).
+
+The default image encoder describes a picture with the words of ImageNet classes, their
+WordNet synonyms and hypernyms (``configs/imagenet_wordnet.json``). A user's query uses
+their own words: "a drake", "an automobile", "a puppy" -- none of which need appear in any
+image vector even when the image shows exactly that. This encoder keeps the query's own
+tokens (as the ``bow`` encoder does: stopwords dropped, the pieces of a word share its
+weight, BM25 count saturation, optional index IDF) and adds, for each word, the tokens that
+WordNet relates to it *and* that the image encoder can produce
+(``configs/wordnet_query_expansion.json``, generated with the image map by
+``scripts/build_imagenet_tokens.py``): ``drake`` -> ``duck`` 0.85, ``bird`` 0.78;
+``automobile`` -> ``car``, ``vehicle``; ``puppy`` -> ``dog``. Senses are chosen among those
+that concern what ImageNet shows (``tiger`` the cat, not the fierce person). Plurals are
+reduced to their noun with WordNet's exception list and the usual suffix rules.
+
+An expansion token gets ``expansion`` (0.5) times its WordNet share, times the IDF of the
+token when the caller passes one, so a literal query word always outweighs what it was
+expanded to; a token keeps its largest weight. Runs in microseconds, imports no model.
+
+This module must not know about indices or backends.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import EmptyQueryError, InvalidInputError, ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, basic_tokenize
+from .base import Encoder, progress_bar
+from .text import BOW_K1, BagOfWordsEncoder, _check_idf, _check_texts
+
+DEFAULT_EXPANSION = 0.5
+
+
+@lru_cache(maxsize=1)
+def query_expansion_map() -> dict[str, Any]:
+    try:
+        text = resources.files("stair_es.encoders").joinpath("configs/wordnet_query_expansion.json").read_text("utf-8")
+        data = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"the query expansion map wordnet_query_expansion.json cannot be read ({e}); reinstall stair-es") from None
+    if not isinstance(data, dict) or not isinstance(data.get("words"), dict) or not data.get("version"):
+        raise ModelError("the query expansion map wordnet_query_expansion.json is damaged; reinstall stair-es "
+                         "or regenerate it with scripts/build_imagenet_tokens.py")
+    return data
+
+
+def noun_base(word: str, words: dict[str, Any], plurals: dict[str, str]) -> str | None:
+    """WordNet's morphy for nouns, enough for queries: exceptions, then suffix rules."""
+    if word in words:
+        return word
+    if word in plurals:
+        return plurals[word]
+    for suffix, repl in (("ies", "y"), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"),
+                         ("men", "man"), ("s", "")):
+        if word.endswith(suffix) and len(word) > len(suffix) + 1:
+            base = word[: -len(suffix)] + repl
+            if base in words:
+                return base
+    return None
+
+
+class GroundedQueryEncoder(Encoder):
+    """Query words plus their WordNet relatives that images can carry (see module docstring)."""
+
+    name = "grounded"
+    modalities = frozenset({"text"})
+
+    def __init__(
+        self,
+        *,
+        expansion: float = DEFAULT_EXPANSION,
+        stopwords: Iterable[str] | None = None,
+        k1: float = BOW_K1,
+        expansion_map: str | None = None,
+        allow_version_mismatch: bool = False,
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab, name=name)
+        if not (isinstance(expansion, (int, float)) and 0 <= expansion <= 1):
+            raise InvalidInputError(f"expansion must be a number in [0, 1], got {expansion!r}")
+        self.expansion = float(expansion)
+        self.bow = BagOfWordsEncoder(stopwords=stopwords, k1=k1, vocab=self.vocab)
+        data = query_expansion_map()
+        self.map_version = data["version"]
+        if expansion_map is not None and expansion_map != self.map_version and not allow_version_mismatch:
+            from ..errors import EncoderVersionError
+
+            raise EncoderVersionError(
+                f"the index was built with the query expansion map {expansion_map!r}, but this stair_es has "
+                f"{self.map_version!r}; re-ingest, install the matching stair_es, or pass --force"
+            )
+        self._words: dict[str, dict[str, float]] = data["words"]
+        self._plurals: dict[str, str] = data.get("plurals", {})
+
+    @property
+    def uses_idf(self) -> bool:
+        return True
+
+    def config(self) -> dict[str, Any]:
+        cfg = {"name": self.name, "expansion": self.expansion, "k1": self.bow.k1, "expansion_map": self.map_version}
+        if self.bow._custom_stopwords:
+            cfg["stopwords"] = sorted(self.bow.stopwords)
+        return cfg
+
+    def expansions(self, text: str) -> dict[str, dict[str, float]]:
+        """Per query word (after stopwords), the tokens it expands to with their shares."""
+        out: dict[str, dict[str, float]] = {}
+        for word in basic_tokenize(text):
+            if not word.isalpha() or word in self.bow.stopwords:
+                continue
+            base = noun_base(word, self._words, self._plurals)
+            if base is not None:
+                out[word] = dict(self._words[base])
+                if base != word and base in self.vocab:
+                    out[word].setdefault(base, 1.0)  # "puppies" -> "puppy" itself too
+        return out
+
+    def encode_text(self, text: str, idf: np.ndarray | None = None) -> SparseVector:
+        idf_arr = _check_idf(idf, self.vocab)
+        weights: dict[int, float] = {}
+        try:
+            own = self.bow.encode_text(text, idf_arr)
+            weights.update(zip(own.ids.tolist(), own.weights.tolist()))
+        except EmptyQueryError:
+            own = None
+        if self.expansion > 0:
+            for related in self.expansions(text).values():
+                for tok, share in related.items():
+                    i = self.vocab.get(tok)
+                    if i is None or self.vocab.is_special(i):
+                        continue
+                    w = self.expansion * share * (float(idf_arr[i]) if idf_arr is not None else 1.0)
+                    if w > weights.get(i, 0.0):
+                        weights[i] = w
+        weights = {i: w for i, w in weights.items() if w > 0}
+        if not weights:
+            raise EmptyQueryError(
+                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation, unknown characters, "
+                "or words that occur in no document)"
+            )
+        ids = np.fromiter(weights.keys(), np.int64, len(weights))
+        return SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
+                                        drop_special=True)
+
+    def encode_texts(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        progress: bool = False,
+        idf: np.ndarray | None = None,
+    ) -> list[SparseVector]:
+        texts = _check_texts(texts)
+        idf_arr = _check_idf(idf, self.vocab)
+        out = []
+        with progress_bar(len(texts), "encoding texts", progress) as bar:
+            for t in texts:
+                out.append(self.encode_text(t, idf_arr))
+                bar.update(1)
+        return out
