@@ -24,7 +24,20 @@ from .base import Encoder
 from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
-TEXT_CHOICES = ("auto", "bow", "splade")
+TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
+IMAGE_SOURCES = ("imagenet", "colour")
+DEFAULT_SOURCES = ("imagenet", "colour")
+
+
+def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVector:
+    """Per token, the largest weight any source gave it (sources measure different things;
+    a sum would let two sources double-count one word such as ``white``)."""
+    parts = [v for v in vectors if v.nnz]
+    if not parts:
+        return SparseVector.empty(vocab)
+    # from_arrays keeps the largest weight of a repeated id
+    return SparseVector.from_arrays(np.concatenate([v.ids for v in parts]), np.concatenate([v.weights for v in parts]),
+                                    vocab, drop_special=True)
 
 
 class DefaultEncoder(Encoder):
@@ -43,10 +56,18 @@ class DefaultEncoder(Encoder):
         runtime: str | None = None,
         token_map: str | None = None,
         allow_version_mismatch: bool = False,
+        sources: Sequence[str] | None = None,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
         super().__init__(vocab, name=name)
+        # (An index recorded before token sources existed is refused at ingest by the config
+        # comparison, and its text queries do not depend on the image sources.)
+        chosen = tuple(sources) if sources is not None else DEFAULT_SOURCES
+        unknown = [s for s in chosen if s not in IMAGE_SOURCES]
+        if unknown or "imagenet" not in chosen or isinstance(sources, str):
+            raise InvalidInputError(f"sources must be a list from {', '.join(IMAGE_SOURCES)} including 'imagenet'; got {sources!r}")
+        self.sources = chosen
         if text not in TEXT_CHOICES:
             raise InvalidInputError(f"text must be one of {', '.join(TEXT_CHOICES)}; got {text!r}")
         if text == "auto":
@@ -60,9 +81,16 @@ class DefaultEncoder(Encoder):
         self.text_encoder: Encoder
         if text == "splade":
             self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab)
+        elif text == "grounded":
+            from .grounded import GroundedQueryEncoder
+
+            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab)
         else:
             self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
         self.device = device
+        from .colour import ColourSource
+
+        self.colour = ColourSource(vocab=self.vocab) if "colour" in self.sources else None
 
     @property
     def uses_idf(self) -> bool:
@@ -77,13 +105,40 @@ class DefaultEncoder(Encoder):
             "top_classes": img["top_classes"],
             "min_weight": img["min_weight"],
             "token_map": img["token_map"],
+            "sources": list(self.sources),
         }
         if self.text == "splade":
             cfg["text_model"] = self.text_model
         return cfg
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
-        return self.image_encoder.encode_images(images, batch_size=batch_size, progress=progress)
+        images = list(images)
+        classes = self.image_encoder.encode_images(images, batch_size=batch_size, progress=progress)
+        if self.colour is None:
+            return classes
+        return [merge_max([c, self.colour.encode(im)], self.vocab) for c, im in zip(classes, images)]
+
+    def encode_images_detailed(self, images: Sequence[Any], *, batch_size: int = 16) -> list[dict[str, SparseVector]]:
+        """Per image, each token source's own vector (``imagenet``, ``colour``...) before merging."""
+        images = list(images)
+        classes = self.image_encoder.encode_images(images, batch_size=batch_size)
+        out = []
+        for c, im in zip(classes, images):
+            parts = {"imagenet": c}
+            if self.colour is not None:
+                parts["colour"] = self.colour.encode(im)
+            out.append(parts)
+        return out
+
+    def token_sources(self, token: str) -> list[str]:
+        """Which sources can produce ``token`` (for explain: a token shown with its origin)."""
+        out = []
+        i = self.vocab.get(token)
+        if i is not None and any(i in t for t in self.image_encoder._table):
+            out.append("imagenet")
+        if self.colour is not None and token in self.colour.tokens:
+            out.append("colour")
+        return out
 
     def encode_texts(
         self,

@@ -22,7 +22,7 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     from stair_es.encoders.imagenet import wordnet_token_map
 
     assert enc.config() == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
-                            "token_map": wordnet_token_map()["version"]}
+                            "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour"]}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
 
@@ -57,7 +57,7 @@ def test_idf_passes_through_to_bow():
 
 
 def test_images_use_the_imagenet_encoder(imagenet_encoder, photos):
-    enc = DefaultEncoder(text="bow")
+    enc = DefaultEncoder(text="bow", sources=["imagenet"])
     (vec,) = enc.encode_images([photos["chelsea"]])
     (ref,) = imagenet_encoder.encode_images([photos["chelsea"]])
     np.testing.assert_allclose(vec.to_dense(), ref.to_dense(), atol=1e-5)
@@ -65,3 +65,29 @@ def test_images_use_the_imagenet_encoder(imagenet_encoder, photos):
     (q,) = enc.encode_texts(["cat"])
     (q2,) = enc.encode_texts(["coffee"])
     assert vec.dot(q) > vec.dot(q2)
+
+
+def test_colour_source_adds_colour_words_and_shows_each_source(imagenet_encoder, photos):
+    from PIL import Image
+
+    enc = DefaultEncoder(text="bow")
+    red = Image.new("RGB", (120, 80), (210, 25, 30))
+    (vec,) = enc.encode_images([red])
+    (detail,) = enc.encode_images_detailed([red])
+    assert set(detail) == {"imagenet", "colour"}
+    assert detail["colour"].top(1)[0][0] == "red"
+    assert vec.weight("red") == pytest.approx(detail["colour"].weight("red"), rel=1e-6)
+    # the merged vector holds every source's tokens, each at its largest weight
+    for part in detail.values():
+        for tok, w in part.to_token_map().items():
+            assert vec.weight(tok) >= w - 1e-6
+    (q,) = enc.encode_texts(["red"])
+    (cat,) = enc.encode_images([photos["chelsea"]])
+    assert vec.dot(q) > cat.dot(q)
+    assert enc.token_sources("red") == ["imagenet", "colour"] and enc.token_sources("cat") == ["imagenet"]
+
+
+def test_sources_are_checked_and_recorded():
+    assert get_encoder("default", text="bow", sources=["imagenet"]).config()["sources"] == ["imagenet"]
+    with pytest.raises(InvalidInputError, match="sources"):
+        DefaultEncoder(sources=["colour"])
