@@ -62,16 +62,21 @@ def load_image(
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     target_max_side: int | None = DEFAULT_TARGET_MAX_SIDE,
+    min_side: int | None = None,
 ) -> Image.Image:
     """Load ``source`` (a path, raw file bytes, or a PIL image) as a decoded RGB image.
 
     ``max_pixels``: refuse images with more pixels than this (checked from the header,
     before decoding); ``None`` disables the check. ``target_max_side``: downscale so the
     longer side is at most this many pixels (aspect ratio kept); ``None`` keeps full size.
+    ``min_side`` (what an encoder needs, e.g. 256): instead of ``target_max_side``, decode
+    and keep only as many pixels as give a shorter side of at least ``min_side`` -- JPEGs
+    at the smallest DCT scale (1/2 to 1/8) that still does, other images reduced by an
+    integer factor -- so the encoder's own resize is the only interpolation.
     Raises :class:`ImageError` with the reason on any failure.
     """
     if isinstance(source, Image.Image):
-        return _finish(source, _describe(source), max_pixels, target_max_side, opened_here=False)
+        return _finish(source, _describe(source), max_pixels, target_max_side, opened_here=False, min_side=min_side)
 
     name = _describe(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -99,7 +104,7 @@ def load_image(
 
     try:
         img = _open(fp, name, max_pixels)
-        return _finish(img, name, max_pixels, target_max_side, opened_here=True)
+        return _finish(img, name, max_pixels, target_max_side, opened_here=True, min_side=min_side)
     finally:
         fp.close()
 
@@ -134,7 +139,8 @@ def _bomb_message(name: str, err: Exception, max_pixels: int | None) -> str:
 
 
 def _finish(
-    img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool
+    img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool,
+    min_side: int | None = None,
 ) -> Image.Image:
     w, h = img.size
     if w <= 0 or h <= 0:
@@ -147,7 +153,12 @@ def _finish(
     try:
         if getattr(img, "is_animated", False):
             img.seek(0)  # first frame of GIF / APNG / WebP animations
-        if target_max_side and img.format == "JPEG" and img.mode in ("RGB", "L", "CMYK", "YCbCr"):
+        if min_side and img.format == "JPEG" and img.mode in ("RGB", "L", "CMYK", "YCbCr"):
+            scale = min_side / min(w, h)
+            if scale < 0.5:
+                img.draft(img.mode if img.mode != "YCbCr" else "RGB",
+                          (max(1, int(w * scale + 0.999)), max(1, int(h * scale + 0.999))))
+        elif target_max_side and img.format == "JPEG" and img.mode in ("RGB", "L", "CMYK", "YCbCr"):
             scale = target_max_side / max(w, h)
             if scale < 1:
                 # draft() picks the largest 1/2^k reduction still at least this size.
@@ -176,7 +187,11 @@ def _finish(
     except Exception:  # a broken EXIF block must not lose an otherwise good picture
         pass
     rgb = to_rgb(img, name)
-    if target_max_side and max(rgb.size) > target_max_side:
+    if min_side:
+        factor = min(rgb.size) // (2 * min_side)
+        if factor >= 2:  # a huge non-JPEG: a cheap integer box reduction, still >= 2x what is needed
+            rgb = rgb.reduce(factor)
+    elif target_max_side and max(rgb.size) > target_max_side:
         rgb.thumbnail((target_max_side, target_max_side), Image.Resampling.BICUBIC)
     if rgb is img and not opened_here:
         rgb = rgb.copy()  # never hand back the caller's own object

@@ -1,7 +1,9 @@
 """Bulk ingestion of an image catalog into any backend.
 
 Pipeline per batch: read catalog entries -> skip ids already indexed (resume) -> decode
-images (Pillow, in a small thread pool) -> encode images and captions -> ``backend.ingest``.
+images (Pillow, in a small thread pool, one batch ahead so decoding overlaps the encoder;
+JPEGs decoded at the smallest DCT scale the encoder can use) -> encode images and captions
+-> ``backend.ingest``.
 Every input ends in the returned :class:`IngestReport`: ingested, skipped (and why) or
 failed (and why). A failure of one item never loses the others: a batch whose encoding
 fails is retried item by item so the culprit is named.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -117,31 +119,51 @@ def ingest_catalog(
             on_items(items)
 
     pool = ThreadPoolExecutor(max_workers=max(1, opts.decode_threads))
+
+    def stage(batch: list[CatalogItem]) -> tuple[list[ItemResult], list[CatalogEntry], dict[str, Future]]:
+        """Sort out one batch and start decoding its images in the pool.
+
+        Called one batch ahead, so the pool decodes batch i+1 while batch i is encoded and
+        written; at most two batches of pictures are in memory at once.
+        """
+        nonlocal encoder
+        ready: list[CatalogEntry] = []
+        done: list[ItemResult] = []
+        for e in batch:
+            (ready if isinstance(e, CatalogEntry) else done).append(e)
+        if ready and not opts.reindex:
+            existing = backend.existing_ids(index, [e.id for e in ready])
+            if existing:
+                done += [ItemResult(e.id, True, None, e.origin, "skip", "already indexed (use --reindex to encode it again)")
+                         for e in ready if e.id in existing]
+                ready = [e for e in ready if e.id not in existing]
+        if encoder is None and any(e.vectors is None for e in ready):
+            if encoder_factory is None:
+                done += [ItemResult(e.id, False, "needs an encoder (no precomputed vectors): pass --encoder", e.origin)
+                         for e in ready if e.vectors is None]
+                ready = [e for e in ready if e.vectors is not None]
+            else:
+                encoder = encoder_factory()
+        futures: dict[str, Future] = {}
+        if encoder is not None:
+            load = _safe_load(_image_loader(encoder))
+            for e in ready:
+                if e.path is not None and "image" not in (e.vectors or {}):
+                    futures[e.id] = pool.submit(load, e.path)
+        return done, ready, futures
+
     try:
-        for batch in _batches(entries, opts.batch_size):
-            ready: list[CatalogEntry] = []
-            early: list[ItemResult] = []
-            for e in batch:
-                (ready if isinstance(e, CatalogEntry) else early).append(e)
+        batches = _batches(entries, opts.batch_size)
+        upcoming = next(batches, None)
+        staged = stage(upcoming) if upcoming is not None else None
+        while staged is not None:
+            early, ready, futures = staged
+            upcoming = next(batches, None)
+            staged = stage(upcoming) if upcoming is not None else None
             if early:
                 emit(early)
-            if not ready:
-                continue
-            if not opts.reindex:
-                existing = backend.existing_ids(index, [e.id for e in ready])
-                if existing:
-                    emit([ItemResult(e.id, True, None, e.origin, "skip", "already indexed (use --reindex to encode it again)")
-                          for e in ready if e.id in existing])
-                    ready = [e for e in ready if e.id not in existing]
-            if encoder is None and any(e.vectors is None for e in ready):
-                if encoder_factory is None:
-                    emit([ItemResult(e.id, False, "needs an encoder (no precomputed vectors): pass --encoder", e.origin)
-                          for e in ready if e.vectors is None])
-                    ready = [e for e in ready if e.vectors is not None]
-                else:
-                    encoder = encoder_factory()
             if ready:
-                docs, failed = _build_documents(ready, encoder, schema, opts, pool)
+                docs, failed = _build_documents(ready, encoder, schema, opts, futures)
                 if failed:
                     emit(failed)
                 if docs:
@@ -154,7 +176,7 @@ def ingest_catalog(
                             item.warning = item.warning or e.warning
                     emit(result.items)
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     return report
 
@@ -164,10 +186,8 @@ def _build_documents(
     encoder: Encoder | None,
     schema: IndexSchema,
     opts: IngestOptions,
-    pool: ThreadPoolExecutor,
+    decoded: dict[str, Future],
 ) -> tuple[list[Document], list[ItemResult]]:
-    from .images import load_image
-
     failed: list[ItemResult] = []
     vectors: dict[str, dict[str, SparseVector]] = {e.id: {} for e in entries}
 
@@ -183,11 +203,11 @@ def _build_documents(
             failed.append(ItemResult(e.id, False, f"vectors: {err}", e.origin))
     bad = {f.id for f in failed}
 
-    # 2. images: decode in threads, encode in one batch
-    to_encode = [e for e in entries if e.id not in bad and e.path is not None
-                 and "image" not in (e.vectors or {}) and encoder is not None]
+    # 2. images: decoded in the pool (started one batch ahead), encoded in one batch
+    to_encode = [e for e in entries if e.id not in bad and e.id in decoded and encoder is not None]
     images, img_entries = [], []
-    for e, res in zip(to_encode, pool.map(_safe_load(load_image), [e.path for e in to_encode])):
+    for e in to_encode:
+        res = decoded[e.id].result()
         if isinstance(res, Exception):
             failed.append(ItemResult(e.id, False, str(res), e.origin))
             bad.add(e.id)
@@ -229,6 +249,16 @@ def _build_documents(
         except StairError as err:
             failed.append(ItemResult(e.id, False, str(err), e.origin))
     return docs, failed
+
+
+def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:
+    """``load_image`` decoding JPEGs at the smallest scale the encoder can use (``image_min_side``)."""
+    from functools import partial
+
+    from .images import load_image
+
+    min_side = getattr(encoder, "image_min_side", None)
+    return partial(load_image, min_side=min_side) if min_side else load_image
 
 
 def _safe_load(load: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -250,3 +250,24 @@ def test_thread_pool_loading(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         out = list(pool.map(safe, paths))
     assert out[:16] == [(64, 48)] * 16 and "not an image" in out[16]
+
+
+def test_min_side_decodes_a_big_jpeg_small_but_never_below_what_the_encoder_needs(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from stair_es.images import load_image
+
+    rng = np.random.default_rng(0)
+    big = Image.fromarray(rng.integers(0, 255, (3000, 4000, 3), dtype=np.uint8))
+    path = tmp_path / "big.jpg"
+    big.save(path, quality=80)
+    img = load_image(path, min_side=256)
+    assert 256 <= min(img.size) < 512  # 1/8 DCT scale: 375 x 500
+    assert img.size[0] / img.size[1] == pytest.approx(4 / 3, rel=0.01)
+    small = tmp_path / "small.jpg"
+    big.resize((300, 225)).save(small)
+    assert load_image(small, min_side=256).size == (300, 225)  # never upscaled, never reduced below need
+    png = tmp_path / "big.png"
+    big.resize((2400, 1800)).save(png)
+    assert 256 <= min(load_image(png, min_side=256).size) < 1024

@@ -185,3 +185,29 @@ def test_backend_outcomes_name_the_input_they_came_from(tmp_path):
                              json.dumps({"id": "b", "vectors": {"image": {"cat": 1.0}}})])
     report = ingest_catalog(MemoryBackend(fail_ids={"b"}), "x", m, None)
     assert {i.id: i.source for i in report.items} == {"a": "m.jsonl:1", "b": "m.jsonl:2"}
+
+
+def test_truncated_jpeg_among_good_ones_is_reported_and_the_rest_ingested(tmp_path):
+    """Decoding runs one batch ahead in a pool; a file that fails there is one item's failure."""
+    import numpy as np
+    from PIL import Image
+
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.encoders.base import register_encoder
+    from stair_es.ingest import IngestOptions, ingest_catalog
+
+    from fakes import ColorEncoder
+
+    register_encoder("fake-color", ColorEncoder)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(7):
+        Image.fromarray(rng.integers(0, 255, (600, 800, 3), dtype=np.uint8)).save(folder / f"p{i}.jpg", quality=85)
+    data = (folder / "p3.jpg").read_bytes()
+    (folder / "p3.jpg").write_bytes(data[: len(data) // 2])
+    backend = EmbeddedBackend(tmp_path / "home")
+    report = ingest_catalog(backend, "photos", folder, lambda: ColorEncoder(), IngestOptions(batch_size=2))
+    failed = [i for i in report.items if not i.ok]
+    assert [i.id for i in failed] == ["p3.jpg"] and "truncated" in failed[0].error
+    assert backend.index_info("photos").doc_count == 6

@@ -27,6 +27,9 @@ class Encoder(ABC):
 
     name: str = "abstract"
     modalities: frozenset[str] = frozenset()
+    #: The shorter image side the encoder needs (e.g. 256 to crop 224); ingest decodes JPEGs at
+    #: the smallest scale that still gives it. None: no preference (full-size decoding).
+    image_min_side: int | None = None
 
     @property
     def uses_idf(self) -> bool:

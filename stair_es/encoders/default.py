@@ -93,6 +93,10 @@ class DefaultEncoder(Encoder):
         self.colour = ColourSource(vocab=self.vocab) if "colour" in self.sources else None
 
     @property
+    def image_min_side(self) -> int | None:  # type: ignore[override]
+        return self.image_encoder.image_min_side
+
+    @property
     def uses_idf(self) -> bool:
         return self.text_encoder.uses_idf
 

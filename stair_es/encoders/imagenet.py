@@ -267,6 +267,7 @@ class ImageNetLabelEncoder(Encoder):
             raise InvalidInputError("the imagenet encoder only supports the bert-base-uncased vocabulary")
         self.model = model
         self.image_size = MODELS[model]
+        self.image_min_side = self.image_size + 32  # preprocess: shorter side -> size + 32, centre crop
         self.top_classes = top_classes
         self.class_mass = float(class_mass)
         self.min_weight = float(min_weight)
