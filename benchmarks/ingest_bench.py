@@ -1,0 +1,104 @@
+"""End-to-end ingest speed: ``stair-es ingest`` of a folder of camera-size JPEG files.
+
+    python benchmarks/ingest_bench.py                                    # this checkout only
+    python benchmarks/ingest_bench.py --baseline /path/to/old/.venv/bin/stair-es --images 120 --runs 3
+
+The folder holds real sample photos (scikit-image, scikit-learn, matplotlib) re-encoded as
+JPEG at 1600x1200 and 4000x3000 (typical phone and camera sizes), cycled to ``--images``
+files; no captions, so only the image path is measured. Each run ingests into a fresh
+embedded index with the default encoder and times the whole command (start-up, model
+load, decoding, encoding, commits), so the figure is what a user waits for. Also prints the
+decode-only speed of ``load_image`` as ingest called it before (long side <= 1024) and now
+(``min_side`` = the encoder's need). Medians of ``--runs``; ratios are measured in the same
+run, on a machine that may be shared (load average printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def make_folder(folder: Path, n: int) -> list[Path]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from stair_es.samples import SAMPLES, _load
+
+    photos = []
+    for s in SAMPLES:
+        try:
+            photos.append(_load(s.loader).convert("RGB"))
+        except Exception:
+            continue
+    sizes = [(1600, 1200), (4000, 3000)]
+    paths = []
+    for i in range(n):
+        p = folder / f"img{i:05d}.jpg"
+        photos[i % len(photos)].resize(sizes[i % 2], Image.Resampling.BICUBIC).save(p, quality=88)
+        paths.append(p)
+    return paths
+
+
+def time_ingest(cli: str, folder: Path, runs: int) -> list[float]:
+    times = []
+    for r in range(runs):
+        home = Path(tempfile.mkdtemp(prefix="stair-es-ingest-bench-"))
+        env = dict(os.environ, STAIR_ES_HOME=str(home))
+        t = time.perf_counter()
+        done = subprocess.run([cli, "ingest", "bench", str(folder), "--home", str(home / "indices")],
+                              capture_output=True, text=True, env=env)
+        times.append(time.perf_counter() - t)
+        shutil.rmtree(home, ignore_errors=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{cli} ingest failed ({done.returncode}): {done.stderr[-2000:]}")
+    return times
+
+
+def decode_speed(paths: list[Path], **kwargs) -> float:
+    from stair_es.images import load_image
+
+    t = time.perf_counter()
+    for p in paths:
+        load_image(p, **kwargs)
+    return len(paths) / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=120)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--baseline", help="another stair-es executable to measure in the same run (e.g. the previous release)")
+    args = ap.parse_args()
+    here = str(Path(sys.executable).with_name("stair-es"))
+    with tempfile.TemporaryDirectory(prefix="stair-es-jpegs-") as tmp:
+        folder = Path(tmp)
+        paths = make_folder(folder, args.images)
+        size_mb = sum(p.stat().st_size for p in paths) / 1e6
+        print(f"# {args.images} JPEG files ({size_mb:.0f} MB; 1600x1200 and 4000x3000), {os.cpu_count()} cpus, "
+              f"load avg {os.getloadavg()[0]:.2f}")
+        old = decode_speed(paths[:40], target_max_side=1024)
+        new = decode_speed(paths[:40], min_side=256)
+        print(f"decode only: long side <= 1024 {old:6.1f} img/s | min_side 256 {new:6.1f} img/s | x{new / old:.2f}")
+        rows = [("this checkout", here)] + ([("baseline", args.baseline)] if args.baseline else [])
+        results = {}
+        for label, cli in rows:
+            times = time_ingest(cli, folder, args.runs)
+            med = statistics.median(times)
+            results[label] = args.images / med
+            print(f"{label:<14} end-to-end {args.images / med:6.1f} img/s (median of {args.runs}: {med:.1f} s; runs "
+                  + ", ".join(f"{t:.1f}" for t in times) + ")")
+        if args.baseline:
+            print(f"speed-up: x{results['this checkout'] / results['baseline']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
