@@ -71,8 +71,12 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
     out = []
     for item in inputs:
         looks_like_image = Path(item).suffix.lower() in IMAGE_EXTENSIONS and " " not in item
+        sources = None
         if not force_text and (Path(item).is_file() or looks_like_image):
-            vec = enc.encode_images([load_image(item)])[0]  # a missing file is an ImageError, not text
+            image = load_image(item)  # a missing file is an ImageError, not text
+            vec = enc.encode_images([image])[0]
+            if hasattr(enc, "encode_images_detailed"):
+                sources = {name: v.to_token_map(top_k) for name, v in enc.encode_images_detailed([image])[0].items()}
             kind = "image"
         else:
             if not item.strip():
@@ -80,12 +84,19 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
             vec = enc.encode_texts([item])[0]
             kind = "text"
         out.append({"input": item, "kind": kind, "nnz": vec.nnz, "tokens": vec.to_token_map(top_k)})
+        if sources is not None:
+            out[-1]["sources"] = sources
     if as_json:
         echo_json(out)
         return
     for o in out:
         click.echo(f"{o['kind']} {o['input']!r}: {o['nnz']} non-zero tokens")
-        click.echo(table([(t, w) for t, w in o["tokens"].items()], ["token", "weight"]))
+        if "sources" in o:  # which token source gave each token (the merged weight is the largest)
+            by_source = o["sources"]
+            rows = [(t, w, "+".join(s for s, m in by_source.items() if t in m)) for t, w in o["tokens"].items()]
+            click.echo(table(rows, ["token", "weight", "source"]))
+        else:
+            click.echo(table([(t, w) for t, w in o["tokens"].items()], ["token", "weight"]))
 
 
 @click.command("encoders")

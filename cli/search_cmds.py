@@ -15,6 +15,10 @@ from stair_es.sparse import SparseVector
 from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
 
 
+#: Encoders whose recorded config carries versions checked at query time (see --force).
+VERSIONED_ENCODERS = ("default", "imagenet", "grounded")
+
+
 def query_options(f: Callable) -> Callable:
     opts = [
         click.option("--tokens", "token_map", metavar="JSON",
@@ -40,6 +44,9 @@ def query_options(f: Callable) -> Callable:
         click.option("--top-k", "-k", default=10, show_default=True, help="Number of hits."),
         click.option("--query-top-k", type=int, help="Keep only the N strongest query tokens."),
         click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
+        click.option("--force", is_flag=True,
+                     help="Search even if the index was built with another version of its encoder "
+                          "(token map, weights); results may be poorer until you re-ingest."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -47,7 +54,8 @@ def query_options(f: Callable) -> Callable:
 
 
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
-                  token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts):
+                  token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
+                  force=False):
     info = backend.index_info(index)
     schema = info.schema
     if token_map:
@@ -60,7 +68,10 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
     else:
         if not text:
             raise InvalidInputError("give a query text, or a token map with --tokens")
-        enc = query_encoder(schema, encoder, **encoder_kwargs(model, encoder_opts))
+        options = encoder_kwargs(model, encoder_opts)
+        if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
+            options["allow_version_mismatch"] = True
+        enc = query_encoder(schema, encoder, **options)
         qvec = encode_query_text(enc, text, backend, index, field="image")
         notes = []
     filters: list[Filter | None] = [parse_where(w) for w in wheres]
@@ -122,10 +133,11 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
         return
     rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
     click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
+    source_of = _token_sources(backend.index_info(index).schema) if explanations else None
     for h in result.hits:
         if h.id in explanations:
             click.echo("")
-            _print_explanation(explanations[h.id], limit=8)
+            _print_explanation(explanations[h.id], limit=8, source_of=source_of)
     total = "" if result.total is None else f"{result.total} matching, "
     click.echo(f"({total}{result.took_ms:.1f} ms)")
 
@@ -156,17 +168,43 @@ def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
         return
     request, _ = _make_request(backend, index, text, **q)
     exp = backend.explain(index, doc_id, request)
+    source_of = _token_sources(backend.index_info(index).schema)
     if as_json:
-        echo_json(exp.to_dict())
+        data = exp.to_dict()
+        for c in data.get("contributions", []):
+            if c.get("field") == "image" and source_of(c.get("token", "")):
+                c["sources"] = source_of(c["token"])
+        echo_json(data)
         return
-    _print_explanation(exp, limit=limit)
+    _print_explanation(exp, limit=limit, source_of=source_of)
 
 
-def _print_explanation(exp, limit: int) -> None:
+def _token_sources(schema) -> Callable[[str], list[str]]:
+    """token -> the image token sources that can produce it (``imagenet``, ``colour``), from the
+    index's recorded encoder; an empty list when the encoder has no named sources."""
+    config = dict(schema.encoder or {})
+    if config.pop("name", None) != "default":
+        return lambda token: []
+    from stair_es.encoders import get_encoder
+    from stair_es.errors import StairError
+
+    try:
+        enc = get_encoder("default", **{**config, "text": "bow", "allow_version_mismatch": True})
+    except (StairError, TypeError):
+        return lambda token: []
+    return enc.token_sources
+
+
+def _print_explanation(exp, limit: int, source_of: Callable[[str], list[str]] | None = None) -> None:
     status = "" if exp.matched_filter else "  (does NOT pass the filter)"
     click.echo(f"{exp.doc_id}: score {exp.score:.4f} = sum of {len(exp.contributions)} token contributions{status}")
-    rows = [(c.field, c.token, c.query_weight, c.doc_weight, c.contribution) for c in exp.contributions[:limit]]
-    if rows:
+    shown = exp.contributions[:limit]
+    if source_of is not None and any(c.field == "image" and source_of(c.token) for c in shown):
+        rows = [(c.field, c.token, "+".join(source_of(c.token)) if c.field == "image" else "", c.query_weight,
+                 c.doc_weight, c.contribution) for c in shown]
+        click.echo(table(rows, ["field", "token", "source", "query w", "doc w", "contribution"]))
+    elif shown:
+        rows = [(c.field, c.token, c.query_weight, c.doc_weight, c.contribution) for c in shown]
         click.echo(table(rows, ["field", "token", "query w", "doc w", "contribution"]))
     if len(exp.contributions) > limit:
         rest = sum(c.contribution for c in exp.contributions[limit:])
