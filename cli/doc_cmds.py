@@ -99,8 +99,51 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
             click.echo(table([(t, w) for t, w in o["tokens"].items()], ["token", "weight"]))
 
 
-@click.command("encoders")
-def encoders() -> None:
-    """List the registered encoders."""
-    for name in list_encoders():
-        click.echo(name)
+@click.group("encoders", invoke_without_command=True)
+@click.pass_context
+def encoders(ctx: click.Context) -> None:
+    """List the registered encoders (and, with `export`, prepare their ONNX Runtime models)."""
+    if ctx.invoked_subcommand is None:
+        for name in list_encoders():
+            click.echo(name)
+
+
+@encoders.command("export")
+@click.option("--encoder", default="default", show_default=True, help="Encoder whose towers to export.")
+@click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
+              help="Extra encoder option, e.g. text=splade; repeatable.")
+@json_option
+def export(encoder, encoder_opts, as_json) -> None:
+    """Export the encoder's neural towers to ONNX now and check them against PyTorch.
+
+    Otherwise this happens on first use. The models are cached under $STAIR_ES_MODEL_CACHE
+    (default <data home>/_models), keyed by the weights' checksum, the ONNX opset and the
+    stair_es export version; a damaged cached file is detected by its checksum and exported
+    again. Needs torch and onnxruntime (the 'encoders' extra).
+    """
+    import time
+
+    from stair_es.encoders.runtime import load_tower
+
+    enc = get_encoder(encoder, **encoder_kwargs(None, encoder_opts))
+    towers = []
+    for part in (enc, getattr(enc, "image_encoder", None), getattr(enc, "text_encoder", None)):
+        if part is not None and hasattr(part, "tower_spec") and part not in towers:
+            towers.append(part)
+        if part is not None and hasattr(part, "onnx_spec") and part not in towers:
+            towers.append(part)
+    if not towers:
+        raise InvalidInputError(f"encoder {encoder!r} has no neural tower to export")
+    out = []
+    for part in towers:
+        spec = part.tower_spec() if hasattr(part, "tower_spec") else part.onnx_spec()
+        t = time.perf_counter()
+        tower = load_tower(spec)
+        out.append({"tower": spec.kind, "path": str(tower.path), "mb": round(tower.path.stat().st_size / 1e6, 1),
+                    "max_abs_diff_vs_torch": tower.meta.get("max_abs_diff_vs_torch"),
+                    "seconds": round(time.perf_counter() - t, 2), "providers": tower.providers})
+    if as_json:
+        echo_json(out)
+        return
+    click.echo(table([(o["tower"], o["mb"], f"{o['max_abs_diff_vs_torch']:.2g}", o["seconds"], o["path"]) for o in out],
+                     ["tower", "MB", "max |onnx-torch|", "s", "path"]))

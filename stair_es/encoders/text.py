@@ -368,6 +368,10 @@ class SpladeEncoder(Encoder):
         self.load()
         return "onnx" if self._onnx else "torch"
 
+    def onnx_spec(self):
+        """How this SPLADE model is exported to ONNX (see :mod:`stair_es.encoders.runtime`)."""
+        return _splade_spec(self.model, _model_folder(self.model), self.device, self.vocab)
+
     def encode_texts(
         self,
         texts: Sequence[str],
