@@ -5,15 +5,15 @@ the package (``stair_es/data/bert_uncased_vocab.txt``) and is checked by md5 on 
 so ids mean the same thing for every encoder, every index and every backend.
 
 This module owns: token <-> id lookup, which ids are *special* (never indexed), and
-BERT's basic + WordPiece tokenization (uncased, accents stripped), kept here so that
-query parsing works without ``transformers``. It must not know about encoders or indices.
+BERT's basic + WordPiece tokenization (uncased, accents stripped) through the Hugging Face
+``tokenizers`` library, which builds from the shipped ``vocab.txt`` in milliseconds, so query
+parsing never imports ``transformers``. It must not know about encoders or indices.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -92,34 +92,23 @@ class Vocabulary:
         return self._digest
 
     # --- tokenization -------------------------------------------------------------------
+    def hf(self):
+        """This vocabulary's Hugging Face ``tokenizers`` tokenizer (built once, see :func:`hf_tokenizer`)."""
+        tok = self.__dict__.get("_hf_tokenizer")
+        if tok is None:
+            tok = hf_tokenizer(self)
+            self.__dict__["_hf_tokenizer"] = tok
+        return tok
+
     def tokenize(self, text: str) -> list[str]:
         """BERT uncased tokenization: basic split, then greedy longest-match WordPiece."""
-        out: list[str] = []
-        for word in basic_tokenize(text):
-            out.extend(self.wordpiece(word))
-        return out
+        return self.hf().encode(text, add_special_tokens=False).tokens
 
     def wordpiece(self, word: str, max_chars: int = 100) -> list[str]:
+        """WordPiece pieces of one word from :func:`basic_tokenize` (``[UNK]`` if it cannot be split)."""
         if len(word) > max_chars:
             return ["[UNK]"]
-        pieces: list[str] = []
-        start = 0
-        while start < len(word):
-            end = len(word)
-            found = None
-            while start < end:
-                sub = word[start:end]
-                if start > 0:
-                    sub = "##" + sub
-                if sub in self._index:
-                    found = sub
-                    break
-                end -= 1
-            if found is None:
-                return ["[UNK]"]
-            pieces.append(found)
-            start = end
-        return pieces
+        return [t.value for t in self.hf().model.tokenize(word)] or ["[UNK]"]
 
     def encode(self, text: str) -> list[int]:
         return [self._index[t] for t in self.tokenize(text)]
@@ -128,49 +117,11 @@ class Vocabulary:
         return [self.id(t) for t in tokens]
 
 
-def _is_punct(ch: str) -> bool:
-    cp = ord(ch)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
-
-
-def _is_cjk(cp: int) -> bool:
-    return (
-        0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-        or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-        or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F
-    )
-
-
 def basic_tokenize(text: str) -> list[str]:
-    """Lower-case, strip accents, drop control chars, split on whitespace and punctuation."""
-    chars = []
-    for ch in text:
-        cp = ord(ch)
-        if cp == 0 or cp == 0xFFFD or (unicodedata.category(ch) in ("Cc", "Cf") and ch not in "\t\n\r"):
-            continue
-        if _is_cjk(cp):
-            chars.append(f" {ch} ")
-        elif ch.isspace():
-            chars.append(" ")
-        else:
-            chars.append(ch)
-    words = []
-    for word in "".join(chars).lower().split():
-        word = "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")
-        cur = ""
-        for c in word:
-            if _is_punct(c):
-                if cur:
-                    words.append(cur)
-                    cur = ""
-                words.append(c)
-            else:
-                cur += c
-        if cur:
-            words.append(cur)
-    return words
+    """Lower-case, strip accents, drop control chars, split on whitespace and punctuation
+    (BERT's basic tokenizer: the normalizer and pre-tokenizer of :func:`hf_tokenizer`)."""
+    tok = _shipped_hf_tokenizer()
+    return [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
 
 
 def hf_tokenizer(vocab: Vocabulary | None = None, *, max_length: int | None = None):
