@@ -74,6 +74,10 @@ class IncompatibleIndexError(IndexError_):
     """The index on disk was written by an incompatible stair_es version or is damaged."""
 
 
+class DamagedIndexError(IncompatibleIndexError):
+    """A file of an index is missing, unreadable or fails its checksum: never answered from."""
+
+
 class DocumentNotFoundError(StairError, KeyError):
     exit_code = 4
 

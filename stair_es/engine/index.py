@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import (
+    DamagedIndexError,
     DocumentNotFoundError,
     IncompatibleIndexError,
     IndexExistsError,
@@ -61,7 +63,7 @@ from .segment import (
     encode_strings,
     merge_segments,
 )
-from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, fsync_dir
+from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,72 @@ class _SegState:
         return self._live_u8
 
 
+_SEG_NAME = re.compile(r"^seg-(\d{6,})$")
+
+
+def manifest_checksum(m: Mapping[str, Any]) -> int:
+    """CRC-32 of a manifest's canonical JSON without its ``checksum`` entry."""
+    body = {k: v for k, v in m.items() if k != "checksum"}
+    return crc32_of(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+
+
+def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
+    """The manifest if it is whole and consistent; else :class:`DamagedIndexError` saying what is wrong.
+
+    A damaged commit record must stop every reader and writer: a writer trusting a manifest whose
+    ``next_segment`` names a live segment, or that lists one twice, would overwrite or duplicate
+    documents; a path leaving the folder would read or delete files that are not the index's.
+    """
+    where = f"the manifest of the index at {path}"
+    hint = "; nothing was changed. Run `stair-es index check` on it, or restore the folder from a backup"
+
+    def bad(what: str) -> DamagedIndexError:
+        return DamagedIndexError(f"{where} is damaged ({what}){hint}")
+
+    if not isinstance(m, dict):
+        raise bad(f"a JSON {type(m).__name__} instead of an object")
+    if "checksum" in m and m["checksum"] != manifest_checksum(m):
+        raise bad("checksum mismatch: the file was altered after it was written")
+    for key, kind in (("generation", int), ("next_segment", int), ("segments", list), ("schema", dict)):
+        if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
+            raise bad(f"{key!r} is missing or not a{'n' if kind is int else ''} {kind.__name__}")
+    names, files = set(), set()
+    for e in m["segments"]:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+            raise bad("a segment entry is not an object with a name")
+        match = _SEG_NAME.match(e["name"])
+        if not match or e.get("file") != f"{e['name']}.seg":
+            raise bad(f"segment entry {e.get('name')!r} -> {e.get('file')!r} is not a segment file of this folder")
+        if e["name"] in names:
+            raise bad(f"segment {e['name']} is listed twice")
+        if int(match.group(1)) >= m["next_segment"]:
+            raise bad(f"next_segment {m['next_segment']} would overwrite the live segment {e['name']}")
+        docs, deleted = e.get("docs"), e.get("deleted", 0)
+        if not isinstance(docs, int) or docs < 0 or not isinstance(deleted, int) or not 0 <= deleted <= docs:
+            raise bad(f"segment {e['name']} has invalid document counts")
+        del_file = e.get("del_file")
+        if del_file is not None and (not isinstance(del_file, str) or not re.fullmatch(re.escape(e["name"]) + r"\.del\.\d+", del_file)):
+            raise bad(f"segment {e['name']} names the tombstone file {del_file!r}")
+        names.add(e["name"])
+        files.add(e["file"])
+    return m
+
+
+def _missing_manifest_error(path: Path) -> DamagedIndexError | None:
+    """A folder with segment files but no readable manifest is a damaged index, never an empty one."""
+    try:
+        segs = sorted(p.name for p in path.iterdir() if p.name.startswith("seg-"))
+    except OSError:
+        return None
+    if not segs:
+        return None
+    return DamagedIndexError(
+        f"the index folder {path} holds {len(segs)} segment file(s) ({', '.join(segs[:3])}{'...' if len(segs) > 3 else ''}) "
+        f"but no readable {MANIFEST}: its commit record is lost, so it is neither opened nor overwritten. "
+        "Restore manifest.json from a backup, or move the folder away and re-ingest"
+    )
+
+
 class EngineIndex:
     """An on-disk sparse index with exact top-k by dot product. Use :meth:`create` / :meth:`open`."""
 
@@ -121,13 +189,16 @@ class EngineIndex:
     @classmethod
     def create(cls, path: str | Path, schema: IndexSchema, *, bshift: int = DEFAULT_BSHIFT) -> "EngineIndex":
         path = Path(path)
-        if (path / MANIFEST).exists():
+        if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
             raise IndexExistsError(f"an index already exists at {path}; open it, or delete it first")
+        if path.is_dir() and (damaged := _missing_manifest_error(path)) is not None:
+            raise damaged
         if not 1 <= bshift <= 8:
             raise InvalidInputError("block size must be 2**1 .. 2**8 documents")
         path.mkdir(parents=True, exist_ok=True)
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "schema": schema.to_dict(), "segments": [],
                     "next_segment": 1, "next_seq": 0, "bshift": bshift, "writer": _writer_version()}
+        manifest["checksum"] = manifest_checksum(manifest)
         atomic_write_json(path / MANIFEST, manifest)
         fsync_dir(path.parent)
         return cls.open(path, writable=True)
@@ -135,7 +206,17 @@ class EngineIndex:
     @classmethod
     def open(cls, path: str | Path, writable: bool = False, *, vocab: Vocabulary | None = None) -> "EngineIndex":
         path = Path(path)
-        if not (path / MANIFEST).is_file():
+        try:
+            is_file = (path / MANIFEST).is_file()
+        except OSError:  # e.g. a symlink loop
+            is_file = False
+        if not is_file:
+            if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
+                raise DamagedIndexError(f"{path / MANIFEST} is not a readable file (a folder or a broken link); "
+                                        "the index is damaged: restore it from a backup")
+            damaged = _missing_manifest_error(path) if path.is_dir() else None
+            if damaged is not None:
+                raise damaged
             raise IndexNotFoundError(f"no stair_es index at {path}; create one with `stair-es index create`")
         lock = None
         if writable:
@@ -148,6 +229,11 @@ class EngineIndex:
                 raise IndexLockedError(
                     f"the index at {path} is locked by another writer (process); wait for it to finish, "
                     "or open the index read-only"
+                ) from None
+            except OSError as e:
+                raise DamagedIndexError(
+                    f"cannot take the writer lock {path / LOCK} ({e.strerror or e}): it must be a file the writer can "
+                    "create and lock; remove what is there if no stair-es process is writing, and check permissions"
                 ) from None
         idx = cls(path, writable, lock, vocab or default_vocabulary())
         try:
@@ -181,21 +267,34 @@ class EngineIndex:
         for _ in range(20):
             try:
                 sig = self._stat_sig()
-                raw = (self.path / MANIFEST).read_bytes()
+                try:
+                    raw = (self.path / MANIFEST).read_bytes()
+                except FileNotFoundError:
+                    raise
+                except OSError as e:
+                    raise DamagedIndexError(f"cannot read {self.path / MANIFEST} ({e.strerror or e}); "
+                                            "check its permissions, or restore it from a backup") from None
                 try:
                     m = json.loads(raw)
-                except ValueError:
-                    raise IncompatibleIndexError(f"the manifest of the index at {self.path} is damaged; rebuild the index") from None
-                self._check_version(m)
+                except (ValueError, UnicodeDecodeError):
+                    raise DamagedIndexError(f"the manifest of the index at {self.path} is not valid JSON; the index is "
+                                            "damaged: restore manifest.json from a backup") from None
+                if isinstance(m, dict):
+                    self._check_version(m)
+                m = validate_manifest(m, self.path)
                 old = {s.seg.name: s.seg for s in self._segs}
                 segs = []
                 for e in m["segments"]:
                     seg = old.get(e["name"]) or Segment.open(self.path / e["file"])
                     deleted, n_del = None, 0
+                    if seg.name != e["name"]:
+                        raise DamagedIndexError(f"the file {e['file']} holds segment {seg.name}, not {e['name']}: files of "
+                                                f"{self.path} were renamed or swapped; the index is damaged")
+                    if seg.n_docs != e["docs"]:
+                        raise DamagedIndexError(f"segment {e['name']} holds {seg.n_docs} documents but the manifest "
+                                                f"says {e['docs']}: the files of {self.path} do not belong together")
                     if e.get("del_file"):
-                        bits = np.fromfile(self.path / e["del_file"], dtype=np.uint8)
-                        deleted = np.unpackbits(bits, count=seg.n_docs).astype(bool)
-                        n_del = int(e["deleted"])
+                        deleted, n_del = self._read_tombstones(e, seg.n_docs)
                     segs.append(_SegState(seg, deleted, e.get("del_file"), n_del))
                 self._manifest, self._segs, self._sig = m, segs, sig
                 self.schema = IndexSchema.from_dict(m["schema"])
@@ -205,6 +304,26 @@ class EngineIndex:
                 last = e
                 time.sleep(0.01)
         raise IncompatibleIndexError(f"the index at {self.path} keeps changing or misses files ({last}); is it damaged?")
+
+    def _read_tombstones(self, e: Mapping[str, Any], n_docs: int) -> tuple[np.ndarray, int]:
+        path = self.path / e["del_file"]
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as err:
+            raise DamagedIndexError(f"cannot read the tombstone file {path} ({err.strerror or err})") from None
+        if len(raw) != (n_docs + 7) // 8:
+            raise DamagedIndexError(f"tombstone file {path} has {len(raw)} bytes, expected {(n_docs + 7) // 8}; the index is damaged")
+        if "del_crc32" in e and crc32_of(raw) != e["del_crc32"]:
+            raise DamagedIndexError(f"tombstone file {path} fails its checksum; the index is damaged: "
+                                    "run `stair-es index check`")
+        deleted = np.unpackbits(np.frombuffer(raw, np.uint8), count=n_docs).astype(bool)
+        n_del = int(deleted.sum())
+        if n_del != e["deleted"]:
+            raise DamagedIndexError(f"tombstone file {path} marks {n_del} deleted documents, the manifest {e['deleted']}; "
+                                    "the index is damaged")
+        return deleted, n_del
 
     def _check_version(self, m: Mapping[str, Any]) -> None:
         v = m.get("format_version")
@@ -242,7 +361,11 @@ class EngineIndex:
         m["writer"] = _writer_version()
         m["segments"] = [{"name": s.seg.name, "file": s.seg.path.name, "docs": s.seg.n_docs,
                           "del_file": s.del_file, "deleted": s.n_deleted} for s in segs]
+        for e, s in zip(m["segments"], segs):
+            if s.del_file and s.deleted is not None:
+                e["del_crc32"] = crc32_of(np.packbits(s.deleted).tobytes())
         m["next_segment"] = self._manifest["next_segment"]
+        m["checksum"] = manifest_checksum(m)
         atomic_write_json(self.path / MANIFEST, m)  # the commit point
         old_files = {e["file"] for e in self._manifest["segments"]} | {e["del_file"] for e in self._manifest["segments"] if e.get("del_file")}
         new_files = {e["file"] for e in m["segments"]} | {e["del_file"] for e in m["segments"] if e.get("del_file")}
@@ -253,6 +376,9 @@ class EngineIndex:
 
     def _new_segment_name(self) -> str:
         n = int(self._manifest["next_segment"])
+        live = {e["name"] for e in self._manifest["segments"]}
+        while f"seg-{n:06d}" in live:  # never overwrite a committed segment, whatever the counter says
+            n += 1
         self._manifest["next_segment"] = n + 1
         return f"seg-{n:06d}"
 

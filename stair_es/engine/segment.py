@@ -23,7 +23,7 @@ from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
 from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
 from . import kernels as K
-from .storage import read_arrays, write_arrays
+from .storage import read_arrays, verified_once, verify_on_open, write_arrays
 
 SEGMENT_FORMAT = 1
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
@@ -230,9 +230,44 @@ class Segment:
         self._kw_cache: dict[str, tuple[dict[str, int], np.ndarray]] = {}
 
     @classmethod
-    def open(cls, path: Path) -> "Segment":
+    def open(cls, path: Path, *, verify: bool | None = None) -> "Segment":
+        """Memory-map a segment; with ``verify`` (default: ``$STAIR_ES_VERIFY`` != ``size``) its
+        checksum is checked once per process, so a damaged file is an error, never an answer."""
         arrays, meta = read_arrays(path)
-        return cls(path, arrays, meta)
+        seg = cls(path, arrays, meta)
+        seg.checksummed = verified_once(path) if (verify if verify is not None else verify_on_open()) else None
+        seg.check_structure()
+        return seg
+
+    def check_structure(self) -> None:
+        """Cheap invariants of the arrays the kernels index with (sizes and pointer ranges), so a
+        damaged but checksum-less (old) file cannot make a kernel read out of bounds."""
+        a = self.a
+        n_keys, n_pairs, n_post = self.keys.size, self.pair_block.size, self.post_w.size
+        problems = []
+
+        def ptr_ok(ptr: np.ndarray, last: int) -> bool:
+            return ptr.size == n_keys + 1 and int(ptr[0]) == 0 and int(ptr[-1]) == last and bool(np.all(np.diff(ptr) >= 0))
+
+        if not ptr_ok(self.post_ptr, n_post):
+            problems.append("term postings pointers")
+        if not ptr_ok(self.pair_ptr, n_pairs):
+            problems.append("term block pointers")
+        if self.post_off.size != n_post or self.pair_cnt.size != n_pairs or self.pair_max.size != n_pairs:
+            problems.append("postings array sizes")
+        elif n_pairs and int(self.pair_cnt.sum(dtype=np.int64)) + n_pairs != n_post:
+            problems.append("block posting counts")
+        if n_pairs and int(self.pair_block.max()) > (max(self.n_docs - 1, 0) >> self.bshift):
+            problems.append("block numbers")
+        if n_keys > 1 and not bool(np.all(np.diff(self.keys.astype(np.int64)) > 0)):
+            problems.append("term keys order")
+        if self.seq.size != self.n_docs or (a.get("id_offs") is not None and a["id_offs"].size != self.n_docs + 1):
+            problems.append("document arrays")
+        if problems:
+            from ..errors import DamagedIndexError
+
+            raise DamagedIndexError(f"segment file {self.path} is damaged ({', '.join(problems)} out of range); "
+                                    "run `stair-es index check` to see what is affected")
 
     @property
     def nbytes(self) -> int:

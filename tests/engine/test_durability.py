@@ -62,7 +62,11 @@ def _ingest_and_kill(path, start: int, delay: float) -> list[int]:
 
     reader = threading.Thread(target=read)
     reader.start()
-    first.wait(timeout=180)
+    deadline = time.monotonic() + 180
+    while not first.wait(0.2) and time.monotonic() < deadline:
+        if p.poll() is not None:  # the writer died before acknowledging anything: fail now, not in minutes
+            reader.join()
+            pytest.fail(f"the writer process exited with status {p.returncode} before its first batch (see stderr above)")
     time.sleep(delay)
     p.send_signal(signal.SIGKILL)
     p.wait()

@@ -1,0 +1,244 @@
+"""Damage at rest: every damaged copy of an index gives a clear error or the same answers, never a
+different answer, never a crash, and never fewer documents after a following ingest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stair_es.engine import EngineIndex
+from stair_es.engine.storage import _ALIGN, _HEAD
+from stair_es.errors import StairError
+from stair_es.query import SearchRequest, SparseClause
+from stair_es.schema import Document, IndexSchema
+from stair_es.sparse import SparseVector
+
+QUERIES = [{2000 + i: 1.0, 2100 + i: 0.5} for i in range(0, 40, 4)]
+N_BATCH, BATCH = 3, 60
+
+
+def _doc(i: int, rng) -> Document:
+    toks = np.sort(rng.choice(np.arange(2000, 2200), size=10, replace=False))
+    return Document(f"d{i}", {"image": SparseVector.from_arrays(toks, rng.uniform(0.1, 2.0, 10))}, {"n": i})
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """3 segments and tombstones (merging off so each batch stays its own segment)."""
+    path = tmp_path_factory.mktemp("damage") / "ix"
+    rng = np.random.default_rng(7)
+    ix = EngineIndex.create(path, IndexSchema(fields={"n": "number"}))
+    ix.max_segments = 100
+    for b in range(N_BATCH):
+        ix.add([_doc(b * BATCH + i, rng) for i in range(BATCH)])
+    ix.delete(["d3", "d70", "d150"])
+    ix.close()
+    return path
+
+
+def _answers(path: Path):
+    with EngineIndex.open(path) as ix:
+        out = []
+        for q in QUERIES:
+            ids = np.array(sorted(q), np.int64)
+            vec = SparseVector.from_arrays(ids, np.array([q[i] for i in ids]))
+            res = ix.search(SearchRequest([SparseClause("image", vec)], top_k=10))
+            out.append([(h.id, round(h.score, 4)) for h in res.hits])
+            for h in res.hits:
+                assert np.isfinite(h.score)
+        out.append(sorted(ix.get("d5").vectors["image"].to_token_map().items()))
+        out.append(ix.doc_count)
+        return out
+
+
+def _segments(path: Path) -> list[Path]:
+    return sorted(path.glob("seg-*.seg"))
+
+
+def _array_region(seg: Path, name: str) -> tuple[int, int]:
+    with open(seg, "rb") as f:
+        _, hlen = _HEAD.unpack(f.read(_HEAD.size))
+        header = json.loads(f.read(hlen))
+    data_start = (_HEAD.size + hlen + _ALIGN - 1) // _ALIGN * _ALIGN
+    dtype, shape, off = header["arrays"][name]
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return data_start + off, n
+
+
+def _flip(path: Path, offset: int, bit: int = 3) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ (1 << bit)]))
+
+
+def _flip_in(name: str, which: int = 0, at: float = 0.5):
+    def damage(p: Path) -> None:
+        seg = _segments(p)[which]
+        start, n = _array_region(seg, name)
+        _flip(seg, start + int(n * at))
+    return damage
+
+
+def _manifest_edit(fn):
+    def damage(p: Path) -> None:
+        m = json.loads((p / "manifest.json").read_text())
+        m = fn(m)
+        (p / "manifest.json").write_text(json.dumps(m))
+    return damage
+
+
+def _set(m, **kw):
+    m.update(kw)
+    return m
+
+
+def _tombstone(p: Path) -> Path:
+    return sorted(p.glob("seg-*.del.*"))[0]
+
+
+def _truncate(path_fn, keep: float):
+    def damage(p: Path) -> None:
+        f = path_fn(p)
+        data = f.read_bytes()
+        f.write_bytes(data[: int(len(data) * keep)])
+    return damage
+
+
+def _swap(p: Path) -> None:
+    a, b = _segments(p)[:2]
+    tmp = a.with_suffix(".swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+def _zero_page(p: Path) -> None:
+    seg = _segments(p)[1]
+    with open(seg, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\0" * 4096)
+
+
+def _garbage(p: Path) -> None:
+    seg = _segments(p)[0]
+    start, n = _array_region(seg, "post_w")
+    with open(seg, "r+b") as f:
+        f.seek(start + n // 3)
+        f.write(os.urandom(64))
+
+
+def _dir_in_place(p: Path) -> None:
+    seg = _segments(p)[2]
+    seg.unlink()
+    seg.mkdir()
+
+
+def _symlink_loop(p: Path) -> None:
+    seg = _segments(p)[0]
+    seg.unlink()
+    seg.symlink_to(seg)
+
+
+def _manifest_loop(p: Path) -> None:
+    (p / "manifest.json").unlink()
+    (p / "manifest.json").symlink_to(p / "manifest.json")
+
+
+def _rename_digit(m):
+    e = m["segments"][1]
+    e["name"] = e["name"][:-1] + str((int(e["name"][-1]) + 5) % 10)
+    e["file"] = e["name"] + ".seg"
+    return m
+
+
+CASES = {
+    "flip postings weights": _flip_in("post_w"),
+    "flip postings offsets": _flip_in("post_off", 1),
+    "flip term postings pointer": _flip_in("post_ptr", 0, 0.3),
+    "flip block pointer": _flip_in("pair_ptr", 2, 0.6),
+    "flip block numbers": _flip_in("pair_block", 1),
+    "flip block counts": _flip_in("pair_cnt", 0),
+    "flip block max": _flip_in("pair_max", 2),
+    "flip doc ids": _flip_in("id_blob", 0),
+    "flip segment header": lambda p: _flip(_segments(p)[0], 40),
+    "flip segment magic": lambda p: _flip(_segments(p)[1], 2),
+    "flip footer": lambda p: _flip(_segments(p)[0], _segments(p)[0].stat().st_size - 10),
+    "header length 2**40": lambda p: _segments(p)[0].open("r+b").write(struct.pack("<8sQ", b"STAIRSEG", 1 << 40)),
+    "truncate segment end": _truncate(lambda p: _segments(p)[2], 0.97),
+    "truncate segment half": _truncate(lambda p: _segments(p)[0], 0.5),
+    "zeroed 4 KiB page": _zero_page,
+    "garbage bytes in weights": _garbage,
+    "two segment files swapped": _swap,
+    "segment is a directory": _dir_in_place,
+    "segment symlink loop": _symlink_loop,
+    "segment file missing": lambda p: _segments(p)[1].unlink(),
+    "tombstone bit flip": lambda p: _flip(_tombstone(p), 2, 5),
+    "tombstone truncated": _truncate(_tombstone, 0.5),
+    "tombstone missing": lambda p: _tombstone(p).unlink(),
+    "manifest missing": lambda p: (p / "manifest.json").unlink(),
+    "manifest symlink loop": _manifest_loop,
+    "manifest is a directory": lambda p: ((p / "manifest.json").unlink(), (p / "manifest.json").mkdir()),
+    "manifest truncated": _truncate(lambda p: p / "manifest.json", 0.6),
+    "manifest bit flip": lambda p: _flip(p / "manifest.json", 200, 1),
+    "manifest null": lambda p: (p / "manifest.json").write_text("null"),
+    "manifest list": lambda p: (p / "manifest.json").write_text("[1, 2]"),
+    "manifest without segments": _manifest_edit(lambda m: {k: v for k, v in m.items() if k not in ("segments", "checksum")}),
+    "manifest segments as string": _manifest_edit(lambda m: _set(m, segments="seg-000001", checksum=None)),
+    "manifest path outside folder": _manifest_edit(
+        lambda m: _set(m, segments=[{**m["segments"][0], "file": "../outside.seg"}] + m["segments"][1:])),
+    "manifest segment listed twice": _manifest_edit(lambda m: _set(m, segments=m["segments"] + m["segments"][:1])),
+    "manifest next_segment on a live segment": _manifest_edit(lambda m: _set(m, next_segment=1)),
+    "manifest segment name digit changed": _manifest_edit(_rename_digit),
+    "manifest doc count changed (no checksum)": _manifest_edit(
+        lambda m: _set({k: v for k, v in m.items() if k != "checksum"},
+                       segments=[{**m["segments"][0], "docs": m["segments"][0]["docs"] + 1}] + m["segments"][1:])),
+    "write.lock is a directory": lambda p: (p / "write.lock").mkdir() if not (p / "write.lock").exists()
+    else ((p / "write.lock").unlink(), (p / "write.lock").mkdir()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_damaged_copy_gives_a_clear_error_or_the_same_answers_and_loses_nothing(pristine, tmp_path, case):
+    expected = _answers(pristine)
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy, symlinks=True)
+    CASES[case](copy)
+
+    try:
+        got = _answers(copy)
+    except StairError as e:
+        message = str(e)
+        assert message and "Traceback" not in message and len(message) < 600
+    else:
+        assert got == expected, f"{case}: a damaged index answered differently"
+
+    # a following ingest never loses or duplicates documents: it refuses, or every old document is still there
+    rng = np.random.default_rng(99)
+    new = [_doc(10_000 + i, rng) for i in range(5)]
+    try:
+        with EngineIndex.open(copy, writable=True) as ix:
+            ix.add(new)
+    except StairError:
+        return
+    with EngineIndex.open(copy) as ix:
+        old_ids = [f"d{i}" for i in range(N_BATCH * BATCH) if f"d{i}" not in ("d3", "d70", "d150")]
+        assert ix.contains(old_ids) == set(old_ids), f"{case}: an ingest after the damage lost documents"
+        assert ix.doc_count == len(old_ids) + 5, f"{case}: an ingest after the damage duplicated documents"
+
+
+def test_an_old_segment_without_a_footer_still_opens(pristine, tmp_path):
+    """Indexes written before checksums (no footer) keep working; structure checks still guard them."""
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    for seg in _segments(copy):
+        data = seg.read_bytes()
+        seg.write_bytes(data[:-24])
+    assert _answers(copy) == _answers(pristine)
