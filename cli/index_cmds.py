@@ -114,3 +114,50 @@ def optimize(name: str, backend) -> None:
     backend.optimize(name)
     info = backend.index_info(name)
     click.echo(f"optimized {name!r}: {info.doc_count} docs in {info.extra.get('segments', '?')} segment(s)")
+
+
+@index_group.command("check")
+@click.argument("name")
+@click.option("--repair", is_flag=True,
+              help="Drop damaged segments from a new commit (their documents are lost and listed).")
+@json_option
+@backend_options
+def check(name: str, repair: bool, as_json: bool, backend) -> None:
+    """Verify every file of the embedded index NAME (checksums, structure, counts).
+
+    Like Lucene's CheckIndex: the manifest, each segment and each tombstone file are read
+    and checked, and a report per segment is printed. Nothing is changed unless --repair,
+    which commits the index without its damaged segments and lists the documents lost
+    (re-ingest them to get them back). A damaged manifest cannot be repaired: restore it
+    from a backup.
+
+    \b
+    Exit status: 0 healthy (or repaired), 1 damage found and not repaired, 4 not an index
+    or the repair could not run.
+    """
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.engine import check_index
+
+    if not isinstance(backend, EmbeddedBackend):
+        raise InvalidInputError("index check verifies embedded indexes; a cluster checks its own files")
+    report = check_index(backend.home / name, repair=repair)
+    if as_json:
+        echo_json(report)
+    else:
+        if report["manifest"]:
+            click.echo(f"manifest: DAMAGED - {report['manifest']}")
+        rows = [(s["name"], s["docs"], s["deleted"], "yes" if s["checksummed"] else "no (old format)",
+                 "ok" if not s["error"] else f"DAMAGED: {s['error']}") for s in report["segments"]]
+        if rows:
+            click.echo(table(rows, ["segment", "docs", "deleted", "checksum", "status"], max_width=90))
+        if report["orphans"]:
+            click.echo(f"unreferenced files (removed by the next writer): {', '.join(report['orphans'])}")
+        if report["repaired"]:
+            ids = report["lost_ids"]
+            click.echo(f"repaired: dropped the damaged segments; {report['lost_docs']} documents lost"
+                       + (f": {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}" if ids else " (ids unreadable)"))
+        click.echo("ok: no damage found" if report["ok"] else
+                   ("the index was repaired" if report["repaired"] else
+                    "damage found; nothing was changed (see --repair, or restore from a backup)"))
+    if not report["ok"] and not report["repaired"]:
+        raise click.exceptions.Exit(1)

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import StairError as StairErrorBase
 from ..errors import (
     DamagedIndexError,
     DocumentNotFoundError,
@@ -824,3 +825,98 @@ def _writer_version() -> str:
         return f"stair_es {version('stair-es')}"
     except Exception:  # pragma: no cover
         return "stair_es (unknown version)"
+
+
+# --- checking and repair ------------------------------------------------------------------------
+def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
+    """Verify an index folder file by file, like Lucene's CheckIndex; optionally repair it.
+
+    Checks the manifest (JSON, checksum, consistency), then every segment (footer checksum,
+    header, pointer and count invariants, identity and document count against the manifest)
+    and tombstone file (size, checksum, count). Returns a report::
+
+        {"path", "ok", "manifest": None | error, "segments": [{"name", "docs", "deleted",
+         "checksummed", "error"}], "orphans": [...], "repaired": bool, "lost_docs": int,
+         "lost_ids": [...]}
+
+    With ``repair=True`` and a readable manifest, damaged segments are dropped from a new
+    commit (under the writer lock): the documents they held are lost and listed (ids when
+    the file still names them). A damaged manifest cannot be repaired here (no earlier
+    generation is kept): restore it from a backup.
+    """
+    from .segment import Segment
+    from .storage import read_arrays, read_footer, verify_file
+
+    path = Path(path)
+    report: dict[str, Any] = {"path": str(path), "ok": True, "manifest": None, "segments": [], "orphans": [],
+                              "repaired": False, "lost_docs": 0, "lost_ids": []}
+    try:
+        if not (path / MANIFEST).is_file():
+            damaged = _missing_manifest_error(path) if path.is_dir() else None
+            if damaged is None:
+                raise IndexNotFoundError(f"no stair_es index at {path}")
+            raise damaged
+        m = validate_manifest(json.loads((path / MANIFEST).read_bytes()), path)
+    except IndexNotFoundError:
+        raise
+    except (StairErrorBase, OSError, ValueError, UnicodeDecodeError) as e:
+        report["ok"] = False
+        report["manifest"] = str(e) if isinstance(e, StairErrorBase) else f"{path / MANIFEST}: {e}"
+        return report
+    referenced = {MANIFEST, LOCK}
+    damaged_entries = []
+    for e in m["segments"]:
+        row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
+        referenced.add(e["file"])
+        if e.get("del_file"):
+            referenced.add(e["del_file"])
+        try:
+            seg_path = path / e["file"]
+            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size) is not None
+            verify_file(seg_path)
+            arrays, meta = read_arrays(seg_path)
+            seg = Segment(seg_path, arrays, meta)
+            seg.check_structure()
+            if seg.name != e["name"] or seg.n_docs != e["docs"]:
+                raise DamagedIndexError(f"{e['file']} holds {seg.name} with {seg.n_docs} documents; the manifest expects "
+                                        f"{e['name']} with {e['docs']}")
+            if e.get("del_file"):
+                probe = EngineIndex(path, False, None, default_vocabulary())
+                probe._read_tombstones(e, seg.n_docs)
+        except (StairErrorBase, OSError, ValueError) as err:
+            row["error"] = str(err) if isinstance(err, StairErrorBase) else f"{e['file']}: {err}"
+            report["ok"] = False
+            damaged_entries.append(e)
+        report["segments"].append(row)
+    try:
+        report["orphans"] = sorted(p.name for p in path.iterdir() if p.name not in referenced and p.name.startswith("seg-"))
+    except OSError:
+        pass
+    if repair and damaged_entries:
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(path / LOCK), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise IndexLockedError(f"the index at {path} is being written by another process; repair it when that ends") from None
+        try:
+            for e in damaged_entries:
+                report["lost_docs"] += int(e["docs"]) - int(e.get("deleted", 0))
+                try:
+                    arrays, meta = read_arrays(path / e["file"])
+                    seg = Segment(path / e["file"], arrays, meta)
+                    report["lost_ids"] += [seg.doc_id(d) for d in range(seg.n_docs)]
+                except Exception:  # noqa: BLE001 - the ids of a damaged file may be unreadable: report the count only
+                    pass
+            keep = [e for e in m["segments"] if e not in damaged_entries]
+            new = dict(m)
+            new["segments"] = keep
+            new["generation"] = int(m["generation"]) + 1
+            new["writer"] = _writer_version()
+            new["checksum"] = manifest_checksum(new)
+            atomic_write_json(path / MANIFEST, new)
+            report["repaired"] = True
+        finally:
+            lock.release()
+    return report

@@ -242,3 +242,28 @@ def test_an_old_segment_without_a_footer_still_opens(pristine, tmp_path):
         data = seg.read_bytes()
         seg.write_bytes(data[:-24])
     assert _answers(copy) == _answers(pristine)
+
+
+def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_documents(pristine, tmp_path):
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    home = tmp_path / "home"
+    shutil.copytree(pristine, home / "ix")
+    ok = CliRunner().invoke(cli, ["index", "check", "ix", "--home", str(home)])
+    assert ok.exit_code == 0 and "ok: no damage found" in ok.output
+    _flip_in("post_w", 1)(home / "ix")
+    bad = CliRunner().invoke(cli, ["index", "check", "ix", "--home", str(home), "--json"])
+    assert bad.exit_code == 1
+    report = json.loads(bad.output)
+    assert [s["error"] is not None for s in report["segments"]] == [False, True, False]
+    assert "checksum mismatch" in report["segments"][1]["error"] and not report["repaired"]
+    fixed = CliRunner().invoke(cli, ["index", "check", "ix", "--repair", "--home", str(home), "--json"])
+    assert fixed.exit_code == 0, fixed.output
+    report = json.loads(fixed.output)
+    lost = set(report["lost_ids"])
+    assert report["repaired"] and len(lost) == BATCH and lost == {f"d{i}" for i in range(BATCH, 2 * BATCH)}
+    with EngineIndex.open(home / "ix") as ix:  # what is left answers again, and holds exactly the rest
+        assert ix.doc_count == 2 * BATCH - 2  # d3 and d150 were deleted before
+    assert CliRunner().invoke(cli, ["index", "check", "ix", "--home", str(home)]).exit_code == 0
