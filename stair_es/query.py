@@ -217,6 +217,30 @@ def blacklist(tokens: Iterable[str], field: str = "image") -> Filter:
 
 
 # --- scoring -------------------------------------------------------------------------------
+#: Limits that keep every query cheap and every score finite (see stair_es.sparse.MAX_WEIGHT):
+MAX_CLAUSE_WEIGHT = 10_000.0
+MAX_FILTER_DEPTH = 32
+MAX_EXPRESSION_ITEMS = 2_000
+MAX_EXPRESSION_CHARS = 20_000
+
+
+def filter_depth(flt: "Filter | None") -> int:
+    """Nesting depth of a filter tree, computed without recursion (a hostile tree cannot overflow the stack)."""
+    if flt is None:
+        return 0
+    deepest, stack = 0, [(flt, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_FILTER_DEPTH:
+            break
+        children = getattr(node, "filters", None)
+        if children is None and isinstance(node, Not):
+            children = [node.filter]
+        for c in children or ():
+            stack.append((c, d + 1))
+    return deepest
+
 @dataclass(frozen=True)
 class SparseClause:
     field: str
@@ -224,8 +248,10 @@ class SparseClause:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and self.weight > 0):
-            raise InvalidInputError(f"clause weight for field {self.field!r} must be positive and finite, got {self.weight!r}")
+        if not (isinstance(self.weight, (int, float)) and math.isfinite(self.weight) and 0 < self.weight <= MAX_CLAUSE_WEIGHT):
+            raise InvalidInputError(
+                f"clause weight for field {self.field!r} must be positive and at most {MAX_CLAUSE_WEIGHT:g}, got {self.weight!r}"
+            )
 
 
 @dataclass
@@ -243,6 +269,9 @@ class SearchRequest:
             raise InvalidInputError(f"top_k must be an integer in [1, 10000], got {self.top_k!r}")
         if self.query_top_k is not None and self.query_top_k < 1:
             raise InvalidInputError("query_top_k must be at least 1")
+        if filter_depth(self.filter) > MAX_FILTER_DEPTH:
+            raise InvalidInputError(f"the filter nests more than {MAX_FILTER_DEPTH} levels deep; flatten it "
+                                    "(And/Or take any number of filters)")
         self.drop_tokens = tuple(self.drop_tokens)
 
     def prepared(self, schema: IndexSchema, vocab: Vocabulary | None = None) -> "SearchRequest":
@@ -288,11 +317,15 @@ def parse_token_expression(text: str, field: str = "image", vocab: Vocabulary | 
     items = []
     pos = 0
     text = text.strip()
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise InvalidInputError(f"the token expression is {len(text):,} characters long; the limit is {MAX_EXPRESSION_CHARS:,}")
     while pos < len(text):
         m = _TOKEN_RE.match(text, pos)
         if not m or m.end() == pos:
             raise InvalidInputError(f"cannot parse token expression at: {text[pos:]!r}")
         items.append(m.group(1))
+        if len(items) > MAX_EXPRESSION_ITEMS:
+            raise InvalidInputError(f"the token expression has more than {MAX_EXPRESSION_ITEMS:,} words and operators")
         pos = m.end()
         while pos < len(text) and text[pos].isspace():
             pos += 1
@@ -308,6 +341,13 @@ def parse_token_expression(text: str, field: str = "image", vocab: Vocabulary | 
 class _ExprParser:
     def __init__(self, items, field, vocab, text):
         self.items, self.field, self.vocab, self.text, self.i = items, field, vocab, text, 0
+        self.depth = 0
+
+    def _deeper(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_FILTER_DEPTH:
+            raise InvalidInputError(f"the token expression nests more than {MAX_FILTER_DEPTH} levels of parentheses "
+                                    "or NOT; simplify it")
 
     def peek(self):
         return self.items[self.i] if self.i < len(self.items) else None
@@ -338,12 +378,17 @@ class _ExprParser:
             raise InvalidInputError(f"token expression {self.text!r} ends early")
         self.i += 1
         if tok == "NOT":
-            return Not(self.parse_unary())
+            self._deeper()
+            inner = Not(self.parse_unary())
+            self.depth -= 1
+            return inner
         if tok == "(":
+            self._deeper()
             inner = self.parse_or()
             if self.peek() != ")":
-                raise InvalidInputError(f"missing ')' in token expression {self.text!r}")
+                raise InvalidInputError(f"missing ')' in token expression {self.text[:80]!r}")
             self.i += 1
+            self.depth -= 1
             return inner
         if tok in (")", "AND", "OR"):
             raise InvalidInputError(f"unexpected {tok!r} in token expression {self.text!r}")

@@ -22,7 +22,8 @@ from .sparse import SparseVector
 FIELD_TYPES = ("keyword", "number", "boolean", "date")
 DEFAULT_SPARSE_FIELDS = ("image", "caption")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
-RESERVED = {"id", "_id", "caption_text", "path", "image", "caption"}
+# Internal fields of the cluster mappings and documents ("dense": the optional dense vector).
+RESERVED = {"id", "_id", "caption_text", "path", "image", "caption", "dense"}
 MAX_CAPTION_CHARS = 10_000
 MAX_KEYWORD_CHARS = 1_000
 
@@ -186,8 +187,9 @@ class IndexSchema:
         new: dict[str, str] = {}
         for name, value in metadata.items():
             check_field_name(name, "metadata field")
-            if name in RESERVED:
-                raise InvalidInputError(f"metadata field {name!r} is reserved; rename it")
+            if name in RESERVED or name in self.sparse_fields:
+                raise InvalidInputError(f"metadata field {name!r} is reserved (an internal or sparse field); rename it")
+            check_text(value, f"metadata field {name!r}")
             if value is None:
                 continue
             ftype = self.fields.get(name)
@@ -203,6 +205,24 @@ class IndexSchema:
         return out, new
 
 
+def check_text(value: Any, what: str, depth: int = 0) -> None:
+    """Strings must be encodable as UTF-8 (a lone surrogate such as ``\\ud800`` from a badly decoded
+    file is not): refused here, per document, rather than failing a whole write later."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(f"{what} is not valid Unicode text ({e.reason} at position {e.start}); "
+                                    "fix the encoding of the catalog") from None
+    elif isinstance(value, (list, tuple)):
+        if depth > 4:
+            raise InvalidInputError(f"{what} nests lists too deeply")
+        for v in value:
+            check_text(v, what, depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInputError(f"{what} is {value!r}; numbers must be finite")
+
+
 @dataclass
 class Document:
     """One catalog item: an id, its sparse vectors per field, metadata, and optional caption/source."""
@@ -216,6 +236,11 @@ class Document:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512 or "\n" in self.id:
             raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {self.id!r}")
+        check_text(self.id, "the document id")
+        if self.caption is not None:
+            check_text(self.caption, f"the caption of {self.id!r}")
+        if self.source is not None:
+            check_text(self.source, f"the source of {self.id!r}")
 
 
 @dataclass

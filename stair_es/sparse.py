@@ -28,6 +28,12 @@ _MAGIC = b"SSV1"
 _HEADER = struct.Struct("<4sI")
 
 
+#: The largest token weight a vector may carry: half precision's largest finite value, which
+#: the embedded engine stores; with clause weights <= MAX_CLAUSE_WEIGHT (stair_es.query) no
+#: score over the 30,522-token vocabulary can overflow float32.
+MAX_WEIGHT = 65504.0
+
+
 @dataclass(frozen=True, eq=False)
 class SparseVector:
     ids: np.ndarray  # int32, sorted, unique
@@ -56,13 +62,22 @@ class SparseVector:
         """
         vocab = vocab or default_vocabulary()
         ids = np.asarray(ids, dtype=np.int64).ravel()
-        w = np.asarray(weights, dtype=np.float64).ravel()
+        try:
+            w = np.asarray(weights, dtype=np.float64).ravel()
+        except (OverflowError, TypeError, ValueError) as e:
+            raise InvalidVectorError(f"weights must be numbers no larger than {MAX_WEIGHT:g} ({e})") from None
         if ids.shape != w.shape:
             raise InvalidVectorError(f"ids and weights differ in length ({ids.size} vs {w.size})")
         if w.size and not np.all(np.isfinite(w)):
             bad = ids[~np.isfinite(w)][:5]
             raise InvalidVectorError(
                 f"weights must be finite; got NaN/inf for {_names(vocab, bad)}"
+            )
+        if w.size and np.any(w > MAX_WEIGHT):
+            bad = ids[w > MAX_WEIGHT][:5]
+            raise InvalidVectorError(
+                f"weights must be at most {MAX_WEIGHT:g} (the largest value an index stores: half precision); "
+                f"got {float(w.max()):.3g} for {_names(vocab, bad)}. Learned sparse weights are usually below 10"
             )
         if w.size and np.any(w < 0):
             bad = ids[w < 0][:5]
@@ -121,8 +136,11 @@ class SparseVector:
                 continue
             if isinstance(wt, bool) or not isinstance(wt, (int, float)):
                 raise InvalidVectorError(f"weight of token {tok!r} must be a number, got {wt!r}")
+            try:
+                weights.append(float(wt))
+            except OverflowError:
+                raise InvalidVectorError(f"weight of token {tok!r} is too large; weights must be at most {MAX_WEIGHT:g}") from None
             ids.append(i)
-            weights.append(float(wt))
         if missing and unknown == "error":
             shown = ", ".join(repr(m) for m in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -1,0 +1,211 @@
+"""Damage at rest, measured: random bit flips in every kind of index file, and what checksums cost.
+
+    python benchmarks/engine_damage.py --flips 240                      # this checkout
+    /path/to/old/.venv/bin/python benchmarks/engine_damage.py --flips 240   # the same with another stair_es
+    python benchmarks/engine_damage.py --flips 0 --cost-docs 1000000    # checksum cost on open and search
+
+Bit flips: builds an index of ``--docs`` documents in 3 segments with tombstones, then for each
+flip copies it, flips one random bit of one file (segments weighted by size, tombstones and the
+manifest picked as often as a segment), and answers 12 queries + one ``get`` in a *subprocess*
+(so a crash is seen, not suffered). Each flip ends as: ``detected`` (a clear stair_es error),
+``same`` (identical answers: the bit was in padding or a field no answer reads), ``WRONG``
+(different answers and exit 0: a silent wrong answer) or ``CRASH`` (killed by a signal or an
+internal error). Prints the table per file kind.
+
+Cost: builds ``--cost-docs`` documents of ~200 tokens, then times opening the index with full
+checksum verification (the default) and with ``STAIR_ES_VERIFY=size`` (sizes and footers only),
+each in a fresh process, and the median latency of 50 searches after opening. Run it with the
+stair_es you want to measure: the script only uses the public EngineIndex API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ANSWER = r"""
+import json, sys, numpy as np
+from stair_es.engine import EngineIndex
+from stair_es.errors import StairError
+from stair_es.query import SearchRequest, SparseClause
+from stair_es.sparse import SparseVector
+try:
+    with EngineIndex.open(sys.argv[1]) as ix:
+        out = []
+        for i in range(12):
+            ids = np.array([2000 + 3 * i, 2100 + 3 * i, 2200 + i], np.int64)
+            res = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, np.array([1.0, 0.6, 0.3])))], top_k=10))
+            out.append([[h.id, round(h.score, 4)] for h in res.hits])
+        out.append(sorted(ix.get("d7").vectors["image"].to_token_map().items()))
+        out.append(ix.doc_count)
+    print(json.dumps({"ok": out}))
+except StairError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+def build(path: Path, n_docs: int) -> None:
+    from stair_es.engine import EngineIndex
+    from stair_es.schema import IndexSchema
+
+    rng = np.random.default_rng(0)
+    ix = EngineIndex.create(path, IndexSchema())
+    ix.max_segments = 100
+    per = n_docs // 3
+    for b in range(3):
+        nnz = 30
+        ids = np.sort(np.stack([rng.choice(np.arange(2000, 2600), nnz, replace=False) for _ in range(per)]), axis=1)
+        indptr = np.arange(0, per * nnz + 1, nnz, dtype=np.int64)
+        w = rng.uniform(0.05, 2.5, per * nnz).astype(np.float32)
+        ix.add_arrays([f"d{b * per + i}" for i in range(per)], {"image": (indptr, ids.reshape(-1).astype(np.int64), w)})
+    ix.delete([f"d{i}" for i in range(0, n_docs, 37)])
+    ix.close()
+
+
+def answer(path: Path) -> tuple[str, str]:
+    done = subprocess.run([sys.executable, "-c", ANSWER, str(path)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return "CRASH", f"exit {done.returncode}: {tail[:120]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return ("error", out["error"]) if "error" in out else ("ok", json.dumps(out["ok"]))
+
+
+def kind_of(name: str) -> str:
+    if name == "manifest.json":
+        return "manifest"
+    if ".del." in name:
+        return "tombstones"
+    return "segment" if name.endswith(".seg") else "other"
+
+
+def flips(n: int, n_docs: int, seed: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="stair-es-damage-"))
+    try:
+        base = work / "base"
+        build(base, n_docs)
+        status, expected = answer(base)
+        assert status == "ok", expected
+        files = sorted(p for p in base.iterdir() if p.is_file() and p.name != "write.lock")
+        by_kind = defaultdict(list)
+        for p in files:
+            by_kind[kind_of(p.name)].append(p)
+        rng = random.Random(seed)
+        table: dict[str, Counter] = defaultdict(Counter)
+        examples: dict[str, str] = {}
+        for i in range(n):
+            kind = rng.choice(sorted(by_kind))
+            src = rng.choice(by_kind[kind])
+            copy = work / f"c{i}"
+            shutil.copytree(base, copy)
+            target = copy / src.name
+            data = bytearray(target.read_bytes())
+            pos = rng.randrange(len(data))
+            data[pos] ^= 1 << rng.randrange(8)
+            target.write_bytes(bytes(data))
+            status, detail = answer(copy)
+            outcome = {"error": "detected", "CRASH": "CRASH"}.get(status) or ("same" if detail == expected else "WRONG")
+            table[kind][outcome] += 1
+            if outcome in ("WRONG", "CRASH") or (outcome == "detected" and "detected" not in examples):
+                examples.setdefault(outcome, f"{src.name}@{pos}: {detail[:150]}")
+            shutil.rmtree(copy)
+        import stair_es
+
+        print(f"# {n} random bit flips, stair_es from {Path(stair_es.__file__).parent}, index of {n_docs} docs "
+              f"({len(by_kind['segment'])} segments, tombstones)")
+        print(f"{'file kind':<12} {'flips':>5} {'detected':>9} {'same':>5} {'WRONG':>6} {'CRASH':>6}")
+        total = Counter()
+        for kind, c in sorted(table.items()):
+            total.update(c)
+            print(f"{kind:<12} {sum(c.values()):>5} {c['detected']:>9} {c['same']:>5} {c['WRONG']:>6} {c['CRASH']:>6}")
+        print(f"{'all':<12} {sum(total.values()):>5} {total['detected']:>9} {total['same']:>5} {total['WRONG']:>6} {total['CRASH']:>6}")
+        for k, v in examples.items():
+            print(f"e.g. {k}: {v}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+COST = r"""
+import os, sys, time, statistics, numpy as np
+t = time.perf_counter()
+from stair_es.engine import EngineIndex
+from stair_es.query import SearchRequest, SparseClause
+from stair_es.sparse import SparseVector
+t0 = time.perf_counter()
+ix = EngineIndex.open(sys.argv[1])
+opened = time.perf_counter() - t0
+rng = np.random.default_rng(1)
+lat = []
+for i in range(50):
+    ids = np.sort(rng.choice(np.arange(1000, 30000), 20, replace=False))
+    req = SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, rng.uniform(0.1, 2, 20)))], top_k=10)
+    s = time.perf_counter(); ix.search(req); lat.append(time.perf_counter() - s)
+print(opened, statistics.median(lat[5:]))
+"""
+
+
+def cost(n_docs: int, runs: int) -> None:
+    from stair_es.engine import EngineIndex
+    from stair_es.schema import IndexSchema
+
+    work = Path(tempfile.mkdtemp(prefix="stair-es-cost-"))
+    try:
+        path = work / "ix"
+        rng = np.random.default_rng(0)
+        ix = EngineIndex.create(path, IndexSchema())
+        chunk = 100_000
+        for start in range(0, n_docs, chunk):
+            n = min(chunk, n_docs - start)
+            nnz = rng.integers(150, 250, n)
+            indptr = np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)
+            ids = np.concatenate([np.sort(rng.choice(np.arange(1000, 30000), k, replace=False)) for k in nnz]).astype(np.int64)
+            w = rng.uniform(0.05, 2.5, ids.size).astype(np.float32)
+            ix.add_arrays([f"d{start + i}" for i in range(n)], {"image": (indptr, ids, w)})
+        ix.optimize()
+        ix.close()
+        size = sum(p.stat().st_size for p in path.iterdir() if p.is_file()) / 1e6
+        rows = {}
+        for label, verify in (("full checksum", "full"), ("sizes only", "size")):
+            env = dict(os.environ, STAIR_ES_VERIFY=verify)
+            opens, searches = [], []
+            for _ in range(runs):
+                out = subprocess.run([sys.executable, "-c", COST, str(path)], capture_output=True, text=True, env=env, check=True)
+                o, s = map(float, out.stdout.split())
+                opens.append(o)
+                searches.append(s)
+            rows[label] = (statistics.median(opens), statistics.median(searches))
+            print(f"{label:<14} open {rows[label][0] * 1000:8.1f} ms   search p50 {rows[label][1] * 1000:6.2f} ms  ({n_docs:,} docs, {size:.0f} MB)")
+        (fo, fs), (so, ss) = rows["full checksum"], rows["sizes only"]
+        print(f"checksum cost: open +{(fo - so) * 1000:.0f} ms (x{fo / max(so, 1e-9):.1f}), search x{fs / max(ss, 1e-9):.3f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flips", type=int, default=240)
+    ap.add_argument("--docs", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cost-docs", type=int, default=0, help="also measure the checksum cost at this many documents")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if args.flips:
+        flips(args.flips, args.docs, args.seed)
+    if args.cost_docs:
+        cost(args.cost_docs, args.runs)
+
+
+if __name__ == "__main__":
+    main()
