@@ -6,7 +6,8 @@
 
 Bit flips: builds an index of ``--docs`` documents in 3 segments with tombstones, then for each
 flip copies it, flips one random bit of one file (segments weighted by size, tombstones and the
-manifest picked as often as a segment), and answers 12 queries + one ``get`` in a *subprocess*
+manifest picked as often as a segment), and answers 120 queries covering every token of the
+corpus (top 20) and 31 ``get`` calls in a *subprocess*
 (so a crash is seen, not suffered). Each flip ends as: ``detected`` (a clear stair_es error),
 ``same`` (identical answers: the bit was in padding or a field no answer reads), ``WRONG``
 (different answers and exit 0: a silent wrong answer) or ``CRASH`` (killed by a signal or an
@@ -38,17 +39,21 @@ import numpy as np
 ANSWER = r"""
 import json, sys, numpy as np
 from stair_es.engine import EngineIndex
-from stair_es.errors import StairError
+from stair_es.errors import DocumentNotFoundError, StairError
 from stair_es.query import SearchRequest, SparseClause
 from stair_es.sparse import SparseVector
 try:
     with EngineIndex.open(sys.argv[1]) as ix:
         out = []
-        for i in range(12):
-            ids = np.array([2000 + 3 * i, 2100 + 3 * i, 2200 + i], np.int64)
-            res = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, np.array([1.0, 0.6, 0.3])))], top_k=10))
+        for i in range(0, 600, 5):  # every token of the corpus is in some query
+            ids = np.arange(2000 + i, 2005 + i, dtype=np.int64)
+            res = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, np.linspace(1.0, 0.2, 5)))], top_k=20))
             out.append([[h.id, round(h.score, 4)] for h in res.hits])
-        out.append(sorted(ix.get("d7").vectors["image"].to_token_map().items()))
+        for d in range(1, 3000, 97):
+            try:
+                out.append(sorted(ix.get(f"d{d}").vectors["image"].to_token_map().items()))
+            except DocumentNotFoundError:
+                out.append("deleted")  # a deleted document: not found, as it should be
         out.append(ix.doc_count)
     print(json.dumps({"ok": out}))
 except StairError as e:

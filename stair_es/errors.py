@@ -78,6 +78,10 @@ class DamagedIndexError(IncompatibleIndexError):
     """A file of an index is missing, unreadable or fails its checksum: never answered from."""
 
 
+class IndexWriteError(IndexError_):
+    """The operating system refused a write (disk full, read-only folder...); the last commit is intact."""
+
+
 class DocumentNotFoundError(StairError, KeyError):
     exit_code = 4
 

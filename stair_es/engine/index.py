@@ -42,6 +42,7 @@ from ..errors import StairError as StairErrorBase
 from ..errors import (
     DamagedIndexError,
     DocumentNotFoundError,
+    IndexWriteError,
     IncompatibleIndexError,
     IndexExistsError,
     IndexLockedError,
@@ -101,6 +102,27 @@ class _SegState:
 
 
 _SEG_NAME = re.compile(r"^seg-(\d{6,})$")
+
+
+def _writes(method):
+    """An OS error while writing (disk full, read-only folder, quota) becomes one clear
+    :class:`IndexWriteError`: the commit protocol means the last commit is still intact, and
+    the temporary files of the failed write are removed by the next writer."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            generation = self._manifest.get("generation", "?")
+            raise IndexWriteError(
+                f"cannot write to the index at {self.path}: {e.strerror or e}"
+                f"{' (' + str(e.filename) + ')' if getattr(e, 'filename', None) else ''}. "
+                f"Nothing of this change was committed; the last commit (generation {generation}) is intact. "
+                "Free disk space or fix permissions, then run the same command again (ingest resumes)"
+            ) from None
+    return run
 
 
 def manifest_checksum(m: Mapping[str, Any]) -> int:
@@ -304,7 +326,8 @@ class EngineIndex:
             except FileNotFoundError as e:  # a writer replaced files between our reads: retry
                 last = e
                 time.sleep(0.01)
-        raise IncompatibleIndexError(f"the index at {self.path} keeps changing or misses files ({last}); is it damaged?")
+        raise DamagedIndexError(f"the index at {self.path} misses a file its manifest lists ({last}), or keeps changing; "
+                                "run `stair-es index check` on it")
 
     def _read_tombstones(self, e: Mapping[str, Any], n_docs: int) -> tuple[np.ndarray, int]:
         path = self.path / e["del_file"]
@@ -412,6 +435,7 @@ class EngineIndex:
         return {i for i, s in zip(ids, seg_of) if s >= 0}
 
     # --- writing ----------------------------------------------------------------------------------------
+    @_writes
     def add(self, docs: Sequence[Document]) -> list[ItemResult]:
         """Add or replace documents; one atomic commit. Returns one item per input document."""
         self._require_writable()
@@ -473,6 +497,7 @@ class EngineIndex:
                 results[i].action = "update"
         return results
 
+    @_writes
     def add_arrays(self, ids: Sequence[str], vectors: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                    metadata: Sequence[Mapping[str, Any] | None] | None = None) -> int:
         """Fast path: add already-encoded CSR vectors ``{field: (indptr, token ids, weights)}``.
@@ -568,6 +593,7 @@ class EngineIndex:
         s.deleted, s.del_file, s.n_deleted = deleted, name, int(deleted.sum())
         s._live_u8 = None
 
+    @_writes
     def delete(self, ids: Sequence[str]) -> list[ItemResult]:
         """Delete documents by id (one atomic commit); unknown ids give ok=False items."""
         self._require_writable()
@@ -596,6 +622,7 @@ class EngineIndex:
                 return
             self._merge(pick)
 
+    @_writes
     def optimize(self) -> None:
         """Merge all segments into as few as possible, dropping deleted documents."""
         self._require_writable()

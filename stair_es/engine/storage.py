@@ -199,8 +199,8 @@ def read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 raise DamagedIndexError(f"segment file {path} is truncated or its header is damaged; the index is damaged")
             arrays[name] = mm[start:end].view(dt).reshape(shape)
         return arrays, header["meta"]
-    except DamagedIndexError:
-        raise
+    except (DamagedIndexError, FileNotFoundError):
+        raise  # a missing file may be a writer's commit in progress: the caller retries or reports it
     except IsADirectoryError:
         raise DamagedIndexError(f"{path} is a folder, not a segment file; the index is damaged") from None
     except PermissionError:

@@ -267,3 +267,50 @@ def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_docum
     with EngineIndex.open(home / "ix") as ix:  # what is left answers again, and holds exactly the rest
         assert ix.doc_count == 2 * BATCH - 2  # d3 and d150 were deleted before
     assert CliRunner().invoke(cli, ["index", "check", "ix", "--home", str(home)]).exit_code == 0
+
+
+def test_disk_full_during_an_ingest_keeps_the_last_commit_and_says_so(pristine, tmp_path, monkeypatch):
+    import errno
+
+    import stair_es.engine.segment as segment_mod
+    from stair_es.errors import IndexWriteError
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    before = _answers(copy)
+    real = segment_mod.write_arrays
+
+    def full(path, *a, **kw):
+        with open(path.with_name(".tmp-partial"), "wb") as f:  # a half-written temp file, as a real ENOSPC leaves
+            f.write(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_mod, "write_arrays", full)
+    rng = np.random.default_rng(5)
+    with EngineIndex.open(copy, writable=True) as ix:
+        with pytest.raises(IndexWriteError, match="No space left on device.*last commit.*intact"):
+            ix.add([_doc(20_000 + i, rng) for i in range(5)])
+    assert _answers(copy) == before
+    monkeypatch.setattr(segment_mod, "write_arrays", real)
+    with EngineIndex.open(copy, writable=True) as ix:  # space freed: the same ingest now succeeds
+        ix.add([_doc(20_000 + i, rng) for i in range(5)])
+        assert ix.doc_count == before[-1] + 5
+    assert not (copy / ".tmp-partial").exists()  # the next writer removed the leftover
+
+
+def test_a_read_only_index_folder_gives_a_clear_error(pristine, tmp_path, monkeypatch):
+    import errno
+
+    import stair_es.engine.segment as segment_mod
+    from stair_es.errors import IndexWriteError
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+
+    def read_only(path, *a, **kw):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(segment_mod, "write_arrays", read_only)
+    with EngineIndex.open(copy, writable=True) as ix:
+        with pytest.raises(IndexWriteError, match="Permission denied"):
+            ix.add([_doc(30_000, np.random.default_rng(1))])
