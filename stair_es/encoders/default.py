@@ -25,7 +25,7 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour")
+IMAGE_SOURCES = ("imagenet", "colour", "people")
 DEFAULT_SOURCES = ("imagenet", "colour")
 
 
@@ -63,9 +63,11 @@ class DefaultEncoder(Encoder):
         super().__init__(vocab, name=name)
         # (An index recorded before token sources existed is refused at ingest by the config
         # comparison, and its text queries do not depend on the image sources.)
+        if isinstance(sources, str):  # from the CLI: --encoder-option sources=imagenet,colour,people
+            sources = [s.strip() for s in sources.split(",") if s.strip()]
         chosen = tuple(sources) if sources is not None else DEFAULT_SOURCES
         unknown = [s for s in chosen if s not in IMAGE_SOURCES]
-        if unknown or "imagenet" not in chosen or isinstance(sources, str):
+        if unknown or "imagenet" not in chosen:
             raise InvalidInputError(f"sources must be a list from {', '.join(IMAGE_SOURCES)} including 'imagenet'; got {sources!r}")
         self.sources = chosen
         if text not in TEXT_CHOICES:
@@ -91,6 +93,11 @@ class DefaultEncoder(Encoder):
         from .colour import ColourSource
 
         self.colour = ColourSource(vocab=self.vocab) if "colour" in self.sources else None
+        self.people = None
+        if "people" in self.sources:
+            from .people import PeopleSource
+
+            self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
 
     @property
     def image_min_side(self) -> int | None:  # type: ignore[override]
@@ -118,21 +125,23 @@ class DefaultEncoder(Encoder):
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)
         classes = self.image_encoder.encode_images(images, batch_size=batch_size, progress=progress)
-        if self.colour is None:
+        if self.colour is None and self.people is None:
             return classes
-        return [merge_max([c, self.colour.encode(im)], self.vocab) for c, im in zip(classes, images)]
+        return [merge_max(list(self._parts(c, im).values()), self.vocab) for c, im in zip(classes, images)]
+
+    def _parts(self, classes: SparseVector, image: Any) -> dict[str, SparseVector]:
+        parts = {"imagenet": classes}
+        if self.colour is not None:
+            parts["colour"] = self.colour.encode(image)
+        if self.people is not None:
+            parts["people"] = self.people.encode(image)
+        return parts
 
     def encode_images_detailed(self, images: Sequence[Any], *, batch_size: int = 16) -> list[dict[str, SparseVector]]:
         """Per image, each token source's own vector (``imagenet``, ``colour``...) before merging."""
         images = list(images)
         classes = self.image_encoder.encode_images(images, batch_size=batch_size)
-        out = []
-        for c, im in zip(classes, images):
-            parts = {"imagenet": c}
-            if self.colour is not None:
-                parts["colour"] = self.colour.encode(im)
-            out.append(parts)
-        return out
+        return [self._parts(c, im) for c, im in zip(classes, images)]
 
     def token_sources(self, token: str) -> list[str]:
         """Which sources can produce ``token`` (for explain: a token shown with its origin)."""
@@ -142,6 +151,8 @@ class DefaultEncoder(Encoder):
             out.append("imagenet")
         if self.colour is not None and token in self.colour.tokens:
             out.append("colour")
+        if self.people is not None and token in self.people.tokens:
+            out.append("people")
         return out
 
     def encode_texts(

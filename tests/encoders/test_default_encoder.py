@@ -91,3 +91,28 @@ def test_sources_are_checked_and_recorded():
     assert get_encoder("default", text="bow", sources=["imagenet"]).config()["sources"] == ["imagenet"]
     with pytest.raises(InvalidInputError, match="sources"):
         DefaultEncoder(sources=["colour"])
+
+
+def test_people_source_finds_faces_in_portraits_and_not_in_objects(photos):
+    pytest.importorskip("cv2", reason="needs the 'people' extra")
+    from stair_es.encoders.people import opencv_available
+
+    if not opencv_available():
+        pytest.skip("this OpenCV has no CascadeClassifier (install opencv-python-headless<5)")
+    enc = DefaultEncoder(text="bow", sources="imagenet,colour,people")
+    assert enc.config()["sources"] == ["imagenet", "colour", "people"]
+    detail = dict(zip(photos, enc.encode_images_detailed(list(photos.values()))))
+    assert detail["astronaut"]["people"].weight("face") > 0 and detail["astronaut"]["people"].weight("person") > 0
+    if "hopper" in detail:
+        assert detail["hopper"]["people"].weight("portrait") > 0
+    assert detail["coffee"]["people"].nnz == 0 and detail["chelsea"]["people"].nnz == 0
+    assert enc.token_sources("person") == ["imagenet", "people"]
+
+
+def test_people_source_without_opencv_names_the_extra(monkeypatch):
+    import stair_es.encoders.people as people
+    from stair_es.errors import MissingDependencyError
+
+    monkeypatch.setattr(people, "opencv_available", lambda: False)
+    with pytest.raises(MissingDependencyError, match=r"stair-es\[people\]"):
+        DefaultEncoder(text="bow", sources=["imagenet", "people"])
