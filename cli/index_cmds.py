@@ -128,8 +128,8 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
     Like Lucene's CheckIndex: the manifest, each segment and each tombstone file are read
     and checked, and a report per segment is printed. Nothing is changed unless --repair,
     which commits the index without its damaged segments and lists the documents lost
-    (re-ingest them to get them back). A damaged manifest cannot be repaired: restore it
-    from a backup.
+    (re-ingest them to get them back), or, when the manifest itself is damaged or missing,
+    rolls back to the previous commit (manifest.prev.json, kept with all its files).
 
     \b
     Exit status: 0 healthy (or repaired), 1 damage found and not repaired, 4 not an index
@@ -146,13 +146,19 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
     else:
         if report["manifest"]:
             click.echo(f"manifest: DAMAGED - {report['manifest']}")
+            if report.get("rolled_back_to") is not None:
+                click.echo(f"repaired: rolled back to the previous commit (generation {report['rolled_back_to']}); "
+                           "the last commit is lost: run its ingest or delete again")
+            elif report.get("previous_generation") is not None and not repair:
+                click.echo(f"the previous commit (generation {report['previous_generation']}) is intact: "
+                           "--repair rolls back to it")
         rows = [(s["name"], s["docs"], s["deleted"], "yes" if s["checksummed"] else "no (old format)",
                  "ok" if not s["error"] else f"DAMAGED: {s['error']}") for s in report["segments"]]
         if rows:
             click.echo(table(rows, ["segment", "docs", "deleted", "checksum", "status"], max_width=90))
         if report["orphans"]:
             click.echo(f"unreferenced files (removed by the next writer): {', '.join(report['orphans'])}")
-        if report["repaired"]:
+        if report["repaired"] and report.get("rolled_back_to") is None:
             ids = report["lost_ids"]
             click.echo(f"repaired: dropped the damaged segments; {report['lost_docs']} documents lost"
                        + (f": {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}" if ids else " (ids unreadable)"))

@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: The previous commit, kept (with every file it references) so `index check --repair` can roll back to it.
+PREV_MANIFEST = "manifest.prev.json"
 LOCK = "write.lock"
 DEFAULT_BSHIFT = 8  # 256-document blocks: smaller and faster than 128 on the 1M benchmark
 F16_MAX = 65504.0
@@ -173,6 +175,23 @@ def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
     return m
 
 
+def _files_of(m: Mapping[str, Any]) -> set[str]:
+    out: set[str] = set()
+    for e in m.get("segments", []) if isinstance(m, Mapping) else []:
+        out.add(e["file"])
+        if e.get("del_file"):
+            out.add(e["del_file"])
+    return out
+
+
+def _read_valid_manifest(file: Path, folder: Path) -> dict[str, Any] | None:
+    """A manifest file's content if it reads and validates, else None (never raises)."""
+    try:
+        return validate_manifest(json.loads(file.read_bytes()), folder)
+    except (OSError, ValueError, UnicodeDecodeError, StairErrorBase):
+        return None
+
+
 def _missing_manifest_error(path: Path) -> DamagedIndexError | None:
     """A folder with segment files but no readable manifest is a damaged index, never an empty one."""
     try:
@@ -184,7 +203,9 @@ def _missing_manifest_error(path: Path) -> DamagedIndexError | None:
     return DamagedIndexError(
         f"the index folder {path} holds {len(segs)} segment file(s) ({', '.join(segs[:3])}{'...' if len(segs) > 3 else ''}) "
         f"but no readable {MANIFEST}: its commit record is lost, so it is neither opened nor overwritten. "
-        "Restore manifest.json from a backup, or move the folder away and re-ingest"
+        + ("`stair-es index check NAME --repair` rolls back to the previous commit (manifest.prev.json), "
+           if (path / PREV_MANIFEST).is_file() else "")
+        + "or restore manifest.json from a backup, or move the folder away and re-ingest"
     )
 
 
@@ -366,11 +387,13 @@ class EngineIndex:
         return True
 
     def _clean_unreferenced(self) -> None:
-        keep = {MANIFEST, LOCK}
-        for e in self._manifest["segments"]:
-            keep.add(e["file"])
-            if e.get("del_file"):
-                keep.add(e["del_file"])
+        """Remove temporary files and segment files no valid manifest (current or previous) references."""
+        keep = {MANIFEST, PREV_MANIFEST, LOCK} | _files_of(self._manifest)
+        prev = _read_valid_manifest(self.path / PREV_MANIFEST, self.path)
+        if prev is not None:
+            keep |= _files_of(prev)
+        elif (self.path / PREV_MANIFEST).exists():
+            return  # an unreadable previous commit: delete nothing it might reference
         for p in self.path.iterdir():
             if p.name in keep or not p.is_file():
                 continue
@@ -390,12 +413,17 @@ class EngineIndex:
                 e["del_crc32"] = crc32_of(np.packbits(s.deleted).tobytes())
         m["next_segment"] = self._manifest["next_segment"]
         m["checksum"] = manifest_checksum(m)
+        # Write-once: the commit being replaced becomes the previous generation, and neither its
+        # files nor the new ones are deleted; only what the generation before it alone used goes.
+        prev_files = _files_of(_read_valid_manifest(self.path / PREV_MANIFEST, self.path) or {})
+        prev = dict(self._manifest)  # its next_segment may have moved on since it was loaded: re-checksum
+        prev["checksum"] = manifest_checksum(prev)
+        atomic_write_json(self.path / PREV_MANIFEST, prev)
         atomic_write_json(self.path / MANIFEST, m)  # the commit point
-        old_files = {e["file"] for e in self._manifest["segments"]} | {e["del_file"] for e in self._manifest["segments"] if e.get("del_file")}
-        new_files = {e["file"] for e in m["segments"]} | {e["del_file"] for e in m["segments"] if e.get("del_file")}
+        keep = _files_of(m) | _files_of(self._manifest)
         self._manifest, self._segs, self.schema = m, segs, schema
         self._sig = self._stat_sig()
-        for f in (old_files - new_files) | set(obsolete):
+        for f in (prev_files - keep) | (set(obsolete) - keep):
             (self.path / f).unlink(missing_ok=True)
 
     def _new_segment_name(self) -> str:
@@ -868,8 +896,8 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
 
     With ``repair=True`` and a readable manifest, damaged segments are dropped from a new
     commit (under the writer lock): the documents they held are lost and listed (ids when
-    the file still names them). A damaged manifest cannot be repaired here (no earlier
-    generation is kept): restore it from a backup.
+    the file still names them). A damaged or missing manifest is repaired by rolling back to
+    the previous commit (``manifest.prev.json``) when every file it names is whole.
     """
     from .segment import Segment
     from .storage import read_arrays, read_footer, verify_file
@@ -889,32 +917,36 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     except (StairErrorBase, OSError, ValueError, UnicodeDecodeError) as e:
         report["ok"] = False
         report["manifest"] = str(e) if isinstance(e, StairErrorBase) else f"{path / MANIFEST}: {e}"
+        prev = _read_valid_manifest(path / PREV_MANIFEST, path)
+        report["previous_generation"] = prev.get("generation") if prev else None
+        if repair and prev is not None:
+            # the previous commit, if every file it names is whole, becomes the current one
+            bad = [row for row in _check_segments(path, prev)[0] if row["error"]]
+            if bad:
+                report["segments"] = bad
+                return report
+            from filelock import FileLock, Timeout
+
+            lock = FileLock(str(path / LOCK), timeout=0)
+            try:
+                lock.acquire()
+            except Timeout:
+                raise IndexLockedError(f"the index at {path} is being written by another process") from None
+            try:
+                if (path / MANIFEST).is_dir():
+                    (path / MANIFEST).rmdir()
+                elif (path / MANIFEST).is_symlink() or (path / MANIFEST).exists():
+                    (path / MANIFEST).unlink()
+                atomic_write_json(path / MANIFEST, prev)
+            finally:
+                lock.release()
+            report["repaired"] = True
+            report["rolled_back_to"] = prev.get("generation")
         return report
-    referenced = {MANIFEST, LOCK}
-    damaged_entries = []
-    for e in m["segments"]:
-        row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
-        referenced.add(e["file"])
-        if e.get("del_file"):
-            referenced.add(e["del_file"])
-        try:
-            seg_path = path / e["file"]
-            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size) is not None
-            verify_file(seg_path)
-            arrays, meta = read_arrays(seg_path)
-            seg = Segment(seg_path, arrays, meta)
-            seg.check_structure()
-            if seg.name != e["name"] or seg.n_docs != e["docs"]:
-                raise DamagedIndexError(f"{e['file']} holds {seg.name} with {seg.n_docs} documents; the manifest expects "
-                                        f"{e['name']} with {e['docs']}")
-            if e.get("del_file"):
-                probe = EngineIndex(path, False, None, default_vocabulary())
-                probe._read_tombstones(e, seg.n_docs)
-        except (StairErrorBase, OSError, ValueError) as err:
-            row["error"] = str(err) if isinstance(err, StairErrorBase) else f"{e['file']}: {err}"
-            report["ok"] = False
-            damaged_entries.append(e)
-        report["segments"].append(row)
+    rows, damaged_entries = _check_segments(path, m)
+    report["segments"] = rows
+    report["ok"] = not damaged_entries
+    referenced = {MANIFEST, PREV_MANIFEST, LOCK} | _files_of(m) | _files_of(_read_valid_manifest(path / PREV_MANIFEST, path) or {})
     try:
         report["orphans"] = sorted(p.name for p in path.iterdir() if p.name not in referenced and p.name.startswith("seg-"))
     except OSError:
@@ -947,3 +979,30 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
         finally:
             lock.release()
     return report
+
+
+def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
+    """Per manifest entry: verify the segment file and its tombstones. Returns (rows, damaged entries)."""
+    from .segment import Segment
+    from .storage import read_arrays, read_footer, verify_file
+
+    rows, damaged = [], []
+    for e in m["segments"]:
+        row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
+        try:
+            seg_path = path / e["file"]
+            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size) is not None
+            verify_file(seg_path)
+            arrays, meta = read_arrays(seg_path)
+            seg = Segment(seg_path, arrays, meta)
+            seg.check_structure()
+            if seg.name != e["name"] or seg.n_docs != e["docs"]:
+                raise DamagedIndexError(f"{e['file']} holds {seg.name} with {seg.n_docs} documents; the manifest expects "
+                                        f"{e['name']} with {e['docs']}")
+            if e.get("del_file"):
+                EngineIndex(path, False, None, default_vocabulary())._read_tombstones(e, seg.n_docs)
+        except (StairErrorBase, OSError, ValueError) as err:
+            row["error"] = str(err) if isinstance(err, StairErrorBase) else f"{e['file']}: {err}"
+            damaged.append(e)
+        rows.append(row)
+    return rows, damaged

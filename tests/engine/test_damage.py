@@ -314,3 +314,33 @@ def test_a_read_only_index_folder_gives_a_clear_error(pristine, tmp_path, monkey
     with EngineIndex.open(copy, writable=True) as ix:
         with pytest.raises(IndexWriteError, match="Permission denied"):
             ix.add([_doc(30_000, np.random.default_rng(1))])
+
+
+@pytest.mark.parametrize("damage", ["manifest missing", "manifest bit flip", "manifest list", "manifest is a directory"])
+def test_repair_rolls_a_damaged_manifest_back_to_the_previous_commit(pristine, tmp_path, damage):
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    home = tmp_path / "home"
+    shutil.copytree(pristine, home / "ix")
+    CASES[damage](home / "ix")
+    r = CliRunner().invoke(cli, ["index", "check", "ix", "--home", str(home)])
+    assert r.exit_code == 1 and "--repair rolls back" in r.output
+    r = CliRunner().invoke(cli, ["index", "check", "ix", "--repair", "--home", str(home)])
+    assert r.exit_code == 0 and "rolled back to the previous commit" in r.output, r.output
+    with EngineIndex.open(home / "ix") as ix:  # the commit before the last one: the 3 deletes are undone
+        assert ix.doc_count == N_BATCH * BATCH and ix.contains(["d3", "d70"]) == {"d3", "d70"}
+
+
+def test_a_writer_keeps_every_file_of_the_previous_commit(pristine, tmp_path):
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()  # replaces every segment
+    prev = json.loads((copy / "manifest.prev.json").read_text())
+    for e in prev["segments"]:
+        assert (copy / e["file"]).is_file() and (not e.get("del_file") or (copy / e["del_file"]).is_file())
+    with EngineIndex.open(copy, writable=True) as ix:  # the next commit frees the generation before
+        ix.delete(["d5"])
+    assert len(list(copy.glob("seg-*.seg"))) == 1
