@@ -6,6 +6,10 @@ by default: the model was trained on cosine similarity, and with unit vectors th
 dot product ranks exactly as the model does. ``text_mode="mask"`` is the paper's
 text-encoder-free querying (section 7.1): a query's tokens become a 0/1 (or idf) mask and
 only the image tower ever runs.
+
+Both towers run in ONNX Runtime (exported separately at first use and checked against
+PyTorch, see :mod:`stair_es.encoders.runtime`) unless ``runtime="torch"``; the checkpoint is
+still loaded with PyTorch for preprocessing and tokenization.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class StairEncoder(Encoder):
     modalities = frozenset({"image", "text"})
 
     def __init__(self, model: str | None = None, device: str | None = None, text_mode: str = "model", normalize: bool = True,
-                 min_weight: float = 0.0, name: str | None = None):
+                 min_weight: float = 0.0, name: str | None = None, runtime: str | None = None):
         if not model:
             raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory written by `stair-es train`) or a hub id")
         if text_mode not in ("model", "mask"):
@@ -47,6 +51,71 @@ class StairEncoder(Encoder):
         from ..encoders.text import BagOfWordsEncoder
 
         self._bow = BagOfWordsEncoder(vocab=self.model.vocab)
+        from ..encoders.runtime import runtime_choice
+
+        self.runtime = runtime_choice(runtime)
+        self._towers: dict[str, Any] = {}  # "image"/"text" -> OnnxTower, or False for PyTorch
+
+    # --- ONNX Runtime ---------------------------------------------------------------------
+    def tower_specs(self) -> dict[str, Any]:
+        """How the image and text towers are exported to ONNX (separately; see stair_es.encoders.runtime)."""
+        from pathlib import Path
+
+        from ..encoders.runtime import TowerSpec
+        from .model import resolve_checkpoint
+
+        torch = self._torch
+        folder = Path(resolve_checkpoint(self.model_name))
+        files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in (".safetensors", ".json", ".txt")]
+        model, size, length = self.model, self.model.config.image_size, 12
+
+        class ImageTower(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, pixel_values):
+                return self.m.encode_image(pixel_values)
+
+        class TextTower(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.m.encode_text(input_ids, attention_mask)
+
+        def image_sample() -> dict[str, np.ndarray]:
+            return {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)}
+
+        def text_sample() -> dict[str, np.ndarray]:
+            ids, mask, _ = model.tokenize(["a red car on a street", "two dogs"])
+            return {"input_ids": ids.cpu().numpy().astype(np.int64), "attention_mask": mask.cpu().numpy().astype(np.int64)}
+
+        key = f"stair-{folder.name}"
+        return {
+            "image": TowerSpec(kind=f"{key}-image", weight_files=files, build=lambda: ImageTower().eval(), sample=image_sample,
+                               input_names=["pixel_values"], output_names=["weights"],
+                               dynamic_axes={"pixel_values": {0: "batch"}, "weights": {0: "batch"}}, tolerance=1e-3),
+            "text": TowerSpec(kind=f"{key}-text", weight_files=files, build=lambda: TextTower().eval(), sample=text_sample,
+                              input_names=["input_ids", "attention_mask"], output_names=["weights"],
+                              dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                                            "weights": {0: "batch"}}, tolerance=1e-3),
+        }
+
+
+    def _tower(self, which: str) -> Any:
+        if which not in self._towers:
+            from ..encoders.runtime import resolve_tower
+
+            on_cpu = str(self.model.device) == "cpu"
+            tower = resolve_tower(self.tower_specs()[which], self.runtime) if (on_cpu or self.runtime == "onnx") else None
+            self._towers[which] = tower if tower is not None else False
+        return self._towers[which]
+
+    def onnx_spec(self):
+        """The image tower's export spec (``stair-es encoders export --encoder stair``)."""
+        return self.tower_specs()["image"]
 
     def _to_vectors(self, enc) -> list[SparseVector]:
         if self.normalize:
@@ -63,7 +132,13 @@ class StairEncoder(Encoder):
         with self._torch.no_grad(), progress_bar(len(images), "encoding images", progress) as bar:
             for i in range(0, len(images), batch_size):
                 chunk = images[i : i + batch_size]
-                out.extend(self._to_vectors(self.model.encode_image(self.model.preprocess_images(chunk))))
+                pixels = self.model.preprocess_images(chunk)
+                tower = self._tower("image")
+                if tower:
+                    enc = self._torch.from_numpy(tower.run({"pixel_values": pixels.cpu().numpy()})[0])
+                else:
+                    enc = self.model.encode_image(pixels)
+                out.extend(self._to_vectors(enc))
                 bar.update(len(chunk))
         return out
 
@@ -75,7 +150,13 @@ class StairEncoder(Encoder):
             for i in range(0, len(texts), batch_size):
                 chunk = list(texts[i : i + batch_size])
                 ids, mask, _ = self.model.tokenize(chunk)
-                out.extend(self._to_vectors(self.model.encode_text(ids, mask)))
+                tower = self._tower("text")
+                if tower:
+                    feeds = {"input_ids": ids.cpu().numpy().astype(np.int64), "attention_mask": mask.cpu().numpy().astype(np.int64)}
+                    enc = self._torch.from_numpy(tower.run(feeds)[0])
+                else:
+                    enc = self.model.encode_text(ids, mask)
+                out.extend(self._to_vectors(enc))
                 bar.update(len(chunk))
         return out
 

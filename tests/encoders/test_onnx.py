@@ -81,3 +81,23 @@ def test_a_cached_splade_query_imports_neither_torch_nor_transformers(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.split()
     assert out[:3] == ["onnx", "False", "False"] and out[3] in ("red", "car")
+
+
+def test_stair_towers_run_in_onnx_with_pytorch_vectors(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from PIL import Image
+
+    from stair_es.stair.encoder import StairEncoder
+
+    model = Path(__file__).resolve().parents[2] / "docs" / "stair-experiments" / "model"
+    if not (model / "model.safetensors").is_file():
+        pytest.skip("the trained STAIR example model is not in this checkout")
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(tmp_path))
+    onnx, ref = StairEncoder(str(model), device="cpu"), StairEncoder(str(model), device="cpu", runtime="torch")
+    ims = [Image.new("RGB", (64, 64), (200, 30, 30)), Image.new("RGB", (48, 64), (30, 30, 200))]
+    texts = ["a red circle", "a blue square on the left of a green triangle"]
+    for a, b in zip(onnx.encode_images(ims) + onnx.encode_texts(texts), ref.encode_images(ims) + ref.encode_texts(texts)):
+        np.testing.assert_allclose(a.to_dense(), b.to_dense(), atol=1e-4)
+    assert onnx._towers["image"] and onnx._towers["text"]
+    assert sorted(p.name.split("-")[-2] for p in tmp_path.glob("*.onnx")) == ["image", "text"]  # two separate towers
