@@ -344,3 +344,20 @@ def test_a_writer_keeps_every_file_of_the_previous_commit(pristine, tmp_path):
     with EngineIndex.open(copy, writable=True) as ix:  # the next commit frees the generation before
         ix.delete(["d5"])
     assert len(list(copy.glob("seg-*.seg"))) == 1
+
+
+def test_optimize_upgrades_old_segments_to_checksummed_ones(pristine, tmp_path):
+    from stair_es.engine import check_index
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    for seg in _segments(copy):  # as an older stair_es wrote them: no footer
+        seg.write_bytes(seg.read_bytes()[:-24])
+    assert not any(s["checksummed"] for s in check_index(copy)["segments"])
+    expected = _answers(copy)
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()
+    report = check_index(copy)
+    assert report["ok"] and report["segments"] and all(s["checksummed"] for s in report["segments"])
+    got = _answers(copy)
+    assert got == expected  # same hits, scores, vectors and counts after the merge
