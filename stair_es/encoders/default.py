@@ -13,11 +13,12 @@ without it fails loudly instead of silently switching to ``bow``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import EncoderVersionError, InvalidInputError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder
@@ -57,6 +58,8 @@ class DefaultEncoder(Encoder):
         token_map: str | None = None,
         allow_version_mismatch: bool = False,
         sources: Sequence[str] | None = None,
+        image_weights: str | None = None,
+        text_weights: str | None = None,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -93,6 +96,16 @@ class DefaultEncoder(Encoder):
         from .colour import ColourSource
 
         self.colour = ColourSource(vocab=self.vocab) if "colour" in self.sources else None
+        self._digests: dict[str, str] = {}
+        for part, recorded in (("image", image_weights), ("text", text_weights)):
+            if recorded is not None and not allow_version_mismatch:
+                actual = self.weights_digest(part)
+                if actual is not None and actual != recorded:
+                    raise EncoderVersionError(
+                        f"the index was built with other {part} model weights (sha256 {recorded}...) than the ones "
+                        f"installed here ({actual}...): vectors would not be comparable. Install the weights the index "
+                        "was built with, re-ingest into a new index, or pass --force to search it anyway"
+                    )
         self.people = None
         if "people" in self.sources:
             from .people import PeopleSource
@@ -120,7 +133,40 @@ class DefaultEncoder(Encoder):
         }
         if self.text == "splade":
             cfg["text_model"] = self.text_model
+        for part in ("image", "text"):
+            digest = self.weights_digest(part)
+            if digest is not None:
+                cfg[f"{part}_weights"] = digest
         return cfg
+
+    def weights_digest(self, part: str) -> str | None:
+        """The first 16 hex digits of the sha256 of the ``image`` or ``text`` model's weight files
+        (recorded in the index config, so an index is never searched with other weights by
+        accident); None when that side has no weights (``bow``, ``grounded``)."""
+        if part not in self._digests:
+            from .runtime import weights_digest
+
+            if part == "image":
+                from .imagenet import _weights_file
+
+                enc = self.image_encoder
+                files = [Path(enc.weights) if enc.weights else _weights_file(enc.model)]
+            elif self.text == "splade":
+                from ..errors import StairError
+                from .text import _WEIGHT_SUFFIXES, _model_folder
+
+                try:
+                    folder = _model_folder(self.text_model)
+                except StairError:  # not loadable here (yet): nothing to record; encoding will say why
+                    return None
+                files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in _WEIGHT_SUFFIXES]
+            else:
+                return None
+            try:
+                self._digests[part] = weights_digest(files)[:16]
+            except OSError:
+                return None
+        return self._digests[part]
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)

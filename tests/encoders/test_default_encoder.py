@@ -21,8 +21,10 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     assert isinstance(enc.text_encoder, BagOfWordsEncoder)
     from stair_es.encoders.imagenet import wordnet_token_map
 
-    assert enc.config() == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
-                            "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour"]}
+    cfg = enc.config()
+    assert len(cfg.pop("image_weights")) == 16  # the sha256 of the classifier's weights, recorded in the index
+    assert cfg == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
+                   "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour"]}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
 
@@ -85,6 +87,16 @@ def test_colour_source_adds_colour_words_and_shows_each_source(imagenet_encoder,
     (cat,) = enc.encode_images([photos["chelsea"]])
     assert vec.dot(q) > cat.dot(q)
     assert enc.token_sources("red") == ["imagenet", "colour"] and enc.token_sources("cat") == ["imagenet"]
+
+
+def test_other_model_weights_are_a_clear_version_error():
+    from stair_es.errors import EncoderVersionError
+
+    cfg = DefaultEncoder(text="bow").config()
+    cfg.pop("name")
+    with pytest.raises(EncoderVersionError, match="other image model weights.*--force"):
+        DefaultEncoder(**{**cfg, "image_weights": "0" * 16})
+    assert DefaultEncoder(**{**cfg, "image_weights": "0" * 16}, allow_version_mismatch=True).config()["image_weights"] == cfg["image_weights"]
 
 
 def test_sources_are_checked_and_recorded():
