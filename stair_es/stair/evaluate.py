@@ -35,15 +35,18 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
 def recall_at_k(sim: np.ndarray, relevant: np.ndarray, ks=(1, 5, 10)) -> dict[int, float]:
     """``sim``: queries x candidates; ``relevant``: same-shape bool matrix (or one index per query).
 
-    A query's rank is the number of irrelevant candidates scoring strictly above its best
-    relevant one (ties count in the query's favour).
+    A query's rank is the number of irrelevant candidates scoring **at least** as high as its
+    best relevant one: ties count against the query. Sparse models give many exact ties (an
+    all-zero model ties everything), and counting them in the query's favour would report a
+    model that sees nothing as perfect; against it, such a model scores R@K = 0 unless the
+    candidates are fewer than K.
     """
     if relevant.ndim == 1:
         rel = np.zeros(sim.shape, dtype=bool)
         rel[np.arange(len(sim)), relevant] = True
         relevant = rel
     best = np.where(relevant, sim, -np.inf).max(axis=1, keepdims=True)
-    rank = ((sim > best) & ~relevant).sum(axis=1)
+    rank = ((sim >= best) & ~relevant).sum(axis=1)
     return {k: float((rank < k).mean()) for k in ks}
 
 
