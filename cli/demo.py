@@ -33,11 +33,12 @@ DEMO_QUERIES: tuple[tuple[str, ...], ...] = (
               help="Where the sample photos, manifest and (unless --home is given) the index go.")
 @click.option("--home", type=click.Path(file_okay=False), help="Embedded-engine home for the demo index.")
 @click.option("--keep", is_flag=True, help="Keep an existing demo index instead of rebuilding it.")
-def demo(workdir: str, home: str | None, keep: bool) -> None:
+@click.pass_context
+def demo(ctx: click.Context, workdir: str, home: str | None, keep: bool) -> None:
     """Ingest the sample catalog into the embedded engine and run example searches."""
     from stair_es.samples import write_sample_catalog
 
-    from .main import cli
+    cli = ctx.find_root().command  # the `stair-es` group this command runs in (no import of cli.main)
 
     work = Path(workdir)
     home = home or str(work / "indices")

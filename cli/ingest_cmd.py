@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from stair_es.errors import InvalidInputError
+
 from stair_es.encoders.base import get_encoder
 from stair_es.ingest import IngestOptions, ingest_catalog
 
@@ -47,7 +49,11 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
     with contextlib.ExitStack() as stack:
         on_items = None
         if report_path:
-            fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
+            try:
+                Path(report_path).parent.mkdir(parents=True, exist_ok=True)  # --report into a new folder
+                fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
+            except OSError as e:
+                raise InvalidInputError(f"cannot write the report file {report_path}: {e.strerror or e}") from None
 
             def on_items(items):
                 for item in items:

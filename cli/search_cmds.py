@@ -72,8 +72,8 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
         if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
             options["allow_version_mismatch"] = True
         enc = query_encoder(schema, encoder, **options)
-        qvec = encode_query_text(enc, text, backend, index, field="image")
         notes = []
+        qvec = encode_query_text(enc, text, backend, index, field="image", notes=notes)
     filters: list[Filter | None] = [parse_where(w) for w in wheres]
     if requires:
         wl = [word_filter(w, token_field) for w in requires]

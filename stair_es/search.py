@@ -41,8 +41,11 @@ def query_encoder(schema: IndexSchema, name: str | None = None, **options: Any) 
 
 
 def encode_query_text(
-    encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image"
+    encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image",
+    notes: list[str] | None = None,
 ) -> SparseVector:
+    """Encode a query; encoders that weight by IDF get the index's. When the backend cannot
+    report document frequencies, the query is encoded without IDF and ``notes`` says so."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the query text is empty")
     weights = None
@@ -52,6 +55,9 @@ def encode_query_text(
             weights = idf(df, n)
         except NotImplementedError:
             weights = None
+            if notes is not None:
+                notes.append(f"the {encoder.name} query encoder weights tokens by IDF, but this backend cannot report "
+                             "document frequencies: the query was encoded without IDF")
     return encoder.encode_texts([text], idf=weights)[0]
 
 

@@ -208,3 +208,26 @@ def test_an_index_from_another_encoder_version_is_refused_unless_forced(tmp_path
     r = CliRunner().invoke(cli, ["search", "old", "a red car", "--force", "--home", str(home)])
     assert r.exit_code == 0, r.output
     assert "a " in r.output and "1 matching" in r.output
+
+
+def test_report_into_a_missing_folder_is_created(run, shop, tmp_path):
+    assert run("index", "create", "shop", "--encoder", "fake-color").exit_code == 0
+    report = tmp_path / "new" / "deeper" / "report.jsonl"
+    r = run("ingest", "shop", str(shop), "--encoder", "fake-color", "--report", str(report))
+    assert r.exit_code == 1  # the catalog has one broken line
+    assert len(report.read_text().splitlines()) == 5
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    r = run("ingest", "shop", str(shop), "--encoder", "fake-color", "--report", str(blocked / "r.jsonl"))
+    assert r.exit_code == 2 and "cannot write the report file" in r.output
+
+
+def test_demo_does_not_import_the_cli_entry_module():
+    import ast
+    from pathlib import Path
+
+    import stair_es.cli.demo as demo_mod
+
+    tree = ast.parse(Path(demo_mod.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "main" not in imported and "stair_es.cli.main" not in imported

@@ -49,3 +49,17 @@ def test_query_encoder_needs_a_recorded_encoder_or_a_name():
     assert query_encoder(IndexSchema(encoder={"name": "bow"})).name == "bow"
     with pytest.raises(InvalidInputError, match="empty"):
         encode_query_text(BagOfWordsEncoder(), "   ")
+
+
+def test_idf_that_a_backend_cannot_give_is_reported_not_dropped_silently():
+    from stair_es.encoders import get_encoder
+    from stair_es.search import encode_query_text
+
+    class NoFreqs:
+        def doc_freqs(self, index, field):
+            raise NotImplementedError
+
+    notes: list[str] = []
+    vec = encode_query_text(get_encoder("bow"), "red shoe", NoFreqs(), "ix", notes=notes)
+    assert vec.to_token_map() == {"red": 1.0, "shoe": 1.0}
+    assert len(notes) == 1 and "without IDF" in notes[0]
