@@ -17,13 +17,20 @@ def _runner():
     try:
         from benchmarks import run
     except ImportError:
-        root = Path(__file__).resolve().parent.parent
-        if not (root / "benchmarks" / "run.py").exists():
+        root = Path(__file__).resolve().parent.parent / "benchmarks"
+        if not (root / "run.py").exists():
             raise click.ClickException(
                 "the benchmarks ship with the stair_es source checkout, not the installed package; "
                 "run `stair-es bench` from a clone (pip install -e '.[bench]')"
             ) from None
-        sys.path.insert(0, str(root))
+        # Load the checkout's `benchmarks` package by its location, without editing sys.path
+        # (which would let any module in the checkout shadow installed ones).
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("benchmarks", root / "__init__.py", submodule_search_locations=[str(root)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks"] = package
+        spec.loader.exec_module(package)
         from benchmarks import run
     return run
 

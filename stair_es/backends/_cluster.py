@@ -60,7 +60,6 @@ class EngineAdapter:
     loggers: tuple[str, ...] = ()  # the client's loggers, quietened unless the user asked for debug output
     engine = "abstract"
     label = "abstract"
-    extra = "abstract"
 
     def make_client(self, cfg: ClusterConfig) -> Any:
         raise NotImplementedError
@@ -242,7 +241,7 @@ class ClusterBackend(SearchBackend):
     def _call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
               *, action: str, index: str | None = None, retry: bool = True) -> Any:
         """One request with back-off on 429/502/503/504 and connection errors (reads and admin calls)."""
-        from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
         def transient(e: BaseException) -> bool:
             if isinstance(e, StairError):
@@ -258,8 +257,6 @@ class ClusterBackend(SearchBackend):
                                     retry=retry_if_exception(transient)):
                 with attempt:
                     return self.adapter.request(client, method, path, body, params)
-        except RetryError as e:  # pragma: no cover - reraise=True makes this unreachable
-            raise self._map_error(e.last_attempt.exception(), action, index) from None
         except Exception as e:  # noqa: BLE001
             raise self._map_error(e, action, index) from None
 

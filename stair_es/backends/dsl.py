@@ -252,8 +252,6 @@ def _value(v: Any) -> Any:
     # dates are epoch-ms ints after resolve; the mapping's format accepts epoch_millis and ISO
     if isinstance(v, tuple):
         return list(v)
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
-        return v  # keep floats as floats: a double field compares numerically either way
     return v
 
 

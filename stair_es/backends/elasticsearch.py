@@ -38,7 +38,6 @@ class ElasticsearchAdapter(EngineAdapter):
     engine = "elasticsearch"
     label = "Elasticsearch"
     loggers = ("elasticsearch", "elastic_transport")
-    extra = "elasticsearch"
 
     def __init__(self) -> None:
         self.es = _client_module()

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
@@ -17,9 +16,6 @@ from .connection import ClusterConfig
 from .dsl import mapping, query_dsl, translate
 
 __all__ = ["OpenSearchBackend", "mapping", "query_dsl", "translate"]
-
-mapping_os = partial(mapping, "opensearch")
-
 
 def _client_module():
     try:
@@ -33,7 +29,6 @@ class OpenSearchAdapter(EngineAdapter):
     engine = "opensearch"
     label = "OpenSearch"
     loggers = ("opensearch",)
-    extra = "opensearch"
 
     def __init__(self) -> None:
         self.os = _client_module()

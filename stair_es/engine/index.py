@@ -900,7 +900,7 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     the previous commit (``manifest.prev.json``) when every file it names is whole.
     """
     from .segment import Segment
-    from .storage import read_arrays, read_footer, verify_file
+    from .storage import read_arrays
 
     path = Path(path)
     report: dict[str, Any] = {"path": str(path), "ok": True, "manifest": None, "segments": [], "orphans": [],

@@ -67,7 +67,7 @@ class StairEncoder(Encoder):
         torch = self._torch
         folder = Path(resolve_checkpoint(self.model_name))
         files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in (".safetensors", ".json", ".txt")]
-        model, size, length = self.model, self.model.config.image_size, 12
+        model, size = self.model, self.model.config.image_size
 
         class ImageTower(torch.nn.Module):
             def __init__(self):
