@@ -113,9 +113,39 @@ def file_sha256(path: Path) -> str:
 
 
 def weights_digest(paths: Sequence[Path]) -> str:
-    """One sha256 over the contents of the given weight/config files (order-independent)."""
-    parts = sorted(f"{Path(p).name}:{file_sha256(Path(p))}" for p in paths)
+    """One sha256 over the contents of the given weight/config files (order-independent).
+
+    Used as the *identity* of a model (cache keys, the weights recorded in an index), so each
+    file's digest is remembered on disk per (path, inode, size, mtime): a cold query does not
+    re-read tens of MB of weights. (The integrity of cached ONNX files is always checked in full.)
+    """
+    parts = sorted(f"{Path(p).name}:{_remembered_sha256(Path(p))}" for p in paths)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _remembered_sha256(path: Path) -> str:
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    book = model_cache_dir() / "weights-digests.json"
+    try:
+        known = json.loads(book.read_text("utf-8"))
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    digest = known.get(key)
+    if isinstance(digest, str) and len(digest) == 64:
+        return digest
+    digest = file_sha256(path)
+    known[key] = digest
+    try:  # best effort: a read-only cache folder only costs the hashing next time
+        book.parent.mkdir(parents=True, exist_ok=True)
+        tmp = book.with_name(f".{book.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=0, sort_keys=True), "utf-8")
+        os.replace(tmp, book)
+    except OSError:
+        pass
+    return digest
 
 
 @dataclass
