@@ -23,6 +23,8 @@ def query_options(f: Callable) -> Callable:
     opts = [
         click.option("--tokens", "token_map", metavar="JSON",
                      help='Query with a given token map instead of text, e.g. \'{"dog": 1.2, "beach": 0.4}\'.'),
+        click.option("--image", "image_path", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="Query by example: the image's own tokens (encoded as the index's images are) are the query."),
         click.option("--where", "wheres", multiple=True, metavar="COND",
                      help="Metadata filter, repeatable (ANDed): FIELD=VALUE, FIELD=A|B, FIELD!=VALUE, FIELD<N, "
                           "FIELD>=N (numbers, dates), 'FIELD exists', prefix ! to negate."),
@@ -55,10 +57,25 @@ def query_options(f: Callable) -> Callable:
 
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
                   token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
-                  force=False):
+                  force=False, image_path=None):
     info = backend.index_info(index)
     schema = info.schema
-    if token_map:
+    if sum(bool(x) for x in (text, token_map, image_path)) > 1:
+        raise InvalidInputError("give one query: a text, --tokens or --image")
+    if image_path:
+        from stair_es.images import load_image
+
+        options = encoder_kwargs(model, encoder_opts)
+        if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
+            options["allow_version_mismatch"] = True
+        enc = query_encoder(schema, encoder, **options)
+        if "image" not in enc.modalities:
+            raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the index's image encoder")
+        qvec = enc.encode_images([load_image(image_path, min_side=getattr(enc, "image_min_side", None))])[0]
+        if not qvec.nnz:
+            raise InvalidInputError(f"the image {image_path} gives no tokens to search with")
+        notes: list[str] = []
+    elif token_map:
         try:
             tm = json.loads(token_map)
         except json.JSONDecodeError as e:
@@ -67,7 +84,7 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
         notes: list[str] = []
     else:
         if not text:
-            raise InvalidInputError("give a query text, or a token map with --tokens")
+            raise InvalidInputError("give a query text, a token map with --tokens, or an example image with --image")
         options = encoder_kwargs(model, encoder_opts)
         if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
             options["allow_version_mismatch"] = True
@@ -113,6 +130,7 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
       stair-es search samples "space" --where kind=photo --exclude rocket
       stair-es search samples "animal" --require cat --explain
       stair-es search samples "coffee" --expr 'cup OR espresso' --json
+      stair-es search samples --image my-cat.jpg        # query by example image
     """
     request, qvec = _make_request(backend, index, text, **q)
     result = backend.search(index, request)
@@ -156,7 +174,7 @@ def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
 
     Each row is one token: query weight x document weight = contribution; the rows sum to the score.
     """
-    if not text and not q.get("token_map"):
+    if not text and not q.get("token_map") and not q.get("image_path"):
         doc = backend.get(index, doc_id)
         data = {f: v.to_token_map(limit) for f, v in doc.vectors.items()}
         if as_json:

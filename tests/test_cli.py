@@ -231,3 +231,16 @@ def test_demo_does_not_import_the_cli_entry_module():
     tree = ast.parse(Path(demo_mod.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "main" not in imported and "stair_es.cli.main" not in imported
+
+
+def test_search_by_example_image(run, shop, tmp_path):
+    _ingest(run, shop)
+    probe = tmp_path / "probe.png"
+    Image.new("RGB", (16, 16), (240, 190, 190)).save(probe)  # close to the red shoe's colour
+    r = run("search", "shop", "--image", str(probe), "--caption-weight", "0", "--top-k", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["hits"][0]["id"] == "red-shoe"
+    r = run("search", "shop", "red", "--image", str(probe))
+    assert r.exit_code == 2 and "give one query" in r.output
+    r = run("search", "shop", "--image", str(tmp_path / "missing.png"))
+    assert r.exit_code != 0 and "Traceback" not in r.output
