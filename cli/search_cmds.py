@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import click
 
-from stair_es.errors import InvalidInputError
-from stair_es.query import Filter, Not, Or, combine, parse_token_expression, parse_where, word_filter, words_to_token_ids
-from stair_es.search import build_request, encode_query_text, query_encoder
-from stair_es.sparse import SparseVector
+from stair_es.search import QuerySpec, make_request
 
 from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
-
-
-#: Encoders whose recorded config carries versions checked at query time (see --force).
-VERSIONED_ENCODERS = ("default", "imagenet", "grounded")
 
 
 def query_options(f: Callable) -> Callable:
@@ -58,57 +50,13 @@ def query_options(f: Callable) -> Callable:
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
                   token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
                   force=False, image_path=None):
-    info = backend.index_info(index)
-    schema = info.schema
-    if sum(bool(x) for x in (text, token_map, image_path)) > 1:
-        raise InvalidInputError("give one query: a text, --tokens or --image")
-    if image_path:
-        from stair_es.images import load_image
-
-        options = encoder_kwargs(model, encoder_opts)
-        if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
-            options["allow_version_mismatch"] = True
-        enc = query_encoder(schema, encoder, **options)
-        if "image" not in enc.modalities:
-            raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the index's image encoder")
-        qvec = enc.encode_images([load_image(image_path, min_side=getattr(enc, "image_min_side", None))])[0]
-        if not qvec.nnz:
-            raise InvalidInputError(f"the image {image_path} gives no tokens to search with")
-        notes: list[str] = []
-    elif token_map:
-        try:
-            tm = json.loads(token_map)
-        except json.JSONDecodeError as e:
-            raise InvalidInputError(f"--tokens is not valid JSON: {e.msg}") from None
-        qvec = SparseVector.from_token_map(tm)
-        notes: list[str] = []
-    else:
-        if not text:
-            raise InvalidInputError("give a query text, a token map with --tokens, or an example image with --image")
-        options = encoder_kwargs(model, encoder_opts)
-        if force and not encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
-            options["allow_version_mismatch"] = True
-        enc = query_encoder(schema, encoder, **options)
-        notes = []
-        qvec = encode_query_text(enc, text, backend, index, field="image", notes=notes)
-    filters: list[Filter | None] = [parse_where(w) for w in wheres]
-    if requires:
-        wl = [word_filter(w, token_field) for w in requires]
-        filters.append(combine(wl) if require_all else (wl[0] if len(wl) == 1 else Or(wl)))
-    if excludes:
-        filters.extend(Not(word_filter(w, token_field)) for w in excludes)
-    if expr:
-        filters.append(parse_token_expression(expr, token_field))
-    vectors = {}
-    if image_weight > 0 and "image" in schema.sparse_fields:
-        vectors["image"] = (qvec, image_weight)
-    if caption_weight > 0 and "caption" in schema.sparse_fields:
-        vectors["caption"] = (qvec, caption_weight)
-    request = build_request(vectors, filter=combine(filters), top_k=top_k,
-                            drop_tokens=tuple(words_to_token_ids(query_excludes)),
-                            query_top_k=query_top_k, query_min_weight=min_weight)
-    request.notes.extend(notes)
-    return request.prepared(schema), qvec
+    """The CLI's options as one :class:`stair_es.search.QuerySpec`, turned into a request by the library."""
+    spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None, wheres=wheres,
+                     requires=requires, require_all=require_all, excludes=excludes, query_excludes=query_excludes,
+                     expr=expr, token_field=token_field, caption_weight=caption_weight, image_weight=image_weight,
+                     top_k=top_k, query_top_k=query_top_k, min_weight=min_weight, encoder=encoder,
+                     encoder_options=encoder_kwargs(model, encoder_opts), force=force)
+    return make_request(backend, index, spec)
 
 
 @click.command("search")

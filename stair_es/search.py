@@ -7,7 +7,8 @@ query's own tokens (STAIR's text-encoder-free mode). It must not know backend in
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -73,3 +74,99 @@ def build_request(
     """One clause per field: ``{"image": (vector, 1.0), "caption": (vector, 0.5)}``."""
     clauses = [SparseClause(f, v, w) for f, (v, w) in vectors.items() if w > 0 and v.nnz]
     return SearchRequest(clauses, filter, top_k, drop_tokens, query_top_k, query_min_weight)
+
+
+#: Encoders whose recorded config carries versions checked at query time (``QuerySpec.force``).
+VERSIONED_ENCODERS = ("default", "imagenet", "grounded")
+
+
+@dataclass
+class QuerySpec:
+    """Everything a user states about one search, carried from the CLI (or an application) to
+    :func:`make_request`, which turns it into a :class:`SearchRequest` for any backend.
+
+    Exactly one of ``text``, ``tokens`` (a token map, or its JSON text) and ``image`` (a path,
+    bytes or PIL image: query by example) is the query. ``wheres`` are ``--where`` conditions,
+    ``requires``/``excludes`` words of the token whitelist/blacklist on ``token_field``,
+    ``expr`` a boolean token expression, ``query_excludes`` words removed from the query.
+    ``encoder``/``encoder_options`` override the index's recorded encoder; ``force`` queries an
+    index built with another encoder version.
+    """
+
+    text: str | None = None
+    tokens: Mapping[str, float] | str | None = None
+    image: Any = None
+    wheres: Sequence[str] = ()
+    requires: Sequence[str] = ()
+    require_all: bool = False
+    excludes: Sequence[str] = ()
+    query_excludes: Sequence[str] = ()
+    expr: str | None = None
+    token_field: str = "image"
+    caption_weight: float = 0.5
+    image_weight: float = 1.0
+    top_k: int = 10
+    query_top_k: int | None = None
+    min_weight: float | None = None
+    encoder: str | None = None
+    encoder_options: Mapping[str, Any] = field(default_factory=dict)
+    force: bool = False
+
+
+def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[SearchRequest, SparseVector]:
+    """(the prepared request, the query vector) for ``spec`` on ``index``."""
+    import json
+
+    from .query import Not, Or, combine, parse_token_expression, parse_where, word_filter, words_to_token_ids
+
+    schema = backend.index_info(index).schema
+    given = [x for x in (spec.text, spec.tokens, spec.image) if x is not None and x != ""]
+    if len(given) > 1:
+        raise InvalidInputError("give one query: a text, a token map (--tokens) or an example image (--image)")
+    notes: list[str] = []
+
+    def encoder() -> Encoder:
+        options = dict(spec.encoder_options)
+        if spec.force and not spec.encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
+            options["allow_version_mismatch"] = True
+        return query_encoder(schema, spec.encoder, **options)
+
+    if spec.image is not None:
+        from .images import load_image
+
+        enc = encoder()
+        if "image" not in enc.modalities:
+            raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the index's image encoder")
+        qvec = enc.encode_images([load_image(spec.image, min_side=getattr(enc, "image_min_side", None))])[0]
+        if not qvec.nnz:
+            raise InvalidInputError(f"the image {spec.image} gives no tokens to search with")
+    elif spec.tokens is not None:
+        tm = spec.tokens
+        if isinstance(tm, str):
+            try:
+                tm = json.loads(tm)
+            except json.JSONDecodeError as e:
+                raise InvalidInputError(f"--tokens is not valid JSON: {e.msg}") from None
+        qvec = SparseVector.from_token_map(tm)
+    else:
+        if not spec.text:
+            raise InvalidInputError("give a query text, a token map with --tokens, or an example image with --image")
+        qvec = encode_query_text(encoder(), spec.text, backend, index, field="image", notes=notes)
+    filters: list[Filter | None] = [parse_where(w) for w in spec.wheres]
+    if spec.requires:
+        wl = [word_filter(w, spec.token_field) for w in spec.requires]
+        filters.append(combine(wl) if spec.require_all else (wl[0] if len(wl) == 1 else Or(wl)))
+    if spec.excludes:
+        filters.extend(Not(word_filter(w, spec.token_field)) for w in spec.excludes)
+    if spec.expr:
+        filters.append(parse_token_expression(spec.expr, spec.token_field))
+    vectors = {}
+    if spec.image_weight > 0 and "image" in schema.sparse_fields:
+        vectors["image"] = (qvec, spec.image_weight)
+    if spec.caption_weight > 0 and "caption" in schema.sparse_fields:
+        vectors["caption"] = (qvec, spec.caption_weight)
+    request = build_request(vectors, filter=combine(filters), top_k=spec.top_k,
+                            drop_tokens=tuple(words_to_token_ids(spec.query_excludes)),
+                            query_top_k=spec.query_top_k, query_min_weight=spec.min_weight)
+    request.notes.extend(notes)
+    return request.prepared(schema), qvec

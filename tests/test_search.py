@@ -63,3 +63,23 @@ def test_idf_that_a_backend_cannot_give_is_reported_not_dropped_silently():
     vec = encode_query_text(get_encoder("bow"), "red shoe", NoFreqs(), "ix", notes=notes)
     assert vec.to_token_map() == {"red": 1.0, "shoe": 1.0}
     assert len(notes) == 1 and "without IDF" in notes[0]
+
+
+def test_query_spec_carries_a_whole_cli_query_to_any_backend(tmp_path):
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.errors import InvalidInputError
+    from stair_es.schema import Document, IndexSchema
+    from stair_es.search import QuerySpec, make_request
+    from stair_es.sparse import SparseVector
+
+    be = EmbeddedBackend(tmp_path)
+    be.create_index("ix", IndexSchema(encoder={"name": "bow"}))
+    be.ingest("ix", [Document("a", {"image": SparseVector.from_token_map({"red": 1.0, "shoe": 1.0})}, {"brand": "acme"}),
+                     Document("b", {"image": SparseVector.from_token_map({"red": 2.0, "hat": 1.0})}, {"brand": "globex"})])
+    request, qvec = make_request(be, "ix", QuerySpec(text="red shoe", wheres=["brand=acme"], excludes=["hat"]))
+    assert set(qvec.to_token_map()) == {"red", "shoe"}
+    assert [h.id for h in be.search("ix", request).hits] == ["a"]
+    request, _ = make_request(be, "ix", QuerySpec(tokens='{"red": 1.0}', top_k=1))
+    assert [h.id for h in be.search("ix", request).hits] == ["b"]
+    with pytest.raises(InvalidInputError, match="give one query"):
+        make_request(be, "ix", QuerySpec(text="red", tokens={"red": 1.0}))
