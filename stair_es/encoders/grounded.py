@@ -25,15 +25,14 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
 from ..errors import EmptyQueryError, InvalidInputError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize
-from .base import Encoder, progress_bar
-from .text import BOW_K1, BagOfWordsEncoder, _check_idf, _check_texts
+from .text import BOW_K1, BagOfWordsEncoder, _check_idf
 
 DEFAULT_EXPANSION = 0.5
 
@@ -66,8 +65,11 @@ def noun_base(word: str, words: dict[str, Any], plurals: dict[str, str]) -> str 
     return None
 
 
-class GroundedQueryEncoder(Encoder):
-    """Query words plus their WordNet relatives that images can carry (see module docstring)."""
+class GroundedQueryEncoder(BagOfWordsEncoder):
+    """Query words plus their WordNet relatives that images can carry (see module docstring).
+
+    A :class:`BagOfWordsEncoder` (the query's own tokens, stopwords, saturation, idf) whose
+    ``encode_text`` adds the expansion."""
 
     name = "grounded"
     modalities = frozenset({"text"})
@@ -83,11 +85,10 @@ class GroundedQueryEncoder(Encoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
-        super().__init__(vocab, name=name)
+        super().__init__(stopwords=stopwords, k1=k1, vocab=vocab, name=name)
         if not (isinstance(expansion, (int, float)) and 0 <= expansion <= 1):
             raise InvalidInputError(f"expansion must be a number in [0, 1], got {expansion!r}")
         self.expansion = float(expansion)
-        self.bow = BagOfWordsEncoder(stopwords=stopwords, k1=k1, vocab=self.vocab)
         data = query_expansion_map()
         self.map_version = data["version"]
         if expansion_map is not None and expansion_map != self.map_version and not allow_version_mismatch:
@@ -100,21 +101,14 @@ class GroundedQueryEncoder(Encoder):
         self._words: dict[str, dict[str, float]] = data["words"]
         self._plurals: dict[str, str] = data.get("plurals", {})
 
-    @property
-    def uses_idf(self) -> bool:
-        return True
-
     def config(self) -> dict[str, Any]:
-        cfg = {"name": self.name, "expansion": self.expansion, "k1": self.bow.k1, "expansion_map": self.map_version}
-        if self.bow._custom_stopwords:
-            cfg["stopwords"] = sorted(self.bow.stopwords)
-        return cfg
+        return {**super().config(), "expansion": self.expansion, "expansion_map": self.map_version}
 
     def expansions(self, text: str) -> dict[str, dict[str, float]]:
         """Per query word (after stopwords), the tokens it expands to with their shares."""
         out: dict[str, dict[str, float]] = {}
         for word in basic_tokenize(text):
-            if not word.isalpha() or word in self.bow.stopwords:
+            if not word.isalpha() or word in self.stopwords:
                 continue
             base = noun_base(word, self._words, self._plurals)
             if base is not None:
@@ -127,7 +121,7 @@ class GroundedQueryEncoder(Encoder):
         idf_arr = _check_idf(idf, self.vocab)
         weights: dict[int, float] = {}
         try:
-            own = self.bow.encode_text(text, idf_arr)
+            own = super().encode_text(text, idf_arr)
             weights.update(zip(own.ids.tolist(), own.weights.tolist()))
         except EmptyQueryError:
             own = None
@@ -149,20 +143,3 @@ class GroundedQueryEncoder(Encoder):
         ids = np.fromiter(weights.keys(), np.int64, len(weights))
         return SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
                                         drop_special=True)
-
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-    ) -> list[SparseVector]:
-        texts = _check_texts(texts)
-        idf_arr = _check_idf(idf, self.vocab)
-        out = []
-        with progress_bar(len(texts), "encoding texts", progress) as bar:
-            for t in texts:
-                out.append(self.encode_text(t, idf_arr))
-                bar.update(1)
-        return out
