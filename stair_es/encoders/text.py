@@ -400,26 +400,10 @@ class SpladeEncoder(Encoder):
         if n_cut:
             log.warning("splade: %d of %d texts are longer than %d tokens and were truncated", n_cut, len(texts), self.max_length)
         del cls_id
-        # Similar lengths together: less padding, and a token budget bounds the (B, L, 30522) logits.
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out: list[SparseVector | None] = [None] * len(seqs)
         with progress_bar(len(seqs), "encoding texts", progress) as bar, torch.no_grad():
-            pos = 0
-            while pos < len(order):
-                group = [order[pos]]
-                while (
-                    pos + len(group) < len(order)
-                    and len(group) < batch_size
-                    and (len(group) + 1) * len(seqs[order[pos + len(group)]]) <= self.tokens_per_batch
-                ):
-                    group.append(order[pos + len(group)])
-                pos += len(group)
-                width = max(len(seqs[i]) for i in group)
-                ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-                mask = torch.zeros((len(group), width), dtype=torch.long)
-                for r, i in enumerate(group):
-                    ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-                    mask[r, : len(seqs[i])] = 1
+            for group, ids_np, mask_np in self._padded_groups(seqs, batch_size, pad_id):
+                ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
                 logits = mlm(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
                 # log1p is monotone: max-pool the ReLU'd logits first, take the log of B x V only.
                 act = torch.relu_(logits.float()).masked_fill_(~mask.to(logits.device).bool().unsqueeze(-1), 0.0)
@@ -436,30 +420,36 @@ class SpladeEncoder(Encoder):
             log.warning("splade: %d of %d texts are longer than %d tokens and were truncated", n_cut, len(texts), self.max_length)
         seqs = [e.ids for e in encodings]
         pad_id = self.vocab.get("[PAD]") or 0
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out: list[SparseVector | None] = [None] * len(seqs)
         with progress_bar(len(seqs), "encoding texts", progress) as bar:
-            pos = 0
-            while pos < len(order):
-                group = [order[pos]]
-                while (
-                    pos + len(group) < len(order)
-                    and len(group) < batch_size
-                    and (len(group) + 1) * len(seqs[order[pos + len(group)]]) <= self.tokens_per_batch
-                ):
-                    group.append(order[pos + len(group)])
-                pos += len(group)
-                width = max(len(seqs[i]) for i in group)
-                ids = np.full((len(group), width), pad_id, dtype=np.int64)
-                mask = np.zeros((len(group), width), dtype=np.int64)
-                for r, i in enumerate(group):
-                    ids[r, : len(seqs[i])] = seqs[i]
-                    mask[r, : len(seqs[i])] = 1
+            for group, ids, mask in self._padded_groups(seqs, batch_size, pad_id):
                 pooled = tower.run({"input_ids": ids, "attention_mask": mask})[0]
                 for r, i in enumerate(group):
                     out[i] = self._to_vector(pooled[r])
                 bar.update(len(group))
         return out  # type: ignore[return-value]
+
+    def _padded_groups(self, seqs: list[list[int]], batch_size: int, pad_id: int):
+        """Yield (indices into ``seqs``, padded int64 ids, attention mask) batches of similar lengths:
+        less padding, and ``tokens_per_batch`` bounds the (batch, length, vocabulary) logits."""
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        pos = 0
+        while pos < len(order):
+            group = [order[pos]]
+            while (
+                pos + len(group) < len(order)
+                and len(group) < batch_size
+                and (len(group) + 1) * len(seqs[order[pos + len(group)]]) <= self.tokens_per_batch
+            ):
+                group.append(order[pos + len(group)])
+            pos += len(group)
+            width = max(len(seqs[i]) for i in group)
+            ids = np.full((len(group), width), pad_id, dtype=np.int64)
+            mask = np.zeros((len(group), width), dtype=np.int64)
+            for r, i in enumerate(group):
+                ids[r, : len(seqs[i])] = seqs[i]
+                mask[r, : len(seqs[i])] = 1
+            yield group, ids, mask
 
     def _to_vector(self, dense: np.ndarray) -> SparseVector:
         if self._drop_mask is not None:
