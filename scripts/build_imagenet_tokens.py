@@ -58,19 +58,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stair_es.encoders.imagenet import (  # noqa: E402
+    CLASSNAME_STOPWORDS as NAME_STOPWORDS,
+    GLOSS_FACTOR,
+    HEAD_SHARE,
+    MODIFIER_SHARE,
+    _split_names,
+    _word_shares,
+)
 from stair_es.vocab import basic_tokenize, default_vocabulary  # noqa: E402
 
 SCRIPT_VERSION = 1
-HEAD_SHARE = 1.0
-MODIFIER_SHARE = 0.6
-GLOSS_FACTOR = 0.5
 SYNONYM_FACTOR = 0.8
 LEMMAS_PER_HYPERNYM = 2
 HYPERNYM_FIRST = 0.85
 HYPERNYM_STEP = 0.07
 HYPERNYM_FLOOR = 0.4
 MAX_DEPTH = 12
-NAME_STOPWORDS = frozenset("a an the of or and for on in with to at by from s".split())
 # The walk stops at these synsets (first lemma as in WordNet 3.0): too general to be searched
 # for, and a token on most images ranks nothing.
 STOP_SYNSETS = frozenset("""entity physical_entity abstraction abstract_entity object whole artifact
@@ -167,30 +171,13 @@ class Builder:
 
     def name_shares(self, name: str, factor: float, out: dict[str, float], whole_words_only: bool = False) -> None:
         """Head noun 1.0, modifiers 0.6, pieces of a word share it (see the module docstring)."""
-        parts: list[tuple[str, float]] = []
-        main = name
-        if "(" in name and name.rstrip().endswith(")"):
-            main, _, gloss = name.partition("(")
-            parts.append((gloss.rstrip().rstrip(")"), GLOSS_FACTOR))
-        for alt in main.replace(" or ", " / ").split("/"):
-            if alt.strip():
-                parts.append((alt.strip(), 1.0))
-        for text, f in parts:
-            words = [w for w in basic_tokenize(text.replace("_", " ")) if w.isalnum()]
-            content = [i for i, w in enumerate(words) if w not in NAME_STOPWORDS]
-            if not content:
-                continue
-            head = content[-1]
-            if "of" in words[1:]:
-                cut = words.index("of")
-                before = [i for i in content if i < cut]
-                if before and len(content) - len(before) == 1:
-                    head = before[-1]
-            for i in content:
-                pieces = self._pieces(words[i])
-                if pieces is None or (whole_words_only and (len(pieces) > 1 or words[i] in SKIP_WORDS)):
+        # the encoder's own name rules (head noun, modifiers, glosses, "X of Y"), one implementation
+        for text, f in _split_names(name):
+            for word, word_share in _word_shares(text.replace("_", " ")):
+                pieces = self._pieces(word)
+                if pieces is None or (whole_words_only and (len(pieces) > 1 or word in SKIP_WORDS)):
                     continue
-                share = (HEAD_SHARE if i == head else MODIFIER_SHARE) * f * factor / len(pieces)
+                share = word_share * f * factor / len(pieces)
                 for p in pieces:
                     out[p] = max(out.get(p, 0.0), round(share, 4))
 
