@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError, UnknownNameError
+from ..errors import EncoderVersionError, InvalidInputError, ModelError, UnknownNameError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 
@@ -102,6 +102,26 @@ def get_encoder(name: str = "default", **options: Any) -> Encoder:
         module, _, attr = target.partition(":")
         target = getattr(import_module(module), attr)
     return target(**options)
+
+
+def read_packaged_map(filename: str, what: str) -> Any:
+    """A JSON file shipped in ``stair_es/encoders/configs`` (token maps), or a ModelError naming it."""
+    import json
+    from importlib import resources
+
+    try:
+        return json.loads(resources.files("stair_es.encoders").joinpath(f"configs/{filename}").read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{what} {filename} cannot be read ({e}); reinstall stair-es") from None
+
+
+def check_recorded_version(what: str, recorded: str | None, installed: str, allow_mismatch: bool, why: str) -> None:
+    """Refuse an encoder config recorded with another version of a packaged map (``--force`` allows it)."""
+    if recorded is not None and recorded != installed and not allow_mismatch:
+        raise EncoderVersionError(
+            f"the index was built with {what} {recorded!r}, but this stair_es has {installed!r}: {why}. Re-ingest the "
+            "catalog into a new index, install the stair_es version that built it, or pass --force to search it anyway"
+        )
 
 
 def progress_bar(total: int, desc: str, enabled: bool):

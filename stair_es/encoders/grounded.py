@@ -22,9 +22,7 @@ This module must not know about indices or backends.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Iterable
 
 import numpy as np
@@ -32,6 +30,7 @@ import numpy as np
 from ..errors import EmptyQueryError, InvalidInputError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize
+from .base import check_recorded_version, read_packaged_map
 from .text import BOW_K1, BagOfWordsEncoder, _check_idf
 
 DEFAULT_EXPANSION = 0.5
@@ -39,11 +38,7 @@ DEFAULT_EXPANSION = 0.5
 
 @lru_cache(maxsize=1)
 def query_expansion_map() -> dict[str, Any]:
-    try:
-        text = resources.files("stair_es.encoders").joinpath("configs/wordnet_query_expansion.json").read_text("utf-8")
-        data = json.loads(text)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"the query expansion map wordnet_query_expansion.json cannot be read ({e}); reinstall stair-es") from None
+    data = read_packaged_map("wordnet_query_expansion.json", "the query expansion map")
     if not isinstance(data, dict) or not isinstance(data.get("words"), dict) or not data.get("version"):
         raise ModelError("the query expansion map wordnet_query_expansion.json is damaged; reinstall stair-es "
                          "or regenerate it with scripts/build_imagenet_tokens.py")
@@ -91,13 +86,8 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
         self.expansion = float(expansion)
         data = query_expansion_map()
         self.map_version = data["version"]
-        if expansion_map is not None and expansion_map != self.map_version and not allow_version_mismatch:
-            from ..errors import EncoderVersionError
-
-            raise EncoderVersionError(
-                f"the index was built with the query expansion map {expansion_map!r}, but this stair_es has "
-                f"{self.map_version!r}; re-ingest, install the matching stair_es, or pass --force"
-            )
+        check_recorded_version("the query expansion map", expansion_map, self.map_version, allow_version_mismatch,
+                               "query words would expand to other tokens")
         self._words: dict[str, dict[str, float]] = data["words"]
         self._plurals: dict[str, str] = data.get("plurals", {})
 

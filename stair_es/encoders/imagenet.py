@@ -62,10 +62,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
+from ..errors import InvalidInputError, MissingDependencyError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
-from .base import Encoder, progress_bar
+from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,7 @@ def imagenet_classnames() -> tuple[str, ...]:
 @lru_cache(maxsize=1)
 def wordnet_token_map() -> dict[str, Any]:
     """The generated class -> token map (``configs/imagenet_wordnet.json``), checked."""
-    try:
-        text = resources.files("stair_es.encoders").joinpath("configs/imagenet_wordnet.json").read_text("utf-8")
-        data = json.loads(text)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"the ImageNet token map imagenet_wordnet.json cannot be read ({e}); reinstall stair-es") from None
+    data = read_packaged_map("imagenet_wordnet.json", "the ImageNet token map")
     classes = data.get("classes") if isinstance(data, dict) else None
     if not isinstance(classes, list) or len(classes) != 1000 or not data.get("version"):
         raise ModelError("the ImageNet token map imagenet_wordnet.json is damaged (expected 1000 classes and a version); "
@@ -278,12 +274,8 @@ class ImageNetLabelEncoder(Encoder):
         self.classnames = imagenet_classnames()
         self._table = wordnet_class_shares(self.vocab) if hypernyms else class_token_shares(self.classnames, self.vocab)
         self.token_map = wordnet_token_map()["version"] if hypernyms else "classnames-v1"
-        if token_map is not None and token_map != self.token_map and not allow_version_mismatch:
-            raise EncoderVersionError(
-                f"the index was built with the ImageNet token map {token_map!r}, but this stair_es has "
-                f"{self.token_map!r}: image vectors from the two are not comparable. Re-ingest the catalog into a "
-                "new index, install the stair_es version that built it, or pass --force to search it anyway"
-            )
+        check_recorded_version("the ImageNet token map", token_map, self.token_map, allow_version_mismatch,
+                               "image vectors from the two are not comparable")
         self._table_arrays = [
             (np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table
         ]
