@@ -104,6 +104,15 @@ def get_encoder(name: str = "default", **options: Any) -> Encoder:
     return target(**options)
 
 
+def shares_vector(shares: dict[str, float], vocab: Vocabulary, scale: float = 10.0) -> SparseVector:
+    """Token shares in [0, 1] -> the image encoders' ENC-like weights ``log(1 + scale * share)``."""
+    if not shares:
+        return SparseVector.empty(vocab)
+    ids = np.array([vocab.id(t) for t in shares], np.int64)
+    w = np.log1p(scale * np.clip(np.array(list(shares.values()), dtype=np.float64), 0.0, 1.0))
+    return SparseVector.from_arrays(ids, w, vocab, drop_special=True)
+
+
 def read_packaged_map(filename: str, what: str) -> Any:
     """A JSON file shipped in ``stair_es/encoders/configs`` (token maps), or a ModelError naming it."""
     import json

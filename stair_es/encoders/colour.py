@@ -30,6 +30,7 @@ import numpy as np
 
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
+from .base import shares_vector
 
 #: Tokens this source can produce (all whole BERT tokens).
 COLOUR_TOKENS: tuple[str, ...] = (
@@ -122,9 +123,4 @@ class ColourSource:
         return out
 
     def encode(self, image: Any) -> SparseVector:
-        shares = self.shares(image)
-        if not shares:
-            return SparseVector.empty(self.vocab)
-        ids = np.array([self.vocab.id(t) for t in shares], np.int64)
-        w = np.log1p(SCALE * np.clip(np.array(list(shares.values())), 0.0, 1.0))
-        return SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
+        return shares_vector(self.shares(image), self.vocab, SCALE)

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import MissingDependencyError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
+from .base import shares_vector
 
 PEOPLE_TOKENS: tuple[str, ...] = ("person", "face", "people", "group", "portrait")
 SCALE = 10.0
@@ -103,8 +104,4 @@ class PeopleSource:
         return out
 
     def encode(self, image: Any) -> SparseVector:
-        shares = self.shares(image)
-        if not shares:
-            return SparseVector.empty(self.vocab)
-        ids = np.array([self.vocab.id(t) for t in shares], np.int64)
-        return SparseVector.from_arrays(ids, np.log1p(SCALE * np.array(list(shares.values()))), self.vocab)
+        return shares_vector(self.shares(image), self.vocab, SCALE)
