@@ -76,8 +76,8 @@ class PeopleSource:
             self._local.det = det
         return det
 
-    def faces(self, image: Any) -> list[tuple[int, int, int, int]]:
-        """Face boxes ``(x, y, w, h)`` in the coordinates of the downscaled grey picture."""
+    def faces(self, image: Any) -> tuple[list[tuple[int, int, int, int]], int]:
+        """(face boxes ``(x, y, w, h)``, pixel count) of the downscaled grey picture they were found in."""
         from PIL import Image
 
         grey = image.convert("L")
@@ -85,12 +85,11 @@ class PeopleSource:
             grey = grey.copy()
             grey.thumbnail((_SIDE, _SIDE), Image.Resampling.BILINEAR)
         arr = np.asarray(grey, dtype=np.uint8)
-        self._last_area = arr.size
         found = self._detector().detectMultiScale(arr, scaleFactor=1.1, minNeighbors=self.min_neighbors, minSize=(24, 24))
-        return [tuple(int(v) for v in box) for box in found]
+        return [tuple(int(v) for v in box) for box in found], arr.size
 
     def shares(self, image: Any) -> dict[str, float]:
-        boxes = self.faces(image)
+        boxes, area = self.faces(image)
         if not boxes:
             return {}
         out = {"person": 0.8, "face": 0.7}
@@ -98,7 +97,7 @@ class PeopleSource:
             out["people"] = 0.8
         if len(boxes) >= 3:
             out["group"] = 0.5
-        largest = max(w * h for _, _, w, h in boxes) / max(self._last_area, 1)
+        largest = max(w * h for _, _, w, h in boxes) / max(area, 1)
         if largest >= 0.04:
             out["portrait"] = min(0.8, 0.4 + 2.0 * largest)
         return out
