@@ -175,6 +175,23 @@ def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
     return m
 
 
+def _take_writer_lock(path: Path, when_busy: str):
+    """The one writer's lock on an index folder (held, not waited for), or a clear error."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(path / LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise IndexLockedError(f"the index at {path} is locked by another writer (process); {when_busy}") from None
+    except OSError as e:
+        raise DamagedIndexError(
+            f"cannot take the writer lock {path / LOCK} ({e.strerror or e}): it must be a file the writer can "
+            "create and lock; remove what is there if no stair-es process is writing, and check permissions"
+        ) from None
+    return lock
+
+
 def _files_of(m: Mapping[str, Any]) -> set[str]:
     out: set[str] = set()
     for e in m.get("segments", []) if isinstance(m, Mapping) else []:
@@ -262,23 +279,7 @@ class EngineIndex:
             if damaged is not None:
                 raise damaged
             raise IndexNotFoundError(f"no stair_es index at {path}; create one with `stair-es index create`")
-        lock = None
-        if writable:
-            from filelock import FileLock, Timeout
-
-            lock = FileLock(str(path / LOCK), timeout=0)
-            try:
-                lock.acquire()
-            except Timeout:
-                raise IndexLockedError(
-                    f"the index at {path} is locked by another writer (process); wait for it to finish, "
-                    "or open the index read-only"
-                ) from None
-            except OSError as e:
-                raise DamagedIndexError(
-                    f"cannot take the writer lock {path / LOCK} ({e.strerror or e}): it must be a file the writer can "
-                    "create and lock; remove what is there if no stair-es process is writing, and check permissions"
-                ) from None
+        lock = _take_writer_lock(path, "wait for it to finish, or open the index read-only") if writable else None
         idx = cls(path, writable, lock, vocab or default_vocabulary())
         try:
             idx._load()
@@ -925,13 +926,7 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
             if bad:
                 report["segments"] = bad
                 return report
-            from filelock import FileLock, Timeout
-
-            lock = FileLock(str(path / LOCK), timeout=0)
-            try:
-                lock.acquire()
-            except Timeout:
-                raise IndexLockedError(f"the index at {path} is being written by another process") from None
+            lock = _take_writer_lock(path, "repair it when that ends")
             try:
                 if (path / MANIFEST).is_dir():
                     (path / MANIFEST).rmdir()
@@ -952,13 +947,7 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     except OSError:
         pass
     if repair and damaged_entries:
-        from filelock import FileLock, Timeout
-
-        lock = FileLock(str(path / LOCK), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise IndexLockedError(f"the index at {path} is being written by another process; repair it when that ends") from None
+        lock = _take_writer_lock(path, "repair it when that ends")
         try:
             for e in damaged_entries:
                 report["lost_docs"] += int(e["docs"]) - int(e.get("deleted", 0))
