@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=400, help="items per set (fixed-seed sample of larger sets)")
     ap.add_argument("--query", default=",".join(QUERY_ENCODERS), help=f"query encoders, from {', '.join(QUERY_ENCODERS)}")
     ap.add_argument("--image-encoder", default="default", help="registry name of the image encoder")
+    ap.add_argument("--image-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the image encoder, e.g. sources=imagenet,colour (repeatable)")
     ap.add_argument("--label", default="", help="a name for this run in the report (e.g. before / after)")
     ap.add_argument("--out", type=Path, help="write the report as JSON here")
     args = ap.parse_args(argv)
@@ -160,7 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     from stair_es.encoders import get_encoder
 
     default_encoder = get_encoder("default")
-    image_encoder = default_encoder if args.image_encoder == "default" else get_encoder(args.image_encoder)
+    options = {}
+    for opt in args.image_option:
+        key, sep, value = opt.partition("=")
+        if not sep:
+            ap.error(f"--image-option takes KEY=VALUE, got {opt!r}")
+        options[key.strip()] = value
+    image_encoder = (default_encoder if args.image_encoder == "default" and not options
+                     else get_encoder(args.image_encoder, **options))
     queries = [q for q in args.query.split(",") if q]
     for q in queries:
         if q not in QUERY_ENCODERS:

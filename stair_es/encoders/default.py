@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import EncoderVersionError, InvalidInputError
+from .base import check_recorded_version
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder
@@ -26,8 +27,8 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people")
-DEFAULT_SOURCES = ("imagenet", "colour")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart")
+DEFAULT_SOURCES = ("imagenet", "colour", "clipart")
 
 
 def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVector:
@@ -60,6 +61,7 @@ class DefaultEncoder(Encoder):
         sources: Sequence[str] | None = None,
         image_weights: str | None = None,
         text_weights: str | None = None,
+        clipart_head: str | None = None,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -106,6 +108,13 @@ class DefaultEncoder(Encoder):
                         f"installed here ({actual}...): vectors would not be comparable. Install the weights the index "
                         "was built with, re-ingest into a new index, or pass --force to search it anyway"
                     )
+        self.clipart = None
+        if "clipart" in self.sources:
+            from .clipart import ClipartSource
+
+            self.clipart = ClipartSource(vocab=self.vocab)
+            check_recorded_version("the clipart token head", clipart_head, self.clipart.version,
+                                   allow_version_mismatch, "image vectors from the two are not comparable")
         self.people = None
         if "people" in self.sources:
             from .people import PeopleSource
@@ -131,6 +140,8 @@ class DefaultEncoder(Encoder):
             "token_map": img["token_map"],
             "sources": list(self.sources),
         }
+        if self.clipart is not None:
+            cfg["clipart_head"] = self.clipart.version
         if self.text == "splade":
             cfg["text_model"] = self.text_model
         for part in ("image", "text"):
@@ -170,13 +181,20 @@ class DefaultEncoder(Encoder):
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)
-        classes = self.image_encoder.encode_images(images, batch_size=batch_size, progress=progress)
-        if self.colour is None and self.people is None:
-            return classes
-        return [merge_max(list(self._parts(c, im).values()), self.vocab) for c, im in zip(classes, images)]
+        probs = self.image_encoder.class_probabilities(images, batch_size=batch_size, progress=progress)
+        if self.colour is None and self.people is None and self.clipart is None:
+            return [self.image_encoder.vector_from_probabilities(p) for p in probs]
+        return [merge_max(list(parts.values()), self.vocab) for parts in self._all_parts(probs, images)]
 
-    def _parts(self, classes: SparseVector, image: Any) -> dict[str, SparseVector]:
+    def _all_parts(self, probs: np.ndarray, images: list[Any]) -> list[dict[str, SparseVector]]:
+        clipart = self.clipart.encode_probabilities(probs) if self.clipart is not None else [None] * len(images)
+        return [self._parts(self.image_encoder.vector_from_probabilities(p), im, c)
+                for p, im, c in zip(probs, images, clipart)]
+
+    def _parts(self, classes: SparseVector, image: Any, clipart: SparseVector | None = None) -> dict[str, SparseVector]:
         parts = {"imagenet": classes}
+        if clipart is not None:
+            parts["clipart"] = clipart
         if self.colour is not None:
             parts["colour"] = self.colour.encode(image)
         if self.people is not None:
@@ -186,8 +204,7 @@ class DefaultEncoder(Encoder):
     def encode_images_detailed(self, images: Sequence[Any], *, batch_size: int = 16) -> list[dict[str, SparseVector]]:
         """Per image, each token source's own vector (``imagenet``, ``colour``...) before merging."""
         images = list(images)
-        classes = self.image_encoder.encode_images(images, batch_size=batch_size)
-        return [self._parts(c, im) for c, im in zip(classes, images)]
+        return self._all_parts(self.image_encoder.class_probabilities(images, batch_size=batch_size), images)
 
     def token_sources(self, token: str) -> list[str]:
         """Which sources can produce ``token`` (for explain: a token shown with its origin)."""
@@ -197,6 +214,8 @@ class DefaultEncoder(Encoder):
             out.append("imagenet")
         if self.colour is not None and token in self.colour.tokens:
             out.append("colour")
+        if self.clipart is not None and token in self.clipart.tokens:
+            out.append("clipart")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
         return out

@@ -1,0 +1,116 @@
+"""``clipart``: words for drawings, icons and clip art, learned from the public-domain Openclipart.
+
+The ``imagenet`` source reads words off a photo classifier; on drawings its 1,000 photo
+classes fire on the wrong things ("envelope", "web site", "jigsaw puzzle"), so a drawn car
+is rarely found by "car". This source is a small head trained on top of the *same*
+classifier output: it takes the 1,000 ImageNet log-probabilities the ``imagenet`` source
+has already computed (no second network, no second inference) and predicts, per token,
+the probability ``p_t`` that a drawing showing what the classifier saw is described with
+that word. It was trained by ``scripts/build_clipart_head.py`` on the ~8,000 drawings of
+Debian's ``openclipart-svg`` (public domain), their titles, keywords and collection folders;
+the drawings the encoder evaluation samples were held out.
+
+Weights follow the other sources' scale, ``w_t = log(1 + 10 p_t)``, pruned below
+``min_weight`` and to the ``top_tokens`` largest. The head's ``version`` (a content hash)
+is recorded in the index config. Inference is numpy only: two small matrix products.
+
+This module must not know about indices, backends or other token sources.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, default_vocabulary
+
+SCALE = 10.0
+HEAD_FILE = "clipart_head.npz"
+
+
+def _open_head():
+    try:
+        return np.load(resources.files("stair_es.encoders.configs").joinpath(HEAD_FILE).open("rb"), allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"the clipart token head ({HEAD_FILE}) is missing or damaged ({e}); reinstall stair-es "
+                         "or rebuild it with scripts/build_clipart_head.py") from None
+
+
+@lru_cache(maxsize=1)
+def head_provenance() -> dict[str, Any]:
+    """The head's provenance and ``version``, read without loading its weights (a text search
+    on an index built with this source checks the version and never needs the weights)."""
+    with _open_head() as data:
+        try:
+            provenance = json.loads(str(data["provenance"]))
+            provenance["version"]
+        except (KeyError, ValueError, TypeError, OSError) as e:
+            raise ModelError(f"the clipart token head ({HEAD_FILE}) has no readable provenance ({e}); reinstall stair-es") from None
+    return provenance
+
+
+@lru_cache(maxsize=1)
+def _load_head() -> dict[str, Any]:
+    with _open_head() as data:
+        try:
+            head = {k: data[k] for k in ("w1", "b1", "w2", "b2", "tokens")}
+        except (KeyError, ValueError, OSError) as e:
+            raise ModelError(f"the clipart token head ({HEAD_FILE}) is damaged ({e}); reinstall stair-es "
+                             "or rebuild it with scripts/build_clipart_head.py") from None
+    n_tokens = head["tokens"].shape[0]
+    if head["w1"].shape[0] != 1000 or head["w2"].shape != (head["w1"].shape[1], n_tokens) or head["b2"].shape != (n_tokens,):
+        raise ModelError(f"the clipart token head ({HEAD_FILE}) has inconsistent shapes; reinstall stair-es")
+    head["w1"] = head["w1"].astype(np.float32)
+    head["w2"] = head["w2"].astype(np.float32)
+    head["provenance"] = head_provenance()
+    head["version"] = head["provenance"]["version"]
+    return head
+
+
+class ClipartSource:
+    """ImageNet class probabilities -> token weights for drawings (see the module docstring)."""
+
+    name = "clipart"
+
+    def __init__(self, *, min_weight: float = 0.1, top_tokens: int = 24, vocab: Vocabulary | None = None):
+        self.vocab = vocab or default_vocabulary()
+        if self.vocab.digest != default_vocabulary().digest:
+            raise ModelError("the clipart source only supports the bert-base-uncased vocabulary")
+        self.min_weight = float(min_weight)
+        self.top_tokens = int(top_tokens)
+        self.version = head_provenance()["version"]
+
+    @property
+    def head(self) -> dict[str, Any]:
+        return _load_head()
+
+    @property
+    def tokens(self) -> frozenset[str]:
+        """Tokens this source can produce."""
+        return frozenset(self.vocab.token(int(t)) for t in self.head["tokens"])
+
+    def probabilities(self, class_probs: np.ndarray) -> np.ndarray:
+        """``(n, 1000)`` ImageNet probabilities -> ``(n, tokens)`` probabilities of each head token."""
+        logp = np.log(np.clip(np.asarray(class_probs, dtype=np.float32), 1e-12, 1.0))
+        if logp.ndim != 2 or logp.shape[1] != 1000:
+            raise ModelError(f"the clipart source expects (n, 1000) class probabilities, got {logp.shape}")
+        h = np.maximum(logp @ self.head["w1"] + self.head["b1"], 0.0)
+        z = h @ self.head["w2"] + self.head["b2"]
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+
+    def encode_probabilities(self, class_probs: np.ndarray) -> list[SparseVector]:
+        out = []
+        for p in self.probabilities(class_probs):
+            w = np.log1p(SCALE * p)
+            keep = np.flatnonzero(w >= self.min_weight)
+            if keep.size > self.top_tokens:
+                keep = keep[np.argsort(-w[keep], kind="stable")[: self.top_tokens]]
+            out.append(SparseVector.from_arrays(self.head["tokens"][keep].astype(np.int64), w[keep], self.vocab,
+                                                drop_special=True))
+        return out
