@@ -18,8 +18,9 @@ the trained head ships with stair_es under no licence condition):
   wide on white, and classified by EfficientNet-Lite0 exactly as at ingest;
 * **labels**: the words of the drawing's title (``dc:title``), keywords (``rdf:li``) and its
   folder path in the collection (``animals/birds/...``), tokenized with the BERT vocabulary,
-  whole-token words only, stopwords and boilerplate (``clipart``, ``svg``, author names in
-  ``by ...``) dropped; a token is a label when at least :data:`MIN_IMAGES` drawings carry it;
+  whole-token words only, stopwords and boilerplate dropped (``clipart``, ``svg``, author
+  names in ``by ...``, file-name hashes, dates of upload, icon-theme folder names such as
+  ``actions`` or ``mimetypes``: words no user searches a picture by); a token is a label when at least :data:`MIN_IMAGES` drawings carry it;
 * **held out**: every drawing that the evaluation harness samples (``benchmarks/encoders``,
   fixed seed, any of the usual limits) is excluded from training, so its openclipart figures
   are measured on drawings the head never saw; Tux Paint stamps (GPL) are never used.
@@ -62,7 +63,9 @@ EVAL_LIMITS = (50, 100, 150, 200, 250, 300, 400, 500, 600, 800, 1000)
 BOILERPLATE = frozenset(
     """clipart clip art svg openclipart open library image images picture drawing drawings icon icons theme
     collection part untitled unsorted flat lemon misc other various set nicu buculei by version remix
-    png jpg file simple cartoon""".split()
+    png jpg file simple cartoon hash
+    theme action actions apps app mimetypes devices filesystems places status emblems categories stock
+    mon tue wed thu fri sat sun jan feb mar apr may jun jul aug sep sept oct nov dec""".split()
 )
 _TITLE = re.compile(r"<dc:title>([^<]*)</dc:title>")
 _KEYWORD = re.compile(r"<rdf:li>([^<]*)</rdf:li>")
@@ -148,6 +151,7 @@ def _words(text: str) -> list[str]:
     from stair_es.vocab import basic_tokenize
 
     text = re.sub(r"\bby\s+\w+(\s+\w+)?", " ", text, flags=re.I)  # author credits
+    text = re.sub(r"\b(hash_)?0x[0-9a-f]+\b", " ", text, flags=re.I)  # file-name hashes
     text = text.replace("_", " ").replace("-", " ")
     text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)  # camelCase file names
     return [w for w in basic_tokenize(text) if w.isalpha() and len(w) > 1]

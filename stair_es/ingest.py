@@ -54,10 +54,11 @@ def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
 
 
 def encoder_signature(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The part of an encoder config that must match between ingest and query."""
+    """The part of an encoder config that must match between ingest and query (``query_idf``
+    only changes how queries are weighted, never the stored vectors)."""
     if not config:
         return None
-    return {k: v for k, v in config.items() if k not in ("device", "batch_size", "progress")}
+    return {k: v for k, v in config.items() if k not in ("device", "batch_size", "progress", "query_idf")}
 
 
 def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, Any] | None) -> IndexSchema:

@@ -184,7 +184,7 @@ def test_encode_of_a_photo_shows_each_token_source(tmp_path):
     r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow", "--json"])
     assert r.exit_code == 0, r.output
     (out,) = json.loads(r.output)
-    assert set(out["sources"]) == {"imagenet", "colour"} and "red" in out["sources"]["colour"]
+    assert set(out["sources"]) == {"imagenet", "colour", "clipart"} and "red" in out["sources"]["colour"]
     r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow"])
     assert "source" in r.output and "colour" in r.output
 

@@ -62,6 +62,7 @@ class DefaultEncoder(Encoder):
         image_weights: str | None = None,
         text_weights: str | None = None,
         clipart_head: str | None = None,
+        query_idf: bool = True,
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -87,7 +88,8 @@ class DefaultEncoder(Encoder):
         )
         self.text_encoder: Encoder
         if text == "splade":
-            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab)
+            # SPLADE x the index's IDF won on every evaluation set (docs/encoders.md)
+            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf)
         elif text == "grounded":
             from .grounded import GroundedQueryEncoder
 
@@ -144,6 +146,7 @@ class DefaultEncoder(Encoder):
             cfg["clipart_head"] = self.clipart.version
         if self.text == "splade":
             cfg["text_model"] = self.text_model
+            cfg["query_idf"] = self.text_encoder.uses_idf
         for part in ("image", "text"):
             digest = self.weights_digest(part)
             if digest is not None:

@@ -301,6 +301,7 @@ class SpladeEncoder(Encoder):
         name: str | None = None,
         drop_stopwords: bool = True,
         runtime: str | None = None,
+        idf: bool = False,
     ):
         super().__init__(vocab, name=name)
         from .runtime import runtime_choice
@@ -308,6 +309,10 @@ class SpladeEncoder(Encoder):
         self.runtime = runtime_choice(runtime)
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
+        # With idf=True a query's SPLADE weights are multiplied by the target index's IDF when
+        # the caller passes it (stair-es search does): expansion terms that every image
+        # carries ("white", "animal") stop drowning the rare words that tell images apart.
+        self.idf = bool(idf)
         # Small SPLADE models (splade-tiny) put real weight on function words and punctuation
         # ("is", "and", "’"), which then match every caption by accident. Dropping the bow
         # stopword list and punctuation-only tokens from the output removes those matches.
@@ -334,7 +339,13 @@ class SpladeEncoder(Encoder):
             cfg["top_k"] = self.top_k
         if not self.drop_stopwords:
             cfg["drop_stopwords"] = False
+        if self.idf:
+            cfg["idf"] = True
         return cfg
+
+    @property
+    def uses_idf(self) -> bool:
+        return self.idf
 
     def load(self) -> tuple[Any, Any]:
         """Load tokenizer and model now (otherwise on first use); raises ModelError / MissingDependencyError.
@@ -380,6 +391,13 @@ class SpladeEncoder(Encoder):
         progress: bool = False,
         idf: np.ndarray | None = None,
     ) -> list[SparseVector]:
+        idf_arr = _check_idf(idf, self.vocab) if self.idf else None
+        vectors = self._encode(texts, batch_size, progress)
+        if idf_arr is None:
+            return vectors
+        return [SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab) for v in vectors]
+
+    def _encode(self, texts: Sequence[str], batch_size: int, progress: bool) -> list[SparseVector]:
         texts = _check_texts(texts)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")

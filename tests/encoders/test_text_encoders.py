@@ -270,3 +270,20 @@ def test_config_round_trip_and_foreign_configs_are_refused():
     assert again.encode_texts(["a red dog"])[0] == bow.encode_texts(["a red dog"])[0]
     with pytest.raises(InvalidInputError, match="config for encoder 'splade' given to the 'bow' encoder"):
         BagOfWordsEncoder(name="splade")
+
+
+def test_splade_with_idf_weights_a_query_by_the_index_idf(tiny_splade):
+    """idf=True (the default encoder's query side): weights times the index's IDF; a token no
+    document carries (IDF 0 here) is dropped; without an IDF array the vector is unchanged."""
+    weighted = SpladeEncoder(tiny_splade.model, max_length=32, idf=True)
+    assert weighted.uses_idf and weighted.config()["idf"] is True and not tiny_splade.uses_idf
+    (plain,) = tiny_splade.encode_texts(["a dog on the beach"])
+    assert weighted.encode_texts(["a dog on the beach"])[0].to_token_map() == plain.to_token_map()
+    idf = np.full(len(weighted.vocab), 2.0, np.float32)
+    dropped = int(plain.ids[0])
+    idf[dropped] = 0.0
+    (vec,) = weighted.encode_texts(["a dog on the beach"], idf=idf)
+    got = dict(zip(vec.ids.tolist(), vec.weights.tolist()))
+    assert dropped not in got
+    for i, w in zip(plain.ids.tolist()[1:], plain.weights.tolist()[1:]):
+        assert got[i] == pytest.approx(2.0 * w, rel=1e-3)
