@@ -189,6 +189,9 @@ class IndexSchema:
             check_field_name(name, "metadata field")
             if name in RESERVED or name in self.sparse_fields:
                 raise InvalidInputError(f"metadata field {name!r} is reserved (an internal or sparse field); rename it")
+            if name.startswith("_") and name not in self.fields:
+                raise InvalidInputError(f"metadata field {name!r} starts with '_': Elasticsearch and OpenSearch reserve such "
+                                        "names for their own fields (_id, _source, _routing...); rename it")
             check_text(value, f"metadata field {name!r}")
             if value is None:
                 continue
@@ -241,6 +244,13 @@ class Document:
             check_text(self.caption, f"the caption of {self.id!r}")
         if self.source is not None:
             check_text(self.source, f"the source of {self.id!r}")
+        if not isinstance(self.metadata, Mapping):
+            raise InvalidInputError(f"the metadata of {self.id!r} must be a JSON object, got {type(self.metadata).__name__}")
+        for name, value in self.metadata.items():
+            if not isinstance(name, str):
+                raise InvalidInputError(f"metadata field names of {self.id!r} must be strings, got {name!r}")
+            check_text(name, f"a metadata field name of {self.id!r}")
+            check_text(value, f"metadata field {name!r} of {self.id!r}")
 
 
 @dataclass

@@ -139,3 +139,22 @@ def test_any_metadata_normalises_or_fails_clearly(meta):
     json.dumps(out, allow_nan=False, default=str).encode("utf-8")  # storable as it is
     for v in out.values():
         assert not (isinstance(v, float) and not math.isfinite(v))
+
+
+def test_metadata_names_reserved_by_the_clusters_are_refused_per_document():
+    """``_source``, ``_routing``... would be refused by Elasticsearch/OpenSearch with their own
+    error; stair_es refuses any new '_' name up front, with the reason, on every backend."""
+    from stair_es.schema import IndexSchema
+
+    with pytest.raises(InvalidInputError, match="starts with '_'"):
+        IndexSchema().normalize_metadata({"_routing": "x"})
+    assert IndexSchema().normalize_metadata({"brand_": "acme"})[0] == {"brand_": "acme"}
+
+
+def test_a_document_checks_its_metadata_when_built():
+    from stair_es.schema import Document
+
+    with pytest.raises(InvalidInputError, match="metadata field 'title'.*not valid Unicode"):
+        Document("d1", {}, metadata={"title": "bad \ud800"})
+    with pytest.raises(InvalidInputError, match="must be a JSON object"):
+        Document("d1", {}, metadata=["not", "a", "map"])
