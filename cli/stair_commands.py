@@ -36,6 +36,9 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the trained model, checkpoint/ and metrics.jsonl.")
 @click.option("--config", "model_config", default="tiny", show_default=True, help="Model size: a shipped config name (tiny, cpu, small, paper) or a JSON file.")
 @click.option("--head", type=click.Choice(["sparse", "dense"]), help="sparse = STAIR; dense = the CLIP-style baseline with the same towers.")
+@click.option("--text-tower", help="Pretrained text tower: a BERT-family MLM (transformers hub id or local folder) over the BERT WordPiece vocabulary; its MLM head initialises the token projection.")
+@click.option("--image-tower", help="Pretrained image tower: a ViT, CLIP, SigLIP or DINOv2 hub id or folder, or efficientnet-lite0 (offline package).")
+@click.option("--freeze-image-tower", is_flag=True, help="Keep the pretrained image backbone fixed (its outputs are cached once); only the image head trains.")
 @click.option("--stages", default="1,2,3", show_default=True, help="Stage plan: '1,2,3' (paper; any subset in order) or 'single' (one stage, no mask: the ablation).")
 @click.option("--steps", default="300", show_default=True, help="Steps per stage: one number for all stages, or one per stage ('300,300,600').")
 @click.option("--batch-size", type=int, default=64, show_default=True)
@@ -49,7 +52,7 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
-def train_cmd(data, output, model_config, head, stages, steps, batch_size, lr, stage3_lr, lam, flops_warmup, eval_data, resume, device, threads, seed):
+def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, flops_warmup, eval_data, resume, device, threads, seed):
     """Train a STAIR model (or the dense baseline) on DATA: JSONL lines
     {"image": path, "caption": str | "captions": [...]} or a CSV with image,caption columns.
 
@@ -73,11 +76,16 @@ def train_cmd(data, output, model_config, head, stages, steps, batch_size, lr, s
     except ValueError:
         raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
     tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
-                     lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, seed=seed)
+                     lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, seed=seed,
+                     freeze_image_tower=freeze_image_tower)
+    model = new_model(cfg, device, seed=seed, text_tower=text_tower, image_tower=image_tower)
+    cfg = model.config
+    if text_tower or image_tower:
+        click.echo(f"towers: text {cfg.text_tower or 'random'} ({cfg.text_width} wide), image {cfg.image_tower or 'random'} "
+                   f"({cfg.image_width} wide, {cfg.image_size} px)", err=True)
     train_data = load_caption_data(data, image_size=cfg.image_size, max_length=cfg.text_max_length)
     click.echo(train_data.report.summary(), err=True)
     held = load_caption_data(eval_data, image_size=cfg.image_size, max_length=cfg.text_max_length) if eval_data else None
-    model = new_model(cfg, device, seed=seed)
     res = train(model, train_data, tc, output, resume=resume, eval_data=held)
     click.echo(f"model saved to {output} ({res['seconds']:.0f} s)")
     for h in res["history"]:

@@ -15,7 +15,7 @@ import torch
 
 from ..vocab import Vocabulary
 from .data import CaptionData, pad_tokens
-from .model import StairModel, arrays_to_tensor
+from .model import StairModel
 
 
 @torch.no_grad()
@@ -23,7 +23,7 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
     """(image embeddings, text embeddings for ``pairs``) as CPU float tensors."""
     model.eval()
     dev = model.device
-    imgs = [model.encode_image(arrays_to_tensor(data.images[i : i + batch_size]).to(dev)).cpu() for i in range(0, len(data.images), batch_size)]
+    imgs = [model.encode_image(model.pixels(data.images[i : i + batch_size])).cpu() for i in range(0, len(data.images), batch_size)]
     pairs = np.arange(len(data)) if pairs is None else pairs
     txts = []
     for i in range(0, len(pairs), batch_size):

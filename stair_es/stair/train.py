@@ -31,7 +31,7 @@ from .config import StairConfig
 from .data import CaptionData, pad_tokens
 from .evaluate import evaluate
 from .losses import contrastive_loss, flops_loss, flops_weight
-from .model import StairModel, arrays_to_tensor, resolve_device
+from .model import StairModel, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ class TrainConfig:
     checkpoint_every: int = 200
     log_every: int = 25
     eval_every: int = 0
+    # Locked image tower (LiT-style): the pretrained image backbone never trains, its outputs are
+    # computed once per image and cached; only the image head (TRANSFORM + projection) learns.
+    freeze_image_tower: bool = False
 
     def __post_init__(self) -> None:
         self.stages = tuple(str(s) for s in self.stages)
@@ -85,6 +88,9 @@ def _stage_setup(model: StairModel, stage: str, tc: TrainConfig) -> tuple[list[t
         for p in model.image_parameters():
             p.requires_grad_(False)
         model.token_embedding.requires_grad_(False)
+    if tc.freeze_image_tower:
+        for p in model.image_backbone_parameters():
+            p.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     lr = tc.stage3_lr if stage == "3" else tc.lr
     return params, lr, stage == "1" and model.is_sparse
@@ -140,6 +146,7 @@ def train(
     if np_rng_state is not None:  # the batch sampler continues exactly where it stopped
         rng.bit_generator.state = np_rng_state
     ckpt = out / "checkpoint"
+    hidden_cache = None
     t0 = time.time()
     while state.stage_index < len(tc.stages):
         stage = tc.stages[state.stage_index]
@@ -150,15 +157,21 @@ def train(
             opt.load_state_dict(opt_state)
             opt_state = None
         model.train()
+        if tc.freeze_image_tower:
+            model.image.eval()  # a locked tower keeps its batch-norm statistics and has no dropout
+            if hidden_cache is None:
+                hidden_cache = _image_hidden_cache(model, data)
         bar = tqdm(total=total, initial=state.step, desc=f"stage {stage}", disable=not progress, leave=False)
         while state.step < total:
             lr = _lr_at(state.step, total, peak, min(tc.warmup_steps, total // 5))
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = _sample(rng, data, tc.batch_size)
-            pix = arrays_to_tensor(data.images[batch["images"]]).to(dev)
             ids, mask = torch.from_numpy(batch["ids"]).to(dev), torch.from_numpy(batch["mask"]).to(dev)
-            img = model.encode_image(pix)
+            if hidden_cache is not None:
+                img = model.encode_image_hidden(hidden_cache[torch.from_numpy(batch["images"])].to(dev, torch.float32))
+            else:
+                img = model.encode_image(model.pixels(data.images[batch["images"]]))
             txt = model.encode_text(ids, mask, mask_to_input=masked)
             con = contrastive_loss(img, txt, model.logit_scale)
             loss = con
@@ -199,6 +212,18 @@ def train(
     model.save_pretrained(out)
     (out / "train_config.json").write_text(json.dumps(_tc_dict(tc), indent=2) + "\n", encoding="utf-8")
     return {"history": state.history, "seconds": round(time.time() - t0, 1), "data": data.report.to_dict()}
+
+
+@torch.no_grad()
+def _image_hidden_cache(model: StairModel, data: CaptionData, batch_size: int = 32) -> torch.Tensor:
+    """The locked image tower's hidden states for every training image, once (float16, CPU)."""
+    from tqdm.auto import tqdm
+
+    model.image.eval()
+    out = []
+    for i in tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False):
+        out.append(model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16))
+    return torch.cat(out)
 
 
 def _tc_dict(tc: TrainConfig) -> dict[str, Any]:
@@ -249,6 +274,37 @@ def _log(path: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def new_model(config: StairConfig, device: str | None = None, seed: int = 0) -> StairModel:
+def new_model(config: StairConfig, device: str | None = None, seed: int = 0, *, text_tower: str | None = None,
+              image_tower: str | None = None) -> StairModel:
+    """A model to train: random towers, or pretrained ones (any transformers id or folder).
+
+    ``text_tower`` is a BERT-family MLM: its encoder becomes the text tower, its word embeddings
+    the shared projection ``e``, and its MLM head (TRANSFORM + bias) the text token head, so at
+    step 0 the text tower already predicts related vocabulary tokens (eq. 4). ``image_tower``
+    (ViT, CLIP vision, SigLIP vision, DINOv2 or ``efficientnet-lite0``) feeds its patch tokens to a
+    fresh image head. The tower sizes replace the config's (``text_width``, ``image_size``...).
+    """
+    from . import towers
+
     torch.manual_seed(seed)
-    return StairModel(config).to(resolve_device(device))
+    text = towers.load_text_tower(text_tower) if text_tower else None
+    image = towers.load_image_tower(image_tower) if image_tower else None
+    changes: dict[str, Any] = {}
+    if text is not None:
+        max_pos = int(text.config.get("max_position_embeddings", 512))
+        if max_pos < config.text_max_length:
+            raise ModelError(f"text tower {text_tower!r} takes at most {max_pos} positions but the config's text_max_length is {config.text_max_length}; lower text_max_length")
+        changes.update(text_tower=text.source, text_tower_config=text.config, head_act=text.act, **towers.text_dims(text.config))
+    if image is not None:
+        changes.update(image_tower=image.source, image_tower_config=image.config, image_mean=image.mean, image_std=image.std,
+                       **towers.image_dims(image.config))
+    if changes:
+        config = config.replace(**changes)
+    model = StairModel(config)
+    if text is not None:
+        model.text.load_state_dict(text.backbone.state_dict())
+        if model.is_sparse:
+            model.text_head.load_state_dict(text.head_state)
+    if image is not None:
+        model.image.load_state_dict(image.backbone.state_dict())
+    return model.to(resolve_device(device))
