@@ -76,7 +76,11 @@ def cmd_run(a) -> None:
                      flops_warmup_steps=a.flops_warmup or max(1, steps[0] // 2),
                      warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False))
     out = Path(a.work) / "runs" / a.name
-    res = train(model, tr, tc, out, eval_data=te, progress=False)
+    res = train(model, tr, tc, out, eval_data=None if a.final_eval_only else te, progress=False)
+    if a.final_eval_only:
+        from stair_es.stair.evaluate import evaluate
+
+        res["history"].append({"stage": "final", **evaluate(model, te)})
     res.update(name=a.name, spec={**spec, "stages": list(spec["stages"])}, steps=list(steps), config=cfg.to_dict(),
                flops_warmup_steps=tc.flops_warmup_steps)
     (out / "result.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -176,6 +180,7 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=150); r.add_argument("--threads", type=int, default=1); r.add_argument("--batch-size", type=int, default=32)
     r.add_argument("--lr", type=float, default=1e-3); r.add_argument("--config", default="cpu")
     r.add_argument("--flops-warmup", type=int, default=0, help="FLOPs warm-up steps (default: half of the first stage)")
+    r.add_argument("--final-eval-only", action="store_true", help="Evaluate once after training instead of after every stage (saves CPU)")
     ev = sub.add_parser("reeval"); ev.add_argument("--work", required=True); ev.add_argument("--threads", type=int, default=1)
     rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
     a = p.parse_args()

@@ -32,7 +32,7 @@ def _floats(text: str) -> tuple[str, ...]:
 
 
 @click.command("train")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.argument("data")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the trained model, checkpoint/ and metrics.jsonl.")
 @click.option("--config", "model_config", default="tiny", show_default=True, help="Model size: a shipped config name (tiny, cpu, small, paper) or a JSON file.")
 @click.option("--head", type=click.Choice(["sparse", "dense"]), help="sparse = STAIR; dense = the CLIP-style baseline with the same towers.")
@@ -47,24 +47,37 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--lambda", "lam", type=float, default=1e-3, show_default=True, help="FLOPs weight for both modalities (grows quadratically at the start of a stage).")
 @click.option("--flops-warmup", type=int, default=200, show_default=True, help="Steps over which lambda grows from 0.")
 @click.option("--eval-data", type=click.Path(exists=True, dir_okay=False), help="A held-out JSONL/CSV evaluated after every stage (logged to metrics.jsonl).")
+@click.option("--images", "image_root", type=click.Path(file_okay=False), help="Image folder for a Karpathy split file (COCO: the folder holding train2014/ and val2014/) or for a JSONL's relative paths.")
+@click.option("--split", "splits", default="train,restval", show_default=True, help="Karpathy splits to train on.")
+@click.option("--stream", is_flag=True, help="Stream a JSONL (decode images per batch) instead of loading it into memory; Karpathy files and tar shards always stream.")
+@click.option("--shuffle-buffer", type=int, default=2000, show_default=True, help="Pairs held in the streaming shuffle buffer (images are not decoded there).")
+@click.option("--accum-steps", type=int, default=1, show_default=True, help="Micro-batches per step (gradient accumulation with the whole batch's negatives).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True, help="bf16 autocast (GPUs with bf16; optional on CPU).")
+@click.option("--checkpoint-every", type=int, default=200, show_default=True, help="Write OUTPUT/checkpoint every N steps (and after each stage).")
+@click.option("--log-every", type=int, default=25, show_default=True, help="Write a metrics.jsonl line every N steps.")
 @click.option("--resume", is_flag=True, help="Continue from OUTPUT/checkpoint with the same settings.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present).")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
-def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, flops_warmup, eval_data, resume, device, threads, seed):
+def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
     """Train a STAIR model (or the dense baseline) on DATA: JSONL lines
-    {"image": path, "caption": str | "captions": [...]} or a CSV with image,caption columns.
+    {"image": path, "caption": str | "captions": [...]}, a CSV with image,caption columns,
+    a Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images), or
+    WebDataset-style tar shards (a .tar, a glob in quotes, or a folder: key.jpg + key.txt/.json).
 
-    Undecodable images are skipped, empty captions rejected, long captions truncated;
-    all are counted in the summary and in metrics.jsonl.
+    Undecodable or missing images are skipped, empty or unreadable captions rejected, long
+    captions truncated; all are counted in the summary and in metrics.jsonl. Under torchrun,
+    each process takes batch-size / processes pairs and the loss sees all of them.
     """
     import torch
 
     from stair_es.stair.config import load_config
     from stair_es.stair.data import load_caption_data
-    from stair_es.stair.train import TrainConfig, new_model, train
+    from stair_es.stair.datasets import PairStream, open_source
+    from stair_es.stair.train import TrainConfig, init_distributed, new_model, train
 
+    device = init_distributed() or device
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(model_config)
@@ -77,16 +90,23 @@ def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_
         raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
     tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
                      lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, seed=seed,
-                     freeze_image_tower=freeze_image_tower)
+                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every)
     model = new_model(cfg, device, seed=seed, text_tower=text_tower, image_tower=image_tower)
     cfg = model.config
     if text_tower or image_tower:
         click.echo(f"towers: text {cfg.text_tower or 'random'} ({cfg.text_width} wide), image {cfg.image_tower or 'random'} "
                    f"({cfg.image_width} wide, {cfg.image_size} px)", err=True)
-    train_data = load_caption_data(data, image_size=cfg.image_size, max_length=cfg.text_max_length)
-    click.echo(train_data.report.summary(), err=True)
+    if stream or not data.lower().endswith((".jsonl", ".ndjson", ".csv", ".tsv")):
+        source = open_source(data, image_root=image_root, splits=_floats(splits))
+        train_data = PairStream(source, image_size=cfg.image_size, max_length=cfg.text_max_length, seed=seed, buffer=shuffle_buffer)
+        click.echo(f"streaming {source.name}", err=True)
+    else:
+        train_data = load_caption_data(data, image_size=cfg.image_size, max_length=cfg.text_max_length)
+        click.echo(train_data.report.summary(), err=True)
     held = load_caption_data(eval_data, image_size=cfg.image_size, max_length=cfg.text_max_length) if eval_data else None
     res = train(model, train_data, tc, output, resume=resume, eval_data=held)
+    if isinstance(train_data, PairStream):
+        click.echo(train_data.report.summary(), err=True)
     click.echo(f"model saved to {output} ({res['seconds']:.0f} s)")
     for h in res["history"]:
         click.echo(json.dumps(h))
