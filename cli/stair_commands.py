@@ -114,20 +114,55 @@ def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_
 
 @click.command("eval")
 @click.argument("model")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False))
+@click.argument("data")
+@click.option("--images", "image_root", type=click.Path(file_okay=False), help="Image folder of a Karpathy split file (COCO: the folder holding val2014/; Flickr30k: flickr30k-images/).")
+@click.option("--split", default="test", show_default=True, help="Karpathy split to evaluate (test = COCO 5K / Flickr30K 1K).")
+@click.option("--prompt", default="", help='Text put before every caption (the paper reports with "a photo of ").')
+@click.option("--standard", is_flag=True, help="Use the standard protocol on a JSONL too (each caption belongs to its own image only).")
+@click.option("--max-images", type=int, help="Evaluate the first N images only (a quick check; not the standard figure).")
+@click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @_errors
-def eval_cmd(model, data, device, as_json):
-    """Evaluate MODEL (a directory or hub id) on DATA: text->image and image->text R@1/5/10
-    (first caption of each image as its query), active tokens per image and per text, and
-    interpretability (label words among the image's top tokens; needs "labels" in the JSONL).
+def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch_size, device, as_json):
+    """Evaluate MODEL (a directory or hub id) on DATA.
+
+    A Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images) or tar
+    shards use the standard protocol: every caption queries all images (text->image), and an
+    image is right at K when any of its captions is in the top K of all captions
+    (image->text); R@1/5/10 printed in the paper's Table 1 layout. Ties count against the query.
+
+    A JSONL/CSV (e.g. `stair-es make-scenes`) uses the synthetic-scene protocol: the first
+    caption of each image is its query, and every image carrying that exact caption is right;
+    plus interpretability (label words among the image's top tokens; needs "labels").
     """
-    from stair_es.stair.data import load_caption_data
-    from stair_es.stair.evaluate import evaluate
     from stair_es.stair.model import StairModel
 
     m = StairModel.from_pretrained(model, device=device)
+    lower = data.lower()
+    if standard or not lower.endswith((".jsonl", ".ndjson", ".csv", ".tsv")):
+        from stair_es.stair.datasets import KarpathySource, open_source
+        from stair_es.stair.evaluate import evaluate_retrieval, format_table
+
+        source = open_source(data, image_root=image_root, splits=_floats(split))
+        res = evaluate_retrieval(m, source, batch_size=batch_size, prompt=prompt, max_images=max_images, progress=not as_json)
+        if as_json:
+            click.echo(json.dumps(res))
+            return
+        n = res["n_images"]
+        names = {"coco": "COCO", "flickr30k": "Flickr30K", "flickr8k": "Flickr8K"}
+        ds = names.get(getattr(source, "dataset", ""), "") if isinstance(source, KarpathySource) else ""
+        size = f"{n // 1000}K" if n % 1000 == 0 else f"{n}"
+        title = f"{ds} {size}".strip() if ds else f"{source.name} ({n} images)"
+        click.echo(format_table(res, f"{title}: {n} images, {res['n_captions']} captions", str(model)))
+        extra = {k: v for k, v in res.items() if k.startswith(("active", "interp"))}
+        for k, v in extra.items():
+            click.echo(f"{k:22s} {v:.4f}")
+        click.echo(res_summary(res), err=True)
+        return
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.evaluate import evaluate
+
     d = load_caption_data(data, image_size=m.config.image_size, max_length=m.config.text_max_length)
     res = evaluate(m, d)
     if as_json:
@@ -135,6 +170,12 @@ def eval_cmd(model, data, device, as_json):
         return
     for k, v in res.items():
         click.echo(f"{k:22s} {v:.4f}" if isinstance(v, float) else f"{k:22s} {v}")
+
+
+def res_summary(res: dict) -> str:
+    d = res["data"]
+    return (f"data: {d['images']} images, {d['pairs']} captions used; {d['skipped_count']} images skipped (missing or undecodable), "
+            f"{d['rejected_captions']} captions rejected (empty or unreadable), {d['truncated_captions']} truncated")
 
 
 @click.command("localize")
