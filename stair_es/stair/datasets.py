@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import io
 import json
-import logging
 import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from ..errors import ImageError, InvalidInputError
 from ..vocab import Vocabulary, default_vocabulary
 from .data import DataReport, pad_tokens
 
-log = logging.getLogger(__name__)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 KARPATHY_SPLITS = ("train", "restval", "val", "test")

@@ -4,7 +4,6 @@ against the query; `stair-es eval` prints the paper's table layout."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
