@@ -111,6 +111,34 @@ def cmd_reeval(a) -> None:
         print(name, json.dumps(res["final"]))
 
 
+def cmd_onnx(a) -> None:
+    """A trained model through ONNX Runtime vs PyTorch: first-use export time, throughput, max weight difference."""
+    import glob
+
+    import torch
+    from PIL import Image
+
+    from stair_es.stair.encoder import StairEncoder
+
+    torch.set_num_threads(a.threads)
+    imgs = [Image.open(f).convert("RGB") for f in sorted(glob.glob(a.images))[:16]]
+    texts = ["a small red circle", "a large blue square left of a green diamond"] * 4
+    onnx = StairEncoder(model=a.model, device="cpu", runtime="onnx")
+    ref = StairEncoder(model=a.model, device="cpu", runtime="torch")
+    t = time.time()
+    onnx.encode_images(imgs[:2]), onnx.encode_texts(texts[:2])
+    print(f"first use (export both towers + check against PyTorch): {time.time() - t:.1f} s")
+    out = {}
+    for name, enc in (("onnx", onnx), ("torch", ref)):
+        t = time.time(); v = enc.encode_images(imgs); ti = time.time() - t
+        t = time.time(); w = enc.encode_texts(texts); tt = time.time() - t
+        out[name] = v + w
+        print(f"{name:5s} images/s {len(imgs) / ti:.1f}  texts/s {len(texts) / tt:.1f}")
+    diff = max(max((abs(x.to_token_map().get(k, 0) - y.to_token_map().get(k, 0)) for k in set(x.to_token_map()) | set(y.to_token_map())), default=0.0)
+               for x, y in zip(out["onnx"], out["torch"]))
+    print(f"max |onnx - torch| token weight: {diff:.2g}")
+
+
 def cmd_report(a) -> None:
     import matplotlib
 
@@ -183,8 +211,10 @@ def main() -> None:
     r.add_argument("--final-eval-only", action="store_true", help="Evaluate once after training instead of after every stage (saves CPU)")
     ev = sub.add_parser("reeval"); ev.add_argument("--work", required=True); ev.add_argument("--threads", type=int, default=1)
     rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
+    ox = sub.add_parser("onnx"); ox.add_argument("--model", required=True); ox.add_argument("--images", required=True, help="a quoted glob")
+    ox.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
-    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report}[a.cmd](a)
+    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report, "onnx": cmd_onnx}[a.cmd](a)
 
 
 if __name__ == "__main__":
