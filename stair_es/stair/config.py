@@ -41,8 +41,21 @@ class StairConfig:
     dense_dim: int = 256
     init_temperature: float = 0.07
     dropout: float = 0.0
+    # Pretrained towers (see stair_es.stair.towers): where they came from, and their own configs
+    # so a saved STAIR checkpoint rebuilds the same architecture without fetching them again.
+    text_tower: str = ""
+    text_tower_config: dict[str, Any] | None = None
+    image_tower: str = ""
+    image_tower_config: dict[str, Any] | None = None
+    head_act: str = "gelu"
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def __post_init__(self) -> None:
+        self.image_mean = tuple(float(x) for x in self.image_mean)  # type: ignore[assignment]
+        self.image_std = tuple(float(x) for x in self.image_std)  # type: ignore[assignment]
+        if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
+            raise ModelError(f"image_mean/image_std need 3 values (std > 0), got {self.image_mean} / {self.image_std}")
         if self.head not in ("sparse", "dense"):
             raise ModelError(f"config head must be 'sparse' or 'dense', got {self.head!r}")
         if self.image_size % self.patch_size:
@@ -59,7 +72,9 @@ class StairConfig:
         return self.image_size // self.patch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, **asdict(self)}
+        d = asdict(self)
+        d["image_mean"], d["image_std"] = list(self.image_mean), list(self.image_std)
+        return {"format": FORMAT, **d}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StairConfig:

@@ -35,11 +35,17 @@ class DataReport:
     skipped_images: list[tuple[str, str]] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
     truncated_captions: int = 0
+    # streamed sources keep at most 100 reasons per list; these are the full counts
+    skipped_count: int = 0
+    rejected_captions: int = 0
 
     def summary(self) -> str:
+        rejected = f"{len(self.rejected)} records rejected"
+        if self.rejected_captions:
+            rejected += f" ({self.rejected_captions} captions empty or unreadable)"
         return (
             f"{self.source}: {self.n_pairs} pairs over {self.n_images} images; "
-            f"{len(self.skipped_images)} images skipped (undecodable), {len(self.rejected)} records rejected, "
+            f"{max(self.skipped_count, len(self.skipped_images))} images skipped (missing or undecodable), {rejected}, "
             f"{self.truncated_captions} captions truncated"
         )
 
@@ -52,6 +58,8 @@ class DataReport:
             "skipped_images": [{"image": p, "reason": r} for p, r in self.skipped_images],
             "rejected": [{"where": w, "reason": r} for w, r in self.rejected],
             "truncated_captions": self.truncated_captions,
+            "skipped_count": max(self.skipped_count, len(self.skipped_images)),
+            "rejected_captions": self.rejected_captions,
         }
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..vocab import Vocabulary
 from .data import CaptionData, pad_tokens
-from .model import StairModel, arrays_to_tensor
+from .model import StairModel
 
 
 @torch.no_grad()
@@ -23,7 +23,7 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
     """(image embeddings, text embeddings for ``pairs``) as CPU float tensors."""
     model.eval()
     dev = model.device
-    imgs = [model.encode_image(arrays_to_tensor(data.images[i : i + batch_size]).to(dev)).cpu() for i in range(0, len(data.images), batch_size)]
+    imgs = [model.encode_image(model.pixels(data.images[i : i + batch_size])).cpu() for i in range(0, len(data.images), batch_size)]
     pairs = np.arange(len(data)) if pairs is None else pairs
     txts = []
     for i in range(0, len(pairs), batch_size):
@@ -107,3 +107,158 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
     else:
         out["dims"] = int(img.shape[1])
     return out
+
+
+# --- the standard retrieval protocol (COCO 5K, Flickr30K 1K) -----------------------------------
+class _Rows:
+    """Row-normalised embeddings kept sparse (STAIR) or dense (baseline), appended batch by batch."""
+
+    def __init__(self, sparse: bool):
+        self.sparse, self.parts, self.n = sparse, [], 0
+
+    def add(self, emb: torch.Tensor) -> None:
+        emb = torch.nn.functional.normalize(emb.float().cpu(), dim=-1, eps=1e-6)
+        self.parts.append(emb.to_sparse_coo() if self.sparse else emb)
+        self.n += emb.shape[0]
+
+    def chunks(self, size: int):
+        """Dense row blocks of at most ``size`` rows with their start offset."""
+        start = 0
+        for p in self.parts:
+            dense = p.to_dense() if self.sparse else p
+            for i in range(0, dense.shape[0], size):
+                yield start + i, dense[i : i + size]
+            start += dense.shape[0]
+
+    def matrix(self) -> torch.Tensor:
+        if not self.sparse:
+            return torch.cat(self.parts)
+        idx, val, off = [], [], 0
+        for p in self.parts:
+            p = p.coalesce()
+            i = p.indices().clone()
+            i[0] += off
+            idx.append(i)
+            val.append(p.values())
+            off += p.shape[0]
+        dim = self.parts[0].shape[1]
+        return torch.sparse_coo_tensor(torch.cat(idx, 1), torch.cat(val), (off, dim), check_invariants=False).coalesce()
+
+    def nnz_per_row(self) -> float:
+        if not self.sparse:
+            return float(self.parts[0].shape[1])
+        return sum(p.coalesce().values().numel() for p in self.parts) / max(1, self.n)
+
+
+@torch.no_grad()
+def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, prompt: str = "", chunk: int = 512,
+                       max_images: int | None = None, progress: bool = False) -> dict[str, Any]:
+    """R@1/5/10 both ways on an image-caption set where each caption belongs to one image (the
+    COCO 5K / Flickr30K 1K protocol: 5 captions per image).
+
+    text->image: every caption is a query over all images. image->text: an image is right at K
+    when any of its captions ranks in the top K among all captions. Ties count against the query.
+    Images and captions stream through the model; embeddings are kept sparse (STAIR), never the
+    decoded images. ``prompt`` is prepended to every caption (the paper uses "a photo of ").
+    """
+    from tqdm.auto import tqdm
+
+    from .data import DataReport
+    from .datasets import CaptionChecker, iter_eval_items
+
+    model.eval()
+    dev = model.device
+    report = DataReport(source=getattr(source, "name", str(source)))
+    check = CaptionChecker(model.vocab, model.config.text_max_length)
+    imgs, txts = _Rows(model.is_sparse), _Rows(model.is_sparse)
+    owner: list[int] = []
+    labels: list[list[str]] = []
+    top_tokens: list[np.ndarray] = []
+    pend_img: list[np.ndarray] = []
+    pend_cap: list[list[int]] = []
+
+    def flush_images() -> None:
+        if pend_img:
+            emb = model.encode_image(model.pixels(np.stack(pend_img)))
+            imgs.add(emb)
+            if model.is_sparse:
+                top_tokens.append(emb.float().cpu().topk(10, dim=1).indices.numpy())
+            pend_img.clear()
+
+    def flush_captions() -> None:
+        if pend_cap:
+            ids, mask = pad_tokens(pend_cap)
+            txts.add(model.encode_text(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)))
+            pend_cap.clear()
+
+    bar = tqdm(desc="encoding images and captions", unit=" images", disable=not progress)
+    for n_img, (arr, caps, pair) in enumerate(iter_eval_items(source, model.config.image_size, check, report, prompt)):
+        if max_images is not None and n_img >= max_images:
+            break
+        pend_img.append(arr)
+        labels.append(pair.labels)
+        for c in caps:
+            pend_cap.append(c)
+            owner.append(n_img)
+            if len(pend_cap) >= batch_size:
+                flush_captions()
+        if len(pend_img) >= batch_size:
+            flush_images()
+        bar.update(1)
+    flush_images()
+    flush_captions()
+    bar.close()
+    if imgs.n < 2:
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"{report.source}: fewer than 2 usable images to evaluate ({report.summary()})")
+    owner_t = torch.as_tensor(owner)
+    img_m, txt_m = imgs.matrix(), txts.matrix()
+    t2i_rank = torch.empty(len(owner), dtype=torch.long)
+    for start, q in txts.chunks(chunk):  # q: captions x V
+        sim = (img_m @ q.t()).t() if model.is_sparse else q @ img_m.t()  # captions x images
+        own = owner_t[start : start + q.shape[0]]
+        true = sim.gather(1, own[:, None])
+        t2i_rank[start : start + q.shape[0]] = (sim >= true).sum(1) - 1
+    i2t_rank = torch.empty(imgs.n, dtype=torch.long)
+    for start, q in imgs.chunks(chunk):  # q: images x V
+        sim = (txt_m @ q.t()).t() if model.is_sparse else q @ txt_m.t()  # images x captions
+        rel = owner_t[None, :] == torch.arange(start, start + q.shape[0])[:, None]
+        best = sim.masked_fill(~rel, float("-inf")).amax(1, keepdim=True)
+        i2t_rank[start : start + q.shape[0]] = ((sim >= best) & ~rel).sum(1)
+    out: dict[str, Any] = {"n_images": imgs.n, "n_captions": len(owner), "prompt": prompt}
+    for k in (1, 5, 10):
+        out[f"t2i_r@{k}"] = float((t2i_rank < k).float().mean())
+    for k in (1, 5, 10):
+        out[f"i2t_r@{k}"] = float((i2t_rank < k).float().mean())
+    if model.is_sparse:
+        out["active_tokens_image"] = imgs.nnz_per_row()
+        out["active_tokens_text"] = txts.nnz_per_row()
+        out.update(_label_interpretability(np.concatenate(top_tokens), labels, model.vocab))
+    out["data"] = report.to_dict()
+    return out
+
+
+def _label_interpretability(top10: np.ndarray, labels: list[list[str]], vocab: Vocabulary) -> dict[str, float]:
+    """Table 4 on a labelled set: label words among each image's top-1/5/10 tokens."""
+    rows = [(i, [t for w in lab for t in vocab.encode(w)]) for i, lab in enumerate(labels) if lab]
+    rows = [(i, ids) for i, ids in rows if ids]
+    if not rows:
+        return {}
+    out = {"interp_p@1": float(np.mean([top10[i, 0] in ids for i, ids in rows]))}
+    for k in (1, 5, 10):
+        out[f"interp_r@{k}"] = float(np.mean([t in top10[i, :k] for i, ids in rows for t in ids]))
+    return out
+
+
+def format_table(results: dict[str, Any], title: str, model_name: str) -> str:
+    """The paper's Table 1 layout: text->image then image->text, R@1/5/10, in percent."""
+    cols = [f"t2i_r@{k}" for k in (1, 5, 10)] + [f"i2t_r@{k}" for k in (1, 5, 10)]
+    name_w = max(12, len(model_name))
+    lines = [
+        f"{'':{name_w}}  {title}",
+        f"{'':{name_w}}  {'text -> image':<20}  {'image -> text':<20}",
+        f"{'':{name_w}}  " + "  ".join(f"{h:>6}" for h in ("R@1", "R@5", "R@10")) + "  " + "  ".join(f"{h:>6}" for h in ("R@1", "R@5", "R@10")),
+        f"{model_name:{name_w}}  " + "  ".join(f"{100 * results[c]:6.1f}" for c in cols[:3]) + "  " + "  ".join(f"{100 * results[c]:6.1f}" for c in cols[3:]),
+    ]
+    return "\n".join(lines)

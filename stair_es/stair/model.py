@@ -49,15 +49,20 @@ class TokenProjectionHead(nn.Module):
     table, passed in at call time, so both towers score the same rows the text tower reads.
     """
 
-    def __init__(self, in_width: int, emb_width: int, vocab_size: int):
+    def __init__(self, in_width: int, emb_width: int, vocab_size: int, act: str = "gelu"):
         super().__init__()
         self.dense = nn.Linear(in_width, emb_width)
         self.norm = nn.LayerNorm(emb_width, eps=1e-12)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
+        # the text head copies a pretrained MLM head, whose TRANSFORM uses that model's activation
+        self.act = F.gelu if act == "gelu" else _transformers().activations.get_activation(act)
+
+    def transform(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(h)))
 
     def forward(self, h: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         """``h``: (B, L, in_width) -> per-position vocabulary logits (B, L, V)."""
-        return F.linear(self.norm(F.gelu(self.dense(h))), embedding, self.bias)
+        return F.linear(self.transform(h), embedding, self.bias)
 
 
 def pool_enc(logits: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,6 +92,8 @@ class StairModel(nn.Module):
         self.vocab = vocab or default_vocabulary()
         if len(self.vocab) != config.vocab_size:
             raise ModelError(f"config vocab_size {config.vocab_size} does not match the vocabulary ({len(self.vocab)} tokens)")
+        from . import towers
+
         tcfg = tf.BertConfig(
             vocab_size=config.vocab_size,
             hidden_size=config.text_width,
@@ -109,10 +116,21 @@ class StairModel(nn.Module):
             hidden_dropout_prob=config.dropout,
             attention_probs_dropout_prob=config.dropout,
         )
-        self.text = tf.BertModel(tcfg, add_pooling_layer=False)
-        self.image = tf.ViTModel(icfg, add_pooling_layer=False)
+        if config.text_tower_config:
+            self.text = towers.build_text_backbone(config.text_tower_config)
+        else:
+            self.text = tf.BertModel(tcfg, add_pooling_layer=False)
+        if config.image_tower_config:
+            self.image = towers.build_image_backbone(config.image_tower_config)
+            self.image_prefix = towers.image_prefix_tokens(config.image_tower_config)
+        else:
+            self.image = tf.ViTModel(icfg, add_pooling_layer=False)
+            self.image_prefix = 1
+        emb_width = self.text.get_input_embeddings().weight.shape[1]
+        if emb_width != config.text_width:
+            raise ModelError(f"text tower token embeddings are {emb_width} wide but config text_width is {config.text_width}")
         if config.head == "sparse":
-            self.text_head = TokenProjectionHead(config.text_width, config.text_width, config.vocab_size)
+            self.text_head = TokenProjectionHead(config.text_width, config.text_width, config.vocab_size, config.head_act)
             self.image_head = TokenProjectionHead(config.image_width, config.text_width, config.vocab_size)
         else:
             self.text_head = nn.Linear(config.text_width, config.dense_dim, bias=False)
@@ -129,7 +147,7 @@ class StairModel(nn.Module):
     @property
     def token_embedding(self) -> torch.Tensor:
         """The vocabulary projection ``e`` shared by both heads (tied to the text embeddings)."""
-        return self.text.embeddings.word_embeddings.weight
+        return self.text.get_input_embeddings().weight
 
     def image_parameters(self) -> list[nn.Parameter]:
         return list(self.image.parameters()) + list(self.image_head.parameters())
@@ -149,10 +167,13 @@ class StairModel(nn.Module):
         h = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.text_head(h, self.token_embedding)
 
+    def image_hidden(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, prefix + patches, width): ``image_prefix`` class/register tokens, then patches row-major."""
+        out = self.image(pixel_values=pixel_values)
+        return out if isinstance(out, torch.Tensor) else out.last_hidden_state
+
     def image_logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, 1 + patches, V): position 0 is the ViT class token, then patches row-major."""
-        h = self.image(pixel_values=pixel_values).last_hidden_state
-        return self.image_head(h, self.token_embedding)
+        return self.image_head(self.image_hidden(pixel_values), self.token_embedding)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_to_input: bool = False) -> torch.Tensor:
         if not self.is_sparse:
@@ -164,20 +185,26 @@ class StairModel(nn.Module):
         return enc
 
     def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.encode_image_hidden(self.image_hidden(pixel_values))
+
+    def encode_image_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """The image embedding from the tower's hidden states (cached when the tower is frozen)."""
         if not self.is_sparse:
-            return self.image_head(self.image(pixel_values=pixel_values).last_hidden_state[:, 0])
-        return pool_enc(self.image_logits(pixel_values)) * self.keep_mask
+            return self.image_head(h[:, 0] if self.image_prefix else h.mean(1))
+        return pool_enc(self.image_head(h, self.token_embedding)) * self.keep_mask
+
+    def image_backbone_parameters(self) -> list[nn.Parameter]:
+        return list(self.image.parameters())
 
     def patch_activations(self, pixel_values: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
         """log(1+ReLU(p(h_patch)[token])) per patch for the given tokens: (B, T, grid, grid)."""
         if not self.is_sparse:
             raise ModelError("localisation needs a sparse (STAIR) model; this checkpoint has a dense head")
-        h = self.image(pixel_values=pixel_values).last_hidden_state[:, 1:]
+        h = self.image_hidden(pixel_values)[:, self.image_prefix :]
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=h.device)
         head = self.image_head
-        t = head.norm(F.gelu(head.dense(h)))
-        logits = F.linear(t, self.token_embedding[ids], head.bias[ids])  # (B, P, T)
-        g = self.config.grid
+        logits = F.linear(head.transform(h), self.token_embedding[ids], head.bias[ids])  # (B, P, T)
+        g = math.isqrt(h.shape[1])
         return torch.log1p(torch.relu(logits)).permute(0, 2, 1).reshape(h.shape[0], len(ids), g, g)
 
     # --- preprocessing ------------------------------------------------------------------
@@ -187,7 +214,12 @@ class StairModel(nn.Module):
         return ids.to(self.device), mask.to(self.device), truncated
 
     def preprocess_images(self, images: Sequence[Any]) -> torch.Tensor:
-        return images_to_tensor(images, self.config.image_size).to(self.device)
+        return self.pixels(np.stack([image_to_array(im, self.config.image_size) for im in images])) if len(images) else \
+            torch.zeros(0, 3, self.config.image_size, self.config.image_size, device=self.device)
+
+    def pixels(self, arrays: np.ndarray) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> the normalised float tensor this model's image tower expects."""
+        return arrays_to_tensor(arrays, self.config.image_mean, self.config.image_std).to(self.device)
 
     # --- save / load --------------------------------------------------------------------
     def save_pretrained(self, path: str | Path, *, dtype: str = "float32") -> Path:
@@ -264,10 +296,12 @@ def image_to_array(image: Any, size: int) -> np.ndarray:
     return np.asarray(image, dtype=np.uint8)
 
 
-def arrays_to_tensor(arrays: np.ndarray) -> torch.Tensor:
-    """uint8 (B, H, W, 3) -> float (B, 3, H, W) scaled to [-1, 1]."""
-    x = torch.from_numpy(np.ascontiguousarray(arrays)).permute(0, 3, 1, 2).float()
-    return x / 127.5 - 1.0
+def arrays_to_tensor(arrays: np.ndarray, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5)) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> float (B, 3, H, W), (x/255 - mean) / std per channel ([-1, 1] by default)."""
+    x = torch.from_numpy(np.ascontiguousarray(arrays)).permute(0, 3, 1, 2).float() / 255.0
+    m = torch.tensor(mean, dtype=x.dtype).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x - m) / s
 
 
 def images_to_tensor(images: Sequence[Any], size: int) -> torch.Tensor:
