@@ -179,7 +179,7 @@ class Service:
         if not 1 <= top_k <= self.config.max_top_k:
             raise InvalidInputError(f"top_k {top_k}: use 1..{self.config.max_top_k}")
         text, tokens, image = body.get("text"), body.get("tokens"), body.get("image")
-        given = [x for x in (text, tokens, image) if x not in (None, "", {})]
+        given = [x for x in (text, tokens) if x not in (None, "")] + ([image] if image is not None else [])
         if len(given) != 1:
             raise InvalidInputError("give one query: 'text', 'tokens' (a token map) or 'image' (path, base64 or url)")
         notes: list[str] = []
@@ -189,7 +189,7 @@ class Service:
                 raise InvalidInputError(f"the query text has {len(text)} characters; the limit is {self.config.max_text_chars}")
             enc = self.query_encoder(index, force)
             tokens = encode_query_text(enc, text, self.backend, index, field="image", notes=notes).to_token_map()
-        elif image:
+        elif image is not None:
             enc = self.query_encoder(index, force)
             if "image" not in enc.modalities:
                 raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the "
