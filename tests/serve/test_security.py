@@ -202,3 +202,40 @@ def test_cli_refuses_public_bind_without_key(tmp_path, monkeypatch):
     monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
     r = CliRunner().invoke(cli, ["serve", "--host", "0.0.0.0", "--home", str(tmp_path), "--encoder", "bow"])
     assert r.exit_code == 2 and "API key" in r.output and "Traceback" not in r.output
+
+
+# --- a full worker pool answers 503 at once instead of queueing without end ---------------------
+@pytest.mark.process
+def test_busy_server_answers_503_and_recovers(home, image_root):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from fakes import ColorEncoder
+    from stair_es.encoders.base import register_encoder
+
+    from .conftest import ThreadServer
+
+    class SlowEncoder(ColorEncoder):
+        name = "slow-fake"
+
+        def encode_texts(self, texts, **kw):
+            time.sleep(1.0)
+            return super().encode_texts(texts, **kw)
+
+    register_encoder("slow-fake", SlowEncoder)
+    srv = ThreadServer(create_app(make_config(home, image_root, encoder="slow-fake", workers=1, max_queue=0)))
+    try:
+        def call(_):
+            return httpx.post(srv.url + "/v1/encode", json={"inputs": [{"text": "red"}]}, timeout=30)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(call, range(4)))
+        codes = sorted(r.status_code for r in answers)
+        assert codes.count(200) >= 1 and 503 in codes, codes
+        busy = next(r for r in answers if r.status_code == 503).json()["error"]
+        assert busy["code"] == 5 and "busy" in busy["message"]
+        assert call(0).status_code == 200  # and it recovers
+    finally:
+        srv.close()
