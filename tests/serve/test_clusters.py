@@ -250,3 +250,37 @@ def test_real_opensearch_remote_model(keyed_server, key_file):
                                  method="POST")
     with urllib.request.urlopen(req, timeout=60) as r:
         assert json.loads(r.read())["inference_results"][0]["output"][0]["dataAsMap"]["response"] == [{"red": 1.0}]
+
+
+# --- /v1/search on a cluster backend -------------------------------------------------------------
+@pytest.mark.parametrize("flavor", ["elasticsearch", "opensearch"])
+def test_search_and_explain_on_a_cluster_backend(flavor, home, image_root):
+    """The same requests as on the embedded engine, through the official client to the fake node."""
+    pytest.importorskip("elasticsearch" if flavor == "elasticsearch" else "opensearchpy")
+    from fastapi.testclient import TestClient
+
+    from backends.fake_cluster import FakeCluster
+    from stair_es.backends.base import get_backend
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.serve.service import Service
+
+    with FakeCluster(flavor) as node:
+        backend = get_backend(flavor, urls=[node.url])
+        local = EmbeddedBackend(home)
+        info = local.index_info("pics")
+        backend.create_index("pics", info.schema)
+        ids = ["red-car", "green-tree", "blue-sea", "white-snow", "night-sky"]
+        assert not backend.ingest("pics", [local.get("pics", i) for i in ids]).failures
+        local.close()
+        cfg = make_config(home, image_root, backend=flavor, backend_options={"urls": [node.url]})
+        with TestClient(create_app(cfg, service=Service(cfg, backend=backend))) as c:
+            r = c.post("/v1/search", json={"text": "red", "top_k": 3, "where": ["year<2015"]})
+            assert r.status_code == 200, r.text
+            hits = r.json()["hits"]
+            assert hits[0]["id"] == "red-car" and all(h["metadata"]["year"] < 2015 for h in hits)
+            e = c.post("/v1/explain", json={"text": "red", "id": "red-car"}).json()
+            assert abs(e["sum_of_contributions"] - hits[0]["score"]) < 1e-3 * hits[0]["score"]
+            r = c.post("/v1/search", json={"image": {"path": "sub/red-again.png"}, "caption_weight": 0, "top_k": 1})
+            assert r.json()["hits"][0]["id"] == "red-car"
+            assert c.get("/v1/thumbnail/pics/red-car").status_code == 200
+            assert c.post("/v1/search", json={"index": "nope", "text": "red"}).status_code == 404
