@@ -63,6 +63,13 @@
   }
 
   var hits = Array.prototype.slice.call(document.querySelectorAll("li.hit"));
+  // a document whose image is not under the server's image roots has no thumbnail: say so
+  hits.forEach(function (li) {
+    var img = li.querySelector("img.thumb");
+    if (!img) return;
+    function missing() { img.classList.add("missing"); img.alt = "no thumbnail"; }
+    img.addEventListener("error", missing);
+  });
   // a few at a time: the server's worker pool is small
   var i = 0;
   function next() {
