@@ -311,6 +311,14 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         data = await run(svc.thumbnail, index, doc_id, size)
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=300"})
 
+    @app.get("/v1/heatmap/{index}/{doc_id:path}", dependencies=auth, tags=["search"],
+             responses={200: {"content": {"image/png": {}}}})
+    async def heatmap(index: str, doc_id: str, q: str = Query(..., min_length=1, max_length=4096),
+                      size: int = Query(256, ge=32, le=1024), alpha: float = Query(0.5, ge=0, le=1)):
+        """A document's image with the STAIR localisation of query ``q`` over it (stair-encoder indices only)."""
+        data = await run(svc.heatmap, index, doc_id, q, size, alpha)
+        return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})
+
     # --- Elasticsearch / OpenSearch inference endpoints --------------------------------------
     @app.post("/v1/elasticsearch/sparse_embedding", dependencies=auth, tags=["clusters"])
     async def es_sparse_embedding(request: Request, kind: Literal["text", "image", "auto"] = "text"):

@@ -57,6 +57,7 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
     except ValueError:
         k = 24
     conditions = filters_from_params(fields, params, wheres)
+    stair = bool(info and info.get("encoder") == "stair")  # the heatmap overlay needs a STAIR model
 
     body: dict[str, Any] = {}
     result: dict[str, Any] | None = None
@@ -108,6 +109,8 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
         out.append("<ol class='results'>")
         for rank, h in enumerate(result["hits"], 1):
             thumb = f"/v1/thumbnail/{quote(index, safe='')}/{quote(h['id'], safe='')}?size=256"
+            heat = (f"<a class='heat' href='/v1/heatmap/{quote(index, safe='')}/{quote(h['id'], safe='')}?"
+                    f"size=512&amp;q={quote(q, safe='')}' data-heat='1'>heatmap</a>") if stair else ""
             meta = " · ".join(f"{_e(k_)}={_e(_fmt(v))}" for k_, v in sorted((h.get("metadata") or {}).items()))
             out.append(f"<li class='hit' data-id='{_e(h['id'])}' data-score='{h['score']!r}'>"
                        f"<img class='thumb' src='{_e(thumb)}' alt='{_e(h.get('caption') or h['id'])}' loading='lazy' "
@@ -116,7 +119,7 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
                        f" <span class='score'>score {h['score']:.4f}</span>"
                        + (f"<div class='caption'>{_e(h['caption'])}</div>" if h.get("caption") else "")
                        + (f"<div class='md'>{meta}</div>" if meta else "")
-                       + "<div class='chips' aria-label='token contributions'></div></div></li>")
+                       + heat + "<div class='chips' aria-label='token contributions'></div></div></li>")
         out.append("</ol>")
     elif not q:
         out.append("<p class='hint'>Type what you are looking for; the score of each image is the dot product of "

@@ -273,6 +273,32 @@ class Service:
                 self._thumbs.popitem(last=False)
         return data
 
+    def heatmap(self, index: str, doc_id: str, query: str, size: int = 256, alpha: float = 0.5) -> bytes:
+        """A PNG of a document's image with the STAIR localisation of ``query`` laid over it
+        (section 7.2 of the paper): only for indices built with the ``stair`` encoder."""
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("give the query text ('q') whose tokens to localise")
+        if len(query) > self.config.max_text_chars:
+            raise InvalidInputError(f"the query text has {len(query)} characters; the limit is {self.config.max_text_chars}")
+        enc = self.query_encoder(index)
+        model = getattr(enc, "model", None)
+        if enc.name != "stair" or not hasattr(model, "patch_activations"):
+            raise InvalidInputError(f"the heatmap needs an index built with the stair encoder (a STAIR model); "
+                                    f"index {index!r} uses {enc.name!r}")
+        doc = self.backend.get(index, doc_id)
+        real = self.policy.roots.contains(doc.source) if doc.source and self.policy.roots else None
+        if real is None:
+            raise ThumbnailUnavailable(f"document {doc_id!r} has no image under this server's image roots")
+        from ..images import load_image
+        from ..stair.localize import localize, overlay
+
+        size = max(32, min(int(size), 1024))
+        img = load_image(real, target_max_side=size)
+        out = overlay(img, localize(model, img, query), alpha)
+        buf = io.BytesIO()
+        out.save(buf, "PNG")
+        return buf.getvalue()
+
     def ready(self) -> dict[str, Any]:
         """Raises if the backend cannot list its indices or the encoder cannot be built."""
         self.backend.list_indices()

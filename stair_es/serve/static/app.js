@@ -63,6 +63,20 @@
   }
 
   var hits = Array.prototype.slice.call(document.querySelectorAll("li.hit"));
+  // STAIR indices: the heatmap link toggles the localisation overlay on the thumbnail (without
+  // JavaScript it is a plain link to the PNG)
+  hits.forEach(function (li) {
+    var link = li.querySelector("a.heat");
+    var img = li.querySelector("img.thumb");
+    if (!link || !img) return;
+    var plain = img.src;
+    link.addEventListener("click", function (ev) {
+      ev.preventDefault();
+      var on = li.classList.toggle("heat-on");
+      img.src = on ? link.href : plain;
+      link.textContent = on ? "hide heatmap" : "heatmap";
+    });
+  });
   // a document whose image is not under the server's image roots has no thumbnail: say so
   hits.forEach(function (li) {
     var img = li.querySelector("img.thumb");
