@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from typing import Any, Callable
 
@@ -13,8 +12,6 @@ import click
 from stair_es.errors import BackendError, InvalidInputError, MissingDependencyError
 
 from .common import backend_options, echo_json, encoder_kwargs, encoder_options, make_backend
-
-log = logging.getLogger("stair_es.serve")
 
 
 # --- stair-es serve ----------------------------------------------------------------------------

@@ -211,6 +211,10 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 await run(svc.encoder)  # models load once, before the first request
             except StairError as e:
                 log.error("the encoder could not be loaded: %s (the server answers /readyz with 503)", e)
+            try:
+                await run(svc.indices)  # open (and checksum) the indices now, not on the first search
+            except StairError as e:
+                log.error("the backend's indices could not be listed: %s", e)
         yield
         svc.close()
 
