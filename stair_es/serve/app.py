@@ -218,7 +218,11 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         yield
         svc.close()
 
-    app = FastAPI(title="stair-es serve", version=__version__, lifespan=lifespan,
+    # fastapi-offline serves Swagger UI and ReDoc from the package (FastAPI's own /docs loads them
+    # from a CDN, which machines without internet cannot reach)
+    from fastapi_offline import FastAPIOffline
+
+    app = FastAPIOffline(title="stair-es serve", version=__version__, lifespan=lifespan,
                   description="Learned sparse image search over HTTP: encode texts and images into token weights, "
                               "search and explain on the configured backend, and the inference endpoints that "
                               "Elasticsearch (`custom` service) and OpenSearch (ml-commons HTTP connector) call.")

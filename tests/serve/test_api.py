@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from .conftest import COLOURS, b64, png_bytes
 
@@ -12,7 +13,10 @@ def test_health_ready_and_openapi(client):
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["models"] == ["fake-color"]
     assert "api_key" in ready.json() and ready.json()["api_key"] is False
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "cdn." not in docs.text  # Swagger UI from the package, not a CDN
+    js = re.search(r"src=['\"]([^'\"]+swagger-ui-bundle\.js)", docs.text).group(1)
+    assert client.get(js).status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     for p in ("/v1/encode", "/v1/search", "/v1/explain", "/v1/indices", "/v1/elasticsearch/sparse_embedding",
               "/v1/opensearch/sparse_encoding"):

@@ -134,3 +134,18 @@ def test_browser_without_javascript_still_lists_results(live_server):
         assert driver.find_element(By.CSS_SELECTOR, "input[name='f.kind']").get_attribute("value") == "landscape"
     finally:
         driver.quit()
+
+
+@pytest.mark.process
+def test_browser_renders_the_openapi_page_offline(live_server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _browser()
+    try:
+        driver.get(live_server.url + "/docs")
+        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title"))
+        assert "stair-es serve" in driver.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+        WebDriverWait(driver, 30).until(lambda d: "/v1/search" in d.find_element(By.TAG_NAME, "body").text)
+    finally:
+        driver.quit()
