@@ -222,3 +222,46 @@ def redact(body: Any) -> Any:
         return x
 
     return walk(s)
+
+
+# --- the JSON files in mappings/inference/ --------------------------------------------------------
+def templates() -> dict[str, Any]:
+    """Every body above with ``<PLACEHOLDERS>``, as shipped in ``mappings/inference/`` for people who
+    set a cluster up by hand (``python -m stair_es.serve.integrations DIR`` writes them; a test
+    checks the shipped files equal these)."""
+    url, key = "<STAIR_ES_SERVE_URL>", "<STAIR_ES_SERVE_API_KEY>"
+    return {
+        "es_custom_inference_endpoint.json": es_inference_endpoint(url, documents="image", api_key=key),
+        "es_inference_pipeline.json": es_ingest_pipeline("<INFERENCE_ID>", "image_ref", "image"),
+        "es_semantic_text.json": es_mappings("semantic_text", inference_id="<INFERENCE_ID>",
+                                             search_inference_id="<SEARCH_INFERENCE_ID>"),
+        "es_sparse_vector_inference.json": es_mappings("sparse_vector"),
+        "es_sparse_vector_query.json": es_sparse_vector_query("image", "<INFERENCE_ID>", "<QUERY TEXT>"),
+        "es_semantic_query.json": es_semantic_query("image", "<QUERY TEXT>"),
+        "os_http_connector_image.json": os_connector(url, kind="image", api_key=key),
+        "os_http_connector_text.json": os_connector(url, kind="text", api_key=key),
+        "os_http_connector_token_id.json": os_connector(url, kind="image", keys="id", api_key=key),
+        "os_register_model.json": os_register_model("<CONNECTOR_ID>", name="stair-es-image"),
+        "os_sparse_encoding_pipeline.json": os_ingest_pipeline("<IMAGE_MODEL_ID>", "image_ref", "image",
+                                                               prune_type="max_ratio", prune_ratio=0.1),
+        "os_rank_features_index.json": os_mappings(),
+        "os_seismic_index.json": os_mappings(keys="id"),
+        "os_neural_sparse_query.json": os_neural_sparse_query("image", "<TEXT_MODEL_ID>", "<QUERY TEXT>"),
+        "os_two_phase_search_pipeline.json": os_two_phase_pipeline(),
+    }
+
+
+def write_templates(folder: str) -> list[str]:
+    from pathlib import Path
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, body in templates().items():
+        (out / name).write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return sorted(templates())
+
+
+if __name__ == "__main__":
+    import sys
+
+    print("\n".join(write_templates(sys.argv[1] if len(sys.argv) > 1 else "mappings/inference")))

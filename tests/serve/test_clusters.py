@@ -284,3 +284,12 @@ def test_search_and_explain_on_a_cluster_backend(flavor, home, image_root):
             assert r.json()["hits"][0]["id"] == "red-car"
             assert c.get("/v1/thumbnail/pics/red-car").status_code == 200
             assert c.post("/v1/search", json={"index": "nope", "text": "red"}).status_code == 404
+
+
+def test_shipped_templates_match_the_builders():
+    """mappings/inference/*.json (installed as stair_es.mappings) are what the commands send."""
+    from importlib import resources
+
+    folder = resources.files("stair_es.mappings").joinpath("inference")
+    shipped = {p.name: json.loads(p.read_text("utf-8")) for p in folder.iterdir() if p.name.endswith(".json")}
+    assert shipped == integ.templates(), "regenerate with: python -m stair_es.serve.integrations mappings/inference"
