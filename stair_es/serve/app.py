@@ -330,7 +330,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     # --- Elasticsearch / OpenSearch inference endpoints --------------------------------------
     @app.post("/v1/elasticsearch/sparse_embedding", dependencies=auth, tags=["clusters"])
     async def es_sparse_embedding(request: Request, kind: Literal["text", "image", "auto"] = "text"):
-        """For the Elasticsearch `custom` inference service: request ``{"input": [...], "input_type": "text"|"image"}``
+        """For the Elasticsearch `custom` inference service: request ``{"input": [...], "input_type": "text"|"image"|"auto"}``
         (input_type, if sent, overrides ``?kind``), response parallel lists per input under
         ``$.result.sparse_embeddings[*].embedding[*].token`` / ``.weight``."""
         body = await _json(request)

@@ -97,12 +97,22 @@ def text_or_image(item: str, kind: str, policy: ImagePolicy) -> tuple[str, Any]:
     """One input string of the ES/OS integration endpoints as ("text", str) or ("image", ref).
 
     ``kind`` is ``text``, ``image`` or ``auto``. As an image, a string is a data: URI, an
-    http(s) URL (if allowed) or a path relative to an image root; ``auto`` takes data: URIs
-    and ``image:PATH`` as images and everything else as text.
+    http(s) URL (if allowed) or a path relative to an image root. ``auto`` takes as images:
+    data: URIs, ``image:REF``, http(s) URLs, and single words ending in an image extension
+    (``cats/chelsea.jpg``); everything else is text. Elasticsearch's ingest side uses ``auto``,
+    so the probe it may send when an endpoint is created (a short text) still gets tokens.
     """
+    from ..catalog import IMAGE_EXTENSIONS
+
     if not isinstance(item, str):
         raise InvalidInputError(f"each input must be a string, got {type(item).__name__}")
-    if kind == "text" or (kind == "auto" and not item.startswith(("data:", "image:"))):
+    if kind == "auto":
+        lower = item.strip().lower()
+        looks_like_image = (lower.startswith(("data:", "image:", "http://", "https://"))
+                            or (lower and not any(c.isspace() for c in lower)
+                                and any(lower.endswith(ext) for ext in IMAGE_EXTENSIONS)))
+        kind = "image" if looks_like_image else "text"
+    if kind == "text":
         return "text", item
     if item.startswith("image:"):
         item = item[len("image:"):]

@@ -37,8 +37,11 @@ def es_inference_endpoint(serve_url: str, *, documents: str = "text", api_key: s
 
     ``documents="image"``: what Elasticsearch ingests is an image reference (a path relative to
     the server's image root, a data: URI or an allowed URL) and what it searches with is text,
-    through the ``input_type`` translation (ingest -> image, search -> text); so one endpoint
-    serves ``semantic_text`` at ingest and at query time. ``documents="text"``: both are text.
+    through the ``input_type`` translation (ingest -> auto, search -> text); so one endpoint
+    serves ``semantic_text`` at ingest and at query time. ``auto`` rather than ``image`` at
+    ingest: a short text (such as the probe Elasticsearch may send when the endpoint is
+    created) is encoded as text instead of failing as a missing file. ``documents="text"``:
+    both sides are text.
     """
     if documents not in ("text", "image"):
         raise ValueError("documents must be 'text' or 'image'")
@@ -48,7 +51,8 @@ def es_inference_endpoint(serve_url: str, *, documents: str = "text", api_key: s
         "headers": headers,
         "request": '{"input": ${input}, "input_type": ${input_type}}',
         "response": {"json_parser": {"token_path": ES_TOKEN_PATH, "weight_path": ES_WEIGHT_PATH}},
-        "input_type": {"translation": {"ingest": documents, "search": "text"}, "default": "text"},
+        "input_type": {"translation": {"ingest": "auto" if documents == "image" else "text", "search": "text"},
+                       "default": "text"},
         "secret_parameters": {},
     }
     if api_key:

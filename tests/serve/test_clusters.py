@@ -87,6 +87,16 @@ def test_es_endpoint_images_by_input_type(client):
     assert client.post("/v1/elasticsearch/sparse_embedding", json={"input": ["x"], "input_type": "video"}).status_code == 400
 
 
+def test_auto_kind_tells_image_references_from_text(client):
+    body = {"input": ["red-car.png", "image:sub/red-again.png", "a red car", "red.png is a file name",
+                      "data:image/png;base64," + b64(png_bytes((9, 9, 200)))], "input_type": "auto"}
+    got = parse_sparse(client.post("/v1/elasticsearch/sparse_embedding", json=body).json(),
+                       integ.ES_TOKEN_PATH, integ.ES_WEIGHT_PATH)
+    assert got == encoded(client, [{"image": {"path": "red-car.png"}}, {"image": {"path": "sub/red-again.png"}},
+                                   {"text": "a red car"}, {"text": "red.png is a file name"},
+                                   {"image": {"base64": b64(png_bytes((9, 9, 200)))}}])
+
+
 def test_os_endpoint_answers_a_map_per_input(client):
     r = client.post("/v1/opensearch/sparse_encoding", json=["a red car", "blue"])
     assert r.status_code == 200, r.text
@@ -107,7 +117,9 @@ def test_es_registration_json():
     assert body["service"] == "custom" and s["url"] == "http://10.0.0.5:8080/v1/elasticsearch/sparse_embedding"
     assert s["request"] == '{"input": ${input}, "input_type": ${input_type}}'
     assert s["response"] == {"json_parser": {"token_path": integ.ES_TOKEN_PATH, "weight_path": integ.ES_WEIGHT_PATH}}
-    assert s["input_type"]["translation"] == {"ingest": "image", "search": "text"}
+    assert s["input_type"]["translation"] == {"ingest": "auto", "search": "text"}
+    assert integ.es_inference_endpoint("http://h", documents="text")["service_settings"]["input_type"]["translation"] == {
+        "ingest": "text", "search": "text"}
     assert s["headers"]["Authorization"] == "Bearer ${api_key}" and s["secret_parameters"] == {"api_key": API_KEY}
     assert integ.redact(body)["service_settings"]["secret_parameters"] == {"api_key": "<redacted>"}
     m = integ.es_mappings("semantic_text", inference_id="a", search_inference_id="b")["mappings"]["properties"]["image"]
@@ -161,6 +173,8 @@ def test_elasticsearch_calls_serve_through_the_registered_endpoint(keyed_server,
         assert docs == encoded(client, [{"image": {"path": "red-car.png"}}, {"image": {"path": "sub/red-again.png"}}])
         (query,) = cluster.es_infer("stair-img", ["a red car"], "search")
         assert query == encoded(client, [{"text": "a red car"}])[0]
+        # a short text at ingest (the probe Elasticsearch may send when an endpoint is created) is text
+        assert cluster.es_infer("stair-img", ["how big"], "ingest") == encoded(client, [{"text": "how big"}])
         # POST _inference through the client
         from elasticsearch import Elasticsearch
 
