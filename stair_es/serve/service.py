@@ -83,19 +83,27 @@ class Service:
     def encoder(self) -> Encoder:
         """The configured encoder of /v1/encode and the cluster endpoints."""
         key = "encode:" + json.dumps([self.config.encoder, self.config.encoder_options], sort_keys=True, default=str)
-        return self._cached(key, lambda: get_encoder(self.config.encoder, **self.config.encoder_options))
+        enc = self._cached(key, lambda: get_encoder(self.config.encoder, **self.config.encoder_options))
+        # an index recorded with the same config queries with this very instance (no second copy of the model)
+        self._encoders.setdefault(self._config_key(enc.config()), enc)
+        return enc
+
+    @staticmethod
+    def _config_key(config: Mapping[str, Any] | None) -> str:
+        return "config:" + json.dumps(config, sort_keys=True, default=str)
 
     def query_encoder(self, index: str, force: bool = False) -> Encoder:
-        """The encoder an index's queries use (the one recorded at ingest), built once per index config."""
+        """The encoder an index's queries use (the one recorded at ingest), built once per config."""
         schema = self.backend.index_info(index).schema
         options: dict[str, Any] = {}
         if force and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
             options["allow_version_mismatch"] = True
-        key = "query:" + json.dumps([schema.encoder, options], sort_keys=True, default=str)
+        key = self._config_key({**(schema.encoder or {}), **options})
         return self._cached(key, lambda: query_encoder(schema, None, **options))
 
     def loaded_models(self) -> list[str]:
-        return sorted({e.name for e in self._encoders.values()})
+        """One name per loaded encoder instance."""
+        return sorted(e.name for e in {id(e): e for e in self._encoders.values()}.values())
 
     # --- encode ----------------------------------------------------------------------------------
     def encode(self, items: Sequence[Mapping[str, Any]], top_k: int | None = None) -> list[dict[str, Any]]:

@@ -53,7 +53,8 @@ def test_models_load_once(client):
         client.post("/v1/encode", json={"inputs": [{"text": "red"}]})
         client.post("/v1/search", json={"text": "red"})
     assert svc.encoder() is enc
-    assert len(svc._encoders) == 2  # the encode encoder and the index's query encoder, each built once
+    # the index was built with the same encoder config: its queries use the very same instance
+    assert svc.query_encoder("pics") is enc and svc.loaded_models() == ["fake-color"]
 
 
 def test_search_ranks_by_dot_product_and_explain_sums_to_score(client):
