@@ -208,11 +208,11 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     async def lifespan(app: FastAPI):
         if config.load_encoder_at_start:
             try:
-                await run(svc.encoder)  # models load once, before the first request
+                await run(svc.warm_up)  # models load once, before the first request
             except StairError as e:
                 log.error("the encoder could not be loaded: %s (the server answers /readyz with 503)", e)
             try:
-                await run(svc.indices)  # open (and checksum) the indices now, not on the first search
+                await run(svc.warm_indices)  # open the indices and load their query encoders now
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
         yield

@@ -23,6 +23,7 @@ from ..encoders.base import Encoder, get_encoder
 from ..errors import ImageError, InvalidInputError, StairError
 from ..search import VERSIONED_ENCODERS, QuerySpec, encode_query_text, make_request, query_encoder
 from ..sparse import SparseVector
+from ..vocab import default_vocabulary
 from .inputs import ImagePolicy, open_image, text_or_image
 from .security import ImageRoots
 
@@ -100,6 +101,39 @@ class Service:
             options["allow_version_mismatch"] = True
         key = self._config_key({**(schema.encoder or {}), **options})
         return self._cached(key, lambda: query_encoder(schema, None, **options))
+
+    def warm_up(self) -> None:
+        """Build the encoder and run it once on a text and a small image: encoders that load their
+        towers (ONNX sessions, weights) on first use then do it now, not in the first request."""
+        enc = self.encoder()
+        if "text" in enc.modalities:
+            enc.encode_texts(["warm up"])
+        if "image" in enc.modalities:
+            from PIL import Image
+
+            enc.encode_images([Image.new("RGB", (64, 64), (128, 128, 128))])
+
+    def warm_indices(self) -> None:
+        """Open every index and run one text query on it: its query encoder loads and the
+        engine's kernels are ready before the first client asks. An index that cannot take a
+        text query (precomputed vectors, a missing model) is logged and left for later."""
+        for info in self.indices():
+            if "error" in info:
+                log.warning("index %s: %s", info["name"], info["error"])
+                continue
+            try:
+                self.search({"index": info["name"], "text": "warm up", "top_k": 1})
+                if self.backend.name == "embedded":  # document frequencies are cheap here, not on a cluster
+                    # a query that matches documents, so the engine's kernels load too (a query
+                    # matching nothing returns before them)
+                    field_ = info["sparse_fields"][0]
+                    df, _ = self.backend.doc_freqs(info["name"], field_)
+                    common = [int(i) for i in df.argsort()[-8:] if df[i] > 0]
+                    if common:
+                        tokens = {default_vocabulary().tokens[i]: 1.0 for i in common}
+                        self.search({"index": info["name"], "tokens": tokens, "top_k": 1, "token_field": field_})
+            except StairError as e:
+                log.info("index %s not warmed up: %s", info["name"], e)
 
     def loaded_models(self) -> list[str]:
         """One name per loaded encoder instance."""
