@@ -134,6 +134,8 @@ class Service:
                         self.search({"index": info["name"], "tokens": tokens, "top_k": 1, "token_field": field_})
             except StairError as e:
                 log.info("index %s not warmed up: %s", info["name"], e)
+            except Exception as e:  # noqa: BLE001 - a warm-up failure must not stop the server; requests will say why
+                log.warning("index %s not warmed up: %s: %s", info["name"], type(e).__name__, e)
 
     def loaded_models(self) -> list[str]:
         """One name per loaded encoder instance."""
@@ -172,7 +174,7 @@ class Service:
                     raise InvalidInputError(f"input {i}: an image is an object with 'path', 'base64' or 'url'")
                 try:
                     images.append((i, open_image(dict(value), self.policy, getattr(enc, "image_min_side", None))))
-                except StairError as e:
+                except InvalidInputError as e:  # ImageError, PathNotAllowedError...: name the input
                     raise type(e)(f"input {i}: {e}") from None
         out: list[SparseVector | None] = [None] * len(items)
         if texts:
