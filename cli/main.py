@@ -40,10 +40,10 @@ for command in (index_group, ingest, search, explain, get, delete, encode, encod
 
 
 def _register_optional() -> None:
-    """Command groups owned by other modules (STAIR training, benchmarks)."""
+    """Command groups owned by other modules (STAIR training, benchmarks, the HTTP service)."""
     import importlib
 
-    for module in ("stair_es.cli.stair_commands", "stair_es.cli.bench"):
+    for module in ("stair_es.cli.stair_commands", "stair_es.cli.bench", "stair_es.cli.serve_cmds"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -1,0 +1,320 @@
+"""`stair-es serve` (the HTTP service) and the cluster set-up groups `stair-es es ...` and
+`stair-es opensearch ...` that make Elasticsearch/OpenSearch call it as their sparse model."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+import click
+
+from stair_es.errors import BackendError, InvalidInputError, MissingDependencyError
+
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, make_backend
+
+
+# --- stair-es serve ----------------------------------------------------------------------------
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Anything but loopback requires an API key.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--image-root", "image_roots", multiple=True, type=click.Path(file_okay=False),
+              help="Folder whose images clients may name by relative path (and whose files thumbnails show); repeatable.")
+@click.option("--allow-image-urls", is_flag=True, help="Fetch http(s) image URLs given by clients (off by default).")
+@click.option("--api-key-file", type=click.Path(dir_okay=False),
+              help="File whose first line is the API key clients must send (Authorization: Bearer KEY). "
+                   "[env: STAIR_ES_SERVE_API_KEY]")
+@click.option("--index", "default_index", help="Index searched when a request names none (and shown first on the page).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Encode/search calls run at once (threads).")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
+              help="Requests that may wait for a worker; more get 503 at once.")
+@click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),
+              help="Largest request body accepted (413 beyond).")
+@click.option("--max-image-mb", default=10.0, show_default=True, type=click.FloatRange(0.01, 1024),
+              help="Largest image accepted (file, base64 or URL).")
+@click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1, 100000),
+              help="Inputs per encode call.")
+@click.option("--body-timeout", default=15.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds a client may take to send its request body (408 beyond).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@encoder_options(default="default")
+@backend_options
+def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index, workers, max_queue, max_body_mb,
+          max_image_mb, max_inputs, body_timeout, log_level, encoder, model, encoder_opts, backend) -> None:
+    """Serve encode, search and explain over HTTP, a results page at /, and the inference
+    endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
+
+    Binds 127.0.0.1 by default; any other address needs an API key (--api-key-file or
+    $STAIR_ES_SERVE_API_KEY), compared in constant time. Image paths from clients are
+    confined to the --image-root folders. The OpenAPI document is at /docs.
+
+    \b
+      stair-es serve --image-root ./photos --index photos
+      stair-es serve --host 0.0.0.0 --api-key-file ~/.config/stair-es/serve.key --image-root /data/img
+    """
+    try:
+        import uvicorn
+
+        from stair_es.serve.app import create_app
+        from stair_es.serve.security import check_bind, load_api_key
+        from stair_es.serve.service import ServeConfig, Service
+    except ModuleNotFoundError as e:
+        raise MissingDependencyError("stair-es serve", "serve", e.name) from None
+
+    api_key = load_api_key(api_key_file)
+    check_bind(host, api_key)
+    config = ServeConfig(backend=backend.name, encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
+                         image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
+                         workers=workers, max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                         max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
+                         body_timeout=body_timeout, default_index=default_index)
+    service = Service(config, backend=backend)
+    app = create_app(config, service=service)
+    d = config.describe()
+    click.echo(f"stair-es serve on http://{host}:{port} (backend {d['backend']}, encoder {d['encoder']}, "
+               f"{workers} workers, API key {'required' if api_key else 'off'}, image roots: "
+               f"{', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
+    # uvicorn's access log shows method, path and status only: never headers (where the key travels)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
+                limit_concurrency=workers + max_queue + 64, server_header=False)
+
+
+# --- cluster set-up ---------------------------------------------------------------------------
+def cluster_options(engine: str) -> Callable:
+    """Connection flags of one engine (the same meaning as `--backend {engine}` elsewhere)."""
+    def deco(f: Callable) -> Callable:
+        opts = [
+            click.option("--url", "urls", multiple=True, help=f"{engine} URL; repeat for several nodes. [env: STAIR_ES_URL]"),
+            click.option("--api-key", help="Cluster API key. [env: STAIR_ES_API_KEY]"),
+            click.option("--username", help="Cluster basic-auth user. [env: STAIR_ES_USERNAME]"),
+            click.option("--password", help="Cluster basic-auth password. [env: STAIR_ES_PASSWORD]"),
+            click.option("--bearer-token", help="Cluster bearer token. [env: STAIR_ES_BEARER_TOKEN]"),
+            click.option("--ca-certs", type=click.Path(dir_okay=False), help="CA bundle for TLS. [env: STAIR_ES_CA_CERTS]"),
+            click.option("--insecure", is_flag=True, default=None, help="Do not verify TLS certificates (testing only)."),
+            click.option("--timeout", type=float, help="Cluster request timeout in seconds."),
+            click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                         help="Connection config file (TOML/JSON). [default ~/.config/stair-es/config.toml]"),
+            click.option("--print", "dry_run", is_flag=True,
+                         help="Print the request(s) as JSON (secrets redacted) instead of sending them."),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            keys = ("urls", "api_key", "username", "password", "bearer_token", "ca_certs", "insecure", "timeout",
+                    "config_file")
+            conn = {k: kwargs.pop(k) for k in keys}
+            conn["backend"] = engine
+            holder: dict[str, Any] = {}
+
+            def get_cluster():
+                if "b" not in holder:
+                    holder["b"] = make_backend(dict(conn))
+                return holder["b"]
+
+            kwargs["cluster"] = get_cluster
+            try:
+                return f(*args, **kwargs)
+            finally:
+                if "b" in holder:
+                    holder["b"].close()
+
+        return wrapper
+    return deco
+
+
+def _serve_key(path: str | None) -> str | None:
+    from stair_es.serve.security import load_api_key
+
+    return load_api_key(path)
+
+
+def _send(cluster, dry_run: bool, method: str, path: str, body: Any, what: str) -> Any:
+    from stair_es.serve.integrations import cluster_call, redact
+
+    if dry_run:
+        echo_json({"method": method, "path": path, "body": redact(body)})
+        return None
+    return cluster_call(cluster(), method, path, body, what)
+
+
+_SERVE_URL = click.option("--serve-url", required=True, metavar="URL",
+                          help="Base URL of `stair-es serve` as the cluster's nodes reach it, e.g. http://10.0.0.5:8080.")
+_SERVE_KEY = click.option("--serve-api-key-file", type=click.Path(dir_okay=False),
+                          help="The server's API key file (stored in the cluster as a secret). [env: STAIR_ES_SERVE_API_KEY]")
+
+
+@click.group("es")
+def es_group() -> None:
+    """Set Elasticsearch up to call `stair-es serve` as a sparse model (inference `custom` service,
+    ingest pipeline, semantic_text / sparse_vector mappings). Needs Elasticsearch 8.19+ or 9.x."""
+
+
+@es_group.command("register-inference")
+@click.argument("inference_id")
+@_SERVE_URL
+@_SERVE_KEY
+@click.option("--documents", type=click.Choice(["text", "image"]), default="image", show_default=True,
+              help="What the cluster ingests: image references (paths under the server's image root, data: URIs) or "
+                   "text. Queries are text either way.")
+@click.option("--batch-size", type=int, help="Inputs per call the cluster sends (the service's default is 10).")
+@cluster_options("elasticsearch")
+def es_register_inference(inference_id, serve_url, serve_api_key_file, documents, batch_size, dry_run, cluster) -> None:
+    """PUT _inference/sparse_embedding/INFERENCE_ID with the `custom` service pointing at stair-es serve."""
+    from stair_es.serve.integrations import es_inference_endpoint, redact
+
+    body = es_inference_endpoint(serve_url, documents=documents, api_key=_serve_key(serve_api_key_file),
+                                 batch_size=batch_size)
+    res = _send(cluster, dry_run, "PUT", f"/_inference/sparse_embedding/{inference_id}", body, "register the inference endpoint")
+    if res is not None:
+        echo_json(redact(res))
+
+
+@es_group.command("create-pipeline")
+@click.argument("pipeline_id")
+@click.option("--inference-id", required=True, help="The endpoint made by `stair-es es register-inference`.")
+@click.option("--input-field", default="image_ref", show_default=True, help="Field holding the image reference or text.")
+@click.option("--output-field", default="image", show_default=True, help="sparse_vector field to fill.")
+@cluster_options("elasticsearch")
+def es_create_pipeline(pipeline_id, inference_id, input_field, output_field, dry_run, cluster) -> None:
+    """PUT _ingest/pipeline/PIPELINE_ID with the `inference` processor."""
+    from stair_es.serve.integrations import es_ingest_pipeline
+
+    res = _send(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}",
+                es_ingest_pipeline(inference_id, input_field, output_field), "create the ingest pipeline")
+    if res is not None:
+        echo_json(res)
+
+
+@es_group.command("create-index")
+@click.argument("index")
+@click.option("--inference-id", required=True, help="Endpoint used at ingest (and at search unless --search-inference-id).")
+@click.option("--search-inference-id", help="semantic_text: another endpoint for queries.")
+@click.option("--field-type", type=click.Choice(["semantic_text", "sparse_vector"]), default="semantic_text",
+              show_default=True)
+@click.option("--field", default="image", show_default=True)
+@cluster_options("elasticsearch")
+def es_create_index(index, inference_id, search_inference_id, field_type, field, dry_run, cluster) -> None:
+    """PUT INDEX with a semantic_text (or sparse_vector) field fed by the inference endpoint."""
+    from stair_es.serve.integrations import es_mappings
+
+    body = es_mappings(field_type, inference_id=inference_id, search_inference_id=search_inference_id, field=field)
+    res = _send(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
+    if res is not None:
+        echo_json(res)
+
+
+@click.group("opensearch")
+def opensearch_group() -> None:
+    """Set OpenSearch up to call `stair-es serve` as a remote sparse model (ml-commons HTTP connector,
+    sparse_encoding pipeline, neural_sparse). Needs OpenSearch 2.11+ with ml-commons and neural-search."""
+
+
+@opensearch_group.command("register-model")
+@_SERVE_URL
+@_SERVE_KEY
+@click.option("--kind", type=click.Choice(["text", "image"]), default="image", show_default=True,
+              help="What the model encodes: image references (documents) or text (queries). Register one of each.")
+@click.option("--keys", type=click.Choice(["token", "id"]), default="token", show_default=True,
+              help="Token strings (rank_features) or token ids (the 3.3+ seismic sparse_vector).")
+@click.option("--name", help="Model name (default: stair-es-KIND).")
+@click.option("--model-group-id", help="ml-commons model group.")
+@click.option("--deploy/--no-deploy", default=True, show_default=True)
+@click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the register task.")
+@cluster_options("opensearch")
+def os_register_model(serve_url, serve_api_key_file, kind, keys, name, model_group_id, deploy, wait, dry_run,
+                      cluster) -> None:
+    """Create the connector, register the remote model and deploy it; prints the model id."""
+    from stair_es.serve.integrations import os_connector, os_register_model as reg_body
+
+    name = name or f"stair-es-{kind}"
+    connector = os_connector(serve_url, kind=kind, keys=keys, api_key=_serve_key(serve_api_key_file), name=name)
+    res = _send(cluster, dry_run, "POST", "/_plugins/_ml/connectors/_create", connector, "create the ml-commons connector")
+    connector_id = (res or {}).get("connector_id", "<connector_id>")
+    if res is not None and not res.get("connector_id"):
+        raise BackendError(f"OpenSearch did not return a connector_id: {res}")
+    res = _send(cluster, dry_run, "POST", "/_plugins/_ml/models/_register",
+                reg_body(connector_id, name=name, model_group_id=model_group_id), "register the model")
+    model_id = (res or {}).get("model_id")
+    if res is not None and not model_id:
+        task = res.get("task_id")
+        if not task:
+            raise BackendError(f"OpenSearch returned neither model_id nor task_id: {res}")
+        deadline = time.monotonic() + wait
+        while True:
+            t = _send(cluster, False, "GET", f"/_plugins/_ml/tasks/{task}", None, "read the register task")
+            if t.get("state") == "COMPLETED" and t.get("model_id"):
+                model_id = t["model_id"]
+                break
+            if t.get("state") in ("FAILED", "CANCELLED") or time.monotonic() > deadline:
+                raise BackendError(f"registering the model did not complete: {t.get('state')} {t.get('error', '')}")
+            time.sleep(1)
+    model_id = model_id or "<model_id>"
+    if deploy:
+        _send(cluster, dry_run, "POST", f"/_plugins/_ml/models/{model_id}/_deploy", None, "deploy the model")
+    if not dry_run:
+        echo_json({"connector_id": connector_id, "model_id": model_id, "deployed": deploy, "kind": kind, "keys": keys})
+
+
+@opensearch_group.command("create-pipeline")
+@click.argument("pipeline_id")
+@click.option("--model-id", required=True, help="The image model from `stair-es opensearch register-model --kind image`.")
+@click.option("--input-field", default="image_ref", show_default=True)
+@click.option("--output-field", default="image", show_default=True)
+@click.option("--prune-type", type=click.Choice(["none", "max_ratio", "alpha_mass", "top_k", "abs_value"]), default="none",
+              show_default=True, help="sparse_encoding pruning of document tokens.")
+@click.option("--prune-ratio", type=float, help="Ratio for --prune-type (required with it).")
+@cluster_options("opensearch")
+def os_create_pipeline(pipeline_id, model_id, input_field, output_field, prune_type, prune_ratio, dry_run, cluster) -> None:
+    """PUT _ingest/pipeline/PIPELINE_ID with the sparse_encoding processor."""
+    from stair_es.serve.integrations import os_ingest_pipeline
+
+    try:
+        body = os_ingest_pipeline(model_id, input_field, output_field, prune_type=prune_type, prune_ratio=prune_ratio)
+    except ValueError as e:
+        raise InvalidInputError(f"{e}; pass --prune-ratio") from None
+    res = _send(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}", body, "create the ingest pipeline")
+    if res is not None:
+        echo_json(res)
+
+
+@opensearch_group.command("create-search-pipeline")
+@click.argument("pipeline_id")
+@click.option("--prune-ratio", default=0.4, show_default=True, help="Query tokens below this share of the top weight wait for phase two.")
+@click.option("--expansion-rate", default=5.0, show_default=True, help="Phase two rescores top_k x this many hits.")
+@click.option("--max-window-size", default=10000, show_default=True)
+@cluster_options("opensearch")
+def os_create_search_pipeline(pipeline_id, prune_ratio, expansion_rate, max_window_size, dry_run, cluster) -> None:
+    """PUT /_search/pipeline/PIPELINE_ID with the neural_sparse two-phase processor."""
+    from stair_es.serve.integrations import os_two_phase_pipeline
+
+    res = _send(cluster, dry_run, "PUT", f"/_search/pipeline/{pipeline_id}",
+                os_two_phase_pipeline(prune_ratio, expansion_rate, max_window_size), "create the search pipeline")
+    if res is not None:
+        echo_json(res)
+
+
+@opensearch_group.command("create-index")
+@click.argument("index")
+@click.option("--pipeline", help="Default ingest pipeline (from `stair-es opensearch create-pipeline`).")
+@click.option("--keys", type=click.Choice(["token", "id"]), default="token", show_default=True,
+              help="token: rank_features; id: the 3.3+ seismic sparse_vector.")
+@click.option("--field", default="image", show_default=True)
+@cluster_options("opensearch")
+def os_create_index(index, pipeline, keys, field, dry_run, cluster) -> None:
+    """PUT INDEX with the sparse field the pipeline fills."""
+    from stair_es.serve.integrations import os_mappings
+
+    body = os_mappings(field=field, keys=keys)
+    if pipeline:
+        body.setdefault("settings", {}).setdefault("index", {})["default_pipeline"] = pipeline
+    res = _send(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
+    if res is not None:
+        echo_json(res)
+
+
+COMMANDS = [serve, es_group, opensearch_group]

@@ -1,0 +1,373 @@
+"""The FastAPI application of `stair-es serve`: routes, request models, errors as JSON.
+
+:func:`create_app` builds one app around one :class:`~.service.Service`. The request and
+response models are the contract (OpenAPI at ``/docs``). Errors keep the CLI's meaning:
+``{"error": {"code": <the CLI's exit code>, "type": <error class>, "message": <the CLI's
+one-line message>}}`` with an HTTP status that fits. CPU work (encoding, searching) runs in
+a bounded pool of worker threads; past ``workers + max_queue`` waiting requests the server
+answers 503 at once instead of queueing without end. Request bodies are read whole by
+:class:`BodyGuard` before any route runs, capped in size and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, Callable, Literal
+
+import anyio
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..errors import (BackendError, DocumentNotFoundError, EncoderVersionError, ImageError, IndexExistsError,
+                      IndexLockedError, IndexNotFoundError, InvalidInputError, MissingDependencyError, ModelError,
+                      StairError)
+from .security import AuthError, PathNotAllowedError, key_from_headers, key_matches
+from .service import ServeConfig, Service, ThumbnailUnavailable
+
+log = logging.getLogger("stair_es.serve")
+
+
+# --- errors ------------------------------------------------------------------------------------
+class ServerBusyError(StairError):
+    exit_code = 5
+
+
+_STATUS: list[tuple[type, int]] = [
+    (AuthError, 401), (PathNotAllowedError, 403), (ImageError, 422), (EncoderVersionError, 409),
+    (InvalidInputError, 400), (IndexNotFoundError, 404), (DocumentNotFoundError, 404), (ThumbnailUnavailable, 404),
+    (IndexExistsError, 409), (IndexLockedError, 409), (MissingDependencyError, 501), (BackendError, 502),
+    (ModelError, 500), (ServerBusyError, 503),
+]
+
+
+def status_of(e: StairError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(e, cls):
+            return status
+    return 500
+
+
+def error_body(code: int, typ: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "type": typ, "message": message}}
+
+
+def error_response(status: int, code: int, typ: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, typ, message), status_code=status, headers=headers)
+
+
+# --- body guard (size and time caps before any route runs) -------------------------------------
+class BodyGuard:
+    """Pure ASGI middleware: reads a request body whole, refusing more than ``max_bytes`` (413)
+    or a client slower than ``timeout`` seconds to send it (408); then replays it to the app.
+    A slow or huge client ties up only its own connection, never a worker."""
+
+    def __init__(self, app, max_bytes: int, timeout: float):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less "
+                                                 "(fewer inputs, smaller images)")
+        chunks: list[bytes] = []
+        size = 0
+
+        async def read_all() -> bool:
+            nonlocal size
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return False
+                body = msg.get("body", b"")
+                size += len(body)
+                if size > self.max_bytes:
+                    raise OverflowError
+                chunks.append(body)
+                if not msg.get("more_body", False):
+                    return True
+
+        try:
+            complete = await asyncio.wait_for(read_all(), self.timeout)
+        except OverflowError:
+            return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less")
+        except asyncio.TimeoutError:
+            return await self._refuse(send, 408, f"the request body did not arrive within {self.timeout:g} s; "
+                                                 "send it faster or in a smaller request")
+        if not complete:
+            return
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send, status: int, message: str) -> None:
+        payload = json.dumps(error_body(2, "InvalidInputError", message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+# --- request models (the OpenAPI contract) -----------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageRef(_Strict):
+    """Exactly one of: a path relative to an image root, base64 bytes (or a data: URI), an http(s) URL
+    (only if the server allows URLs)."""
+
+    path: str | None = Field(None, max_length=4096)
+    base64: str | None = None
+    url: str | None = Field(None, max_length=4096)
+
+
+class EncodeInput(_Strict):
+    text: str | None = None
+    image: ImageRef | None = None
+
+
+class EncodeRequest(_Strict):
+    inputs: list[EncodeInput] = Field(..., min_length=1)
+    top_k: int | None = Field(50, ge=1, le=30522, description="Tokens returned per input (null: all).")
+
+
+class EncodeResult(BaseModel):
+    kind: Literal["text", "image"]
+    nnz: int
+    tokens: dict[str, float]
+
+
+class EncodeResponse(BaseModel):
+    encoder: str
+    results: list[EncodeResult]
+
+
+class SearchBody(_Strict):
+    index: str | None = Field(None, description="Index to search (default: the server's --index).")
+    text: str | None = None
+    tokens: dict[str, float] | None = Field(None, description="A token map instead of text.")
+    image: ImageRef | None = Field(None, description="Query by example image.")
+    where: list[str] = Field(default_factory=list, description="Metadata filters as in `stair-es search --where`.")
+    require: list[str] = Field(default_factory=list)
+    require_all: bool = False
+    exclude: list[str] = Field(default_factory=list)
+    exclude_query: list[str] = Field(default_factory=list)
+    expr: str | None = None
+    token_field: str = "image"
+    caption_weight: float = Field(0.5, ge=0)
+    image_weight: float = Field(1.0, ge=0)
+    top_k: int = Field(10, ge=1)
+    query_top_k: int | None = Field(None, ge=1)
+    min_weight: float | None = None
+    explain: bool = Field(False, description="Add each hit's per-token contributions.")
+    force: bool = False
+
+
+class ExplainBody(SearchBody):
+    id: str = Field(..., min_length=1)
+
+
+# --- app ---------------------------------------------------------------------------------------
+def create_app(config: ServeConfig | None = None, *, service: Service | None = None) -> FastAPI:
+    config = config or (service.config if service else ServeConfig())
+    svc = service or Service(config)
+    limiter = anyio.CapacityLimiter(max(1, config.workers))
+    state = {"pending": 0}
+
+    async def run(fn: Callable, *args: Any) -> Any:
+        if state["pending"] >= config.workers + config.max_queue:
+            raise ServerBusyError(f"the server is busy ({state['pending']} requests in progress); retry shortly")
+        state["pending"] += 1
+        try:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+        finally:
+            state["pending"] -= 1
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if config.load_encoder_at_start:
+            try:
+                await run(svc.warm_up)  # models load once, before the first request
+            except StairError as e:
+                log.error("the encoder could not be loaded: %s (the server answers /readyz with 503)", e)
+            except Exception as e:  # noqa: BLE001 - logged; encode requests will report it
+                log.error("the encoder failed its warm-up: %s: %s", type(e).__name__, e)
+            try:
+                await run(svc.warm_indices)  # open the indices and load their query encoders now
+            except StairError as e:
+                log.error("the backend's indices could not be listed: %s", e)
+        yield
+        svc.close()
+
+    # fastapi-offline serves Swagger UI and ReDoc from the package (FastAPI's own /docs loads them
+    # from a CDN, which machines without internet cannot reach)
+    from fastapi_offline import FastAPIOffline
+
+    app = FastAPIOffline(title="stair-es serve", version=__version__, lifespan=lifespan,
+                  description="Learned sparse image search over HTTP: encode texts and images into token weights, "
+                              "search and explain on the configured backend, and the inference endpoints that "
+                              "Elasticsearch (`custom` service) and OpenSearch (ml-commons HTTP connector) call.")
+    app.state.service = svc
+    app.state.config = config
+
+    async def require_key(authorization: str | None = Header(None, include_in_schema=False),
+                          x_api_key: str | None = Header(None, include_in_schema=False)) -> None:
+        if not config.api_key:
+            return
+        given = key_from_headers(authorization, x_api_key)
+        if given is None:
+            raise AuthError("this server requires an API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'")
+        if not key_matches(config.api_key, given):
+            raise AuthError("wrong API key")
+
+    auth = [Depends(require_key)]
+
+    @app.exception_handler(StairError)
+    async def stair_error(request: Request, e: StairError):
+        status = status_of(e)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status >= 500:
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
+        return error_response(status, e.exit_code, type(e).__name__, str(e), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":
+            ctx = first.get("ctx") or {}
+            return error_response(400, 2, "InvalidInputError",
+                                  f"the request body is not valid JSON ({ctx.get('error', 'malformed')}); send a JSON object")
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
+        more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
+        return error_response(422, 2, "InvalidInputError", f"{where}: {first.get('msg', 'invalid value')}{more}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        msg = {404: f"no such endpoint {request.url.path}; see /docs", 405: f"method {request.method} is not allowed "
+               f"on {request.url.path}; see /docs"}.get(e.status_code, str(e.detail))
+        return error_response(e.status_code, 2, "InvalidInputError", msg)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, 70, "InternalError", f"internal error: {type(e).__name__} (see the server log)")
+
+    # --- health -------------------------------------------------------------------------------
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """The process answers (no model or backend is touched)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz():
+        """The encoder is loaded and the backend answers; 503 with the reason otherwise."""
+        try:
+            return await run(svc.ready)
+        except StairError as e:
+            return error_response(503, e.exit_code, type(e).__name__, f"not ready: {e}")
+
+    # --- API ----------------------------------------------------------------------------------
+    @app.post("/v1/encode", response_model=EncodeResponse, dependencies=auth, tags=["encode"])
+    async def encode(body: EncodeRequest):
+        """Token weights of texts and images (one result per input, in order)."""
+        items = [i.model_dump(exclude_none=True) for i in body.inputs]
+        for n, it in enumerate(items):
+            if ("text" in it) == ("image" in it):
+                raise InvalidInputError(f"input {n}: give exactly one of 'text' or 'image'")
+        results = await run(svc.encode, items, body.top_k)
+        return {"encoder": svc.encoder().name, "results": results}
+
+    @app.post("/v1/search", dependencies=auth, tags=["search"])
+    async def search(body: SearchBody):
+        """Search an index with text, a token map or an example image, with filters and token clauses."""
+        return await run(svc.search, body.model_dump(exclude_none=True))
+
+    @app.post("/v1/explain", dependencies=auth, tags=["search"])
+    async def explain(body: ExplainBody):
+        """Why document ``id`` scores what it does: per-token contributions that sum to the score."""
+        return await run(svc.explain, body.model_dump(exclude_none=True))
+
+    @app.get("/v1/indices", dependencies=auth, tags=["search"])
+    async def indices():
+        """The backend's indices with their document counts, metadata fields and encoder."""
+        return {"indices": await run(svc.indices)}
+
+    @app.get("/v1/thumbnail/{index}/{doc_id:path}", dependencies=auth, tags=["search"],
+             responses={200: {"content": {"image/jpeg": {}}}})
+    async def thumbnail(index: str, doc_id: str, size: int = Query(256, ge=32, le=1024)):
+        """A JPEG thumbnail of a document's image (only images under the server's image roots)."""
+        data = await run(svc.thumbnail, index, doc_id, size)
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=300"})
+
+    @app.get("/v1/heatmap/{index}/{doc_id:path}", dependencies=auth, tags=["search"],
+             responses={200: {"content": {"image/png": {}}}})
+    async def heatmap(index: str, doc_id: str, q: str = Query(..., min_length=1, max_length=4096),
+                      size: int = Query(256, ge=32, le=1024), alpha: float = Query(0.5, ge=0, le=1)):
+        """A document's image with the STAIR localisation of query ``q`` over it (stair-encoder indices only)."""
+        data = await run(svc.heatmap, index, doc_id, q, size, alpha)
+        return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})
+
+    # --- Elasticsearch / OpenSearch inference endpoints --------------------------------------
+    @app.post("/v1/elasticsearch/sparse_embedding", dependencies=auth, tags=["clusters"])
+    async def es_sparse_embedding(request: Request, kind: Literal["text", "image", "auto"] = "text"):
+        """For the Elasticsearch `custom` inference service: request ``{"input": [...], "input_type": "text"|"image"|"auto"}``
+        (input_type, if sent, overrides ``?kind``), response parallel lists per input under
+        ``$.result.sparse_embeddings[*].embedding[*].token`` / ``.weight``."""
+        body = await _json(request)
+        if not isinstance(body, dict) or "input" not in body:
+            raise InvalidInputError('send {"input": ["text", ...]} (the custom service\'s ${input})')
+        k = body.get("input_type") or kind
+        return await run(svc.es_sparse_embedding, body["input"], k)
+
+    @app.post("/v1/opensearch/sparse_encoding", dependencies=auth, tags=["clusters"])
+    async def os_sparse_encoding(request: Request, kind: Literal["text", "image", "auto"] = "text",
+                                 keys: Literal["token", "id"] = "token"):
+        """For an OpenSearch ml-commons HTTP connector: request a JSON array of strings (``${parameters.input}``
+        after ``connector.pre_process.default.embedding``), response one ``{token: weight}`` map per input
+        (``?keys=id``: token ids, for the seismic ``sparse_vector``)."""
+        body = await _json(request)
+        inputs = body.get("input", body.get("inputs")) if isinstance(body, dict) else body
+        if inputs is None:
+            raise InvalidInputError('send a JSON array of strings (or {"input": [...]})')
+        return await run(svc.os_sparse_encoding, inputs, kind, keys)
+
+    # --- results page -------------------------------------------------------------------------
+    from .page import render_page
+
+    @app.get("/", response_class=HTMLResponse, dependencies=auth, include_in_schema=False)
+    async def page(request: Request):
+        return HTMLResponse(await run(render_page, svc, dict(request.query_params), request.query_params.getlist("where")))
+
+    app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
+    app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
+    return app
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInputError(f"the request body is not valid JSON ({getattr(e, 'msg', e)}); send JSON") from None
