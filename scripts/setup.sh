@@ -10,6 +10,15 @@ STAMP="$VENV/.stair-es-installed"
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
   exit 0
 fi
+# The results page of `stair-es serve` is tested in a real headless browser (Debian's chromium
+# and chromium-driver). Installed here when we may (root with apt-get); otherwise that one test
+# skips with the reason. STAIR_ES_NO_APT=1 skips this step.
+if [ -z "${STAIR_ES_NO_APT:-}" ] && [ ! -x /usr/bin/chromedriver ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing chromium + chromium-driver for the browser test (STAIR_ES_NO_APT=1 to skip)"
+  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+    || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1) \
+    || echo "setup: chromium could not be installed; the browser test will skip"
+fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
