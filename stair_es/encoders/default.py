@@ -190,7 +190,7 @@ class DefaultEncoder(Encoder):
         return [merge_max(list(parts.values()), self.vocab) for parts in self._all_parts(probs, images)]
 
     def _all_parts(self, probs: np.ndarray, images: list[Any]) -> list[dict[str, SparseVector]]:
-        clipart = self.clipart.encode_probabilities(probs) if self.clipart is not None else [None] * len(images)
+        clipart = self.clipart.encode_probabilities(probs, images) if self.clipart is not None else [None] * len(images)
         return [self._parts(self.image_encoder.vector_from_probabilities(p), im, c)
                 for p, im, c in zip(probs, images, clipart)]
 

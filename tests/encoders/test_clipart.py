@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from stair_es.encoders.clipart import ClipartSource, _load_head
+from stair_es.encoders.clipart import ClipartSource, _load_head, drawing_gate
 from stair_es.errors import EncoderVersionError
 from stair_es.vocab import default_vocabulary
 
@@ -62,7 +62,7 @@ def test_default_encoder_shows_the_clipart_source_and_records_its_version(clipar
         for tok, w in vec.to_token_map().items():
             assert merged[tok] >= w - 1e-3, (name, tok)
     cfg = clipart_encoder.config()
-    assert cfg["clipart_head"] == _load_head()["version"]
+    assert cfg["clipart_head"] == f"{_load_head()['version']}+flatgate1"
     tok = next(iter(parts["clipart"].to_token_map()))
     assert "clipart" in clipart_encoder.token_sources(tok)
 
@@ -82,3 +82,13 @@ def test_photos_keep_their_photo_words(clipart_encoder, photos):
     vec = clipart_encoder.encode_images([photos["chelsea"]])[0].to_token_map()
     top = sorted(vec, key=vec.get, reverse=True)[:5]
     assert "cat" in top, top
+
+
+def test_the_drawing_gate_keeps_the_head_off_photos(clipart_encoder, photos):
+    """Trained on drawings only, the head would guess on photos ("computer", "symbols" on a cat):
+    the flat-fill gate is 0 on real photos and 1 on a flat drawing."""
+    assert drawing_gate(_drawing()) == 1.0
+    for name in ("chelsea", "coffee", "astronaut"):
+        assert drawing_gate(photos[name]) == 0.0, name
+    parts = clipart_encoder.encode_images_detailed([photos["chelsea"]])[0]
+    assert parts["clipart"].nnz == 0

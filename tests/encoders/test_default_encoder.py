@@ -26,7 +26,7 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     assert len(cfg.pop("image_weights")) == 16  # the sha256 of the classifier's weights, recorded in the index
     assert cfg == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
                    "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour", "clipart"],
-                   "clipart_head": head_provenance()["version"]}
+                   "clipart_head": head_provenance()["version"] + "+flatgate1"}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
 
