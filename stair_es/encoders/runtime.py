@@ -27,7 +27,13 @@ tolerance checked at export), so the runtime is not part of an encoder's config:
 built with one runtime is searched with the other.
 
 ONNX Runtime uses the CUDA provider when ``onnxruntime-gpu`` offers it, else the CPU
-provider, with intra-op threads = the number of cores (``$STAIR_ES_ORT_THREADS`` overrides).
+provider. A tower uses as many cores as the machine has (``$STAIR_ES_ORT_THREADS``
+overrides) in one of two ways, chosen by its spec: *intra-op* threads inside one call (text
+towers: one short query should use every core), or *batch-parallel* (``TowerSpec.parallel``;
+the image towers): one thread per call, and :meth:`OnnxTower.run_parallel` runs a batch as
+per-core slices at the same time. For EfficientNet-Lite0 on 2 cores the second way costs 26
+instead of 35 ms of CPU per image (no spinning or per-layer synchronisation of intra-op
+threads), which leaves more CPU to the decoding that ingest overlaps with inference.
 
 This module knows how to export, cache and run a module; it must not know what any tower
 means (the encoders give it the module, the inputs and the names).
@@ -59,7 +65,7 @@ RUNTIMES = ("auto", "onnx", "torch")
 
 _WARNED: set[str] = set()
 _LOCK = threading.Lock()
-_SESSIONS: dict[str, "OnnxTower"] = {}
+_SESSIONS: dict[tuple[str, bool], "OnnxTower"] = {}
 _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
@@ -79,6 +85,16 @@ def model_cache_dir() -> Path:
     home = os.environ.get("STAIR_ES_HOME")
     base = Path(home).expanduser() if home else Path.home() / ".local" / "share" / "stair-es"
     return base / "_models"
+
+
+def ort_threads() -> int:
+    """How many cores ONNX Runtime may use: ``$STAIR_ES_ORT_THREADS`` or all of them."""
+    env = os.environ.get("STAIR_ES_ORT_THREADS", "").strip()
+    try:
+        n = int(env) if env else 0
+    except ValueError:
+        raise InvalidInputError(f"STAIR_ES_ORT_THREADS must be a whole number of threads; got {env!r}") from None
+    return n if n > 0 else (os.cpu_count() or 1)
 
 
 def onnxruntime_available() -> bool:
@@ -167,6 +183,9 @@ class TowerSpec:
     dynamic_axes: Mapping[str, Mapping[int, str]]
     tolerance: float = 1e-3
     extra_key: str = ""
+    #: Run batches as concurrent one-thread slices (see the module docstring) instead of one
+    #: call with intra-op threads. For towers whose every input has the batch on axis 0.
+    parallel: bool = False
 
     def cache_key(self) -> str:
         text = "|".join([self.kind, weights_digest(self.weight_files), f"opset{OPSET}",
@@ -175,29 +194,53 @@ class TowerSpec:
 
 
 class OnnxTower:
-    """An ``onnxruntime.InferenceSession`` over one cached tower; ``run`` is thread-safe."""
+    """An ``onnxruntime.InferenceSession`` over one cached tower; ``run`` is thread-safe.
 
-    def __init__(self, path: Path, meta: dict[str, Any]):
+    ``parallel``: the session runs each call on one thread and :meth:`run_parallel` spreads
+    a batch over :func:`ort_threads` concurrent calls; otherwise one call uses that many
+    intra-op threads.
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any], *, parallel: bool = False):
         import onnxruntime as ort
 
         self.path = path
         self.meta = meta
         opts = ort.SessionOptions()
-        threads = int(os.environ.get("STAIR_ES_ORT_THREADS", "0") or 0) or (os.cpu_count() or 1)
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.threads = ort_threads()
         available = ort.get_available_providers()
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        # On a GPU the batch goes in whole; slicing only pays on CPU cores.
+        self.parallel = parallel and self.threads > 1 and providers[0] == "CPUExecutionProvider"
+        opts.intra_op_num_threads = 1 if self.parallel else self.threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise ModelError(f"ONNX Runtime cannot load {path}: {e}") from None
         self.providers = self.session.get_providers()
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self._pool: Any = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, dict(feeds))
+
+    def run_parallel(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Like :meth:`run`, for inputs and outputs with the batch on axis 0: the batch is cut
+        into one slice per core and the slices run concurrently (same result as one call)."""
+        n = min(len(next(iter(feeds.values()))), self.threads) if feeds else 0
+        if not self.parallel or n < 2:
+            return self.run(feeds)
+        bounds = np.linspace(0, len(next(iter(feeds.values()))), n + 1).astype(int)
+        slices = [{k: v[a:b] for k, v in feeds.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+        with _LOCK:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="stair-es-ort")
+        parts = list(self._pool.map(self.run, slices))
+        return [np.concatenate([p[i] for p in parts], axis=0) for i in range(len(parts[0]))]
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
@@ -222,15 +265,15 @@ def load_tower(spec: TowerSpec, cache_dir: Path | None = None) -> OnnxTower:
     folder = cache_dir or model_cache_dir()
     path = folder / f"{spec.kind}-{spec.cache_key()}.onnx"
     with _LOCK:
-        tower = _SESSIONS.get(str(path))
+        tower = _SESSIONS.get((str(path), spec.parallel))
     if tower is not None and path.is_file():
         return tower
     meta = _read_meta(path)
     if meta is None:
         meta = export_tower(spec, path)
-    tower = OnnxTower(path, meta)
+    tower = OnnxTower(path, meta, parallel=spec.parallel)
     with _LOCK:
-        _SESSIONS[str(path)] = tower
+        _SESSIONS[(str(path), spec.parallel)] = tower
     return tower
 
 
