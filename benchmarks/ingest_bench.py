@@ -2,6 +2,7 @@
 
     python benchmarks/ingest_bench.py                                    # this checkout only
     python benchmarks/ingest_bench.py --baseline /path/to/old/.venv/bin/stair-es --images 120 --runs 3
+    python benchmarks/ingest_bench.py --baseline OLD/.venv/bin/stair-es --compare MAIN/.venv/bin/stair-es
 
 The folder holds real sample photos (scikit-image, scikit-learn, matplotlib) re-encoded as
 JPEG at 1600x1200 and 4000x3000 (typical phone and camera sizes), cycled to ``--images``
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=120)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--baseline", help="another stair-es executable to measure in the same run (e.g. the previous release)")
+    ap.add_argument("--compare", action="append", default=[], metavar="STAIR_ES",
+                    help="more stair-es executables to measure in the same run (e.g. the main branch); repeatable")
     args = ap.parse_args()
     here = str(Path(sys.executable).with_name("stair-es"))
     with tempfile.TemporaryDirectory(prefix="stair-es-jpegs-") as tmp:
@@ -95,6 +98,9 @@ def main() -> None:
         new = decode_speed(paths[:40], min_side=256)
         print(f"decode only: long side <= 1024 {old:6.1f} img/s | min_side 256 {new:6.1f} img/s | x{new / old:.2f}")
         rows = [("this checkout", here)] + ([("baseline", args.baseline)] if args.baseline else [])
+        rows += [(f"compare {i + 1}", cli) for i, cli in enumerate(args.compare)]
+        for label, cli in rows[1:]:
+            print(f"# {label}: {cli}")
         caches = {label: Path(tmp + "-models-" + str(i)) for i, (label, _) in enumerate(rows)}
         for label, cli in rows:
             wall, _ = time_ingest(cli, folder, caches[label])
@@ -113,9 +119,9 @@ def main() -> None:
             cpu[label] = statistics.median(c for _, c in runs[label]) / args.images * 1000
             print(f"{label:<14} end-to-end {args.images / med:6.1f} img/s (median of {args.runs}: {med:.1f} s; runs "
                   + ", ".join(f"{t:.1f}" for t in walls) + f") | CPU {cpu[label]:.1f} ms/img")
-        if args.baseline:
-            print(f"speed-up: x{results['this checkout'] / results['baseline']:.2f} wall-clock, "
-                  f"x{cpu['baseline'] / cpu['this checkout']:.2f} in CPU time per image")
+        for label, _ in rows[1:]:
+            print(f"speed-up against {label}: x{results['this checkout'] / results[label]:.2f} wall-clock, "
+                  f"x{cpu[label] / cpu['this checkout']:.2f} in CPU time per image")
         print(f"# load avg at the end {os.getloadavg()[0]:.2f}")
 
 
