@@ -82,8 +82,8 @@ log = logging.getLogger(__name__)
 
 MODELS = {"lite0": 224, "lite1": 240, "lite2": 260, "lite3": 280, "lite4": 300}
 PRECISIONS = ("fp32", "int8")
-#: Names the int8 calibration set (part of the int8 tower's cache key): bump when
-#: :func:`calibration_images` changes.
+#: Names the int8 calibration set (part of the int8 tower's cache key, see
+#: :func:`calibration_id`): bump when :func:`calibration_images` changes.
 CALIBRATION_ID = "pkg-photos-not-samples-v1"
 HEAD_SHARE = 1.0
 MODIFIER_SHARE = 0.6
@@ -193,6 +193,19 @@ def wordnet_class_shares(vocab: Vocabulary) -> list[dict[int, float]]:
 
 
 # --- int8 calibration -----------------------------------------------------------------------
+def _gift_photo() -> Path | None:
+    spec = importlib.util.find_spec("matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "mpl-data" / "sample_data" / "Minduka_Present_Blue_Pack.png"
+    return path if path.is_file() else None
+
+
+def calibration_id() -> str:
+    """The name of the calibration set :func:`calibration_images` gives on this machine."""
+    return CALIBRATION_ID + ("" if _gift_photo() is not None else "-without-matplotlib-photo")
+
+
 def calibration_images() -> list[Any]:
     """The fixed photos the int8 classifier is calibrated on (:data:`CALIBRATION_ID`).
 
@@ -219,13 +232,9 @@ def calibration_images() -> list[Any]:
     for k in range(0, getattr(gif, "n_frames", 1), 8):
         gif.seek(k)
         base.append(gif.convert("RGB"))
-    try:
-        import matplotlib
-
-        gift = Path(matplotlib.get_data_path()) / "sample_data" / "Minduka_Present_Blue_Pack.png"
+    gift = _gift_photo()
+    if gift is not None:  # (without matplotlib the set is one photo short and calibration_id() says so)
         base.append(Image.open(gift).convert("RGB"))
-    except (ImportError, OSError):
-        pass  # one photo fewer; the set's name stays (the cache key then misses nothing essential)
     out = []
     for im in base:
         w, h = im.size
@@ -403,7 +412,7 @@ class ImageNetLabelEncoder(Encoder):
             dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}},
             tolerance=1e-3,
             parallel=True,  # one core per slice of a batch: less CPU per image than intra-op threads
-            quantization=Quantization(self._calibration_batches, CALIBRATION_ID) if self.precision == "int8" else None,
+            quantization=Quantization(self._calibration_batches, calibration_id()) if self.precision == "int8" else None,
         )
 
     def _calibration_batches(self):
