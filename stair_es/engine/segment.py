@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from numba import njit
 
 from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
 from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
-from . import kernels as K
+from . import npkernels as NP
+from .npkernels import F16_TABLE, K
 from .storage import read_arrays, verified_once, verify_on_open, write_arrays
 
 SEGMENT_FORMAT = 1
@@ -56,37 +56,6 @@ def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     offs[1:-1] = nl - np.arange(nl.size)
     offs[-1] = arr.size - nl.size
     return arr[arr != 10].copy(), offs
-
-
-@njit(cache=True)
-def _gather_strings(blob, offs, rows):
-    n = rows.size
-    out_offs = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        r = rows[i]
-        out_offs[i + 1] = out_offs[i] + offs[r + 1] - offs[r]
-    out = np.empty(out_offs[n], np.uint8)
-    for i in range(n):
-        r = rows[i]
-        out[out_offs[i]:out_offs[i + 1]] = blob[offs[r]:offs[r + 1]]
-    return out, out_offs
-
-
-@njit(cache=True)
-def _same_strings(q_blob, q_offs, blob, offs, docs):
-    out = np.zeros(docs.size, np.bool_)
-    for i in range(docs.size):
-        a0, a1 = q_offs[i], q_offs[i + 1]
-        b0, b1 = offs[docs[i]], offs[docs[i] + 1]
-        if a1 - a0 != b1 - b0:
-            continue
-        ok = True
-        for k in range(a1 - a0):
-            if q_blob[a0 + k] != blob[b0 + k]:
-                ok = False
-                break
-        out[i] = ok
-    return out
 
 
 def _str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
@@ -302,7 +271,7 @@ class Segment:
         order = self.a["id_order"]
         docs = np.asarray(order[pos_c[cand]], np.int64)
         q_blob, q_offs = encode_ids([ids[i] for i in cand])
-        same = _same_strings(q_blob, q_offs, self.a["id_blob"], self.a["id_offs"], docs)
+        same = (NP.same_strings if cand.size <= NP.NUMPY_MAX_IDS else K.same_strings)(q_blob, q_offs, self.a["id_blob"], self.a["id_offs"], docs)
         out[cand[same]] = docs[same]
         for ci in np.flatnonzero(~same):  # 64-bit hash collisions: try the other equal hashes
             i = int(cand[ci])
@@ -365,7 +334,7 @@ class Segment:
         fidx = keys // VOCAB_SIZE
         for fi, f in enumerate(self.fields):
             m = fidx == fi
-            out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), K.F16_TABLE[wb[m]])
+            out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), F16_TABLE[wb[m]])
         return out
 
     def term_index(self, field_idx: int, tokens: np.ndarray) -> np.ndarray:
@@ -407,8 +376,13 @@ class Segment:
             for j in js:
                 tm = np.zeros(n, np.uint8)
                 if j >= 0:
-                    K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
-                                self.post_off, self.bshift, tm)
+                    if int(self.post_ptr[j + 1] - self.post_ptr[j]) <= NP.NUMPY_MAX_SCAN:
+                        docs = NP.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                                            self.post_off, self.bshift)
+                        tm[docs[docs < n]] = 1
+                    else:
+                        K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                                    self.post_off, self.bshift, tm)
                 if flt.mode == "all":
                     m &= tm.astype(bool)
                 else:
@@ -541,9 +515,9 @@ def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = Tru
             vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
                                            seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
     a = seg.a
-    ib, io = _gather_strings(a["id_blob"], a["id_offs"], keep)
-    cb, co = _gather_strings(a["cap_blob"], a["cap_offs"], keep)
-    sb, so = _gather_strings(a["src_blob"], a["src_offs"], keep)
+    ib, io = K.gather_strings(a["id_blob"], a["id_offs"], keep)
+    cb, co = K.gather_strings(a["cap_blob"], a["cap_offs"], keep)
+    sb, so = K.gather_strings(a["src_blob"], a["src_offs"], keep)
     return Batch(ib, io, np.asarray(seg.seq)[keep], vectors, take_columns(seg.columns(), keep),
                  (cb, co, np.asarray(a["cap_present"])[keep]), (sb, so, np.asarray(a["src_present"])[keep]))
 
