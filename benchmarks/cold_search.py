@@ -2,6 +2,7 @@
 
     python benchmarks/cold_search.py                                  # this checkout
     python benchmarks/cold_search.py --baseline /path/to/old/.venv/bin/stair-es --runs 5
+    python benchmarks/cold_search.py --threshold     # numpy vs numba search latency by postings touched
 
 Ingests the sample catalog (``stair-es demo``'s photos) into a fresh embedded index with
 each CLI, then runs ``stair-es search samples "a red car"`` ``--runs`` times as a new
@@ -48,11 +49,63 @@ def _user_env(home: Path, pycache: Path) -> dict[str, str]:
     return env
 
 
+def threshold_table() -> None:
+    """Per-segment search latency of the numpy path against the warm numba kernels (auto), by
+    postings touched: where numpy stops being about as fast is ``NUMPY_MAX_POSTINGS``."""
+    import numpy as np
+
+    from stair_es.engine import EngineIndex
+    from stair_es.engine.npkernels import NUMPY_MAX_POSTINGS, postings_touched
+    from stair_es.query import SearchRequest, SparseClause
+    from stair_es.schema import IndexSchema
+    from stair_es.sparse import SparseVector
+
+    rng = np.random.default_rng(0)
+    work = Path(tempfile.mkdtemp(prefix="stair-es-threshold-"))
+    try:
+        print(f"# numpy vs warm numba per segment (top 10, 20-token queries), NUMPY_MAX_POSTINGS = {NUMPY_MAX_POSTINGS}")
+        print(f"{'docs':>8} {'postings touched':>17} {'numpy ms':>9} {'numba ms':>9} {'ratio':>6}")
+        for n in (1_000, 10_000, 50_000, 200_000):
+            ix = EngineIndex.create(work / f"ix{n}", IndexSchema(fields={}, sparse_fields=("image",)))
+            per = 60
+            p = 1.0 / np.arange(1, 3001) ** 0.8
+            p /= p.sum()
+            toks = np.sort(np.stack([rng.choice(3000, size=per, replace=False, p=p) for _ in range(n)]), axis=1) + 2000
+            ix.add_arrays([f"d{i}" for i in range(n)], {"image": (np.arange(n + 1, dtype=np.int64) * per, toks.reshape(-1),
+                                                                  rng.lognormal(size=n * per).astype(np.float32))})
+            seg = ix._segs[0].seg
+            for q in range(3):
+                qt = np.sort(rng.choice(3000, size=20, replace=False, p=p)) + 2000
+                req = SearchRequest([SparseClause("image", SparseVector.from_arrays(qt, rng.uniform(0.5, 2, 20)))], top_k=10)
+                touched = postings_touched(seg.term_index(0, qt)[seg.term_index(0, qt) >= 0], seg.post_ptr)
+                times = {}
+                for strat in ("numpy", "auto"):
+                    ix.strategy = strat
+                    ix.numpy_max_postings = 0
+                    ix.search(req)
+                    best = min(_timed(ix.search, req) for _ in range(5))
+                    times[strat] = best * 1000
+                print(f"{n:>8} {touched:>17} {times['numpy']:>9.2f} {times['auto']:>9.2f} {times['numpy'] / times['auto']:>6.1f}")
+            ix.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--baseline", help="another stair-es executable measured in the same run")
+    ap.add_argument("--threshold", action="store_true", help="only print numpy vs numba latency by postings touched")
     args = ap.parse_args()
+    if args.threshold:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        return threshold_table()
     here = str(Path(sys.executable).with_name("stair-es"))
     work = Path(tempfile.mkdtemp(prefix="stair-es-cold-"))
     try:

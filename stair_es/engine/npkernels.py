@@ -30,13 +30,14 @@ STRATEGY_TAAT = 2
 STRATEGY_NUMPY = 3
 STRATEGY_NAMES = ("auto", "blockmax", "taat", "numpy")
 
-#: Up to this many postings of the query terms in one segment, numpy scores the segment (see
-#: docs/engine.md, "Cold start": numpy is within about 1 ms of the warm numba kernels there,
-#: and a new process saves numba's 0.6 s start-up).
-NUMPY_MAX_POSTINGS = 50_000
+#: Up to this many postings of the query terms in one segment, numpy scores the segment. Measured
+#: (``benchmarks/cold_search.py --threshold``, docs/engine.md "Cold start"): numpy reads about 8
+#: postings per microsecond after a 0.3 ms fixed cost, so up to here it stays within about 2 ms
+#: of the warm numba kernels, while a new process saves numba's 0.6 s start-up.
+NUMPY_MAX_POSTINGS = 16_384
 #: Up to this many postings, a token filter's documents and a segment's document frequencies
-#: are read with numpy.
-NUMPY_MAX_SCAN = 200_000
+#: are read with numpy (at most about 8 ms).
+NUMPY_MAX_SCAN = 65_536
 #: Up to this many ids, lookups hash with numpy (ingest batches use the numba kernel).
 NUMPY_MAX_IDS = 64
 

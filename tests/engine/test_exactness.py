@@ -273,3 +273,34 @@ def test_search_batch_matches_search(tmp_path):
         assert [g.total for g in got] == [o.total for o in one]
     assert ix.search_batch([]) == []
     ix.close()
+
+
+def test_numpy_twins_of_lookup_and_frequency_kernels_agree(tmp_path):
+    """Id hashing, token filters and document frequencies give the same answers in numpy
+    (small work, cold processes) as in the numba kernels."""
+    from stair_es.engine import kernels as NK
+    from stair_es.engine import npkernels as NP
+    from stair_es.engine.segment import encode_ids
+
+    ids = ["", "a", "d1", "ünïcødé-id", "x" * 300, "d1 "]
+    blob, offs = encode_ids(ids)
+    assert NP.fnv1a64(blob, offs).tolist() == NK.fnv1a64(blob, offs).tolist()
+    rng = np.random.default_rng(3)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=3)
+    ix.add([random_doc(rng, i, True) for i in range(300)])
+    ix.delete([f"d{i}" for i in range(0, 300, 7)])
+    seg = ix._segs[0].seg
+    live = (~ix._segs[0].deleted).view(np.uint8)
+    for lv in (np.zeros(0, np.uint8), live):
+        a, b = np.zeros(30522, np.int64), np.zeros(30522, np.int64)
+        args = (seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift, lv, 0, 30522)
+        NP.term_freqs(*args, a)
+        NK.term_freqs(*args, b)
+        assert a.tolist() == b.tolist()
+    for j in range(0, seg.keys.size, 5):
+        mask = np.zeros(seg.n_docs, np.uint8)
+        NK.term_docs(j, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift, mask)
+        got = NP.term_docs(j, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift)
+        assert got.tolist() == np.flatnonzero(mask).tolist()
+    assert ix.contains(["d1", "d7", "nope", "d299"]) == {"d1", "d299"}
+    ix.close()
