@@ -769,6 +769,8 @@ class EngineIndex:
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
             seg = s.seg
+            seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
+            seg.verify_terms(q_j)
             if strategy == NP.STRATEGY_NUMPY or (
                     strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
@@ -793,6 +795,9 @@ class EngineIndex:
             refs = np.concatenate([refs] + [x[2] for x in small])
         order = np.lexsort((seqs, -scores))[:k]  # best first; ties: older first
         state[0] = order.size
+        hit_seg, hit_doc = refs[order] >> 32, refs[order] & 0xFFFFFFFF
+        for si in np.unique(hit_seg):
+            segs[int(si)].seg.verify_docs(hit_doc[hit_seg == si])
         hits = []
         for i in order:
             si, d = int(refs[i] >> 32), int(refs[i] & 0xFFFFFFFF)
@@ -810,6 +815,7 @@ class EngineIndex:
     def get(self, doc_id: str) -> Document:
         self.refresh()
         s, d = self._find(doc_id)
+        s.seg.verify_docs([d])
         vecs = {f: SparseVector(ids, w.astype(np.float32), self.vocab) for f, (ids, w) in s.seg.vectors(d).items() if ids.size}
         return Document(doc_id, vecs, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
 
@@ -845,6 +851,8 @@ class EngineIndex:
         for s in self._segs:
             lv = np.zeros(0, np.uint8) if s.deleted is None else (~s.deleted).view(np.uint8)
             scan = s.deleted is None or s.seg.n_postings <= NP.NUMPY_MAX_SCAN
+            if s.deleted is not None:  # counting live postings reads every posting
+                s.seg.verify_arrays(("pair_block", "pair_cnt", "post_off"))
             (NP.term_freqs if scan else K.term_freqs)(s.seg.keys, s.seg.post_ptr, s.seg.pair_ptr, s.seg.pair_block, s.seg.pair_cnt, s.seg.post_off,
                          s.seg.bshift, lv, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, out)
             live += s.live
@@ -1005,7 +1013,7 @@ def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, An
         row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
         try:
             seg_path = path / e["file"]
-            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size) is not None
+            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size).kind != "none"
             verify_file(seg_path)
             arrays, meta = read_arrays(seg_path)
             seg = Segment(seg_path, arrays, meta)
