@@ -201,6 +201,8 @@ class Segment:
         self.offsets = offsets or {}
         self.verifier = verifier  # chunked checksums (format 2), verified as they are read; else None
         self._whole: set[str] = set()  # arrays verified whole
+        self._terms_ok: np.ndarray | None = None  # per term: its postings verified
+        self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
         self.checksummed: bool | None = None
 
     @classmethod
@@ -252,12 +254,18 @@ class Segment:
         v = self.verifier
         if v is None or len(js) == 0:
             return
+        if self._terms_ok is None:
+            self._terms_ok = np.zeros(self.keys.size, bool)
         js = np.asarray(js, np.int64)
+        js = js[~self._terms_ok[js]]  # the steady state: every term verified already, two operations
+        if js.size == 0:
+            return
         p0, p1 = self.pair_ptr[js], self.pair_ptr[js + 1]
         q0, q1 = self.post_ptr[js], self.post_ptr[js + 1]
         parts = [self._elem_ranges(n, p0, p1) for n in ("pair_block", "pair_cnt", "pair_max")]
         parts += [self._elem_ranges(n, q0, q1) for n in ("post_off", "post_w")]
         v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        self._terms_ok[js] = True
 
     def verify_docs(self, docs) -> None:
         """Verify what :meth:`doc_id`, :meth:`metadata`, :meth:`caption` and :meth:`source`
@@ -265,7 +273,12 @@ class Segment:
         v = self.verifier
         if v is None or len(docs) == 0:
             return
+        if self._docs_ok is None:
+            self._docs_ok = np.zeros(self.n_docs, bool)
         d = np.asarray(docs, np.int64)
+        d = d[~self._docs_ok[d]]
+        if d.size == 0:
+            return
         one, two = (d, d + 1), (d, d + 2)
         fixed = [("id_offs", two), ("cap_offs", two), ("cap_present", one), ("src_offs", two), ("src_present", one)]
         whole = []
@@ -283,6 +296,7 @@ class Segment:
         parts = [self._elem_ranges(blob, self.a[offs][d], self.a[offs][d + 1]) for blob, offs in strings
                  if blob in self.a and offs in self.a]
         v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        self._docs_ok[d] = True
 
     def verify_column(self, name: str) -> None:
         prefix = f"m.{name}."

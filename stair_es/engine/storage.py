@@ -358,7 +358,7 @@ def read_container(path: Path, *, verify: bool = False) -> Container:
             end = start + n * dt.itemsize
             if n < 0 or int(off) < 0 or end > content:
                 raise DamagedIndexError(f"segment file {path} is truncated or its header is damaged; the index is damaged")
-            arrays[name] = mm[start:end].view(dt).reshape(shape)
+            arrays[name] = mm[start:end].view(np.ndarray).view(dt).reshape(shape)  # plain arrays: no memmap subclass cost per operation
             offsets[name] = start
         return Container(arrays, header["meta"], offsets, foot, mm, verifier)
     except (DamagedIndexError, FileNotFoundError):
