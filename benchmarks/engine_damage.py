@@ -166,45 +166,50 @@ print(opened, lat[0], statistics.median(lat[1:n]), statistics.median(lat[n:]))
 """
 
 
-def cost(n_docs: int, runs: int) -> None:
+def cost(n_docs: int, runs: int, keep: str | None = None) -> None:
     from stair_es.engine import EngineIndex
     from stair_es.schema import IndexSchema
 
-    work = Path(tempfile.mkdtemp(prefix="stair-es-cost-"))
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="stair-es-cost-"))
     try:
         path = work / "ix"
-        rng = np.random.default_rng(0)
-        ix = EngineIndex.create(path, IndexSchema())
-        chunk = 100_000
-        for start in range(0, n_docs, chunk):
-            n = min(chunk, n_docs - start)
-            nnz = rng.integers(150, 250, n)
-            indptr = np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)
-            ids = np.concatenate([np.sort(rng.choice(np.arange(1000, 30000), k, replace=False)) for k in nnz]).astype(np.int64)
-            w = rng.uniform(0.05, 2.5, ids.size).astype(np.float32)
-            ix.add_arrays([f"d{start + i}" for i in range(n)], {"image": (indptr, ids, w)})
-        ix.optimize()
-        ix.close()
+        if not (path / "manifest.json").is_file():
+            shutil.rmtree(path, ignore_errors=True)
+            rng = np.random.default_rng(0)
+            ix = EngineIndex.create(path, IndexSchema())
+            chunk = 100_000
+            for start in range(0, n_docs, chunk):
+                n = min(chunk, n_docs - start)
+                nnz = rng.integers(150, 250, n)
+                indptr = np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)
+                ids = np.concatenate([np.sort(rng.choice(np.arange(1000, 30000), k, replace=False)) for k in nnz]).astype(np.int64)
+                w = rng.uniform(0.05, 2.5, ids.size).astype(np.float32)
+                ix.add_arrays([f"d{start + i}" for i in range(n)], {"image": (indptr, ids, w)})
+            ix.optimize()
+            ix.close()
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file()) / 1e6
         rows = {}
-        print(f"# {n_docs:,} docs, {size:.0f} MB; medians of {runs} fresh processes; search = 100 queries of 20 tokens, top 10, "
-              "pass 1 (first reads) then 2 more passes (steady state)")
-        for label, verify in (("checksums", "full"), ("sizes only", "size")):
-            env = dict(os.environ, STAIR_ES_VERIFY=verify)
-            got = []
-            for _ in range(runs):
+        print(f"# {n_docs:,} docs, {size:.0f} MB; medians of {runs} fresh processes per mode, the modes interleaved; "
+              "search = 100 queries of 20 tokens, top 10, pass 1 (first reads) then 2 more passes (steady state)")
+        modes = (("checksums", "full"), ("sizes only", "size"))
+        got: dict[str, list] = {label: [] for label, _ in modes}
+        for _ in range(runs):  # interleaved, so both modes see the same machine load
+            for label, verify in modes:
+                env = dict(os.environ, STAIR_ES_VERIFY=verify)
                 out = subprocess.run([sys.executable, "-c", COST, str(path)], capture_output=True, text=True, env=env, check=True)
-                got.append(list(map(float, out.stdout.split())))
-            rows[label] = [statistics.median(col) for col in zip(*got)]
+                got[label].append(list(map(float, out.stdout.split())))
+        for label, _ in modes:
+            rows[label] = [statistics.median(col) for col in zip(*got[label])]
             o, first, p1, steady = rows[label]
             print(f"{label:<11} open {o * 1000:8.1f} ms   first query {first * 1000:7.2f} ms   pass-1 p50 {p1 * 1000:6.2f} ms   "
-                  f"steady p50 {steady * 1000:6.2f} ms")
+                  f"steady p50 {steady * 1000:6.2f} ms   (steady p50 per run: {', '.join(f'{r[3] * 1000:.2f}' for r in got[label])})")
         (fo, ff, f1, fs), (so, sf, s1, ss) = rows["checksums"], rows["sizes only"]
         print(f"checksum cost: open {(fo - so) * 1000:+.1f} ms ({(fo / max(so, 1e-9) - 1) * 100:+.1f} %), first query "
               f"{(ff - sf) * 1000:+.2f} ms, pass-1 p50 {(f1 / max(s1, 1e-9) - 1) * 100:+.1f} %, steady p50 "
               f"{(fs / max(ss, 1e-9) - 1) * 100:+.1f} %")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
@@ -214,11 +219,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cost-docs", type=int, default=0, help="also measure the checksum cost at this many documents")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", metavar="DIR", help="build the cost index in DIR and keep it (reused when it exists)")
     args = ap.parse_args()
     if args.flips:
         flips(args.flips, args.docs, args.seed)
     if args.cost_docs:
-        cost(args.cost_docs, args.runs)
+        cost(args.cost_docs, args.runs, args.keep)
 
 
 if __name__ == "__main__":
