@@ -20,7 +20,6 @@ import json
 import os
 import struct
 import tempfile
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,11 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import numpy as np
 
 from ..errors import DamagedIndexError
+
+try:  # ISA-L computes the same CRC-32 as zlib, about 4x faster (the `fast-checksums` extra)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - depends on the installation
+    from zlib import crc32 as _crc32
 
 TMP_PREFIX = ".tmp-"
 _MAGIC = b"STAIRSEG"
@@ -47,7 +51,7 @@ def crc32_of(data: bytes | memoryview | np.ndarray, start: int = 0) -> int:
     view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
     crc = start
     for off in range(0, len(view), _CHUNK):
-        crc = zlib.crc32(view[off : off + _CHUNK], crc)
+        crc = _crc32(view[off : off + _CHUNK], crc)
     return crc & 0xFFFFFFFF
 
 
@@ -58,7 +62,7 @@ def file_crc32(path: Path, length: int | None = None) -> int:
             chunk = f.read(_CHUNK if left is None else min(_CHUNK, left))
             if not chunk:
                 break
-            crc = zlib.crc32(chunk, crc)
+            crc = _crc32(chunk, crc)
             if left is not None:
                 left -= len(chunk)
     return crc & 0xFFFFFFFF
@@ -167,7 +171,7 @@ class _ChunkCrcs:
         pos = 0
         while pos < len(view):
             take = min(self.size - self.fill, len(view) - pos)
-            self.crc = zlib.crc32(view[pos:pos + take], self.crc)
+            self.crc = _crc32(view[pos:pos + take], self.crc)
             self.fill += take
             pos += take
             if self.fill == self.size:
@@ -257,7 +261,7 @@ class ChunkVerifier:
         size = 1 << self.shift
         for c in chunks.tolist():
             lo = c << self.shift
-            got = zlib.crc32(memoryview(self.mm[lo:min(lo + size, self.content)])) & 0xFFFFFFFF
+            got = _crc32(memoryview(self.mm[lo:min(lo + size, self.content)])) & 0xFFFFFFFF
             if got != int(self.table[c]):
                 raise DamagedIndexError(
                     f"{self.path}: checksum mismatch in bytes {lo}-{min(lo + size, self.content) - 1} (chunk {c}: stored "
