@@ -6,6 +6,7 @@ One module per command group; library errors become one-line messages with exit 
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
@@ -13,14 +14,41 @@ import click
 from stair_es import __version__
 
 from .common import StairGroup
-from .demo import demo
-from .doc_cmds import delete, encode, encoders, get
-from .index_cmds import index_group
-from .ingest_cmd import ingest
-from .search_cmds import explain, search
+
+#: Commands and the module that defines each, imported only when the command runs (or help
+#: lists it): a search never pays for the ingest pipeline, the demo or the encoder listing.
+LAZY_COMMANDS = {
+    "index": "stair_es.cli.index_cmds:index_group",
+    "ingest": "stair_es.cli.ingest_cmd:ingest",
+    "search": "stair_es.cli.search_cmds:search",
+    "explain": "stair_es.cli.search_cmds:explain",
+    "get": "stair_es.cli.doc_cmds:get",
+    "delete": "stair_es.cli.doc_cmds:delete",
+    "encode": "stair_es.cli.doc_cmds:encode",
+    "encoders": "stair_es.cli.doc_cmds:encoders",
+    "demo": "stair_es.cli.demo:demo",
+}
 
 
-@click.group(cls=StairGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyStairGroup(StairGroup):
+    """A :class:`StairGroup` whose commands are imported on first use (``LAZY_COMMANDS``)."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy:
+            module, _, attr = self.lazy[name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyStairGroup, lazy=LAZY_COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="stair-es")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def cli(verbose: int) -> None:
@@ -35,14 +63,8 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-for command in (index_group, ingest, search, explain, get, delete, encode, encoders, demo):
-    cli.add_command(command)
-
-
 def _register_optional() -> None:
     """Command groups owned by other modules (STAIR training, benchmarks, the HTTP service)."""
-    import importlib
-
     for module in ("stair_es.cli.stair_commands", "stair_es.cli.bench", "stair_es.cli.serve_cmds"):
         try:
             mod = importlib.import_module(module)

@@ -14,8 +14,9 @@ from stair_es.cli.main import cli
 def walk(cmd: click.Command, path: list[str]):
     yield path, cmd
     if isinstance(cmd, click.Group):
-        for name in sorted(cmd.commands):
-            yield from walk(cmd.commands[name], path + [name])
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):  # the CLI imports its commands lazily: ask the group
+            yield from walk(cmd.get_command(ctx, name), path + [name])
 
 
 def main() -> None:

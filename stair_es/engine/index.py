@@ -54,7 +54,8 @@ from ..query import SearchRequest
 from ..schema import Document, Explanation, Hit, IndexSchema, ItemResult, SearchResult, TokenContribution
 from ..sparse import SparseVector
 from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
-from . import kernels as K
+from . import npkernels as NP
+from .npkernels import K
 from .segment import (
     MAX_SEGMENT_DOCS,
     Batch,
@@ -242,8 +243,11 @@ class EngineIndex:
         self.max_segments = 8
         self.bshift = DEFAULT_BSHIFT
         self.head_blocks = 64  # blocks visited best-bound-first before the sequential sweep
-        # exact search strategy per segment: "auto" (a cost model per query and segment), "blockmax" or "taat"
+        # exact search strategy per segment: "auto" (numpy for small work, else a cost model per query and
+        # segment), "blockmax", "taat" (numba kernels) or "numpy"
         self.strategy = "auto"
+        # "auto" searches a segment with numpy when its query terms have at most this many postings
+        self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
 
     # --- opening --------------------------------------------------------------------------------
@@ -443,7 +447,7 @@ class EngineIndex:
     def _locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
         blob, offs = encode_ids(list(ids))
-        hashes = K.fnv1a64(blob, offs)
+        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
         seg_of = np.full(len(ids), -1, np.int64)
         doc_of = np.full(len(ids), -1, np.int64)
         for si, s in enumerate(self._segs):
@@ -701,9 +705,9 @@ class EngineIndex:
 
     def _strategy_code(self) -> int:
         try:
-            return K.STRATEGY_NAMES.index(self.strategy)
+            return NP.STRATEGY_NAMES.index(self.strategy)
         except ValueError:
-            raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(K.STRATEGY_NAMES)}") from None
+            raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(NP.STRATEGY_NAMES)}") from None
 
     def _taat_scratch(self, n_docs: int) -> np.ndarray:
         buf = getattr(self._scratch, "acc", None)
@@ -750,6 +754,7 @@ class EngineIndex:
         state = np.zeros(7, np.int64)
         state[2] = 1
         used = []
+        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of segments searched with numpy
         for si, s in enumerate(segs):
             js, ws = [], []
             for fi, _, tok, w in terms:
@@ -760,20 +765,44 @@ class EngineIndex:
             q_j = np.concatenate(js) if js else np.zeros(0, np.int64)
             if q_j.size == 0:
                 continue
+            q_j = q_j.astype(np.int64)
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
-            ran = K.search_segment(q_j.astype(np.int64), q_w, s.seg.n_docs, s.seg.bshift, s.seg.post_ptr, s.seg.pair_ptr,
-                             s.seg.pair_block, s.seg.pair_cnt, s.seg.pair_max, s.seg.post_off, s.seg.post_w, K.F16_TABLE,
-                             allowed, s.seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                             strategy, self._taat_scratch(s.seg.n_docs))
-            used.append(K.STRATEGY_NAMES[ran])
+            seg = s.seg
+            seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
+            seg.verify_terms(q_j)
+            if strategy == NP.STRATEGY_NUMPY or (
+                    strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
+                # small work: numpy is about as fast, and a new process never pays for starting numba
+                sc, sq, refs, matched, read = NP.search_segment(
+                    q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                    seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
+                small.append((sc, sq, refs))
+                state[1] += matched
+                state[5] += read
+                used.append("numpy")
+                continue
+            ran = K.search_segment(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
+                                   seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
+                                   allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
+                                   strategy, self._taat_scratch(seg.n_docs))
+            used.append(NP.STRATEGY_NAMES[ran])
         n = int(state[0])
-        order = np.lexsort((hq[:n], -hs[:n]))
+        scores, seqs, refs = hs[:n], hq[:n], hr[:n]
+        if small:
+            scores = np.concatenate([scores] + [x[0] for x in small])
+            seqs = np.concatenate([seqs] + [x[1] for x in small])
+            refs = np.concatenate([refs] + [x[2] for x in small])
+        order = np.lexsort((seqs, -scores))[:k]  # best first; ties: older first
+        state[0] = order.size
+        hit_seg, hit_doc = refs[order] >> 32, refs[order] & 0xFFFFFFFF
+        for si in np.unique(hit_seg):
+            segs[int(si)].seg.verify_docs(hit_doc[hit_seg == si])
         hits = []
         for i in order:
-            si, d = int(hr[i] >> 32), int(hr[i] & 0xFFFFFFFF)
+            si, d = int(refs[i] >> 32), int(refs[i] & 0xFFFFFFFF)
             seg = segs[si].seg
-            hits.append(Hit(seg.doc_id(d), float(hs[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
+            hits.append(Hit(seg.doc_id(d), float(scores[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
         total = int(state[1]) if state[2] else None
         return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes)), state, used
 
@@ -786,6 +815,7 @@ class EngineIndex:
     def get(self, doc_id: str) -> Document:
         self.refresh()
         s, d = self._find(doc_id)
+        s.seg.verify_docs([d])
         vecs = {f: SparseVector(ids, w.astype(np.float32), self.vocab) for f, (ids, w) in s.seg.vectors(d).items() if ids.size}
         return Document(doc_id, vecs, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
 
@@ -820,7 +850,10 @@ class EngineIndex:
         live = 0
         for s in self._segs:
             lv = np.zeros(0, np.uint8) if s.deleted is None else (~s.deleted).view(np.uint8)
-            K.term_freqs(s.seg.keys, s.seg.post_ptr, s.seg.pair_ptr, s.seg.pair_block, s.seg.pair_cnt, s.seg.post_off,
+            scan = s.deleted is None or s.seg.n_postings <= NP.NUMPY_MAX_SCAN
+            if s.deleted is not None:  # counting live postings reads every posting
+                s.seg.verify_arrays(("pair_block", "pair_cnt", "post_off"))
+            (NP.term_freqs if scan else K.term_freqs)(s.seg.keys, s.seg.post_ptr, s.seg.pair_ptr, s.seg.pair_block, s.seg.pair_cnt, s.seg.post_off,
                          s.seg.bshift, lv, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, out)
             live += s.live
         return out, live
@@ -857,19 +890,19 @@ class EngineIndex:
 
 
 def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
-    from .segment import take_columns, _gather_strings
+    from .segment import take_columns
 
     rows = np.arange(lo, hi)
-    ib, io = _gather_strings(b.id_blob, b.id_offs, rows)
+    ib, io = K.gather_strings(b.id_blob, b.id_offs, rows)
     vectors = {}
     for f, (indptr, ids, wb) in b.vectors.items():
         vectors[f] = (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
     caps = srcs = None
     if b.captions is not None:
-        cb, co = _gather_strings(b.captions[0], b.captions[1], rows)
+        cb, co = K.gather_strings(b.captions[0], b.captions[1], rows)
         caps = (cb, co, b.captions[2][lo:hi])
     if b.sources is not None:
-        sb, so = _gather_strings(b.sources[0], b.sources[1], rows)
+        sb, so = K.gather_strings(b.sources[0], b.sources[1], rows)
         srcs = (sb, so, b.sources[2][lo:hi])
     return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)
 
@@ -980,7 +1013,7 @@ def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, An
         row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
         try:
             seg_path = path / e["file"]
-            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size) is not None
+            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size).kind != "none"
             verify_file(seg_path)
             arrays, meta = read_arrays(seg_path)
             seg = Segment(seg_path, arrays, meta)

@@ -21,9 +21,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-F16_TABLE[~np.isfinite(F16_TABLE)] = 0.0
-F16_TABLE.flags.writeable = False
+from .npkernels import F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT  # noqa: F401
 
 
 @intrinsic
@@ -56,6 +54,38 @@ def fnv1a64(blob, offsets):
         for p in range(offsets[i], offsets[i + 1]):
             h = (h ^ np.uint64(blob[p])) * prime
         out[i] = h
+    return out
+
+
+# --- strings ---------------------------------------------------------------------------------------
+@njit(cache=True)
+def gather_strings(blob, offs, rows):
+    n = rows.size
+    out_offs = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        r = rows[i]
+        out_offs[i + 1] = out_offs[i] + offs[r + 1] - offs[r]
+    out = np.empty(out_offs[n], np.uint8)
+    for i in range(n):
+        r = rows[i]
+        out[out_offs[i]:out_offs[i + 1]] = blob[offs[r]:offs[r + 1]]
+    return out, out_offs
+
+
+@njit(cache=True)
+def same_strings(q_blob, q_offs, blob, offs, docs):
+    out = np.zeros(docs.size, np.bool_)
+    for i in range(docs.size):
+        a0, a1 = q_offs[i], q_offs[i + 1]
+        b0, b1 = offs[docs[i]], offs[docs[i] + 1]
+        if a1 - a0 != b1 - b0:
+            continue
+        ok = True
+        for k in range(a1 - a0):
+            if q_blob[a0 + k] != blob[b0 + k]:
+                ok = False
+                break
+        out[i] = ok
     return out
 
 
@@ -425,10 +455,6 @@ def _push(hs, hq, hr, state, k, s, sq, ref):
 
 
 # --- search ------------------------------------------------------------------------------------
-STRATEGY_AUTO = 0
-STRATEGY_BLOCKMAX = 1
-STRATEGY_TAAT = 2
-STRATEGY_NAMES = ("auto", "blockmax", "taat")
 LOOKUP_COST = 64
 PREFETCH_LINES = 1  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
 

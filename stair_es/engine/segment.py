@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from numba import njit
 
 from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
 from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
-from . import kernels as K
-from .storage import read_arrays, verified_once, verify_on_open, write_arrays
+from . import npkernels as NP
+from .npkernels import F16_TABLE, K
+from .storage import ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 SEGMENT_FORMAT = 1
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
@@ -56,37 +56,6 @@ def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     offs[1:-1] = nl - np.arange(nl.size)
     offs[-1] = arr.size - nl.size
     return arr[arr != 10].copy(), offs
-
-
-@njit(cache=True)
-def _gather_strings(blob, offs, rows):
-    n = rows.size
-    out_offs = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        r = rows[i]
-        out_offs[i + 1] = out_offs[i] + offs[r + 1] - offs[r]
-    out = np.empty(out_offs[n], np.uint8)
-    for i in range(n):
-        r = rows[i]
-        out[out_offs[i]:out_offs[i + 1]] = blob[offs[r]:offs[r + 1]]
-    return out, out_offs
-
-
-@njit(cache=True)
-def _same_strings(q_blob, q_offs, blob, offs, docs):
-    out = np.zeros(docs.size, np.bool_)
-    for i in range(docs.size):
-        a0, a1 = q_offs[i], q_offs[i + 1]
-        b0, b1 = offs[docs[i]], offs[docs[i] + 1]
-        if a1 - a0 != b1 - b0:
-            continue
-        ok = True
-        for k in range(a1 - a0):
-            if q_blob[a0 + k] != blob[b0 + k]:
-                ok = False
-                break
-        out[i] = ok
-    return out
 
 
 def _str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
@@ -209,7 +178,8 @@ def take_columns(cols: dict[str, tuple[str, dict[str, np.ndarray]]], rows: np.nd
 class Segment:
     """A memory-mapped, read-only segment file."""
 
-    def __init__(self, path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
+    def __init__(self, path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], *,
+                 offsets: dict[str, int] | None = None, verifier: ChunkVerifier | None = None):
         self.path = path
         self.name = meta["name"]
         self.a = arrays
@@ -228,20 +198,115 @@ class Segment:
         self.post_w = arrays["post_w"]
         self.seq = arrays["seq"]
         self._kw_cache: dict[str, tuple[dict[str, int], np.ndarray]] = {}
+        self.offsets = offsets or {}
+        self.verifier = verifier  # chunked checksums (format 2), verified as they are read; else None
+        self._whole: set[str] = set()  # arrays verified whole
+        self._terms_ok: np.ndarray | None = None  # per term: its postings verified
+        self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
+        self.checksummed: bool | None = None
 
     @classmethod
     def open(cls, path: Path, *, verify: bool | None = None) -> "Segment":
-        """Memory-map a segment; with ``verify`` (default: ``$STAIR_ES_VERIFY`` != ``size``) its
-        checksum is checked once per process, so a damaged file is an error, never an answer."""
-        arrays, meta = read_arrays(path)
-        seg = cls(path, arrays, meta)
-        seg.checksummed = verified_once(path) if (verify if verify is not None else verify_on_open()) else None
-        seg.check_structure()
+        """Memory-map a segment, so that a damaged file is an error, never an answer.
+
+        With ``verify`` (default: ``$STAIR_ES_VERIFY`` != ``size``) a segment with chunked
+        checksums has its chunk table, header and term tables verified now and every other
+        byte the first time something reads it (see the ``verify_*`` methods, called by the
+        index before it reads); an older segment with one whole-file checksum is verified in
+        full once per process."""
+        verify = verify if verify is not None else verify_on_open()
+        c = read_container(path, verify=verify)
+        seg = cls(path, c.arrays, c.meta, offsets=c.offsets, verifier=c.verifier)
+        if c.footer.kind == "chunks":
+            seg.checksummed = True if verify else None
+            seg.verify_arrays(("keys", "post_ptr", "pair_ptr"))
+            seg.check_structure(full=not verify)
+        else:
+            seg.checksummed = verified_once(path) if verify else None
+            seg.check_structure()
         return seg
 
-    def check_structure(self) -> None:
+    # --- lazy verification (format 2): call before reading, never after -----------------------
+    def verify_arrays(self, names) -> None:
+        """Verify whole arrays (once per process)."""
+        v = self.verifier
+        if v is None:
+            return
+        todo = [n for n in names if n not in self._whole and n in self.a]
+        if todo:
+            v.verify_ranges(np.array([self.offsets[n] for n in todo], np.int64),
+                            np.array([self.offsets[n] + self.a[n].nbytes for n in todo], np.int64))
+            self._whole.update(todo)
+
+    def verify_all(self) -> None:
+        """Verify every byte (before a merge rewrites the documents elsewhere)."""
+        if self.verifier is not None:
+            self.verifier.verify_all()
+            self._whole.update(self.a)
+
+    def _elem_ranges(self, name: str, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        item = self.a[name].itemsize
+        base = self.offsets[name]
+        return base + np.asarray(lo, np.int64) * item, base + np.asarray(hi, np.int64) * item
+
+    def verify_terms(self, js: np.ndarray) -> None:
+        """Verify the postings of terms ``js`` (their block table runs and postings)."""
+        v = self.verifier
+        if v is None or len(js) == 0:
+            return
+        if self._terms_ok is None:
+            self._terms_ok = np.zeros(self.keys.size, bool)
+        js = np.asarray(js, np.int64)
+        js = js[~self._terms_ok[js]]  # the steady state: every term verified already, two operations
+        if js.size == 0:
+            return
+        p0, p1 = self.pair_ptr[js], self.pair_ptr[js + 1]
+        q0, q1 = self.post_ptr[js], self.post_ptr[js + 1]
+        parts = [self._elem_ranges(n, p0, p1) for n in ("pair_block", "pair_cnt", "pair_max")]
+        parts += [self._elem_ranges(n, q0, q1) for n in ("post_off", "post_w")]
+        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        self._terms_ok[js] = True
+
+    def verify_docs(self, docs) -> None:
+        """Verify what :meth:`doc_id`, :meth:`metadata`, :meth:`caption` and :meth:`source`
+        read for local docs ``docs``: fixed-size entries first, then the strings they point to."""
+        v = self.verifier
+        if v is None or len(docs) == 0:
+            return
+        if self._docs_ok is None:
+            self._docs_ok = np.zeros(self.n_docs, bool)
+        d = np.asarray(docs, np.int64)
+        d = d[~self._docs_ok[d]]
+        if d.size == 0:
+            return
+        one, two = (d, d + 1), (d, d + 2)
+        fixed = [("id_offs", two), ("cap_offs", two), ("cap_present", one), ("src_offs", two), ("src_present", one)]
+        whole = []
+        for name, ftype in self.column_types.items():
+            if ftype == "keyword":
+                fixed += [(f"m.{name}.ptr", two), (f"m.{name}.list", one)]
+                whole += [f"m.{name}.dict", f"m.{name}.dict_offs"]
+            else:
+                fixed.append((f"m.{name}.v", one))
+        self.verify_arrays(whole)
+        parts = [self._elem_ranges(n, *r) for n, r in fixed if n in self.a]
+        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        strings = [("id_blob", "id_offs"), ("cap_blob", "cap_offs"), ("src_blob", "src_offs")]
+        strings += [(f"m.{name}.codes", f"m.{name}.ptr") for name, t in self.column_types.items() if t == "keyword"]
+        parts = [self._elem_ranges(blob, self.a[offs][d], self.a[offs][d + 1]) for blob, offs in strings
+                 if blob in self.a and offs in self.a]
+        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        self._docs_ok[d] = True
+
+    def verify_column(self, name: str) -> None:
+        prefix = f"m.{name}."
+        self.verify_arrays([k for k in self.a if k.startswith(prefix)])
+
+    def check_structure(self, full: bool = True) -> None:
         """Cheap invariants of the arrays the kernels index with (sizes and pointer ranges), so a
-        damaged but checksum-less (old) file cannot make a kernel read out of bounds."""
+        damaged but checksum-less (old) file cannot make a kernel read out of bounds. ``full``
+        also reads every block count and number (a pass over the postings tables: skipped for
+        checksummed files, whose bytes are verified before they are read)."""
         a = self.a
         n_keys, n_pairs, n_post = self.keys.size, self.pair_block.size, self.post_w.size
         problems = []
@@ -255,9 +320,9 @@ class Segment:
             problems.append("term block pointers")
         if self.post_off.size != n_post or self.pair_cnt.size != n_pairs or self.pair_max.size != n_pairs:
             problems.append("postings array sizes")
-        elif n_pairs and int(self.pair_cnt.sum(dtype=np.int64)) + n_pairs != n_post:
+        elif full and n_pairs and int(self.pair_cnt.sum(dtype=np.int64)) + n_pairs != n_post:
             problems.append("block posting counts")
-        if n_pairs and int(self.pair_block.max()) > (max(self.n_docs - 1, 0) >> self.bshift):
+        if full and n_pairs and int(self.pair_block.max()) > (max(self.n_docs - 1, 0) >> self.bshift):
             problems.append("block numbers")
         if n_keys > 1 and not bool(np.all(np.diff(self.keys.astype(np.int64)) > 0)):
             problems.append("term keys order")
@@ -290,6 +355,7 @@ class Segment:
 
     def lookup(self, hashes: np.ndarray, ids: Sequence[str]) -> np.ndarray:
         """Local doc of each id (-1 if absent); ``hashes`` = fnv1a64 of ``ids``."""
+        self.verify_arrays(("id_hash", "id_order", "id_offs", "id_blob"))
         hs = self.a["id_hash"]
         out = np.full(len(ids), -1, np.int64)
         if hs.size == 0 or len(ids) == 0:
@@ -302,7 +368,7 @@ class Segment:
         order = self.a["id_order"]
         docs = np.asarray(order[pos_c[cand]], np.int64)
         q_blob, q_offs = encode_ids([ids[i] for i in cand])
-        same = _same_strings(q_blob, q_offs, self.a["id_blob"], self.a["id_offs"], docs)
+        same = (NP.same_strings if cand.size <= NP.NUMPY_MAX_IDS else K.same_strings)(q_blob, q_offs, self.a["id_blob"], self.a["id_offs"], docs)
         out[cand[same]] = docs[same]
         for ci in np.flatnonzero(~same):  # 64-bit hash collisions: try the other equal hashes
             i = int(cand[ci])
@@ -359,13 +425,14 @@ class Segment:
         return out
 
     def vectors(self, d: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        self.verify_arrays(("pair_block", "pair_cnt", "post_off", "post_w"))  # a doc's row touches every term
         keys, wb = K.doc_row(d, self.keys, self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
                              self.post_off, self.post_w, self.bshift)
         out = {}
         fidx = keys // VOCAB_SIZE
         for fi, f in enumerate(self.fields):
             m = fidx == fi
-            out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), K.F16_TABLE[wb[m]])
+            out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), F16_TABLE[wb[m]])
         return out
 
     def term_index(self, field_idx: int, tokens: np.ndarray) -> np.ndarray:
@@ -403,12 +470,18 @@ class Segment:
         if isinstance(flt, HasTokens):
             fi = schema.sparse_fields.index(flt.field)
             js = self.term_index(fi, np.array(flt.token_ids(vocab), np.int64))
+            self.verify_terms(js[js >= 0])
             m = np.ones(n, bool) if flt.mode == "all" else np.zeros(n, bool)
             for j in js:
                 tm = np.zeros(n, np.uint8)
                 if j >= 0:
-                    K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
-                                self.post_off, self.bshift, tm)
+                    if int(self.post_ptr[j + 1] - self.post_ptr[j]) <= NP.NUMPY_MAX_SCAN:
+                        docs = NP.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                                            self.post_off, self.bshift)
+                        tm[docs[docs < n]] = 1
+                    else:
+                        K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
+                                    self.post_off, self.bshift, tm)
                 if flt.mode == "all":
                     m &= tm.astype(bool)
                 else:
@@ -419,6 +492,7 @@ class Segment:
             ftype = self.column_types.get(name)
             if ftype is None:
                 return np.zeros(n, bool)
+            self.verify_column(name)
             c = self.column(name)
             if isinstance(flt, Exists):
                 if ftype == "number":
@@ -532,6 +606,7 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Seg
 
 def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = True) -> Batch:
     """The live documents ``keep`` (sorted local ids) of a segment as a batch (for merging)."""
+    seg.verify_all()  # a merge rewrites every byte it reads under a new checksum: verify them first
     keep = np.asarray(keep, np.int64)
     vectors = {}
     if with_vectors:
@@ -541,9 +616,9 @@ def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = Tru
             vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
                                            seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
     a = seg.a
-    ib, io = _gather_strings(a["id_blob"], a["id_offs"], keep)
-    cb, co = _gather_strings(a["cap_blob"], a["cap_offs"], keep)
-    sb, so = _gather_strings(a["src_blob"], a["src_offs"], keep)
+    ib, io = K.gather_strings(a["id_blob"], a["id_offs"], keep)
+    cb, co = K.gather_strings(a["cap_blob"], a["cap_offs"], keep)
+    sb, so = K.gather_strings(a["src_blob"], a["src_offs"], keep)
     return Batch(ib, io, np.asarray(seg.seq)[keep], vectors, take_columns(seg.columns(), keep),
                  (cb, co, np.asarray(a["cap_present"])[keep]), (sb, so, np.asarray(a["src_present"])[keep]))
 

@@ -171,6 +171,11 @@ CASES = {
     "flip segment header": lambda p: _flip(_segments(p)[0], 40),
     "flip segment magic": lambda p: _flip(_segments(p)[1], 2),
     "flip footer": lambda p: _flip(_segments(p)[0], _segments(p)[0].stat().st_size - 10),
+    "flip footer table checksum": lambda p: _flip(_segments(p)[1], _segments(p)[1].stat().st_size - 23),
+    "flip chunk checksum table": lambda p: _flip(_segments(p)[2], _content_length(_segments(p)[2]) + 1),
+    "flip captions of every doc": _flip_in("cap_offs", 0, 0.9),
+    "flip metadata column": _flip_in("m.n.v", 1, 0.5),
+    "flip insertion order": _flip_in("seq", 2, 0.5),
     "header length 2**40": lambda p: _segments(p)[0].open("r+b").write(struct.pack("<8sQ", b"STAIRSEG", 1 << 40)),
     "truncate segment end": _truncate(lambda p: _segments(p)[2], 0.97),
     "truncate segment half": _truncate(lambda p: _segments(p)[0], 0.5),
@@ -234,14 +239,90 @@ def test_damaged_copy_gives_a_clear_error_or_the_same_answers_and_loses_nothing(
         assert ix.doc_count == len(old_ids) + 5, f"{case}: an ingest after the damage duplicated documents"
 
 
-def test_an_old_segment_without_a_footer_still_opens(pristine, tmp_path):
-    """Indexes written before checksums (no footer) keep working; structure checks still guard them."""
+def _content_length(seg: Path) -> int:
+    from stair_es.engine.storage import read_footer
+
+    return read_footer(seg, seg.stat().st_size).content
+
+
+def _as_old_format(seg: Path, fmt: str) -> None:
+    """Rewrite a segment as an older stair_es wrote it: "none" (no footer) or "whole" (one
+    CRC-32 of the whole content in a 24-byte ``STAIRSUM`` footer)."""
+    import zlib
+
+    from stair_es.engine.storage import _FOOT, _FOOT_MAGIC
+
+    content = seg.read_bytes()[: _content_length(seg)]
+    tail = b"" if fmt == "none" else _FOOT.pack(_FOOT_MAGIC, zlib.crc32(content), 0, len(content))
+    seg.write_bytes(content + tail)
+
+
+@pytest.mark.parametrize("fmt", ["none", "whole"])
+def test_old_segment_formats_still_open(pristine, tmp_path, fmt):
+    """Indexes written before chunked checksums (a whole-file CRC, or no footer at all) keep
+    working; a whole-file CRC is still verified, and structure checks still guard both."""
+    from stair_es.engine import check_index
+
     copy = tmp_path / "ix"
     shutil.copytree(pristine, copy)
     for seg in _segments(copy):
-        data = seg.read_bytes()
-        seg.write_bytes(data[:-24])
+        _as_old_format(seg, fmt)
     assert _answers(copy) == _answers(pristine)
+    assert all(s["checksummed"] == (fmt == "whole") for s in check_index(copy)["segments"])
+    if fmt == "whole":
+        start, n = _array_region(_segments(copy)[0], "post_w")
+        _flip(_segments(copy)[0], start + n // 2)
+        with pytest.raises(StairError, match="checksum mismatch"):
+            _answers(copy)
+
+
+def test_a_flipped_postings_bit_is_an_error_before_any_answer_that_reads_it(tmp_path):
+    """Chunked checksums are verified lazily: a query reading a damaged postings chunk gets a
+    clear error naming the file; a query that reads only whole chunks answers as before; `index
+    check` finds the damage either way."""
+    from stair_es.engine import check_index
+    from stair_es.engine.storage import CHUNK_SHIFT
+    from stair_es.errors import DamagedIndexError
+
+    rng = np.random.default_rng(5)
+    path = tmp_path / "big"
+    vocab_lo = 2000
+    with EngineIndex.create(path, IndexSchema()) as ix:  # ~100 KB of post_w: several 16 KiB chunks
+        docs = []
+        for i in range(5000):
+            toks = np.sort(rng.choice(np.arange(vocab_lo, vocab_lo + 400), size=10, replace=False))
+            docs.append(Document(f"d{i}", {"image": SparseVector.from_arrays(toks, rng.uniform(0.1, 2.0, 10))}))
+        ix.add(docs)
+    seg = _segments(path)[0]
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    with EngineIndex.open(path) as ix:
+        s = ix._segs[0].seg
+        start, _ = _array_region(seg, "post_w")
+        j_good, j_bad = 0, s.keys.size * 3 // 4  # the good term's weights start post_w, the bad one's are far on
+        bad_at = start + 2 * int(s.post_ptr[j_bad] + 3)
+        # the bad chunk holds only post_w, of terms after the good one (seq, read by every search, comes after)
+        assert start >> CHUNK_SHIFT < bad_at >> CHUNK_SHIFT < s.offsets["seq"] >> CHUNK_SHIFT
+        tok_bad, tok_good = int(s.keys[j_bad]), int(s.keys[j_good])
+
+        def query(ix, tok):
+            vec = SparseVector.from_arrays(np.array([tok]), np.array([1.0]))
+            return [(h.id, h.score) for h in ix.search(SearchRequest([SparseClause("image", vec)], top_k=5)).hits]
+
+        want_good = query(ix, tok_good)
+    _flip(copy / seg.name, bad_at)
+    with EngineIndex.open(copy) as ix:  # opening reads only the header and term tables: no error yet
+        assert query(ix, tok_good) == want_good
+        with pytest.raises(DamagedIndexError, match=r"seg-000001\.seg: checksum mismatch in bytes"):
+            query(ix, tok_bad)
+        with pytest.raises(DamagedIndexError):  # still an error on the next try: nothing was cached as good
+            query(ix, tok_bad)
+    report = check_index(copy)
+    assert not report["ok"] and "checksum mismatch" in report["segments"][0]["error"]
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.delete(["d1"])  # reads only ids
+        with pytest.raises(DamagedIndexError):  # a merge verifies every byte it rewrites first
+            ix.optimize()
 
 
 def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_documents(pristine, tmp_path):
@@ -352,12 +433,16 @@ def test_optimize_upgrades_old_segments_to_checksummed_ones(pristine, tmp_path):
     copy = tmp_path / "ix"
     shutil.copytree(pristine, copy)
     for seg in _segments(copy):  # as an older stair_es wrote them: no footer
-        seg.write_bytes(seg.read_bytes()[:-24])
+        _as_old_format(seg, "none")
     assert not any(s["checksummed"] for s in check_index(copy)["segments"])
     expected = _answers(copy)
     with EngineIndex.open(copy, writable=True) as ix:
         ix.optimize()
     report = check_index(copy)
     assert report["ok"] and report["segments"] and all(s["checksummed"] for s in report["segments"])
+    from stair_es.engine.storage import read_footer
+
+    live = [copy / e["file"] for e in json.loads((copy / "manifest.json").read_text())["segments"]]
+    assert live and all(read_footer(seg, seg.stat().st_size).kind == "chunks" for seg in live)
     got = _answers(copy)
     assert got == expected  # same hits, scores, vectors and counts after the merge

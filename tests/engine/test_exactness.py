@@ -94,11 +94,12 @@ FILTERS = [
 ]
 
 
-STRATEGIES = ("auto", "blockmax", "taat")
+STRATEGIES = ("auto", "blockmax", "taat", "numpy")
 
 
 def search_all_strategies(ix, req):
-    """Search once per strategy; every strategy must return the same hits with bit-identical scores."""
+    """Search once per strategy; every strategy must return the same hits with bit-identical scores
+    (numpy, used for small work, included), and the same total where a strategy counts it exactly."""
     out = {}
     for strat in STRATEGIES:
         ix.strategy = strat
@@ -107,16 +108,22 @@ def search_all_strategies(ix, req):
     ref = [(h.id, h.score) for h in out["taat"].hits]
     for strat, res in out.items():
         assert [(h.id, h.score) for h in res.hits] == ref, f"{strat} differs from taat"
+        if res.total is not None:
+            assert res.total == out["numpy"].total, f"{strat} counts differently from numpy"
     return out
 
 
 @pytest.mark.parametrize("seed,zipf,bshift,strategy", [(1, False, 7, "auto"), (2, True, 7, "blockmax"), (3, True, 2, "taat"),
-                                                        (4, False, 3, "blockmax"), (5, True, 8, "taat")])
+                                                        (4, False, 3, "blockmax"), (5, True, 8, "taat"), (6, True, 4, "numpy"),
+                                                        (7, False, 8, "auto-numba")])
 def test_exact_against_brute_force(tmp_path, seed, zipf, bshift, strategy):
     rng = np.random.default_rng(seed)
     ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=bshift)
     ix.max_segments = 4  # force automatic merges
     ix.head_blocks = 2  # most blocks go through the sequential sweep
+    if strategy == "auto-numba":  # auto's choice between the numba kernels, as on segments too large for numpy
+        strategy = "auto"
+        ix.numpy_max_postings = 0
     ix.strategy = strategy
     docs: dict[str, Document] = {}
     order: dict[str, int] = {}
@@ -142,7 +149,8 @@ def test_exact_against_brute_force(tmp_path, seed, zipf, bshift, strategy):
         flt, allow = (FILTERS + extra)[qi % (len(FILTERS) + len(extra))]
         req.filter = flt
         got = ix.search(req)
-        assert set(ix.last_search_strategies) <= ({"blockmax", "taat"} if strategy == "auto" else {strategy})
+        auto = {"blockmax", "taat"} if ix.numpy_max_postings == 0 else {"numpy"}  # these segments are small
+        assert set(ix.last_search_strategies) <= (auto if strategy == "auto" else {strategy})
         if qi % 5 == 0:
             search_all_strategies(ix, req)
             ix.strategy = strategy
@@ -225,9 +233,13 @@ def test_strategies_agree_where_pruning_fails(tmp_path):
             ix.search(req)
             total += int(ix.last_search_stats[5])
         ix.strategy = "auto"
+        ix.numpy_max_postings = 0
         ix.search(req)
         if k == 5000:
             assert ix.last_search_strategies == ["taat"]
+        ix.numpy_max_postings = 10**9
+        ix.search(req)
+        assert ix.last_search_strategies == ["numpy"]
         scores = np.zeros(n, np.float32)
         for t, w in zip(toks, qw):  # query-term order, float32, like the engine
             scores = (scores + np.float32(w) * dense[:, t]).astype(np.float32)
@@ -260,4 +272,35 @@ def test_search_batch_matches_search(tmp_path):
         assert [[(h.id, h.score) for h in g.hits] for g in got] == [[(h.id, h.score) for h in o.hits] for o in one]
         assert [g.total for g in got] == [o.total for o in one]
     assert ix.search_batch([]) == []
+    ix.close()
+
+
+def test_numpy_twins_of_lookup_and_frequency_kernels_agree(tmp_path):
+    """Id hashing, token filters and document frequencies give the same answers in numpy
+    (small work, cold processes) as in the numba kernels."""
+    from stair_es.engine import kernels as NK
+    from stair_es.engine import npkernels as NP
+    from stair_es.engine.segment import encode_ids
+
+    ids = ["", "a", "d1", "ünïcødé-id", "x" * 300, "d1 "]
+    blob, offs = encode_ids(ids)
+    assert NP.fnv1a64(blob, offs).tolist() == NK.fnv1a64(blob, offs).tolist()
+    rng = np.random.default_rng(3)
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={"brand": "keyword", "price": "number", "tags": "keyword"}), bshift=3)
+    ix.add([random_doc(rng, i, True) for i in range(300)])
+    ix.delete([f"d{i}" for i in range(0, 300, 7)])
+    seg = ix._segs[0].seg
+    live = (~ix._segs[0].deleted).view(np.uint8)
+    for lv in (np.zeros(0, np.uint8), live):
+        a, b = np.zeros(30522, np.int64), np.zeros(30522, np.int64)
+        args = (seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift, lv, 0, 30522)
+        NP.term_freqs(*args, a)
+        NK.term_freqs(*args, b)
+        assert a.tolist() == b.tolist()
+    for j in range(0, seg.keys.size, 5):
+        mask = np.zeros(seg.n_docs, np.uint8)
+        NK.term_docs(j, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift, mask)
+        got = NP.term_docs(j, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.bshift)
+        assert got.tolist() == np.flatnonzero(mask).tolist()
+    assert ix.contains(["d1", "d7", "nope", "d299"]) == {"d1", "d299"}
     ix.close()

@@ -1,0 +1,151 @@
+"""Pure-numpy twins of the query-path kernels, for work too small to be worth starting numba.
+
+numba costs a new process about 0.15 s to import and 0.4-0.5 s more for its first kernel
+call (loading the cached machine code, initialising its CPU target): more than a whole
+search of a small index takes. Searching a segment whose query terms have at most
+:data:`NUMPY_MAX_POSTINGS` postings, looking ids up, reading a token filter and counting
+document frequencies of small segments therefore run here, in numpy, and the numba module
+(:mod:`.kernels`) is imported only when a larger segment needs it (:data:`K` is that lazy
+handle).
+
+Results are identical to the numba kernels, bit for bit: a document's score is the float32
+sum of ``query weight x stored weight`` in query-term order (``np.add.at`` adds in index
+order, never pairwise), ties go to the older document. The layout of the arrays is described
+in :mod:`.kernels`. This module must not import numba, nor know about files or schemas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DamagedIndexError
+
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TABLE[~np.isfinite(F16_TABLE)] = 0.0
+F16_TABLE.flags.writeable = False
+
+STRATEGY_AUTO = 0
+STRATEGY_BLOCKMAX = 1
+STRATEGY_TAAT = 2
+STRATEGY_NUMPY = 3
+STRATEGY_NAMES = ("auto", "blockmax", "taat", "numpy")
+
+#: Up to this many postings of the query terms in one segment, numpy scores the segment. Measured
+#: (``benchmarks/cold_search.py --threshold``, docs/engine.md "Cold start"): numpy reads about 8
+#: postings per microsecond after a 0.3 ms fixed cost, so up to here it stays within about 2 ms
+#: of the warm numba kernels, while a new process saves numba's 0.6 s start-up.
+NUMPY_MAX_POSTINGS = 16_384
+#: Up to this many postings, a token filter's documents and a segment's document frequencies
+#: are read with numpy (at most about 8 ms).
+NUMPY_MAX_SCAN = 65_536
+#: Up to this many ids, lookups hash with numpy (ingest batches use the numba kernel).
+NUMPY_MAX_IDS = 64
+
+
+class _LazyKernels:
+    """``K.name``: the numba kernel ``name``, importing :mod:`.kernels` on first use."""
+
+    def __getattr__(self, name: str):
+        from . import kernels
+
+        return getattr(kernels, name)
+
+
+K = _LazyKernels()
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, e)`` for each pair, in order (int64)."""
+    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(ends, np.int64) - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.zeros(lens.size, np.int64)
+    np.cumsum(lens[:-1], out=offs[1:])
+    return np.repeat(starts - offs, lens) + np.arange(total, dtype=np.int64)
+
+
+def postings_touched(q_j: np.ndarray, post_ptr: np.ndarray) -> int:
+    """Number of postings of the terms ``q_j`` (what a full scan of them reads)."""
+    q_j = np.asarray(q_j, np.int64)
+    return int((post_ptr[q_j + 1] - post_ptr[q_j]).sum()) if q_j.size else 0
+
+
+def term_postings(q_j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(local doc, posting index, query-term position) of every posting of the terms ``q_j``,
+    term after term, docs ascending within a term."""
+    q_j = np.asarray(q_j, np.int64)
+    pidx = _ranges(pair_ptr[q_j], pair_ptr[q_j + 1])
+    qidx = _ranges(post_ptr[q_j], post_ptr[q_j + 1])
+    runs = pair_cnt[pidx].astype(np.int64) + 1
+    if int(runs.sum()) != qidx.size:
+        raise DamagedIndexError("the block counts of a segment's postings do not add up to its postings pointers; "
+                                "the index is damaged: run `stair-es index check`")
+    docs = np.repeat(pair_block[pidx].astype(np.int64) << bshift, runs) + post_off[qidx]
+    term = np.repeat(np.arange(q_j.size), post_ptr[q_j + 1] - post_ptr[q_j])
+    return docs, qidx, term
+
+
+def search_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w,
+                   allowed, seq, ref_base, k) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Exact top-k of one segment: (scores float32, seq uint64, refs int64, matched docs, postings read).
+
+    The best ``k`` allowed documents with a positive score, best first (score descending, then
+    older first), as the numba kernels rank them; ``matched`` counts every allowed document
+    with a positive score. ``allowed``: uint8 per doc, or empty for all."""
+    docs, qidx, term = term_postings(q_j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)
+    vals = np.asarray(q_w, np.float32)[term] * F16_TABLE[post_w[qidx]]
+    acc = np.zeros(max(n_docs, int(docs.max()) + 1 if docs.size else 0), np.float32)
+    np.add.at(acc, docs, vals)  # unbuffered, in posting order: each doc's sum runs in query-term order
+    hit = np.flatnonzero(acc[:n_docs] > 0)
+    if allowed.size:
+        hit = hit[allowed[hit] != 0]
+    scores = acc[hit]
+    sq = np.asarray(seq)[hit]
+    order = np.lexsort((sq, -scores))[:k]
+    return scores[order], sq[order], ref_base + hit[order], int(hit.size), int(qidx.size)
+
+
+def term_docs(j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift) -> np.ndarray:
+    """Local docs of term ``j``'s postings."""
+    return term_postings(np.array([j]), post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)[0]
+
+
+def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, live, key_lo, key_hi, out) -> None:
+    """Live document frequency per key in [key_lo, key_hi) added into ``out[key - key_lo]``."""
+    lo, hi = np.searchsorted(keys, [key_lo, key_hi])
+    if hi <= lo:
+        return
+    js = np.arange(lo, hi)
+    if live.size == 0:
+        np.add.at(out, keys[js].astype(np.int64) - key_lo, post_ptr[js + 1] - post_ptr[js])
+        return
+    docs, _, term = term_postings(js, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)
+    counts = np.bincount(term[live[docs] != 0], minlength=js.size)
+    np.add.at(out, keys[js].astype(np.int64) - key_lo, counts)
+
+
+_FNV_OFFSET = np.uint64(14695981039346656037)
+_FNV_PRIME = np.uint64(1099511628211)
+
+
+def fnv1a64(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """64-bit FNV-1a of each string ``blob[offsets[i]:offsets[i + 1]]`` (as the numba kernel)."""
+    offsets = np.asarray(offsets, np.int64)
+    n = offsets.size - 1
+    h = np.full(n, _FNV_OFFSET, np.uint64)
+    lens = offsets[1:] - offsets[:-1]
+    with np.errstate(over="ignore"):
+        for p in range(int(lens.max()) if n else 0):
+            rows = np.flatnonzero(lens > p)
+            h[rows] = (h[rows] ^ blob[offsets[rows] + p].astype(np.uint64)) * _FNV_PRIME
+    return h
+
+
+def same_strings(q_blob, q_offs, blob, offs, docs) -> np.ndarray:
+    """Whether query string i equals stored string ``docs[i]``."""
+    out = np.zeros(len(docs), bool)
+    for i, d in enumerate(docs):
+        out[i] = bytes(q_blob[q_offs[i]:q_offs[i + 1]]) == bytes(blob[offs[d]:offs[d + 1]])
+    return out
