@@ -39,7 +39,7 @@ class Vocabulary:
             raise ModelError(f"vocabulary {name!r} has duplicate entries")
         special = np.zeros(len(self.tokens), dtype=bool)
         for i, t in enumerate(self.tokens):
-            if _SPECIAL_RE.match(t):
+            if t[:1] == "[" and _SPECIAL_RE.match(t):
                 special[i] = True
         self.special_mask = special
         self.special_mask.flags.writeable = False

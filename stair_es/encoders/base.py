@@ -133,8 +133,29 @@ def check_recorded_version(what: str, recorded: str | None, installed: str, allo
         )
 
 
+class _NoBar:
+    """What :func:`progress_bar` gives when disabled (a query need not import tqdm)."""
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 def progress_bar(total: int, desc: str, enabled: bool):
     """A tqdm bar on stderr when enabled, else a no-op with the same interface."""
+    if not enabled:
+        return _NoBar()
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="item", disable=not enabled, leave=False)

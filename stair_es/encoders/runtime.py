@@ -309,12 +309,46 @@ def load_tower(spec: TowerSpec, cache_dir: Path | None = None) -> OnnxTower:
         tower = _SESSIONS.get((str(path), spec.parallel))
     if tower is not None and path.is_file():
         return tower
-    meta = _read_meta(path)
-    if meta is None:
+    tower = _open_verified(path, spec.parallel)
+    if tower is None:
         meta = quantize_tower(spec, path) if spec.quantization is not None else export_tower(spec, path)
-    tower = OnnxTower(path, meta, parallel=spec.parallel)
+        tower = OnnxTower(path, meta, parallel=spec.parallel)
     with _LOCK:
         _SESSIONS[(str(path), spec.parallel)] = tower
+    return tower
+
+
+def _open_verified(path: Path, parallel: bool) -> OnnxTower | None:
+    """Open a cached tower while its sha256 is checked in another thread (hashlib and ONNX
+    Runtime both release the GIL, so a cold query pays for the slower of the two, not both);
+    None when there is no valid cached file (missing, or the checksum does not match)."""
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("onnx_sha256"), str):
+        return None
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-sha256") as pool:
+        digest = pool.submit(file_sha256, path)
+        failed: ModelError | None = None
+        try:
+            tower = OnnxTower(path, meta, parallel=parallel)
+        except ModelError as e:
+            tower, failed = None, e
+        try:
+            ok = digest.result() == meta["onnx_sha256"]
+        except OSError:
+            ok = False
+    if not ok:
+        log.warning("cached ONNX model %s does not match its checksum; exporting it again", path)
+        return None
+    if failed is not None:  # an intact file ONNX Runtime cannot load: exporting again would not help
+        raise failed
     return tower
 
 
