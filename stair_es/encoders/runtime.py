@@ -284,7 +284,8 @@ class OnnxTower:
         return [np.concatenate([p[i] for p in parts], axis=0) for i in range(len(parts[0]))]
 
 
-def _read_meta(path: Path) -> dict[str, Any] | None:
+def _sidecar(path: Path) -> dict[str, Any] | None:
+    """The ``.json`` sidecar of a cached tower (not yet checked against the file), or None."""
     meta_path = path.with_suffix(".json")
     if not path.is_file() or not meta_path.is_file():
         return None
@@ -292,7 +293,14 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
         meta = json.loads(meta_path.read_text("utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(meta, dict) or meta.get("onnx_sha256") != file_sha256(path):
+    return meta if isinstance(meta, dict) and isinstance(meta.get("onnx_sha256"), str) else None
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    meta = _sidecar(path)
+    if meta is None:
+        return None
+    if meta["onnx_sha256"] != file_sha256(path):
         log.warning("cached ONNX model %s does not match its checksum; exporting it again", path)
         return None
     return meta
@@ -322,14 +330,8 @@ def _open_verified(path: Path, parallel: bool) -> OnnxTower | None:
     """Open a cached tower while its sha256 is checked in another thread (hashlib and ONNX
     Runtime both release the GIL, so a cold query pays for the slower of the two, not both);
     None when there is no valid cached file (missing, or the checksum does not match)."""
-    meta_path = path.with_suffix(".json")
-    if not path.is_file() or not meta_path.is_file():
-        return None
-    try:
-        meta = json.loads(meta_path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict) or not isinstance(meta.get("onnx_sha256"), str):
+    meta = _sidecar(path)
+    if meta is None:
         return None
     from concurrent.futures import ThreadPoolExecutor
 
