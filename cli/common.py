@@ -41,15 +41,15 @@ class StairGroup(click.Group):
             ctx.exit(70)
 
 
-def backend_options(f: Callable) -> Callable:
-    """Options that choose and connect a backend. Only flags the user gave reach the backend."""
-    opts = [
-        click.option("--backend", type=click.Choice(BACKENDS), envvar="STAIR_ES_BACKEND", default="embedded",
-                     show_default=True, help="Where indices live. [env: STAIR_ES_BACKEND]"),
-        click.option("--home", type=click.Path(file_okay=False), envvar="STAIR_ES_HOME",
-                     help="Embedded engine: folder holding the indices. [env: STAIR_ES_HOME; default ~/.local/share/stair-es]"),
-        click.option("--url", "urls", multiple=True,
-                     help="Elasticsearch/OpenSearch URL; repeat for several nodes. [env: STAIR_ES_URL]"),
+#: The keyword names :func:`cluster_connection_options` adds to a command.
+CONNECTION_KEYS = ("urls", "api_key", "username", "password", "bearer_token", "ca_certs", "insecure", "timeout",
+                   "config_file")
+
+
+def cluster_connection_options(engine: str) -> list[Callable]:
+    """The flags that connect to a cluster (same names and env variables in every command)."""
+    return [
+        click.option("--url", "urls", multiple=True, help=f"{engine} URL; repeat for several nodes. [env: STAIR_ES_URL]"),
         click.option("--api-key", help="Cluster API key. [env: STAIR_ES_API_KEY]"),
         click.option("--username", help="Cluster basic-auth user. [env: STAIR_ES_USERNAME]"),
         click.option("--password", help="Cluster basic-auth password. [env: STAIR_ES_PASSWORD]"),
@@ -60,14 +60,23 @@ def backend_options(f: Callable) -> Callable:
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      help="Connection config file (TOML/JSON). [default ~/.config/stair-es/config.toml]"),
     ]
+
+
+def backend_options(f: Callable) -> Callable:
+    """Options that choose and connect a backend. Only flags the user gave reach the backend."""
+    opts = [
+        click.option("--backend", type=click.Choice(BACKENDS), envvar="STAIR_ES_BACKEND", default="embedded",
+                     show_default=True, help="Where indices live. [env: STAIR_ES_BACKEND]"),
+        click.option("--home", type=click.Path(file_okay=False), envvar="STAIR_ES_HOME",
+                     help="Embedded engine: folder holding the indices. [env: STAIR_ES_HOME; default ~/.local/share/stair-es]"),
+        *cluster_connection_options("Elasticsearch/OpenSearch"),
+    ]
     for o in reversed(opts):
         f = o(f)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        keys = ("backend", "home", "urls", "api_key", "username", "password", "bearer_token", "ca_certs",
-                "insecure", "timeout", "config_file")
-        conn = {k: kwargs.pop(k) for k in keys}
+        conn = {k: kwargs.pop(k) for k in ("backend", "home", *CONNECTION_KEYS)}
         kwargs["backend"] = make_backend(conn)
         try:
             return f(*args, **kwargs)

@@ -11,7 +11,8 @@ import click
 
 from stair_es.errors import BackendError, InvalidInputError, MissingDependencyError
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, make_backend
+from .common import (CONNECTION_KEYS, backend_options, cluster_connection_options, echo_json, encoder_kwargs, encoder_options,
+                     make_backend)
 
 
 # --- stair-es serve ----------------------------------------------------------------------------
@@ -87,16 +88,7 @@ def cluster_options(engine: str) -> Callable:
     """Connection flags of one engine (the same meaning as `--backend {engine}` elsewhere)."""
     def deco(f: Callable) -> Callable:
         opts = [
-            click.option("--url", "urls", multiple=True, help=f"{engine} URL; repeat for several nodes. [env: STAIR_ES_URL]"),
-            click.option("--api-key", help="Cluster API key. [env: STAIR_ES_API_KEY]"),
-            click.option("--username", help="Cluster basic-auth user. [env: STAIR_ES_USERNAME]"),
-            click.option("--password", help="Cluster basic-auth password. [env: STAIR_ES_PASSWORD]"),
-            click.option("--bearer-token", help="Cluster bearer token. [env: STAIR_ES_BEARER_TOKEN]"),
-            click.option("--ca-certs", type=click.Path(dir_okay=False), help="CA bundle for TLS. [env: STAIR_ES_CA_CERTS]"),
-            click.option("--insecure", is_flag=True, default=None, help="Do not verify TLS certificates (testing only)."),
-            click.option("--timeout", type=float, help="Cluster request timeout in seconds."),
-            click.option("--config", "config_file", type=click.Path(dir_okay=False),
-                         help="Connection config file (TOML/JSON). [default ~/.config/stair-es/config.toml]"),
+            *cluster_connection_options(engine),
             click.option("--print", "dry_run", is_flag=True,
                          help="Print the request(s) as JSON (secrets redacted) instead of sending them."),
         ]
@@ -105,9 +97,7 @@ def cluster_options(engine: str) -> Callable:
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            keys = ("urls", "api_key", "username", "password", "bearer_token", "ca_certs", "insecure", "timeout",
-                    "config_file")
-            conn = {k: kwargs.pop(k) for k in keys}
+            conn = {k: kwargs.pop(k) for k in CONNECTION_KEYS}
             conn["backend"] = engine
             holder: dict[str, Any] = {}
 
