@@ -63,11 +63,21 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
 @click.argument("index")
 @click.argument("text", required=False)
 @query_options
-@click.option("--explain", "explain_hits", is_flag=True, help="Show each hit's per-token contributions.")
+@click.option("--explain", "explain_hits", is_flag=True,
+              help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score).")
+@click.option("--hybrid", is_flag=True,
+              help="Hybrid search: fuse the learned sparse ranking with BM25 over the documents' caption and "
+                   "keyword metadata (needs TEXT).")
+@click.option("--fusion", type=click.Choice(["rrf", "linear"]), default="rrf", show_default=True,
+              help="How --hybrid fuses the two rankings: reciprocal rank fusion, or min-max normalised weighted sum.")
+@click.option("--rrf-k", type=int, default=60, show_default=True, help="RRF rank constant k: score = sum 1/(k + rank).")
+@click.option("--weights", default="0.5,0.5", show_default=True, metavar="SPARSE,BM25",
+              help="Weights of the two normalised scores for --fusion linear (scaled to sum to 1).")
+@click.option("--window", type=int, help="Candidates taken from each retriever before fusion [default: max(100, top-k)].")
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, as_json, backend, **q) -> None:
+def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as_json, backend, **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -79,9 +89,24 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
       stair-es search samples "animal" --require cat --explain
       stair-es search samples "coffee" --expr 'cup OR espresso' --json
       stair-es search samples --image my-cat.jpg        # query by example image
+      stair-es search samples "a red car" --hybrid --fusion rrf --explain
+      stair-es search samples "coffee cup" --hybrid --fusion linear --weights 0.7,0.3
+
+    With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
+    caption and keyword metadata (RRF, or a min-max normalised weighted sum).
     """
+    if hybrid:
+        from stair_es.fusion import parse_weights
+        from stair_es.hybrid import HybridOptions, hybrid_search
+
+        opts = HybridOptions(fusion, rrf_k, parse_weights(weights), window)
+        if not text:
+            raise click.UsageError("--hybrid needs a query TEXT (its BM25 side searches the documents' text)")
     request, qvec = _make_request(backend, index, text, **q)
-    result = backend.search(index, request)
+    if hybrid:
+        result = hybrid_search(backend, index, request, text, opts, explain=explain_hits)
+    else:
+        result = backend.search(index, request)
     explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
     if as_json:
         data = result.to_dict()
@@ -97,8 +122,18 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
     if not result.hits:
         click.echo("no hits")
         return
-    rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
-    click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
+    if any(h.retrievers for h in result.hits):
+        def part(h, r, key):
+            v = (h.retrievers or {}).get(r, {}).get(key)
+            return "-" if v is None else v
+
+        rows = [(i + 1, h.id, h.score, part(h, "sparse", "rank"), part(h, "sparse", "score"), part(h, "bm25", "rank"),
+                 part(h, "bm25", "score"), h.caption or "") for i, h in enumerate(result.hits)]
+        click.echo(table(rows, ["#", "id", "fused", "sparse #", "sparse score", "bm25 #", "bm25 score", "caption"],
+                         max_width=40))
+    else:
+        rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
+        click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
     source_of = _token_sources(backend.index_info(index).schema) if explanations else None
     for h in result.hits:
         if h.id in explanations:

@@ -101,6 +101,7 @@ class _IndexMeta:
     field_type: str
     keys: str
     raw_meta: dict[str, Any]
+    has_text: bool = False  # the mapping has the BM25 field (indices created before hybrid search do not)
 
 
 class _Retry(Exception):
@@ -302,7 +303,7 @@ class ClusterBackend(SearchBackend):
                     "the mapping was changed outside stair_es -- reindex into a new index"
                 )
         keys = raw.get("keys", "id" if (self.adapter.engine == "opensearch" and ftype == "sparse_vector") else "token")
-        meta = _IndexMeta(schema, ftype, keys, dict(raw))
+        meta = _IndexMeta(schema, ftype, keys, dict(raw), has_text="bm25_text" in props)
         self._meta_cache[index] = meta
         return meta
 
@@ -394,6 +395,10 @@ class ClusterBackend(SearchBackend):
             src[k] = list(v) if isinstance(v, tuple) else v
         if doc.caption is not None:
             src["caption_text"] = doc.caption
+        if meta.has_text:
+            from ..lexical import TEXT_FIELD, document_text
+
+            src[TEXT_FIELD] = document_text(doc.caption, values)
         if doc.source is not None:
             src["path"] = doc.source  # "path" is reserved in the schema; "source" may be user metadata
         return src

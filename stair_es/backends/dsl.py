@@ -69,7 +69,9 @@ def mapping(
     Built from the JSON files in ``stair_es.mappings`` (``es_rank_features.json`` ...): every
     sparse field of the schema gets the template of ``image``; metadata fields get
     ``metadata_types.json``; the schema itself is kept in ``mappings._meta.stair_es`` so
-    stair_es can reopen the index. ``dense_dims`` adds a ``dense`` vector field for hybrid search.
+    stair_es can reopen the index. ``bm25_text`` (caption + keyword metadata, analysed as in
+    :mod:`stair_es.lexical`) is the BM25 side of hybrid search. ``dense_dims`` adds a ``dense``
+    vector field (stored only: stair_es does not query it).
     ``version`` (the cluster's) drops ``index_options`` on Elasticsearch versions without it.
     """
     schema = schema or IndexSchema()
@@ -94,6 +96,11 @@ def mapping(
         props["dense"] = dense
         if engine == "opensearch":
             body.setdefault("settings", {}).setdefault("index", {})["knn"] = True
+    # BM25 text for hybrid search (caption + keyword metadata), with stair_es's analyzer
+    from ..lexical import CLUSTER_ANALYZER, TEXT_FIELD
+
+    props[TEXT_FIELD] = {"type": "text", "analyzer": "stair_es_text"}
+    body.setdefault("settings", {})["analysis"] = json.loads(json.dumps(CLUSTER_ANALYZER))
     m["_meta"][META_KEY]["schema"] = schema.to_dict()
     return body
 
