@@ -121,14 +121,19 @@ class BM25Index:
     def build(cls, texts: Sequence[str], seg_pos: np.ndarray, local: np.ndarray, key: tuple) -> "BM25Index":
         bm25s = _bm25s()
         terms = [analyze(t) for t in texts]
+        # as in Lucene, a document without terms is not in the field's statistics (N, avgdl)
+        keep = [i for i, t in enumerate(terms) if t]
+        terms = [terms[i] for i in keep]
+        texts = [texts[i] for i in keep]
+        seg_pos, local = np.asarray(seg_pos)[keep], np.asarray(local)[keep]
         vocab: dict[str, int] = {}
         ids = [[vocab.setdefault(w, len(vocab)) for w in ts] for ts in terms]
         r = bm25s.BM25(k1=K1, b=B, method="lucene")
-        if texts:
+        if any(terms):
             r.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
         else:
             r.scores = {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int32),
-                        "indptr": np.zeros(1, np.int32), "num_docs": 0}
+                        "indptr": np.zeros(1, np.int32), "num_docs": len(texts)}
             r.vocab_dict = {}
         return cls(r, np.asarray(seg_pos, np.int32), np.asarray(local, np.int32), sum(1 for t in terms if t), key)
 
