@@ -177,7 +177,7 @@ def _cluster(backend: Any, index: str, request: SearchRequest, text: str, opts: 
         )
     req = request.prepared(meta.schema, backend.vocab)
     tr = translate(req, engine=backend.adapter.engine, field_type=meta.field_type, max_clauses=backend.max_clauses - 1,
-                   vocab=backend.vocab)
+                   vocab=backend.vocab, seismic=getattr(backend, "seismic", None))
     notes = list(req.notes) + tr.notes
     source = {"excludes": list(meta.schema.sparse_fields) + ["dense", TEXT_FIELD]}
     path = backend._path(index, "_search")  # noqa: SLF001

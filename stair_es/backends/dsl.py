@@ -134,8 +134,11 @@ def translate(
     vocab: Vocabulary | None = None,
     text: str | None = None,
     text_weight: float = 1.0,
+    seismic: Any = None,
 ) -> Translation:
-    """Translate a prepared request; see :func:`query_dsl`."""
+    """Translate a prepared request; see :func:`query_dsl`. ``seismic`` (a
+    :class:`~stair_es.backends.seismic.SeismicParams`) sets ``method_parameters`` of ``neural_sparse``
+    queries on OpenSearch ``sparse_vector`` (SEISMIC) fields; they get the defaults without it."""
     vocab = vocab or default_vocabulary()
     form = form or default_query_form(engine, field_type)
     if form not in ("rank_feature", "sparse_vector", "neural_sparse"):
@@ -171,7 +174,14 @@ def translate(
         elif form == "sparse_vector":
             should.append({"sparse_vector": {"field": c.field, "query_vector": feature_map(c.vector, keys), "boost": float(c.weight)}})
         else:
-            should.append({"neural_sparse": {c.field: {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}}})
+            ns = {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}
+            if keys == "id":  # OpenSearch sparse_vector (SEISMIC): k, top_n, heap_factor and the filter
+                from .seismic import SeismicParams
+
+                flt = {k: v for k, v in (("filter", filters), ("must_not", must_not)) if v}
+                ns["method_parameters"] = (seismic or SeismicParams()).method_parameters(
+                    request.top_k, {"bool": flt} if flt else None)
+            should.append({"neural_sparse": {c.field: ns}})
     if text:
         should.append({"match": {"caption_text": {"query": text, "boost": float(text_weight)}}})
         notes.append("hybrid: BM25 on caption_text is added to the sparse score; scores are no longer a pure dot product")
