@@ -73,3 +73,13 @@ def test_bad_fusion_parameters_are_one_line_errors(run, shop, args, message):
 def test_hybrid_needs_text(run, shop):
     r = run("search", shop, "--tokens", '{"red": 1}', "--hybrid")
     assert r.exit_code != 0 and "--hybrid needs a query TEXT" in r.output
+
+
+def test_explain_hybrid_shows_each_retrievers_rank(run, shop):
+    r = run("explain", shop, "green-hat", "gardening", "--hybrid")
+    assert r.exit_code == 0, r.output
+    assert "hybrid: fused rank 1" in r.output and "bm25: rank 1" in r.output
+    data = json.loads(run("explain", shop, "red-shoe", "red gardening", "--hybrid", "--json").output)
+    assert data["hybrid"]["retrievers"]["sparse"]["rank"] == 1  # the reddest image
+    assert data["hybrid"]["retrievers"]["bm25"]["rank"] in (1, 2)  # "red" in its caption; ties with the gardening hat
+    assert data["score"] > 0 and data["contributions"]
