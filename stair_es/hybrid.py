@@ -117,7 +117,7 @@ def _embedded(backend: Any, index: str, request: SearchRequest, text: str, opts:
         lex.append(Hit(s.seg.doc_id(d), score, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d)))
     hits = fuse_results(sparse, lex, opts, request.top_k)
     notes.append(_fusion_note(opts, "in stair_es"))
-    return SearchResult(hits, len({h.id for h in sparse} | {h.id for h in lex}), (time.perf_counter() - t0) * 1000.0, notes)
+    return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)  # fusion sees only the windows
 
 
 # --- Elasticsearch / OpenSearch --------------------------------------------------------------

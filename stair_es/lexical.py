@@ -264,6 +264,9 @@ def search_embedded(ix: Any, text: str, top_k: int, flt: Any = None, notes: list
     segs = ix._segs  # noqa: SLF001 - the commit bm was built from (keys match)
     mask = None
     if flt is not None:
-        masks = [s.seg.filter_mask(flt, ix.schema, ix.vocab) for s in segs]
-        mask = np.fromiter((masks[p][d] for p, d in zip(bm.seg_pos, bm.local)), bool, count=bm.n_docs)
+        mask = np.zeros(bm.n_docs, bool)
+        for p, s in enumerate(segs):
+            rows = np.flatnonzero(bm.seg_pos == p)
+            if rows.size:
+                mask[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[bm.local[rows]]
     return [(segs[int(bm.seg_pos[h.row])], int(bm.local[h.row]), h.score) for h in bm.top(text, top_k, mask)]
