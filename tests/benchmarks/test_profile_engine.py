@@ -1,6 +1,6 @@
 """benchmarks.profile_engine runs the engine's own kernel (both strategies agree) on a small corpus."""
-import re
 
+import re
 
 
 def test_profile_engine_runs_the_engines_kernel(tmp_path, monkeypatch, capsys):
