@@ -1,7 +1,8 @@
 """Learned sparse alone vs BM25 alone vs both fused (RRF, linear) on the encoder evaluation sets.
 
     python -m benchmarks.encoders.hybrid                       # samples, tuxpaint, openclipart
-    python -m benchmarks.encoders.hybrid --sets samples --limit 300 --out benchmarks/results/encoders/hybrid.json
+    python -m benchmarks.encoders.hybrid --limit 300 --rrf-k 60 --rrf-k 10 --weights 0.5,0.5 --weights 0.3,0.7 \
+        --out benchmarks/results/encoders/hybrid.json
 
 Each item's own description is the query, as in ``benchmarks.encoders.run``. The **sparse**
 side is the ``default`` encoder (image side for the items, text side with the set's IDF for
@@ -32,10 +33,10 @@ import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import _dense, _encode_queries, _relevance, rank_metrics  # type: ignore[no-redef]
+    from run import _dense, _encode_queries, _git_commit, _relevance, rank_metrics  # type: ignore[no-redef]
     from sets import SETS, SetUnavailable  # type: ignore[no-redef]
 else:
-    from .run import _dense, _encode_queries, _relevance, rank_metrics
+    from .run import _dense, _encode_queries, _git_commit, _relevance, rank_metrics
     from .sets import SETS, SetUnavailable
 
 _SPLIT = re.compile(r"[/_\-.]+")
@@ -68,7 +69,7 @@ def fused_matrix(sparse: np.ndarray, bm25: np.ndarray, method: str, window: int,
     return out
 
 
-def evaluate(set_name: str, items, encoder, window: int, rrf_k: int, weights: list[float]) -> list[dict]:
+def evaluate(set_name: str, items, encoder, window: int, rrf_ks: list[int], weight_sets: list[list[float]]) -> list[dict]:
     from stair_es.lexical import BM25Index
 
     images = [it.load() for it in items]
@@ -84,12 +85,11 @@ def evaluate(set_name: str, items, encoder, window: int, rrf_k: int, weights: li
         bm25[i, bm.local] = bm.scores(q)  # rows without text are left out of the BM25 index
     bm25_ms = (time.perf_counter() - t) * 1000 / max(len(texts), 1)
     rel = _relevance(texts)
-    runs = {
-        "sparse": sparse,
-        "bm25": bm25,
-        f"rrf k={rrf_k}": fused_matrix(sparse, bm25, "rrf", window, k=rrf_k),
-        f"linear {weights[0]:g}/{weights[1]:g}": fused_matrix(sparse, bm25, "linear", window, weights=weights),
-    }
+    runs = {"sparse": sparse, "bm25": bm25}
+    for k in rrf_ks:
+        runs[f"rrf k={k}"] = fused_matrix(sparse, bm25, "rrf", window, k=k)
+    for w in weight_sets:
+        runs[f"linear {w[0]:.2g}/{w[1]:.2g}"] = fused_matrix(sparse, bm25, "linear", window, weights=w)
     rows = []
     for name, m in runs.items():
         r = rank_metrics(m, rel)
@@ -103,17 +103,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sets", default="samples,tuxpaint,openclipart")
     ap.add_argument("--limit", type=int, default=300, help="items per set (fixed-seed sample of larger sets)")
     ap.add_argument("--window", type=int, default=100, help="candidates per retriever before fusion")
-    ap.add_argument("--rrf-k", type=int, default=60)
-    ap.add_argument("--weights", default="0.5,0.5", help="sparse,bm25 for the linear fusion")
+    ap.add_argument("--rrf-k", type=int, action="append", help="RRF k (repeatable; default 60)")
+    ap.add_argument("--weights", action="append", help="sparse,bm25 for the linear fusion (repeatable; default 0.5,0.5)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     from stair_es.encoders import get_encoder
     from stair_es.fusion import parse_weights
 
-    weights = parse_weights(args.weights)
+    import os
+    import platform
+
+    weight_sets = [parse_weights(w) for w in (args.weights or ["0.5,0.5"])]
+    rrf_ks = args.rrf_k or [60]
     encoder = get_encoder("default")
     report = {"command": "python -m benchmarks.encoders.hybrid " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "commit": _git_commit(), "encoder": encoder.config(),
+              "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                          "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
               "results": [], "skipped": {}}
+    print(f"# hybrid eval  commit {report['commit']}  window {args.window}")
     print(f"{'set':<12} {'n':>4} {'ranking':<16} {'P@1':>6} {'MRR':>6} {'R@5':>6}")
     for name in [s for s in args.sets.split(",") if s]:
         try:
@@ -122,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<12} skipped: {e}")
             report["skipped"][name] = str(e)
             continue
-        for row in evaluate(name, items, encoder, args.window, args.rrf_k, weights):
+        for row in evaluate(name, items, encoder, args.window, rrf_ks, weight_sets):
             report["results"].append(row)
             print(f"{row['set']:<12} {row['n']:>4} {row['ranking']:<16} {row['p1']:>6.3f} {row['mrr']:>6.3f} {row['r5']:>6.3f}",
                   flush=True)
