@@ -12,7 +12,8 @@ analyzer :data:`CLUSTER_ANALYZER` on the ``bm25_text`` field):
   ``language: porter2`` on the clusters), after the stopwords.
 
 Scoring is Lucene's BM25 (``k1`` 1.2, ``b`` 0.75, idf ``ln(1 + (N - df + 0.5) / (df + 0.5))``,
-no ``(k1 + 1)`` factor) as implemented by the ``bm25s`` library. Lucene stores each document's
+no ``(k1 + 1)`` factor): the ``bm25s`` library precomputes every (term, document) score at build
+time; a search sums its terms' columns with numpy (bm25s is not imported to search a saved file). Lucene stores each document's
 length in one byte (a lossy norm), so cluster scores differ from these in the third digit;
 rankings agree except near ties.
 
@@ -107,47 +108,59 @@ class LexicalHit:
 
 
 class BM25Index:
-    """BM25 over a fixed list of documents (rows). ``seg_pos``/``local`` locate row i in the
-    engine commit it was built from."""
+    """BM25 over a fixed list of documents (rows): per term, the rows holding it and their
+    precomputed BM25 term scores (CSC, built by ``bm25s``; a query sums its terms' columns, so
+    searching needs numpy only). ``seg_pos``/``local`` locate row i in the engine commit it was
+    built from."""
 
-    def __init__(self, retriever: Any, seg_pos: np.ndarray, local: np.ndarray, n_text_docs: int, key: tuple):
-        self.retriever = retriever
+    def __init__(self, vocab: dict[str, int], data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                 seg_pos: np.ndarray, local: np.ndarray, key: tuple):
+        self.vocab = vocab
+        self.data, self.indices, self.indptr = data, indices, indptr
         self.seg_pos = seg_pos
         self.local = local
-        self.n_text_docs = n_text_docs  # rows with at least one term
         self.key = key
 
     @classmethod
     def build(cls, texts: Sequence[str], seg_pos: np.ndarray, local: np.ndarray, key: tuple) -> "BM25Index":
-        bm25s = _bm25s()
         terms = [analyze(t) for t in texts]
         # as in Lucene, a document without terms is not in the field's statistics (N, avgdl)
         keep = [i for i, t in enumerate(terms) if t]
         terms = [terms[i] for i in keep]
-        texts = [texts[i] for i in keep]
-        seg_pos, local = np.asarray(seg_pos)[keep], np.asarray(local)[keep]
+        seg_pos, local = np.asarray(seg_pos, np.int32)[keep], np.asarray(local, np.int32)[keep]
         vocab: dict[str, int] = {}
         ids = [[vocab.setdefault(w, len(vocab)) for w in ts] for ts in terms]
+        if not terms:
+            return cls({}, np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(1, np.int64), seg_pos, local, key)
+        bm25s = _bm25s()
         r = bm25s.BM25(k1=K1, b=B, method="lucene")
-        if any(terms):
-            r.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
-        else:
-            r.scores = {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int32),
-                        "indptr": np.zeros(1, np.int32), "num_docs": len(texts)}
-            r.vocab_dict = {}
-        return cls(r, np.asarray(seg_pos, np.int32), np.asarray(local, np.int32), sum(1 for t in terms if t), key)
+        r.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
+        words = {i: w for w, i in vocab.items()}
+        # bm25s may renumber the terms: map its ids back to our words
+        vocab = {words[int(orig)] if isinstance(orig, (int, np.integer)) else orig: int(j)
+                 for orig, j in r.vocab_dict.items() if orig != ""} if r.vocab_dict else vocab
+        sc = r.scores
+        return cls(vocab, np.asarray(sc["data"], np.float32), np.asarray(sc["indices"], np.int32),
+                   np.asarray(sc["indptr"], np.int64), seg_pos, local, key)
 
     @property
     def n_docs(self) -> int:
         return int(self.seg_pos.size)
 
+    @property
+    def n_text_docs(self) -> int:
+        return self.n_docs  # rows without terms are left out at build
+
     def scores(self, text: str) -> np.ndarray:
-        """BM25 score of every row for ``text`` (a term counted once per query occurrence, as Lucene does)."""
-        vocab = self.retriever.vocab_dict
-        q = [vocab[t] for t in analyze(text) if t in vocab]
-        if not q or not self.n_docs:
-            return np.zeros(self.n_docs, np.float32)
-        return np.asarray(self.retriever.get_scores_from_ids(q), np.float32)
+        """BM25 score of every row for ``text`` (a repeated query term counts again, as in Lucene's ``match``)."""
+        out = np.zeros(self.n_docs, np.float32)
+        for t in analyze(text):
+            j = self.vocab.get(t)
+            if j is None:
+                continue
+            lo, hi = int(self.indptr[j]), int(self.indptr[j + 1])
+            out[self.indices[lo:hi]] += self.data[lo:hi]  # a term's rows are distinct
+        return out
 
     def top(self, text: str, k: int, mask: np.ndarray | None = None) -> list[LexicalHit]:
         """The ``k`` best rows with a score > 0 (among ``mask`` if given), best first, ties by row."""
@@ -160,30 +173,23 @@ class BM25Index:
 
     # --- persistence -----------------------------------------------------------------------
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        sc = self.retriever.scores
-        words = sorted(self.retriever.vocab_dict.items(), key=lambda kv: kv[1])
+        words = sorted(self.vocab.items(), key=lambda kv: kv[1])
+        if [j for _, j in words] != list(range(len(words))):
+            raise StairError("BM25 term ids are not 0..n-1")
         blob = "\n".join(w for w, _ in words).encode("utf-8")
-        arrays = {"data": np.asarray(sc["data"], np.float32), "indices": np.asarray(sc["indices"], np.int32),
-                  "indptr": np.asarray(sc["indptr"], np.int64), "seg_pos": self.seg_pos, "local": self.local,
-                  "vocab": np.frombuffer(blob, np.uint8)}
-        meta = {"analyzer": ANALYZER_VERSION, "k1": K1, "b": B, "num_docs": int(sc["num_docs"]),
-                "n_words": len(words), "n_text_docs": self.n_text_docs, "key": list(self.key)}
+        arrays = {"data": self.data, "indices": self.indices, "indptr": self.indptr, "seg_pos": self.seg_pos,
+                  "local": self.local, "vocab": np.frombuffer(blob, np.uint8)}
+        meta = {"analyzer": ANALYZER_VERSION, "k1": K1, "b": B, "n_words": len(words), "key": list(self.key)}
         return arrays, meta
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> "BM25Index":
-        bm25s = _bm25s()
-        r = bm25s.BM25(k1=meta["k1"], b=meta["b"], method="lucene")
         blob = bytes(arrays["vocab"]).decode("utf-8")
         words = blob.split("\n") if meta["n_words"] else []
-        if len(words) != meta["n_words"]:
+        if len(words) != meta["n_words"] or arrays["indptr"].size != len(words) + 1:
             raise StairError("BM25 vocabulary does not match its count")
-        r.vocab_dict = {w: i for i, w in enumerate(words)}
-        r.unique_token_ids_set = set(r.vocab_dict.values())
-        r.nonoccurrence_array = None  # lucene BM25 needs none
-        r.scores = {"data": np.array(arrays["data"]), "indices": np.array(arrays["indices"]),
-                    "indptr": np.array(arrays["indptr"]), "num_docs": int(meta["num_docs"])}
-        return cls(r, np.array(arrays["seg_pos"]), np.array(arrays["local"]), int(meta["n_text_docs"]), tuple(meta["key"]))
+        return cls({w: i for i, w in enumerate(words)}, np.array(arrays["data"]), np.array(arrays["indices"]),
+                   np.array(arrays["indptr"]), np.array(arrays["seg_pos"]), np.array(arrays["local"]), tuple(meta["key"]))
 
 
 # --- the embedded engine's BM25 side ---------------------------------------------------------

@@ -179,3 +179,19 @@ def test_sigkill_during_bm25_writes_never_loses_acknowledged_documents(tmp_path)
         res = hybrid_search(be, "x", req, f"batch{last}")
         assert len(res.hits) == 10 and res.hits[0].retrievers["bm25"]["rank"] is not None
         be.close()
+
+
+def test_a_saved_bm25_file_is_searched_without_bm25s(backend, tmp_path):
+    lexical.search_embedded(backend._reader("x"), "dog", 5)  # builds and saves the file
+    code = textwrap.dedent(
+        """
+        import sys
+        from stair_es.backends.embedded import EmbeddedBackend
+        from stair_es import lexical
+        ix = EmbeddedBackend(sys.argv[1])._reader("x")
+        hits = lexical.search_embedded(ix, "sports car", 5)
+        print(ix._segs[0].seg.doc_id(hits[0][1]), "bm25s" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["car", "False"]
