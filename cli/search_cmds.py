@@ -47,6 +47,32 @@ def query_options(f: Callable) -> Callable:
     return f
 
 
+def hybrid_options(f: Callable) -> Callable:
+    opts = [
+        click.option("--hybrid", is_flag=True,
+                     help="Hybrid search: fuse the learned sparse ranking with BM25 over the documents' caption and "
+                          "keyword metadata (needs TEXT)."),
+        click.option("--fusion", type=click.Choice(["rrf", "linear"]), default="rrf", show_default=True,
+                     help="How --hybrid fuses the two rankings: reciprocal rank fusion, or min-max normalised weighted sum."),
+        click.option("--rrf-k", type=int, default=60, show_default=True, help="RRF rank constant k: score = sum 1/(k + rank)."),
+        click.option("--weights", default="0.5,0.5", show_default=True, metavar="SPARSE,BM25",
+                     help="Weights of the two normalised scores for --fusion linear (scaled to sum to 1)."),
+        click.option("--window", type=int, help="Candidates taken from each retriever before fusion [default: max(100, top-k)]."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _hybrid_opts(text, fusion, rrf_k, weights, window):
+    from stair_es.fusion import parse_weights
+    from stair_es.hybrid import HybridOptions
+
+    if not text:
+        raise click.UsageError("--hybrid needs a query TEXT (its BM25 side searches the documents' text)")
+    return HybridOptions(fusion, rrf_k, parse_weights(weights), window)
+
+
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
                   token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
                   force=False, image_path=None):
@@ -63,11 +89,13 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
 @click.argument("index")
 @click.argument("text", required=False)
 @query_options
-@click.option("--explain", "explain_hits", is_flag=True, help="Show each hit's per-token contributions.")
+@click.option("--explain", "explain_hits", is_flag=True,
+              help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score).")
+@hybrid_options
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, as_json, backend, **q) -> None:
+def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as_json, backend, **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -79,9 +107,21 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
       stair-es search samples "animal" --require cat --explain
       stair-es search samples "coffee" --expr 'cup OR espresso' --json
       stair-es search samples --image my-cat.jpg        # query by example image
+      stair-es search samples "a red car" --hybrid --fusion rrf --explain
+      stair-es search samples "coffee cup" --hybrid --fusion linear --weights 0.7,0.3
+
+    With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
+    caption and keyword metadata (RRF, or a min-max normalised weighted sum).
     """
+    if hybrid:
+        opts = _hybrid_opts(text, fusion, rrf_k, weights, window)
     request, qvec = _make_request(backend, index, text, **q)
-    result = backend.search(index, request)
+    if hybrid:
+        from stair_es.hybrid import hybrid_search
+
+        result = hybrid_search(backend, index, request, text, opts, explain=explain_hits)
+    else:
+        result = backend.search(index, request)
     explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
     if as_json:
         data = result.to_dict()
@@ -97,8 +137,18 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
     if not result.hits:
         click.echo("no hits")
         return
-    rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
-    click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
+    if any(h.retrievers for h in result.hits):
+        def part(h, r, key):
+            v = (h.retrievers or {}).get(r, {}).get(key)
+            return "-" if v is None else v
+
+        rows = [(i + 1, h.id, h.score, part(h, "sparse", "rank"), part(h, "sparse", "score"), part(h, "bm25", "rank"),
+                 part(h, "bm25", "score"), h.caption or "") for i, h in enumerate(result.hits)]
+        click.echo(table(rows, ["#", "id", "fused", "sparse #", "sparse score", "bm25 #", "bm25 score", "caption"],
+                         max_width=40))
+    else:
+        rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
+        click.echo(table(rows, ["#", "id", "score", "caption", "metadata"], max_width=48))
     source_of = _token_sources(backend.index_info(index).schema) if explanations else None
     for h in result.hits:
         if h.id in explanations:
@@ -114,13 +164,15 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
 @click.argument("text", required=False)
 @query_options
 @click.option("--limit", default=20, show_default=True, help="Rows to show.")
+@hybrid_options
 @encoder_options(default=None)
 @json_option
 @backend_options
-def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
+def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, as_json, backend, **q) -> None:
     """Why DOC_ID scores what it does for TEXT (or --tokens); without a query, its top tokens.
 
     Each row is one token: query weight x document weight = contribution; the rows sum to the score.
+    With --hybrid, also the document's rank and score in each retriever and in the fused ranking.
     """
     if not text and not q.get("token_map") and not q.get("image_path"):
         doc = backend.get(index, doc_id)
@@ -132,16 +184,41 @@ def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
             click.echo(f"{f} tokens of {doc.id!r} ({doc.vectors[f].nnz} non-zero):")
             click.echo("  " + _fmt_tokens(tm.items()))
         return
+    opts = _hybrid_opts(text, fusion, rrf_k, weights, window) if hybrid else None
     request, _ = _make_request(backend, index, text, **q)
     exp = backend.explain(index, doc_id, request)
+    fused = None
+    if opts is not None:
+        from dataclasses import replace
+
+        from stair_es.hybrid import hybrid_search
+
+        win = opts.window or max(100, request.top_k)
+        opts = replace(opts, window=win)
+        res = hybrid_search(backend, index, replace(request, top_k=win), text, opts, explain=True)
+        rank = next((i for i, h in enumerate(res.hits, start=1) if h.id == doc_id), None)
+        hit = res.hits[rank - 1] if rank else None
+        fused = {"rank": rank, "score": hit.score if hit else None,
+                 "retrievers": hit.retrievers if hit else {"sparse": {"rank": None, "score": None},
+                                                           "bm25": {"rank": None, "score": None}},
+                 "window": win, "notes": res.notes}
     source_of = _token_sources(backend.index_info(index).schema)
     if as_json:
         data = exp.to_dict()
+        if fused is not None:
+            data["hybrid"] = fused
         for c in data.get("contributions", []):
             if c.get("field") == "image" and source_of(c.get("token", "")):
                 c["sources"] = source_of(c["token"])
         echo_json(data)
         return
+    if fused is not None:
+        def fmt(r):
+            return "not in its top %d" % fused["window"] if r.get("rank") is None else f"rank {r['rank']} (score {r['score']:.4f})"
+
+        where = (f"fused rank {fused['rank']} (score {fused['score']:.4f})" if fused["rank"]
+                 else f"not in the fused top {fused['window']}")
+        click.echo(f"hybrid: {where}; sparse: {fmt(fused['retrievers']['sparse'])}; bm25: {fmt(fused['retrievers']['bm25'])}")
     _print_explanation(exp, limit=limit, source_of=source_of)
 
 

@@ -23,7 +23,7 @@ FIELD_TYPES = ("keyword", "number", "boolean", "date")
 DEFAULT_SPARSE_FIELDS = ("image", "caption")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 # Internal fields of the cluster mappings and documents ("dense": the optional dense vector).
-RESERVED = {"id", "_id", "caption_text", "path", "image", "caption", "dense"}
+RESERVED = {"id", "_id", "caption_text", "bm25_text", "path", "image", "caption", "dense"}
 MAX_CAPTION_CHARS = 10_000
 MAX_KEYWORD_CHARS = 1_000
 
@@ -260,9 +260,14 @@ class Hit:
     metadata: dict[str, Any] = field(default_factory=dict)
     caption: str | None = None
     source: str | None = None
+    # hybrid search: retriever name -> {"rank": 1-based rank or None, "score": its own score or None}
+    retrievers: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "score": self.score, "metadata": self.metadata, "caption": self.caption, "source": self.source}
+        d = {"id": self.id, "score": self.score, "metadata": self.metadata, "caption": self.caption, "source": self.source}
+        if self.retrievers is not None:
+            d["retrievers"] = self.retrievers
+        return d
 
 
 @dataclass

@@ -101,6 +101,7 @@ class _IndexMeta:
     field_type: str
     keys: str
     raw_meta: dict[str, Any]
+    has_text: bool = False  # the mapping has the BM25 field (indices created before hybrid search do not)
 
 
 class _Retry(Exception):
@@ -302,7 +303,7 @@ class ClusterBackend(SearchBackend):
                     "the mapping was changed outside stair_es -- reindex into a new index"
                 )
         keys = raw.get("keys", "id" if (self.adapter.engine == "opensearch" and ftype == "sparse_vector") else "token")
-        meta = _IndexMeta(schema, ftype, keys, dict(raw))
+        meta = _IndexMeta(schema, ftype, keys, dict(raw), has_text="bm25_text" in props)
         self._meta_cache[index] = meta
         return meta
 
@@ -394,6 +395,10 @@ class ClusterBackend(SearchBackend):
             src[k] = list(v) if isinstance(v, tuple) else v
         if doc.caption is not None:
             src["caption_text"] = doc.caption
+        if meta.has_text:
+            from ..lexical import TEXT_FIELD, document_text
+
+            src[TEXT_FIELD] = document_text(doc.caption, values)
         if doc.source is not None:
             src["path"] = doc.source  # "path" is reserved in the schema; "source" may be user metadata
         return src
@@ -603,10 +608,16 @@ class ClusterBackend(SearchBackend):
         t0 = time.perf_counter()
         meta = self._meta(index)
         req = request.prepared(meta.schema, self.vocab)
-        tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab)
+        tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab,
+                       seismic=getattr(self, "seismic", None))
         body = {"query": tr.query, "size": req.top_k, "track_total_hits": True,
                 "_source": {"excludes": list(meta.schema.sparse_fields) + ["dense"]}}
         res = self._call("POST", self._path(index, "_search"), body, action=f"search {index!r}", index=index)
+        refill_notes: list[str] = []
+        if meta.field_type == "sparse_vector" and self.adapter.engine == "opensearch" and req.filter is not None:
+            from .seismic import refill
+
+            res, refill_notes = refill(self, index, req, meta, body, res)
         hits = []
         for h in res.get("hits", {}).get("hits", []):
             src = h.get("_source") or {}
@@ -614,7 +625,7 @@ class ClusterBackend(SearchBackend):
                             src.get("caption_text"), src.get("path")))
         total = res.get("hits", {}).get("total")
         total = total.get("value") if isinstance(total, Mapping) else total
-        notes = list(req.notes) + tr.notes
+        notes = list(req.notes) + tr.notes + refill_notes
         if meta.field_type == "sparse_vector" and self.adapter.engine == "opensearch":
             notes.append("OpenSearch seismic search is approximate on segments above its approximate_threshold")
         took = (time.perf_counter() - t0) * 1000  # end to end, as the user waits for it
@@ -623,7 +634,8 @@ class ClusterBackend(SearchBackend):
     def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation:
         meta = self._meta(index)
         req = request.prepared(meta.schema, self.vocab)
-        tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab)
+        tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab,
+                       seismic=getattr(self, "seismic", None))
         doc = self.get(index, doc_id)
         contributions = []
         for c in tr.request.clauses:
@@ -644,6 +656,11 @@ class ClusterBackend(SearchBackend):
             f"document weights are shown as {self.adapter.label} stores them: float32 truncated to 9 significant "
             "bits (relative error < 0.4%); the score is sum(query weight * stored weight)"
         )
+        if meta.field_type == "sparse_vector" and self.adapter.engine == "opensearch":
+            from .seismic import explain_notes
+
+            notes.extend(explain_notes(tr.request.clauses, doc.vectors, self.index_info(index).doc_count,
+                                       getattr(self, "seismic", None)))
         if hits:
             score, matched = float(hits[0].get("_score") or 0.0), True
         else:

@@ -69,7 +69,9 @@ def mapping(
     Built from the JSON files in ``stair_es.mappings`` (``es_rank_features.json`` ...): every
     sparse field of the schema gets the template of ``image``; metadata fields get
     ``metadata_types.json``; the schema itself is kept in ``mappings._meta.stair_es`` so
-    stair_es can reopen the index. ``dense_dims`` adds a ``dense`` vector field for hybrid search.
+    stair_es can reopen the index. ``bm25_text`` (caption + keyword metadata, analysed as in
+    :mod:`stair_es.lexical`) is the BM25 side of hybrid search. ``dense_dims`` adds a ``dense``
+    vector field (stored only: stair_es does not query it).
     ``version`` (the cluster's) drops ``index_options`` on Elasticsearch versions without it.
     """
     schema = schema or IndexSchema()
@@ -94,6 +96,11 @@ def mapping(
         props["dense"] = dense
         if engine == "opensearch":
             body.setdefault("settings", {}).setdefault("index", {})["knn"] = True
+    # BM25 text for hybrid search (caption + keyword metadata), with stair_es's analyzer
+    from ..lexical import CLUSTER_ANALYZER, TEXT_FIELD
+
+    props[TEXT_FIELD] = {"type": "text", "analyzer": "stair_es_text"}
+    body.setdefault("settings", {})["analysis"] = json.loads(json.dumps(CLUSTER_ANALYZER))
     m["_meta"][META_KEY]["schema"] = schema.to_dict()
     return body
 
@@ -127,8 +134,11 @@ def translate(
     vocab: Vocabulary | None = None,
     text: str | None = None,
     text_weight: float = 1.0,
+    seismic: Any = None,
 ) -> Translation:
-    """Translate a prepared request; see :func:`query_dsl`."""
+    """Translate a prepared request; see :func:`query_dsl`. ``seismic`` (a
+    :class:`~stair_es.backends.seismic.SeismicParams`) sets ``method_parameters`` of ``neural_sparse``
+    queries on OpenSearch ``sparse_vector`` (SEISMIC) fields; they get the defaults without it."""
     vocab = vocab or default_vocabulary()
     form = form or default_query_form(engine, field_type)
     if form not in ("rank_feature", "sparse_vector", "neural_sparse"):
@@ -164,7 +174,14 @@ def translate(
         elif form == "sparse_vector":
             should.append({"sparse_vector": {"field": c.field, "query_vector": feature_map(c.vector, keys), "boost": float(c.weight)}})
         else:
-            should.append({"neural_sparse": {c.field: {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}}})
+            ns = {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}
+            if keys == "id":  # OpenSearch sparse_vector (SEISMIC): k, top_n, heap_factor and the filter
+                from .seismic import SeismicParams
+
+                flt = {k: v for k, v in (("filter", filters), ("must_not", must_not)) if v}
+                ns["method_parameters"] = (seismic or SeismicParams()).method_parameters(
+                    request.top_k, {"bool": flt} if flt else None)
+            should.append({"neural_sparse": {c.field: ns}})
     if text:
         should.append({"match": {"caption_text": {"query": text, "boost": float(text_weight)}}})
         notes.append("hybrid: BM25 on caption_text is added to the sparse score; scores are no longer a pure dot product")

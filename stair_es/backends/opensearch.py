@@ -98,6 +98,12 @@ class OpenSearchBackend(ClusterBackend):
 
     name = "opensearch"
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, method_parameters: Mapping[str, Any] | None = None, **kwargs: Any):
+        """``method_parameters``: SEISMIC query parameters for ``sparse_vector`` indices, e.g.
+        ``{"k": 100, "top_n": 10, "heap_factor": 1.2, "filter_overfetch": 4}``
+        (:mod:`stair_es.backends.seismic`); ``k`` defaults to top_k (x filter_overfetch with a filter)."""
+        from .seismic import SeismicParams
+
+        self.seismic = SeismicParams.from_options(method_parameters)
         self.adapter = OpenSearchAdapter()
         super().__init__(*args, **kwargs)

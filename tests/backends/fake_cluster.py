@@ -306,6 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- search ------------------------------------------------------------------------------
     def _search(self, name: str, ix: dict, body: dict) -> tuple[int, Any]:
         q = body.get("query", {"match_all": {}})
+        _ann_candidates(q, ix["docs"])
         hits = []
         for did, src in ix["docs"].items():
             m, s = _eval(q, did, src)
@@ -323,9 +324,55 @@ class _Drop(Exception):
     pass
 
 
+_ANN: dict[int, set] = {}  # id(neural_sparse clause) -> doc ids its SEISMIC search returned
+
+
+def _seismic_score(a: dict, src: dict) -> float:
+    (fld, spec), = a.items()
+    doc = src.get(fld) or {}
+    return sum(w * doc[t] for t, w in spec["query_tokens"].items() if t in doc)
+
+
+def _ann_candidates(q: Any, docs: dict) -> None:
+    """A model of OpenSearch SEISMIC on a ``sparse_vector`` field (the Lucene engine, documented
+    behaviour): with P documents passing ``method_parameters.filter``, P <= k is an exact search
+    over them; otherwise the approximate search returns its k best documents over the whole
+    index and the filter is applied to those (so fewer than k may remain)."""
+    if isinstance(q, list):
+        for x in q:
+            _ann_candidates(x, docs)
+        return
+    if not isinstance(q, dict):
+        return
+    if "neural_sparse" in q:
+        a = q["neural_sparse"]
+        (_, spec), = a.items()
+        mp = spec.get("method_parameters")
+        if mp is not None:
+            k = mp["k"]
+            flt = mp.get("filter")
+            passing = [d for d, src in docs.items() if flt is None or _eval(flt, d, src)[0]]
+            scored = {d: _seismic_score(a, src) for d, src in docs.items()}
+            if len(passing) <= k:
+                cands = {d for d in passing if scored[d] > 0}
+            else:
+                top = sorted((d for d in docs if scored[d] > 0), key=lambda d: (-scored[d], d))[:k]
+                cands = set(top) & set(passing)
+            _ANN[id(a)] = cands
+        return
+    for v in q.values():
+        _ann_candidates(v, docs)
+
+
 def _eval(q: dict, did: str, src: dict) -> tuple[bool, float]:
     """(matches, score) for the query shapes stair_es sends."""
     (kind, a), = q.items()
+    if kind == "neural_sparse":
+        (_, spec), = a.items()
+        if "method_parameters" in spec and did not in _ANN.get(id(a), set()):
+            return False, 0.0
+        s = _seismic_score(a, src)
+        return s > 0, s * spec.get("boost", 1.0)
     if kind == "match_all":
         return True, 1.0
     if kind == "ids":
