@@ -207,7 +207,9 @@ def _collect(ix: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     texts, seg_pos, local = [], [], []
     for si, s in enumerate(ix._segs):  # noqa: SLF001
         live = np.ones(s.seg.n_docs, bool) if s.deleted is None else ~s.deleted
-        for d in np.flatnonzero(live):
+        docs = np.flatnonzero(live)
+        s.seg.verify_docs(docs)  # checksummed segments: a damaged caption is an error, never BM25 text
+        for d in docs:
             texts.append(document_text(s.seg.caption(int(d)), s.seg.metadata(int(d), display=False)))
             seg_pos.append(si)
             local.append(int(d))
