@@ -21,8 +21,9 @@ The OpenSearch 3.3+ ``sparse_vector`` (seismic) field wants integer token ids as
 :func:`feature_map` with ``keys="id"`` gives those.
 
 This module also owns the engines' stored precision: Lucene's ``FeatureField`` keeps the
-upper 16 bits of the float32 (sign, 8 exponent bits, 7 fraction bits: 8 significant bits
-stored + the implicit one = 9 significant bits), truncating the rest. :func:`stored_value`
+float32's bits shifted right by 15 in 16 bits: the sign bit (always 0 for a valid weight) is
+dropped, leaving 8 exponent bits and the top 8 fraction bits (9 significant bits with the
+implicit one), and the rest is truncated. :func:`stored_value`
 reproduces that, so explain can show exactly what the engine multiplies with.
 
 This module must not import any client library.
