@@ -17,7 +17,8 @@ the trained head ships with stair_es under no licence condition):
 * **images**: every SVG, rasterised with ``rsvg-convert`` (Debian ``librsvg2-bin``) at 320 px
   wide on white, and classified by EfficientNet-Lite0 exactly as at ingest;
 * **labels**: the words of the drawing's title (``dc:title``), keywords (``rdf:li``) and its
-  folder path in the collection (``animals/birds/...``), tokenized with the BERT vocabulary,
+  folder path in the collection (the drawing's folder, its parent and its file name, such as
+  ``animals/birds/duck``, not the collection's broad top-level sections), tokenized with the BERT vocabulary,
   whole-token words only, stopwords and boilerplate dropped (``clipart``, ``svg``, author
   names in ``by ...``, file-name hashes, dates of upload, icon-theme folder names such as
   ``actions`` or ``mimetypes``: words no user searches a picture by); a token is a label when at least :data:`MIN_IMAGES` drawings carry it;
@@ -160,7 +161,10 @@ def _words(text: str) -> list[str]:
 def label_tokens(rel: str, title: str, keywords: str, vocab) -> set[int]:
     from stair_es.encoders.imagenet import CLASSNAME_STOPWORDS
 
-    words = _words(title) + _words(keywords.replace("|", " ")) + _words(rel.replace("/", " "))
+    # Only the drawing's own folder, its parent and its file name: the collection's top-level
+    # sections ("computer" holds icons, not computers; "recreation", "signs_and_symbols") would
+    # otherwise become words every drawing of a big section carries.
+    words = _words(title) + _words(keywords.replace("|", " ")) + _words(" ".join(rel.split("/")[-3:]))
     out = set()
     for w in words:
         if w in CLASSNAME_STOPWORDS or w in BOILERPLATE:
