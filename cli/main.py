@@ -17,6 +17,7 @@ from .demo import demo
 from .doc_cmds import delete, encode, encoders, get
 from .index_cmds import index_group
 from .ingest_cmd import ingest
+from .neighbours_cmd import neighbours
 from .search_cmds import explain, search
 
 
@@ -35,7 +36,7 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-for command in (index_group, ingest, search, explain, get, delete, encode, encoders, demo):
+for command in (index_group, ingest, search, explain, neighbours, get, delete, encode, encoders, demo):
     cli.add_command(command)
 
 
