@@ -308,9 +308,13 @@ def index_counts(backend, index: str, *, vocab: Vocabulary | None = None, notes:
                 notes.append(f"the neighbour statistics could not be stored in {path} ({e.strerror or e}); "
                              "they are recomputed on every use")
         return counts
-    key = (backend.name, repr(getattr(backend, "config", "")), index, backend.index_info(index).doc_count)
+    n_docs = backend.index_info(index).doc_count
+    key = (backend.name, id(backend), index, n_docs)
     if key not in _MEMO:
         _MEMO[key] = _scan_counts(backend, index, vocab)
+    if notes is not None:
+        notes.append(f"neighbour statistics of the {backend.name} index {index!r} come from a scan of its {n_docs} "
+                     "documents, kept in this process's memory only (recounted when the document count changes)")
     return _MEMO[key]
 
 
