@@ -184,7 +184,14 @@ def _expansion_rows(q: np.ndarray, img: np.ndarray, vecs, texts: list[str], rel_
 
 def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
                  expand: dict | None = None) -> list[dict]:
-    images = [it.load() for it in items]
+    images, kept = [], []
+    for it in items:
+        try:
+            images.append(it.load())
+            kept.append(it)
+        except Exception as e:  # noqa: BLE001 - a file the set's own decoder cannot read: counted, not fatal
+            print(f"# {name}: skipped {it.id}: cannot load it ({type(e).__name__}: {e})", file=sys.stderr)
+    items = kept
     texts = [it.query for it in items]
     image_encoder.encode_images(images[: min(4, len(images))], batch_size=batch_size)  # warm-up / export
     t = time.perf_counter()
