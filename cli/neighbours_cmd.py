@@ -23,8 +23,9 @@ def neighbours(index, token, top, min_count, as_json, backend) -> None:
     Two lists: TOKEN as a caption word -> image tokens of the same documents (what the query
     expansion of `stair-es search --expand N` adds), and TOKEN as an image token -> other image
     tokens. PPMI = max(0, log(c * N / (n_token * n_neighbour))) with c the documents holding
-    both; NPMI = PPMI / -log(c / N). The statistics are stored with an embedded index
-    (neighbours.stats) and recomputed when the index has changed since.
+    both; NPMI = PPMI / -log(c / N). On the embedded engine the statistics are stored with the
+    index (neighbours.stats), kept current by ingest and delete, and recomputed from a scan when
+    out of date; on a cluster they come from a scan (docs/neighbours.md).
 
     \b
       stair-es neighbours samples cat

@@ -101,6 +101,7 @@ def test_incremental_upkeep_equals_recomputation(home):
                           doc("d1", "a sofa", {"sofa": 1.0}),  # replaces d1: its old counts are subtracted
                           doc("d6", "a cat", {"cat": 1.0})])
         b.delete_documents("tiny", ["d2", "no-such-doc"])
+        b.optimize("tiny")  # a merge: new generation, same documents
         gen = b.generation("tiny")
     stored = load_counts(home / "tiny")
     assert stored.generation == gen  # kept current, not recomputed on next use

@@ -130,7 +130,11 @@ class EmbeddedBackend(SearchBackend):
         shutil.rmtree(path)
 
     def optimize(self, index: str) -> None:
-        self._writer(index).optimize()
+        ix = self._writer(index)
+        upkeep = StatsUpdater(ix)  # merging changes the generation, not the documents: re-tag stored statistics
+        upkeep.before([])
+        ix.optimize()
+        upkeep.after([], [])
 
     # --- documents ----------------------------------------------------------------------------
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
