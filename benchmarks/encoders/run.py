@@ -171,15 +171,25 @@ def _expansion_rows(q: np.ndarray, img: np.ndarray, vecs, texts: list[str], rel_
         perm = np.random.default_rng(0).permutation(n)
         a, b = np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
         folds = [(a, b), (b, a)]  # (rows whose statistics are used, rows queried and ranked)
-    plain, expanded = [], []
+    plain, expanded, order = [], [], []
     for stats_rows, rows in folds:
+        order.append(rows)
         counts = counts_of(stats_rows)
         rel = _relevance([texts[i] for i in rows])
         sub_img = img[rows]
         plain.append(query_ranks(q[rows] @ sub_img.T, rel))
         qx = _expand_rows(q[rows], counts, expand["n"], expand["weight"], expand["min_count"])
         expanded.append(query_ranks(qx @ sub_img.T, rel))
-    return metrics_of_ranks(np.concatenate(plain)), metrics_of_ranks(np.concatenate(expanded))
+    # queries whose description no other item of the set shares: a title shared by many items
+    # (e.g. a collection's boilerplate) makes every item of the collection relevant
+    unique = np.asarray([rel_all[i].size == 1 for i in np.concatenate(order)])
+    p, x = np.concatenate(plain), np.concatenate(expanded)
+    base, exp = metrics_of_ranks(p), metrics_of_ranks(x)
+    if unique.any():
+        base.update({f"{k}_unique": v for k, v in metrics_of_ranks(p[unique]).items() if k in ("p1", "mrr")})
+        exp.update({f"{k}_unique": v for k, v in metrics_of_ranks(x[unique]).items() if k in ("p1", "mrr")})
+        base["n_unique"] = exp["n_unique"] = int(unique.sum())
+    return base, exp
 
 
 def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
@@ -274,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# encoder eval {args.label}  commit {report['commit']}  stair_es from {report['stair_es']}")
     print(f"# image encoder {report['image_encoder']}")
     header = f"{'set':<12} {'n':>4} {'query':<16} {'P@1':>6} {'MRR':>6} {'R@5':>6} {'med.rank':>8} {'img/s':>7} {'nnz':>5}"
+    if args.expand:
+        header += "  P@1/MRR of queries with a description no other item has (n)"
     print(header)
     for name in [s for s in args.sets.split(",") if s]:
         if name not in SETS:
@@ -289,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in evaluate_set(name, items, image_encoder, queries, default_encoder, expand=expand):
             report["results"].append(row)
             print(f"{row['set']:<12} {row['n']:>4} {row['query_encoder'] + ' ' + row.get('split', '')[:5]:<16} {row['p1']:>6.3f} {row['mrr']:>6.3f} "
-                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}")
+                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}"
+                  + (f"  {row['p1_unique']:.3f} / {row['mrr_unique']:.3f} ({row['n_unique']})" if "n_unique" in row else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
