@@ -218,3 +218,22 @@ def test_counts_are_additive():
     assert (a + b).same_counts(both) and (both - b).same_counts(a)
     with pytest.raises(InvalidInputError):
         a - b
+
+
+def test_a_damaged_stats_file_never_fails_an_ingest(home):
+    with EmbeddedBackend(home) as b:
+        index_counts(b, "tiny")
+    path = home / "tiny" / STATS_FILE
+    path.write_bytes(path.read_bytes()[:-10])  # truncated
+    with EmbeddedBackend(home) as b:
+        rep = b.ingest("tiny", [doc("d8", "a cat", {"cat": 1.0})])
+        assert rep.summary()["ok"] == 1
+        notes = []
+        assert index_counts(b, "tiny", notes=notes).n_docs == 5 and any("recomputed" in n for n in notes)
+
+
+def test_search_prints_query_and_expanded_tokens_on_separate_lines(home):
+    r = run(home, "search", "tiny", "--tokens", '{"cat": 2}', "--expand", "2", "--expand-min-count", "1")
+    lines = r.output.splitlines()
+    assert lines[0] == "query tokens: cat:2.00"
+    assert lines[1].startswith("expanded tokens: sofa:0.37(<-cat)")
