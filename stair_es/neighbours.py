@@ -70,8 +70,20 @@ def _is_word(token: str) -> bool:
     return any(ch.isalnum() for ch in token)
 
 
+def _sparse():
+    """scipy.sparse, or a clear message naming the extra that installs it."""
+    try:
+        import scipy.sparse as sp
+    except ImportError:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError("co-occurrence neighbours (stair-es neighbours, search --expand)", "neighbours",
+                                     "scipy") from None
+    return sp
+
+
 def _binary_rows(rows: Sequence[np.ndarray], n_cols: int = VOCAB_SIZE):
-    import scipy.sparse as sp
+    sp = _sparse()
 
     ptr = np.zeros(len(rows) + 1, np.int64)
     np.cumsum([r.size for r in rows], out=ptr[1:])
@@ -93,8 +105,7 @@ class Cooccurrence:
     generation: int | None = None  # the index generation these counts describe (embedded backend)
 
     def __post_init__(self) -> None:
-        import scipy.sparse as sp
-
+        sp = _sparse()
         if self.word_image is None:
             self.word_image = sp.csr_matrix((VOCAB_SIZE, VOCAB_SIZE), dtype=np.int64)
         if self.image_image is None:
@@ -233,13 +244,13 @@ def load_counts(folder: Path) -> Cooccurrence | None:
 
     The file's checksum is verified; a damaged or foreign file raises :class:`DamagedIndexError`
     (delete it: it is recomputed from the index)."""
-    import scipy.sparse as sp
-
     from .engine.storage import read_arrays, verify_file
+
 
     path = _stats_path(folder)
     if not path.is_file():
         return None
+    sp = _sparse()
     try:
         if not verify_file(path):
             raise DamagedIndexError(f"{path} has no checksum footer")
