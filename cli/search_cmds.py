@@ -219,8 +219,9 @@ def _print_explanation(exp, limit: int, source_of: Callable[[str], list[str]] | 
 def _print_expanded_explanation(exp, limit: int, expansion: dict) -> None:
     """The query's own tokens and the expansion tokens in two tables, each with its subtotal."""
     status = "" if exp.matched_filter else "  (does NOT pass the filter)"
-    own = [c for c in exp.contributions if not _is_expanded(c.field, c.token, expansion)]
-    added = [c for c in exp.contributions if _is_expanded(c.field, c.token, expansion)]
+    ranked = sorted(exp.contributions, key=lambda c: -c.contribution)
+    own = [c for c in ranked if not _is_expanded(c.field, c.token, expansion)]
+    added = [c for c in ranked if _is_expanded(c.field, c.token, expansion)]
     click.echo(f"{exp.doc_id}: score {exp.score:.4f} = {sum(c.contribution for c in own):.4f} from {len(own)} query "
                f"tokens + {sum(c.contribution for c in added):.4f} from {len(added)} expanded tokens{status}")
     for title, rows in (("query tokens", own), ("expanded tokens", added)):
