@@ -70,6 +70,32 @@ def _is_word(token: str) -> bool:
     return any(ch.isalnum() for ch in token)
 
 
+def _caption_rows(captions: Sequence[str | None], vocab: Vocabulary) -> list[np.ndarray]:
+    """:func:`caption_token_ids` of many captions, tokenized in one batch call."""
+    texts = [c for c in captions if c and c.strip()]
+    encoded = iter(vocab.hf().encode_batch(texts, add_special_tokens=False)) if texts else iter(())
+    keep = _word_mask(vocab)
+    out = []
+    for c in captions:
+        if c and c.strip():
+            ids = np.unique(np.asarray(next(encoded).ids, np.int64))
+            out.append(ids[keep[ids]].astype(np.int32))
+        else:
+            out.append(np.zeros(0, np.int32))
+    return out
+
+
+_WORD_MASKS: dict[str, np.ndarray] = {}
+
+
+def _word_mask(vocab: Vocabulary) -> np.ndarray:
+    """True for the token ids a caption word may be: not special, with a letter or digit."""
+    key = vocab.digest
+    if key not in _WORD_MASKS:
+        _WORD_MASKS[key] = np.asarray([not vocab.is_special(i) and _is_word(vocab.token(i)) for i in range(len(vocab))])
+    return _WORD_MASKS[key]
+
+
 def _sparse():
     """scipy.sparse, or a clear message naming the extra that installs it."""
     try:
@@ -134,17 +160,18 @@ class Cooccurrence:
     def from_documents(cls, docs: Iterable[tuple[np.ndarray, str | None]], vocab: Vocabulary | None = None,
                        chunk: int = 4096) -> "Cooccurrence":
         """Counts of ``(image token ids, caption text)`` pairs, accumulated ``chunk`` at a time."""
+        vocab = vocab or default_vocabulary()
         total = cls()
         imgs: list[np.ndarray] = []
-        caps: list[np.ndarray] = []
+        caps: list[str | None] = []
         for ids, caption in docs:
             imgs.append(np.asarray(ids))
-            caps.append(caption_token_ids(caption, vocab))
+            caps.append(caption)
             if len(imgs) >= chunk:
-                total = total + cls.from_rows(imgs, caps)
+                total = total + cls.from_rows(imgs, _caption_rows(caps, vocab))
                 imgs, caps = [], []
         if imgs:
-            total = total + cls.from_rows(imgs, caps)
+            total = total + cls.from_rows(imgs, _caption_rows(caps, vocab))
         return total
 
     def _combine(self, other: "Cooccurrence", sign: int) -> "Cooccurrence":
