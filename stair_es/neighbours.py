@@ -366,54 +366,74 @@ def _scan_with_generation(backend, index: str, vocab: Vocabulary) -> tuple[Coocc
 class StatsUpdater:
     """Keeps an existing ``neighbours.stats`` current across one writer's commits.
 
-    Used by the embedded backend around each ingested batch and each delete, while it holds
-    the index's writer lock: when the stored counts describe the generation before the
-    change, the change's counts are added (new and replacing documents) and subtracted
-    (replaced and deleted documents) and the result is stored for the generation after it.
-    When there is no stored file, or it describes another generation, nothing is done (the
-    next use recomputes). A failure here never fails the write: the file is then left
-    describing the older generation, so it is recomputed on next use.
+    Used by the embedded backend for one ingest call (any number of batches), one delete or
+    one optimize, while it holds the index's writer lock. Before each batch the old versions
+    of the documents it may replace are read; after it, the batch's counts are added and the
+    replaced ones' subtracted, in memory. :meth:`finish` then applies the sum to the stored
+    counts -- if they describe the generation the change started from -- and stores them for
+    the generation after it: one read and one write of the file per call, not per batch.
+    When there is no stored file, or it describes another generation, or the call ends with
+    an error (or a crash) before :meth:`finish`, nothing is stored and the file keeps
+    describing an older generation, so the next use recomputes it. A failure here never
+    fails the write.
     """
 
     def __init__(self, engine_index):
         self.ix = engine_index
         self.folder = Path(engine_index.path)
         self.active = _stats_path(self.folder).is_file()
-        self._before: int | None = None
+        if self.active:
+            engine_index.refresh()
+        self._start: int | None = engine_index.generation if self.active else None
         self._old: dict[str, tuple[np.ndarray, str | None]] = {}
+        self._plus: list[tuple[np.ndarray, str | None]] = []
+        self._minus: list[tuple[np.ndarray, str | None]] = []
+
+    def _fail(self, e: Exception) -> None:
+        log.warning("neighbour statistics not updated (they are recomputed on next use): %s", e)
+        self.active = False
 
     def before(self, ids: Sequence[str]) -> None:
+        """Read the current versions of ``ids`` (those the next change may replace or delete)."""
         if not self.active:
             return
         try:
-            self._before = self.ix.generation
             self._old = {}
             for i in self.ix.contains(list({i for i in ids if isinstance(i, str)})):
                 doc = self.ix.get(i)
                 v = doc.vectors.get("image")
                 self._old[i] = (v.ids if v is not None else np.zeros(0, np.int32), doc.caption)
         except Exception as e:  # noqa: BLE001 - upkeep must never fail a write
-            log.warning("neighbour statistics not updated: %s", e)
-            self._before = None
+            self._fail(e)
 
     def after(self, added: Sequence[tuple[np.ndarray, str | None]], replaced_or_deleted: Sequence[str]) -> None:
         """``added``: (image ids, caption) of the documents the change wrote; the ids whose old
         version it removed (replaced or deleted)."""
-        if not self.active or self._before is None:
+        if not self.active:
+            return
+        gone = [self._old[i] for i in dict.fromkeys(replaced_or_deleted) if i in self._old]
+        if len(gone) != len(set(replaced_or_deleted)):
+            self._fail(RuntimeError("an old document version was not read"))
+            return
+        self._plus.extend(added)
+        self._minus.extend(gone)
+        self._old = {}
+
+    def finish(self) -> None:
+        """Store the counts for the generation the index is at now (see the class docstring)."""
+        if not self.active:
             return
         try:
             stored = load_counts(self.folder)
-            if stored is None or stored.generation != self._before:
+            if stored is None or stored.generation != self._start:
                 return
-            gone = [self._old[i] for i in replaced_or_deleted if i in self._old]
-            if len(gone) != len(set(replaced_or_deleted)):
-                return  # an old version we did not read: leave the file stale (recomputed on use)
-            counts = stored + Cooccurrence.from_documents(added, self.ix.vocab) - Cooccurrence.from_documents(gone, self.ix.vocab)
+            counts = (stored + Cooccurrence.from_documents(self._plus, self.ix.vocab)
+                      - Cooccurrence.from_documents(self._minus, self.ix.vocab))
             save_counts(self.folder, counts, self.ix.generation)
         except Exception as e:  # noqa: BLE001 - upkeep must never fail a write
-            log.warning("neighbour statistics not updated (they are recomputed on next use): %s", e)
+            self._fail(e)
         finally:
-            self._before, self._old = None, {}
+            self.active, self._plus, self._minus = False, [], []
 
 
 # --- what a user asks -------------------------------------------------------------------------------

@@ -237,3 +237,18 @@ def test_search_prints_query_and_expanded_tokens_on_separate_lines(home):
     lines = r.output.splitlines()
     assert lines[0] == "query tokens: cat:2.00"
     assert lines[1].startswith("expanded tokens: sofa:0.37(<-cat)")
+
+
+def test_upkeep_over_many_batches_with_a_document_replaced_twice(home):
+    with EmbeddedBackend(home) as b:
+        index_counts(b, "tiny")
+    with EmbeddedBackend(home, batch_size=2) as b:  # 5 documents: 3 batches (commits), one write of the statistics
+        b.ingest("tiny", [doc("d2", "a sofa", {"sofa": 1.0}), doc("d9", "a dog", {"dog": 1.0}),
+                          doc("d2", "a dog on a sofa", {"dog": 1.0, "sofa": 1.0}), doc("d10", "a cat", {"cat": 1.0}),
+                          doc("d2", "a cat", {"cat": 1.0, "animal": 1.0})])
+        gen = b.generation("tiny")
+        stored = load_counts(home / "tiny")
+        assert stored.generation == gen
+        live = [b.get("tiny", i) for i in ("d1", "d2", "d3", "d4", "d9", "d10")]
+        fresh = Cooccurrence.from_documents([(d.vectors["image"].ids, d.caption) for d in live])
+    assert stored.same_counts(fresh) and stored.n_docs == 6

@@ -135,6 +135,7 @@ class EmbeddedBackend(SearchBackend):
         upkeep.before([])
         ix.optimize()
         upkeep.after([], [])
+        upkeep.finish()
 
     # --- documents ----------------------------------------------------------------------------
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
@@ -142,8 +143,9 @@ class EmbeddedBackend(SearchBackend):
         report = IngestReport()
         batch: list[Document] = []
 
+        upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
+
         def flush() -> None:
-            upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
             upkeep.before([d.id for d in batch if isinstance(d, Document)])
             items = ix.add(batch)
             upkeep.after(*_written(batch, items))
@@ -158,6 +160,7 @@ class EmbeddedBackend(SearchBackend):
                 flush()
         if batch:
             flush()
+        upkeep.finish()
         return report
 
     def get(self, index: str, doc_id: str) -> Document:
@@ -172,6 +175,7 @@ class EmbeddedBackend(SearchBackend):
         upkeep.before(ids)
         items = ix.delete(ids)
         upkeep.after([], [it.id for it in items if it.ok])
+        upkeep.finish()
         return IngestReport(items)
 
     def search(self, index: str, request: SearchRequest) -> SearchResult:
