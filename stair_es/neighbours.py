@@ -378,6 +378,9 @@ class StatsUpdater:
     fails the write.
     """
 
+    #: documents held before they are counted (memory stays bounded on a long ingest)
+    COUNT_EVERY = 4096
+
     def __init__(self, engine_index):
         self.ix = engine_index
         self.folder = Path(engine_index.path)
@@ -388,6 +391,8 @@ class StatsUpdater:
         self._old: dict[str, tuple[np.ndarray, str | None]] = {}
         self._plus: list[tuple[np.ndarray, str | None]] = []
         self._minus: list[tuple[np.ndarray, str | None]] = []
+        self._plus_counts: Cooccurrence | None = None  # what is counted so far (bounded memory on a long ingest)
+        self._minus_counts: Cooccurrence | None = None
 
     def _fail(self, e: Exception) -> None:
         log.warning("neighbour statistics not updated (they are recomputed on next use): %s", e)
@@ -418,6 +423,19 @@ class StatsUpdater:
         self._plus.extend(added)
         self._minus.extend(gone)
         self._old = {}
+        if len(self._plus) + len(self._minus) >= self.COUNT_EVERY:
+            self._count()
+
+    def _count(self) -> None:
+        try:
+            plus = Cooccurrence.from_documents(self._plus, self.ix.vocab)
+            minus = Cooccurrence.from_documents(self._minus, self.ix.vocab)
+        except Exception as e:  # noqa: BLE001 - upkeep must never fail a write
+            self._fail(e)
+            return
+        self._plus_counts = plus if self._plus_counts is None else self._plus_counts + plus
+        self._minus_counts = minus if self._minus_counts is None else self._minus_counts + minus
+        self._plus, self._minus = [], []
 
     def finish(self) -> None:
         """Store the counts for the generation the index is at now (see the class docstring)."""
@@ -427,13 +445,14 @@ class StatsUpdater:
             stored = load_counts(self.folder)
             if stored is None or stored.generation != self._start:
                 return
-            counts = (stored + Cooccurrence.from_documents(self._plus, self.ix.vocab)
-                      - Cooccurrence.from_documents(self._minus, self.ix.vocab))
-            save_counts(self.folder, counts, self.ix.generation)
+            self._count()
+            if not self.active:
+                return
+            save_counts(self.folder, stored + self._plus_counts - self._minus_counts, self.ix.generation)
         except Exception as e:  # noqa: BLE001 - upkeep must never fail a write
             self._fail(e)
         finally:
-            self.active, self._plus, self._minus = False, [], []
+            self.active, self._plus, self._minus, self._plus_counts, self._minus_counts = False, [], [], None, None
 
 
 # --- what a user asks -------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from click.testing import CliRunner
 from stair_es.backends.embedded import EmbeddedBackend
 from stair_es.cli.main import cli
 from stair_es.errors import DamagedIndexError, IndexNotFoundError, InvalidInputError
-from stair_es.neighbours import (STATS_FILE, Cooccurrence, expand_vector, index_counts, load_counts, neighbours)
+from stair_es.neighbours import (STATS_FILE, Cooccurrence, StatsUpdater, expand_vector, index_counts, load_counts,
+                                  neighbours)
 from stair_es.schema import Document, IndexSchema
 from stair_es.search import QuerySpec, make_request
 from stair_es.sparse import SparseVector
@@ -239,7 +240,9 @@ def test_search_prints_query_and_expanded_tokens_on_separate_lines(home):
     assert lines[1].startswith("expanded tokens: sofa:0.37(<-cat)")
 
 
-def test_upkeep_over_many_batches_with_a_document_replaced_twice(home):
+@pytest.mark.parametrize("count_every", [4096, 1])
+def test_upkeep_over_many_batches_with_a_document_replaced_twice(home, monkeypatch, count_every):
+    monkeypatch.setattr(StatsUpdater, "COUNT_EVERY", count_every)  # 1: counted after every batch
     with EmbeddedBackend(home) as b:
         index_counts(b, "tiny")
     with EmbeddedBackend(home, batch_size=2) as b:  # 5 documents: 3 batches (commits), one write of the statistics
