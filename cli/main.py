@@ -22,6 +22,7 @@ LAZY_COMMANDS = {
     "ingest": "stair_es.cli.ingest_cmd:ingest",
     "search": "stair_es.cli.search_cmds:search",
     "explain": "stair_es.cli.search_cmds:explain",
+    "neighbours": "stair_es.cli.neighbours_cmd:neighbours",
     "get": "stair_es.cli.doc_cmds:get",
     "delete": "stair_es.cli.doc_cmds:delete",
     "encode": "stair_es.cli.doc_cmds:encode",

@@ -38,6 +38,14 @@ def query_options(f: Callable) -> Callable:
         click.option("--top-k", "-k", default=10, show_default=True, help="Number of hits."),
         click.option("--query-top-k", type=int, help="Keep only the N strongest query tokens."),
         click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
+        click.option("--expand", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                     help="Add each query token's N best image-token neighbours by PPMI (co-occurrence of caption "
+                          "words and image tokens in this index; see `stair-es neighbours`), weighted "
+                          "--expand-weight x query weight x NPMI."),
+        click.option("--expand-weight", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True,
+                     help="Weight of an expansion token whose PPMI is maximal (NPMI = 1), relative to its query token."),
+        click.option("--expand-min-count", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="Expansion neighbours must share at least this many captioned documents with the token."),
         click.option("--force", is_flag=True,
                      help="Search even if the index was built with another version of its encoder "
                           "(token map, weights); results may be poorer until you re-ingest."),
@@ -75,13 +83,14 @@ def _hybrid_opts(text, fusion, rrf_k, weights, window):
 
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
                   token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
-                  force=False, image_path=None):
+                  force=False, image_path=None, expand=0, expand_weight=0.5, expand_min_count=2):
     """The CLI's options as one :class:`stair_es.search.QuerySpec`, turned into a request by the library."""
     spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None, wheres=wheres,
                      requires=requires, require_all=require_all, excludes=excludes, query_excludes=query_excludes,
                      expr=expr, token_field=token_field, caption_weight=caption_weight, image_weight=image_weight,
                      top_k=top_k, query_top_k=query_top_k, min_weight=min_weight, encoder=encoder,
-                     encoder_options=encoder_kwargs(model, encoder_opts), force=force)
+                     encoder_options=encoder_kwargs(model, encoder_opts), force=force, expand=expand,
+                     expand_weight=expand_weight, expand_min_count=expand_min_count)
     return make_request(backend, index, spec)
 
 
@@ -126,12 +135,19 @@ def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as
     if as_json:
         data = result.to_dict()
         data["query_tokens"] = qvec.to_token_map(50)
+        if request.expansion:
+            data["expanded_tokens"] = list(request.expansion.values())
         for h in data["hits"]:
             if h["id"] in explanations:
                 h["explanation"] = explanations[h["id"]].to_dict()
+                for c in h["explanation"]["contributions"]:
+                    _mark_expansion(c, request.expansion)
         echo_json(data)
         return
-    click.echo(f"query tokens: {_fmt_tokens(request.clauses[0].vector.top(12))}")
+    shown = [(t, w) for t, w in request.clauses[0].vector.top(12 + len(request.expansion)) if t not in request.expansion]
+    click.echo(f"query tokens: {_fmt_tokens(shown[:12])}")
+    if request.expansion:
+        click.echo(f"expanded tokens: {_fmt_expansion(request.expansion)}")
     for n in result.notes:
         click.echo(f"note: {n}")
     if not result.hits:
@@ -153,7 +169,7 @@ def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as
     for h in result.hits:
         if h.id in explanations:
             click.echo("")
-            _print_explanation(explanations[h.id], limit=8, source_of=source_of)
+            _print_explanation(explanations[h.id], limit=8, source_of=source_of, expansion=request.expansion)
     total = "" if result.total is None else f"{result.total} matching, "
     click.echo(f"({total}{result.took_ms:.1f} ms)")
 
@@ -210,6 +226,7 @@ def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, 
         for c in data.get("contributions", []):
             if c.get("field") == "image" and source_of(c.get("token", "")):
                 c["sources"] = source_of(c["token"])
+            _mark_expansion(c, request.expansion)
         echo_json(data)
         return
     if fused is not None:
@@ -219,7 +236,23 @@ def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, 
         where = (f"fused rank {fused['rank']} (score {fused['score']:.4f})" if fused["rank"]
                  else f"not in the fused top {fused['window']}")
         click.echo(f"hybrid: {where}; sparse: {fmt(fused['retrievers']['sparse'])}; bm25: {fmt(fused['retrievers']['bm25'])}")
-    _print_explanation(exp, limit=limit, source_of=source_of)
+    _print_explanation(exp, limit=limit, source_of=source_of, expansion=request.expansion)
+
+
+def _is_expanded(field: str, token: str, expansion: dict) -> bool:
+    return field == "image" and token in expansion
+
+
+def _mark_expansion(c: dict, expansion: dict) -> None:
+    """JSON: each contribution says whether it comes from the query or from expansion (and which token)."""
+    if _is_expanded(c.get("field", ""), c.get("token", ""), expansion):
+        c["kind"], c["expanded_from"] = "expanded", expansion[c["token"]]["from"]
+    else:
+        c["kind"] = "query"
+
+
+def _fmt_expansion(expansion: dict) -> str:
+    return " ".join(f"{e['token']}:{e['weight']:.2f}(<-{e['from']})" for e in expansion.values())
 
 
 def _token_sources(schema) -> Callable[[str], list[str]]:
@@ -238,7 +271,11 @@ def _token_sources(schema) -> Callable[[str], list[str]]:
     return enc.token_sources
 
 
-def _print_explanation(exp, limit: int, source_of: Callable[[str], list[str]] | None = None) -> None:
+def _print_explanation(exp, limit: int, source_of: Callable[[str], list[str]] | None = None,
+                       expansion: dict | None = None) -> None:
+    if expansion:
+        _print_expanded_explanation(exp, limit, expansion)
+        return
     status = "" if exp.matched_filter else "  (does NOT pass the filter)"
     click.echo(f"{exp.doc_id}: score {exp.score:.4f} = sum of {len(exp.contributions)} token contributions{status}")
     shown = exp.contributions[:limit]
@@ -252,6 +289,34 @@ def _print_explanation(exp, limit: int, source_of: Callable[[str], list[str]] | 
     if len(exp.contributions) > limit:
         rest = sum(c.contribution for c in exp.contributions[limit:])
         click.echo(f"... {len(exp.contributions) - limit} more tokens contribute {rest:.4f}")
+    for n in exp.notes:
+        click.echo(f"note: {n}")
+
+
+def _print_expanded_explanation(exp, limit: int, expansion: dict) -> None:
+    """The query's own tokens and the expansion tokens in two tables, each with its subtotal."""
+    status = "" if exp.matched_filter else "  (does NOT pass the filter)"
+    ranked = sorted(exp.contributions, key=lambda c: -c.contribution)
+    own = [c for c in ranked if not _is_expanded(c.field, c.token, expansion)]
+    added = [c for c in ranked if _is_expanded(c.field, c.token, expansion)]
+    click.echo(f"{exp.doc_id}: score {exp.score:.4f} = {sum(c.contribution for c in own):.4f} from {len(own)} query "
+               f"tokens + {sum(c.contribution for c in added):.4f} from {len(added)} expanded tokens{status}")
+    for title, rows in (("query tokens", own), ("expanded tokens", added)):
+        if not rows:
+            click.echo(f"  {title}: none match")
+            continue
+        click.echo(f"  {title}:")
+        shown = rows[:limit]
+        if rows is added:
+            cells = [(c.token, expansion[c.token]["from"], expansion[c.token]["ppmi"], c.query_weight, c.doc_weight,
+                      c.contribution) for c in shown]
+            out = table(cells, ["token", "from", "ppmi", "query w", "doc w", "contribution"])
+        else:
+            out = table([(c.field, c.token, c.query_weight, c.doc_weight, c.contribution) for c in shown],
+                        ["field", "token", "query w", "doc w", "contribution"])
+        click.echo("\n".join("  " + line for line in out.splitlines()))
+        if len(rows) > limit:
+            click.echo(f"  ... {len(rows) - limit} more contribute {sum(c.contribution for c in rows[limit:]):.4f}")
     for n in exp.notes:
         click.echo(f"note: {n}")
 

@@ -263,6 +263,8 @@ class SearchRequest:
     query_top_k: int | None = None
     query_min_weight: float | None = None
     notes: list[str] = field(default_factory=list)
+    #: tokens added by co-occurrence expansion (``stair_es.neighbours``), by token: shown apart from the query's own
+    expansion: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > 10_000:

@@ -111,6 +111,10 @@ class QuerySpec:
     encoder: str | None = None
     encoder_options: Mapping[str, Any] = field(default_factory=dict)
     force: bool = False
+    #: add each query token's N best image-token neighbours by PPMI (``stair_es.neighbours.expand_vector``)
+    expand: int = 0
+    expand_weight: float = 0.5
+    expand_min_count: int = 2
 
 
 def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[SearchRequest, SparseVector]:
@@ -161,12 +165,21 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     if spec.expr:
         filters.append(parse_token_expression(spec.expr, spec.token_field))
     vectors = {}
+    expansion: dict = {}
     if spec.image_weight > 0 and "image" in schema.sparse_fields:
-        vectors["image"] = (qvec, spec.image_weight)
+        image_qvec = qvec
+        if spec.expand:  # expansion tokens are image tokens: they join the image clause only
+            from .neighbours import expand_vector, index_counts
+
+            counts = index_counts(backend, index, notes=notes)
+            image_qvec, expansion = expand_vector(qvec, counts, spec.expand, weight=spec.expand_weight,
+                                                  min_count=spec.expand_min_count, notes=notes)
+        vectors["image"] = (image_qvec, spec.image_weight)
     if spec.caption_weight > 0 and "caption" in schema.sparse_fields:
         vectors["caption"] = (qvec, spec.caption_weight)
     request = build_request(vectors, filter=combine(filters), top_k=spec.top_k,
                             drop_tokens=tuple(words_to_token_ids(spec.query_excludes)),
                             query_top_k=spec.query_top_k, query_min_weight=spec.min_weight)
     request.notes.extend(notes)
+    request.expansion = {t: e.to_dict() for t, e in expansion.items()}
     return request.prepared(schema), qvec

@@ -23,6 +23,16 @@ Query encoders compared (``--query`` to choose):
 * ``splade+grounded``: per token the larger of the two;
 * ``default``: whatever the ``default`` encoder's text side is (with IDF if it uses it).
 
+``--expand N`` adds, for every query encoder, a row ``ENCODER+xN``: the same queries expanded
+with each token's N best image-token neighbours by PPMI (``stair_es.neighbours``, what
+``stair-es search --expand N`` does). The PPMI statistics come from captions and image vectors
+of items *other* than the ones queried: the set is split in two halves (fixed seed), the
+statistics of one half expand the queries of the other, each query ranks the images of its
+own half, and the two halves' ranks are pooled -- so the rows with and without expansion
+are measured on the same halves. ``--expand-split transductive`` instead counts the whole
+set, whose captions are the queries themselves (optimistic: the query's own caption is in
+the statistics).
+
 Metrics: P@1, MRR, R@5, and images/s of the image encoder (PIL image in, vector out; the
 set's own loading and rasterising is not counted). Each report carries the git commit,
 the stair_es version under test and machine info.
@@ -56,15 +66,24 @@ def rank_metrics(scores: np.ndarray, relevant: list[np.ndarray]) -> dict[str, fl
     ``relevant[i]``: indices of the images relevant to query ``i``. The rank of a query is
     1 + the number of non-relevant images scoring at least as high as its best relevant one.
     """
+    return metrics_of_ranks(query_ranks(scores, relevant))
+
+
+def metrics_of_ranks(r: np.ndarray) -> dict[str, float]:
+    r = np.asarray(r, dtype=np.float64)
+    return {"p1": float(np.mean(r == 1)), "mrr": float(np.mean(1.0 / r)), "r5": float(np.mean(r <= 5)),
+            "median_rank": float(np.median(r))}
+
+
+def query_ranks(scores: np.ndarray, relevant: list[np.ndarray]) -> np.ndarray:
+    """The rank of each query (see :func:`rank_metrics`)."""
     ranks = []
     for i, rel in enumerate(relevant):
         row = scores[i]
         best = row[rel].max()
         ahead = np.count_nonzero(row >= best) - np.count_nonzero(row[rel] >= best)
         ranks.append(1 + int(ahead))
-    r = np.asarray(ranks, dtype=np.float64)
-    return {"p1": float(np.mean(r == 1)), "mrr": float(np.mean(1.0 / r)), "r5": float(np.mean(r <= 5)),
-            "median_rank": float(np.median(r))}
+    return np.asarray(ranks, dtype=np.float64)
 
 
 def _dense(vectors) -> np.ndarray:
@@ -120,8 +139,69 @@ def _relevance(texts: list[str]) -> list[np.ndarray]:
     return [np.asarray(groups[t]) for t in norm]
 
 
-def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32) -> list[dict]:
-    images = [it.load() for it in items]
+def _expand_rows(q: np.ndarray, counts, n: int, weight: float, min_count: int) -> np.ndarray:
+    """Each query row expanded as ``stair-es search --expand n`` expands a query vector."""
+    from stair_es.neighbours import expand_vector
+    from stair_es.sparse import SparseVector
+    from stair_es.vocab import default_vocabulary
+
+    vocab = default_vocabulary()
+    out = q.copy()
+    for i in range(q.shape[0]):
+        ids = np.flatnonzero(q[i])
+        if ids.size:
+            v, added = expand_vector(SparseVector(ids.astype(np.int32), q[i, ids], vocab), counts, n, weight=weight,
+                                     min_count=min_count)
+            out[i, v.ids] = v.weights
+    return out
+
+
+def _expansion_rows(q: np.ndarray, img: np.ndarray, vecs, texts: list[str], rel_all, expand: dict) -> tuple[dict, dict]:
+    """(metrics without, metrics with expansion) on the split ``expand['split']`` describes."""
+    from stair_es.neighbours import Cooccurrence
+
+    def counts_of(rows):
+        return Cooccurrence.from_documents((vecs[i].ids if vecs[i] is not None else np.zeros(0, np.int32), texts[i])
+                                           for i in rows)
+
+    n = len(texts)
+    if expand["split"] == "transductive":
+        folds = [(np.arange(n), np.arange(n))]
+    else:
+        perm = np.random.default_rng(0).permutation(n)
+        a, b = np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
+        folds = [(a, b), (b, a)]  # (rows whose statistics are used, rows queried and ranked)
+    plain, expanded, order = [], [], []
+    for stats_rows, rows in folds:
+        order.append(rows)
+        counts = counts_of(stats_rows)
+        rel = _relevance([texts[i] for i in rows])
+        sub_img = img[rows]
+        plain.append(query_ranks(q[rows] @ sub_img.T, rel))
+        qx = _expand_rows(q[rows], counts, expand["n"], expand["weight"], expand["min_count"])
+        expanded.append(query_ranks(qx @ sub_img.T, rel))
+    # queries whose description no other item of the set shares: a title shared by many items
+    # (e.g. a collection's boilerplate) makes every item of the collection relevant
+    unique = np.asarray([rel_all[i].size == 1 for i in np.concatenate(order)])
+    p, x = np.concatenate(plain), np.concatenate(expanded)
+    base, exp = metrics_of_ranks(p), metrics_of_ranks(x)
+    if unique.any():
+        base.update({f"{k}_unique": v for k, v in metrics_of_ranks(p[unique]).items() if k in ("p1", "mrr")})
+        exp.update({f"{k}_unique": v for k, v in metrics_of_ranks(x[unique]).items() if k in ("p1", "mrr")})
+        base["n_unique"] = exp["n_unique"] = int(unique.sum())
+    return base, exp
+
+
+def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
+                 expand: dict | None = None) -> list[dict]:
+    images, kept = [], []
+    for it in items:
+        try:
+            images.append(it.load())
+            kept.append(it)
+        except Exception as e:  # noqa: BLE001 - a file the set's own decoder cannot read: counted, not fatal
+            print(f"# {name}: skipped {it.id}: cannot load it ({type(e).__name__}: {e})", file=sys.stderr)
+    items = kept
     texts = [it.query for it in items]
     image_encoder.encode_images(images[: min(4, len(images))], batch_size=batch_size)  # warm-up / export
     t = time.perf_counter()
@@ -132,9 +212,20 @@ def evaluate_set(name: str, items, image_encoder, queries: list[str], default_en
     rows = []
     for q in queries:
         qd = _encode_queries(q, texts, img, default_encoder)
+        common = {"images_per_s": round(ips, 1), "mean_image_nnz": round(float(np.mean([v.nnz for v in vecs])), 1)}
+        if expand:
+            for split in expand["splits"]:
+                for i, n in enumerate(expand["ns"]):
+                    one = {"n": n, "split": split, "weight": expand["weight"], "min_count": expand["min_count"]}
+                    base, exp = _expansion_rows(qd, img, vecs, texts, rel, one)
+                    if i == 0:
+                        rows.append({"set": name, "n": len(items), "query_encoder": q, "split": split,
+                                     **{k: round(v, 4) for k, v in base.items()}, **common})
+                    rows.append({"set": name, "n": len(items), "query_encoder": f"{q}+x{n}", "split": split,
+                                 "expand": one, **{k: round(v, 4) for k, v in exp.items()}, **common})
+            continue
         m = rank_metrics(qd @ img.T, rel)
-        rows.append({"set": name, "n": len(items), "query_encoder": q, **{k: round(v, 4) for k, v in m.items()},
-                     "images_per_s": round(ips, 1), "mean_image_nnz": round(float(np.mean([v.nnz for v in vecs])), 1)})
+        rows.append({"set": name, "n": len(items), "query_encoder": q, **{k: round(v, 4) for k, v in m.items()}, **common})
     return rows
 
 
@@ -154,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-encoder", default="default", help="registry name of the image encoder")
     ap.add_argument("--image-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the image encoder, e.g. sources=imagenet,colour (repeatable)")
+    ap.add_argument("--expand", default="", metavar="N[,N...]",
+                    help="also measure each query encoder with co-occurrence expansion (N neighbours per token)")
+    ap.add_argument("--expand-split", default="halves", metavar="halves|transductive[,...]",
+                    help="where the PPMI statistics come from: the other half of the set (default), or the whole set")
+    ap.add_argument("--expand-weight", type=float, default=0.5, help="--expand-weight of stair-es search")
+    ap.add_argument("--expand-min-count", type=int, default=2, help="--expand-min-count of stair-es search")
     ap.add_argument("--label", default="", help="a name for this run in the report (e.g. before / after)")
     ap.add_argument("--out", type=Path, help="write the report as JSON here")
     args = ap.parse_args(argv)
@@ -170,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         options[key.strip()] = value
     image_encoder = (default_encoder if args.image_encoder == "default" and not options
                      else get_encoder(args.image_encoder, **options))
+    for split in args.expand_split.split(","):
+        if split not in ("halves", "transductive"):
+            ap.error(f"unknown --expand-split {split!r}; choose halves or transductive")
     queries = [q for q in args.query.split(",") if q]
     for q in queries:
         if q not in QUERY_ENCODERS:
@@ -183,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"# encoder eval {args.label}  commit {report['commit']}  stair_es from {report['stair_es']}")
     print(f"# image encoder {report['image_encoder']}")
-    header = f"{'set':<12} {'n':>4} {'query':<11} {'P@1':>6} {'MRR':>6} {'R@5':>6} {'med.rank':>8} {'img/s':>7} {'nnz':>5}"
+    header = f"{'set':<12} {'n':>4} {'query':<16} {'P@1':>6} {'MRR':>6} {'R@5':>6} {'med.rank':>8} {'img/s':>7} {'nnz':>5}"
+    if args.expand:
+        header += "  P@1/MRR of queries with a description no other item has (n)"
     print(header)
     for name in [s for s in args.sets.split(",") if s]:
         if name not in SETS:
@@ -194,10 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<12} skipped: {e}")
             report["skipped"][name] = str(e)
             continue
-        for row in evaluate_set(name, items, image_encoder, queries, default_encoder):
+        expand = ({"ns": [int(x) for x in args.expand.split(",") if x], "splits": args.expand_split.split(","),
+                   "weight": args.expand_weight, "min_count": args.expand_min_count} if args.expand else None)
+        for row in evaluate_set(name, items, image_encoder, queries, default_encoder, expand=expand):
             report["results"].append(row)
-            print(f"{row['set']:<12} {row['n']:>4} {row['query_encoder']:<11} {row['p1']:>6.3f} {row['mrr']:>6.3f} "
-                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}")
+            print(f"{row['set']:<12} {row['n']:>4} {row['query_encoder'] + ' ' + row.get('split', '')[:5]:<16} {row['p1']:>6.3f} {row['mrr']:>6.3f} "
+                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}"
+                  + (f"  {row['p1_unique']:.3f} / {row['mrr_unique']:.3f} ({row['n_unique']})" if "n_unique" in row else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

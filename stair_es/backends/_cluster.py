@@ -705,6 +705,40 @@ class ClusterBackend(SearchBackend):
                     pass
         return df, n
 
+    def scan(self, index: str, field: str) -> Iterator[tuple[np.ndarray, np.ndarray, list[str | None]]]:
+        """Every document, 1000 per page (scroll), as ``(indptr, token ids of field, captions)`` per page.
+
+        Costs a full read of the index (used for neighbour statistics, ``stair_es.neighbours``)."""
+        meta = self._meta(index)
+        meta.schema.check_sparse_field(field)
+        body = {"query": {"match_all": {}}, "size": 1000, "_source": [field, "caption_text"], "sort": ["_doc"]}
+        res = self._call("POST", self._path(index, "_search"), body, {"scroll": "2m"}, action=f"scan {index!r}", index=index)
+        scroll_id = res.get("_scroll_id")
+        try:
+            while True:
+                hits = res.get("hits", {}).get("hits", [])
+                if not hits:
+                    break
+                rows, captions = [], []
+                for h in hits:
+                    src = h.get("_source") or {}
+                    feats = src.get(field)
+                    rows.append(vector_from_features(feats, self.vocab, meta.keys).ids if feats else np.zeros(0, np.int32))
+                    captions.append(src.get("caption_text"))
+                ptr = np.zeros(len(rows) + 1, np.int64)
+                np.cumsum([r.size for r in rows], out=ptr[1:])
+                yield ptr, np.concatenate(rows).astype(np.int32), captions
+                if not scroll_id:
+                    break
+                res = self._call("POST", "/_search/scroll", {"scroll": "2m", "scroll_id": scroll_id}, action="scan (scroll)")
+                scroll_id = res.get("_scroll_id", scroll_id)
+        finally:
+            if scroll_id:
+                try:
+                    self._call("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
+                except StairError:
+                    pass
+
 
 def _quiet_client_loggers(names: Iterable[str]) -> None:
     """The clients log every failed attempt at WARNING, with a traceback; stair_es reports the outcome itself.

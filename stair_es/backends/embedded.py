@@ -18,10 +18,23 @@ from typing import Iterable
 import numpy as np
 
 from ..engine import EngineIndex
+from ..neighbours import StatsUpdater
 from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError
 from ..query import SearchRequest
 from ..schema import Document, Explanation, IndexSchema, IngestReport, SearchResult
 from .base import IndexInfo, ProgressCallback, SearchBackend
+
+
+def _written(batch, items):
+    """(image ids, caption) of each document an ``add`` wrote, and the ids it replaced."""
+    added, replaced = [], []
+    for d, it in zip(batch, items):
+        if it.ok and it.action in ("index", "update"):
+            v = d.vectors.get("image")
+            added.append((v.ids if v is not None else np.zeros(0, np.int32), d.caption))
+            if it.action == "update":
+                replaced.append(d.id)
+    return added, replaced
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
 DEFAULT_BATCH = 256
@@ -117,7 +130,12 @@ class EmbeddedBackend(SearchBackend):
         shutil.rmtree(path)
 
     def optimize(self, index: str) -> None:
-        self._writer(index).optimize()
+        ix = self._writer(index)
+        upkeep = StatsUpdater(ix)  # merging changes the generation, not the documents: re-tag stored statistics
+        upkeep.before([])
+        ix.optimize()
+        upkeep.after([], [])
+        upkeep.finish()
 
     # --- documents ----------------------------------------------------------------------------
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
@@ -125,8 +143,12 @@ class EmbeddedBackend(SearchBackend):
         report = IngestReport()
         batch: list[Document] = []
 
+        upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
+
         def flush() -> None:
+            upkeep.before([d.id for d in batch if isinstance(d, Document)])
             items = ix.add(batch)
+            upkeep.after(*_written(batch, items))
             report.extend(items)
             batch.clear()
             if on_batch is not None:
@@ -138,6 +160,7 @@ class EmbeddedBackend(SearchBackend):
                 flush()
         if batch:
             flush()
+        upkeep.finish()
         return report
 
     def get(self, index: str, doc_id: str) -> Document:
@@ -147,7 +170,13 @@ class EmbeddedBackend(SearchBackend):
         return self._reader(index).contains(list(ids))
 
     def delete_documents(self, index: str, ids: Iterable[str]) -> IngestReport:
-        return IngestReport(self._writer(index).delete(list(ids)))
+        ix, ids = self._writer(index), list(ids)
+        upkeep = StatsUpdater(ix)
+        upkeep.before(ids)
+        items = ix.delete(ids)
+        upkeep.after([], [it.id for it in items if it.ok])
+        upkeep.finish()
+        return IngestReport(items)
 
     def search(self, index: str, request: SearchRequest) -> SearchResult:
         return self._reader(index).search(request)
@@ -157,6 +186,20 @@ class EmbeddedBackend(SearchBackend):
 
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         return self._reader(index).doc_freqs(field)
+
+    # --- document scan (neighbour statistics, stair_es.neighbours) -------------------------------
+    def scan(self, index: str, field: str):
+        """Live documents as ``(indptr, token ids of field, captions)`` per segment."""
+        return self._reader(index).scan(field)
+
+    def generation(self, index: str, *, refresh: bool = True) -> int:
+        ix = self._reader(index)
+        if refresh:
+            ix.refresh()
+        return ix.generation
+
+    def index_folder(self, index: str) -> Path:
+        return self._reader(index).path
 
     def close(self) -> None:
         for name in list(self._readers) + list(self._writers):

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -857,6 +857,31 @@ class EngineIndex:
                          s.seg.bshift, lv, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, out)
             live += s.live
         return out, live
+
+    @property
+    def generation(self) -> int:
+        """The commit generation this handle currently sees (it grows with every commit)."""
+        return int(self._manifest["generation"])
+
+    def scan(self, field: str) -> Iterator[tuple[np.ndarray, np.ndarray, list[str | None]]]:
+        """The live documents, one segment at a time, as ``(indptr, token ids, captions)``:
+        the sparse ``field``'s token ids in CSR form and each document's caption (None if it
+        has none). Read through the verified segments of one generation (the one
+        :attr:`generation` reports after the call to :meth:`refresh` made here)."""
+        self.refresh()
+        fi = self.schema.sparse_fields.index(self.schema.check_sparse_field(field))
+        for s in list(self._segs):
+            keep = np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+            if not keep.size:
+                continue
+            keep_map = np.full(s.seg.n_docs, -1, np.int64)
+            keep_map[keep] = np.arange(keep.size)
+            seg = s.seg
+            ptr, tok, _ = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                                            seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift,
+                                            keep_map)
+            captions = [seg.caption(int(d)) for d in keep]
+            yield ptr, tok, captions
 
     @property
     def doc_count(self) -> int:
