@@ -64,7 +64,7 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
 def train_cmd(data, output, model_config, head, top_n, vdr_k, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
-    """Train a STAIR model (or the dense baseline) on DATA: JSONL lines
+    """Train a model with the --head of choice (STAIR by default; VisualSparta, VDR, dense) on DATA: JSONL lines
     {"image": path, "caption": str | "captions": [...]}, a CSV with image,caption columns,
     a Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images), or
     WebDataset-style tar shards (a .tar, a glob in quotes, or a folder: key.jpg + key.txt/.json).
