@@ -36,8 +36,9 @@ RUNS = {
     # the other heads over the same towers (issue 14); compare with "multi" and "dense" (`heads` subcommand)
     "visualsparta": dict(head="visualsparta", stages=("single",), lam=0.0, top_n=1000),
     "vdr": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64),
+    "vdr-nocts": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64, cts=False),  # without the contrastive mask
 }
-HEAD_RUNS = ("multi", "visualsparta", "vdr", "dense")
+HEAD_RUNS = ("multi", "visualsparta", "vdr", "vdr-nocts", "dense")
 
 
 def offline_tower(name: str | None) -> str | None:
@@ -78,7 +79,8 @@ def cmd_run(a) -> None:
     tc = TrainConfig(stages=spec["stages"], steps=steps, batch_size=a.batch_size, lr=a.lr, stage3_lr=a.lr / 3,
                      lambda_image=spec["lam"], lambda_text=spec["lam"],
                      flops_warmup_steps=a.flops_warmup or max(1, steps[0] // 2),
-                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False))
+                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False),
+                     vdr_cts_mask=spec.get("cts", True))
     out = Path(a.work) / "runs" / a.name
     res = train(model, tr, tc, out, eval_data=None if a.final_eval_only else te, progress=False)
     if a.final_eval_only:
@@ -194,7 +196,7 @@ def cmd_heads(a) -> None:
             model.config.top_n = change.get("top_n", base_top_n)
             ev = {k: v for k, v in evaluate(model, te, text_mode=mode).items()}
             q_ms = 0.0 if mode == "bow" else lat["query_ms"]
-            rows.append({"run": name, "head": model.head + label, "train_s": res["seconds"], "steps": sum(res["steps"]),
+            rows.append({"run": name, "head": name.replace("multi", "stair") + label, "train_s": res["seconds"], "steps": sum(res["steps"]),
                          **{k: v for k, v in ev.items() if not isinstance(v, list)}, "image_ms": lat["image_ms"], "query_ms": q_ms,
                          "most_used_image_tokens": ev.get("most_used_image_tokens")})
         model.config.top_n = base_top_n

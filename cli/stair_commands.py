@@ -38,6 +38,7 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--head", type=click.Choice(["stair", "visualsparta", "vdr", "dense", "sparse"]), help="stair (default; 'sparse' is its old name): token projection heads; visualsparta: word embeddings scored against image patches, bag-of-words queries; vdr: elu1p + top-k gate, trained with a bag-of-words entry; dense: the CLIP-style baseline. All share the towers. See docs/stair.md.")
 @click.option("--top-n", type=int, help="visualsparta: terms kept per image at index time (default 1000).")
 @click.option("--vdr-k", type=int, help="vdr: k of the top-k gate (default 256).")
+@click.option("--no-cts-mask", is_flag=True, help="vdr: train without the contrastive mask (the paper's ablation).")
 @click.option("--text-tower", help="Pretrained text tower: a BERT-family MLM (transformers hub id or local folder) over the BERT WordPiece vocabulary; its MLM head initialises the token projection.")
 @click.option("--image-tower", help="Pretrained image tower: a ViT, CLIP, SigLIP or DINOv2 hub id or folder, or efficientnet-lite0 (offline package).")
 @click.option("--freeze-image-tower", is_flag=True, help="Keep the pretrained image backbone fixed (its outputs are cached once); only the image head trains.")
@@ -63,7 +64,7 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
-def train_cmd(data, output, model_config, head, top_n, vdr_k, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
+def train_cmd(data, output, model_config, head, top_n, vdr_k, no_cts_mask, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
     """Train a model with the --head of choice (STAIR by default; VisualSparta, VDR, dense) on DATA: JSONL lines
     {"image": path, "caption": str | "captions": [...]}, a CSV with image,caption columns,
     a Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images), or
@@ -102,7 +103,8 @@ def train_cmd(data, output, model_config, head, top_n, vdr_k, text_tower, image_
         raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
     tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
                      lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, warmup_steps=warmup, seed=seed,
-                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every)
+                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every,
+                     vdr_cts_mask=not no_cts_mask)
     model = new_model(cfg, device, seed=seed, text_tower=text_tower, image_tower=image_tower)
     cfg = model.config
     if text_tower or image_tower:

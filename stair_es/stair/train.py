@@ -59,6 +59,8 @@ class TrainConfig:
     # Scaling: micro-batches per step (same negatives as one big batch), bf16 autocast
     accum_steps: int = 1
     precision: str = "fp32"
+    # VDR head: deal the batch's unused vocabulary entries to the queries (the paper's contrastive mask)
+    vdr_cts_mask: bool = True
 
     def __post_init__(self) -> None:
         self.stages = tuple(str(s) for s in self.stages)
@@ -256,7 +258,7 @@ def train(
                     img_loc, txt_loc = img_j, txt_j
                 img, txt = gather_with_grad(img_loc), gather_with_grad(txt_loc)
                 if model.head == "vdr":
-                    con = vdr_loss(img, txt, bow, model.config.vdr_k, model.logit_scale, model.keep_mask)
+                    con = vdr_loss(img, txt, bow, model.config.vdr_k, model.logit_scale, model.keep_mask, cts_mask=tc.vdr_cts_mask)
                 elif model.head == "visualsparta":
                     con = visualsparta_loss(img, txt)
                 else:
