@@ -114,10 +114,10 @@ def test_loading_a_checkpoint_as_another_head_names_both(trained):
 def test_unknown_head_lists_the_choices(cfg):
     with pytest.raises(UnknownNameError, match="stair, visualsparta, vdr, dense"):
         cfg.replace(head="splade")
-    from cli.stair_commands import eval_cmd
+    from cli.stair_commands import train_cmd
 
-    res = CliRunner().invoke(eval_cmd, ["nowhere", "x.jsonl", "--head", "nope"])
-    assert res.exit_code != 0
+    res = CliRunner().invoke(train_cmd, ["x.jsonl", "-o", "out", "--head", "nope"])
+    assert res.exit_code != 0 and "'nope'" in res.output and all(h in res.output for h in ("stair", "visualsparta", "vdr", "dense"))
 
 
 def test_visualsparta_encoder_keeps_raw_image_scores_and_searches_by_dot_product(trained):
@@ -142,3 +142,20 @@ def test_three_stage_plan_is_refused_for_the_heads_that_train_in_one_stage(cfg, 
 
     with pytest.raises(InvalidInputError, match="--stages single"):
         train(new_model(cfg.replace(head="vdr"), "cpu"), data, TrainConfig(steps=(1, 1, 1), batch_size=4), tmp_path, progress=False)
+
+
+def test_cli_trains_a_head_in_one_stage_and_records_it(tmp_path):
+    from cli.stair_commands import eval_cmd, train_cmd
+
+    sc = make_scenes(tmp_path / "sc", n_train=24, n_test=8, seed=1, size=32)
+    out = tmp_path / "vs"
+    res = CliRunner().invoke(train_cmd, [str(sc["train"]), "-o", str(out), "--head", "visualsparta", "--top-n", "25", "--steps", "2",
+                                         "--batch-size", "8", "--checkpoint-every", "0", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["head"] == "visualsparta" and saved["top_n"] == 25
+    assert json.loads((out / "train_config.json").read_text())["stages"] == ["single"]
+    res = CliRunner().invoke(eval_cmd, [str(out), str(sc["test"]), "--head", "vdr", "--json"])
+    assert res.exit_code != 0 and "'visualsparta' head" in res.output and "'vdr' head" in res.output
+    res = CliRunner().invoke(eval_cmd, [str(out), str(sc["test"]), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output.strip().splitlines()[-1])["active_tokens_image"] <= 25
