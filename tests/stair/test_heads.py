@@ -159,3 +159,22 @@ def test_cli_trains_a_head_in_one_stage_and_records_it(tmp_path):
     assert res.exit_code != 0 and "'visualsparta' head" in res.output and "'vdr' head" in res.output
     res = CliRunner().invoke(eval_cmd, [str(out), str(sc["test"]), "--json"])
     assert res.exit_code == 0 and json.loads(res.output.strip().splitlines()[-1])["active_tokens_image"] <= 25
+
+
+def test_old_head_name_sparse_still_loads_as_stair(cfg):
+    assert cfg.replace(head="sparse").head == "stair"
+
+
+def test_vdr_contrastive_mask_deals_the_unused_tokens_to_the_queries_without_overlap():
+    from stair_es.stair.losses import contrastive_mask
+
+    gate = torch.zeros(4, 50)
+    gate[0, :5] = 1
+    gate[2, 3:9] = 1
+    keep = torch.ones(50)
+    keep[:2] = 0  # two "special" entries
+    m = contrastive_mask(gate, keep)
+    used = set(range(9)) | {0, 1}
+    assert (m.sum(1) == (50 - len(used)) // 4).all()  # an even share each
+    assert (m.sum(0) <= 1).all()  # no entry given to two queries
+    assert not set(torch.nonzero(m.sum(0)).flatten().tolist()) & used
