@@ -100,7 +100,9 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
     the raw dot product for VisualSparta (its eq. 15).
     """
     if text_mode not in ("model", "bow"):
-        raise ValueError(f"text_mode must be 'model' or 'bow', got {text_mode!r}")
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"text_mode must be 'model' or 'bow', got {text_mode!r}")
     first = data.first_caption_per_image()
     img, txt = embed(model, data, batch_size, first, mask_text, text_mode)
     if model.uses_cosine:
