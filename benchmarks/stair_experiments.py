@@ -33,7 +33,12 @@ RUNS = {
     # feature maps (locked, cached) as image patches; compare with "multi" (random init)
     "pre-text": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3, text_tower="splade-tiny"),
     "pre-both": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3, text_tower="splade-tiny", image_tower="efficientnet-lite0", freeze=True),
+    # the other heads over the same towers (issue 14); compare with "multi" and "dense" (`heads` subcommand)
+    "visualsparta": dict(head="visualsparta", stages=("single",), lam=0.0, top_n=1000),
+    "vdr": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64),
+    "vdr-nocts": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64, cts=False),  # without the contrastive mask
 }
+HEAD_RUNS = ("multi", "visualsparta", "vdr", "vdr-nocts", "dense")
 
 
 def offline_tower(name: str | None) -> str | None:
@@ -63,7 +68,7 @@ def cmd_run(a) -> None:
     from stair_es.stair.train import TrainConfig, new_model, train
 
     spec = RUNS[a.name]
-    cfg = load_config(a.config).replace(head=spec["head"])
+    cfg = load_config(a.config).replace(head=spec["head"], **{k: spec[k] for k in ("top_n", "vdr_k") if k in spec})
     scenes = Path(a.work) / "scenes"
     model = new_model(cfg, "cpu", seed=0, text_tower=offline_tower(spec.get("text_tower")), image_tower=spec.get("image_tower"))
     cfg = model.config
@@ -74,7 +79,8 @@ def cmd_run(a) -> None:
     tc = TrainConfig(stages=spec["stages"], steps=steps, batch_size=a.batch_size, lr=a.lr, stage3_lr=a.lr / 3,
                      lambda_image=spec["lam"], lambda_text=spec["lam"],
                      flops_warmup_steps=a.flops_warmup or max(1, steps[0] // 2),
-                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False))
+                     warmup_steps=10, checkpoint_every=0, log_every=10, seed=0, freeze_image_tower=spec.get("freeze", False),
+                     vdr_cts_mask=spec.get("cts", True))
     out = Path(a.work) / "runs" / a.name
     res = train(model, tr, tc, out, eval_data=None if a.final_eval_only else te, progress=False)
     if a.final_eval_only:
@@ -139,6 +145,82 @@ def cmd_onnx(a) -> None:
     print(f"max |onnx - torch| token weight: {diff:.2g}")
 
 
+def cmd_heads(a) -> None:
+    """The heads side by side (issue 14): each HEAD_RUNS model evaluated with the current
+    (tie-correct) evaluation, in its indexed form, plus the bag-of-words query for stair and vdr,
+    VisualSparta at other top-n (an index-time choice: no retraining), and encode latency
+    (PyTorch, one thread: ms per image in batches of 32, ms per query one at a time)."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from stair_es.stair.data import load_caption_data
+    from stair_es.stair.evaluate import evaluate
+    from stair_es.stair.model import StairModel
+
+    rows = []
+    te = None
+    for name in HEAD_RUNS:
+        run = Path(a.work) / "runs" / name
+        if not (run / "result.json").exists():
+            print(f"{name}: not trained (run `run {name}` first)", file=sys.stderr)
+            continue
+        res = json.loads((run / "result.json").read_text())
+        model = StairModel.from_pretrained(run, device="cpu")
+        if te is None:
+            te = load_caption_data(Path(a.work) / "scenes" / "test.jsonl", image_size=model.config.image_size)
+        variants = [("", {}, "model")]
+        if model.head in ("stair", "vdr"):
+            variants.append((" (bow query)", {}, "bow"))
+        if model.head == "visualsparta":
+            variants += [(f" (top-n {n})", {"top_n": n}, "model") for n in a.top_n if n != model.config.top_n]
+        # latency of the indexed form
+        caps = [te.captions[int(p)] for p in te.first_caption_per_image()[:50]]
+        pix = model.pixels(te.images[:64])
+        with torch.no_grad():
+            img_t, txt_t = [], []
+            for _ in range(3):
+                t = time.perf_counter()
+                for i in range(0, len(pix), 32):
+                    model.encode_image(pix[i : i + 32])
+                img_t.append((time.perf_counter() - t) * 1000 / len(pix))
+            for c in caps:
+                t = time.perf_counter()
+                ids, mask, _ = model.tokenize([c])
+                model.encode_text(ids, mask)
+                txt_t.append((time.perf_counter() - t) * 1000)
+        lat = {"image_ms": statistics.median(img_t), "query_ms": statistics.median(txt_t)}
+        base_top_n = model.config.top_n
+        for label, change, mode in variants:
+            model.config.top_n = change.get("top_n", base_top_n)
+            ev = {k: v for k, v in evaluate(model, te, text_mode=mode).items()}
+            q_ms = 0.0 if mode == "bow" else lat["query_ms"]
+            rows.append({"run": name, "head": name.replace("multi", "stair") + label, "train_s": res["seconds"], "steps": sum(res["steps"]),
+                         **{k: v for k, v in ev.items() if not isinstance(v, list)}, "image_ms": lat["image_ms"], "query_ms": q_ms,
+                         "most_used_image_tokens": ev.get("most_used_image_tokens")})
+        model.config.top_n = base_top_n
+        print(json.dumps(rows[-len(variants)]), flush=True)
+    cols = ["t2i_r@1", "t2i_r@5", "t2i_r@10", "i2t_r@1", "i2t_r@5", "i2t_r@10"]
+    lines = ["| head | train s | " + " | ".join(c.replace("_r@", " R@") for c in cols) + " | active tokens / image | active tokens / text | interp P@1 | interp R@5 | encode ms / image | encode ms / query |",
+             "|" + "---|" * (len(cols) + 8)]
+    for r in rows:
+        act = lambda k: "-" if r.get(k) is None else f"{r[k]:.0f}"  # noqa: E731
+        pct = lambda k: "-" if r.get(k) is None else f"{100 * r[k]:.1f}"  # noqa: E731
+        q_ms = "- (no network)" if r["query_ms"] == 0 else f"{r['query_ms']:.2f}"
+        lines.append(f"| {r['head']} | {r['train_s']:.0f} | " + " | ".join(pct(c) for c in cols) +
+                     f" | {act('active_tokens_image')} | {act('active_tokens_text')} | {pct('interp_p@1')} | {pct('interp_r@5')} | "
+                     f"{r['image_ms']:.2f} | {q_ms} |")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch threads {a.threads}"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = f"commit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    (out / "results.md").write_text("\n".join(lines) + f"\n\n{stamp}\n")
+    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "rows": rows}, indent=2) + "\n")
+    print("\n".join(lines))
+
+
 def cmd_report(a) -> None:
     import matplotlib
 
@@ -181,7 +263,7 @@ def cmd_report(a) -> None:
     for off, c in ((-0.2, "t2i_r@1"), (0.0, "i2t_r@1"), (0.2, "t2i_r@5")):
         ax[0].bar([i + off for i in x], [100 * fin[n][c] for n in names], width=0.2, label=c)
     ax[0].set_xticks(list(x), names); ax[0].set_ylabel("%"); ax[0].set_title("retrieval"); ax[0].legend(fontsize=7)
-    sp = [n for n in names if results[n]["spec"]["head"] == "sparse"]
+    sp = [n for n in names if results[n]["spec"]["head"] != "dense"]
     for off, c in ((-0.15, "interp_p@1"), (0.15, "interp_r@5")):
         ax[1].bar([i + off for i in range(len(sp))], [100 * fin[n].get(c, 0) for n in sp], width=0.3, label=c)
     ax[1].set_xticks(list(range(len(sp))), sp); ax[1].set_title("grounding (interpretability)"); ax[1].legend(fontsize=7)
@@ -211,10 +293,12 @@ def main() -> None:
     r.add_argument("--final-eval-only", action="store_true", help="Evaluate once after training instead of after every stage (saves CPU)")
     ev = sub.add_parser("reeval"); ev.add_argument("--work", required=True); ev.add_argument("--threads", type=int, default=1)
     rep = sub.add_parser("report"); rep.add_argument("--work", required=True); rep.add_argument("--out", default="docs/stair-experiments")
+    hd = sub.add_parser("heads"); hd.add_argument("--work", required=True); hd.add_argument("--out", default="docs/stair-experiments/heads")
+    hd.add_argument("--threads", type=int, default=1); hd.add_argument("--top-n", type=int, nargs="*", default=[1000, 100, 20])
     ox = sub.add_parser("onnx"); ox.add_argument("--model", required=True); ox.add_argument("--images", required=True, help="a quoted glob")
     ox.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
-    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report, "onnx": cmd_onnx}[a.cmd](a)
+    {"data": cmd_data, "run": cmd_run, "reeval": cmd_reeval, "report": cmd_report, "onnx": cmd_onnx, "heads": cmd_heads}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,14 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.argument("data")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder for the trained model, checkpoint/ and metrics.jsonl.")
 @click.option("--config", "model_config", default="tiny", show_default=True, help="Model size: a shipped config name (tiny, cpu, small, paper) or a JSON file.")
-@click.option("--head", type=click.Choice(["sparse", "dense"]), help="sparse = STAIR; dense = the CLIP-style baseline with the same towers.")
+@click.option("--head", type=click.Choice(["stair", "visualsparta", "vdr", "dense", "sparse"]), help="stair (default; 'sparse' is its old name): token projection heads; visualsparta: word embeddings scored against image patches, bag-of-words queries; vdr: elu1p + top-k gate, trained with a bag-of-words entry; dense: the CLIP-style baseline. All share the towers. See docs/stair.md.")
+@click.option("--top-n", type=int, help="visualsparta: terms kept per image at index time (default 1000).")
+@click.option("--vdr-k", type=int, help="vdr: k of the top-k gate (default 256).")
+@click.option("--no-cts-mask", is_flag=True, help="vdr: train without the contrastive mask (the paper's ablation).")
 @click.option("--text-tower", help="Pretrained text tower: a BERT-family MLM (transformers hub id or local folder) over the BERT WordPiece vocabulary; its MLM head initialises the token projection.")
 @click.option("--image-tower", help="Pretrained image tower: a ViT, CLIP, SigLIP or DINOv2 hub id or folder, or efficientnet-lite0 (offline package).")
 @click.option("--freeze-image-tower", is_flag=True, help="Keep the pretrained image backbone fixed (its outputs are cached once); only the image head trains.")
-@click.option("--stages", default="1,2,3", show_default=True, help="Stage plan: '1,2,3' (paper; any subset in order) or 'single' (one stage, no mask: the ablation).")
+@click.option("--stages", default=None, help="Stage plan: '1,2,3' (paper; any subset in order) or 'single' (one stage, no mask: the ablation). Default: 1,2,3 for the stair and dense heads, single for visualsparta and vdr.")
 @click.option("--steps", default="300", show_default=True, help="Steps per stage: one number for all stages, or one per stage ('300,300,600').")
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate of stages 1, 2 and single.")
@@ -61,8 +64,8 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
-def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
-    """Train a STAIR model (or the dense baseline) on DATA: JSONL lines
+def train_cmd(data, output, model_config, head, top_n, vdr_k, no_cts_mask, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
+    """Train a model with the --head of choice (STAIR by default; VisualSparta, VDR, dense) on DATA: JSONL lines
     {"image": path, "caption": str | "captions": [...]}, a CSV with image,caption columns,
     a Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images), or
     WebDataset-style tar shards (a .tar, a glob in quotes, or a folder: key.jpg + key.txt/.json).
@@ -88,8 +91,11 @@ def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(model_config)
-    if head:
-        cfg = cfg.replace(head=head)
+    changes = {k: v for k, v in (("head", head), ("top_n", top_n), ("vdr_k", vdr_k)) if v is not None}
+    if changes:
+        cfg = cfg.replace(**changes)
+    if stages is None:
+        stages = "single" if cfg.head in ("visualsparta", "vdr") else "1,2,3"
     stage_list = ("single",) if stages.strip() == "single" else _floats(stages)
     try:
         step_list = tuple(int(s) for s in _floats(steps))
@@ -97,7 +103,8 @@ def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_
         raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
     tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
                      lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, warmup_steps=warmup, seed=seed,
-                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every)
+                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every,
+                     vdr_cts_mask=not no_cts_mask)
     model = new_model(cfg, device, seed=seed, text_tower=text_tower, image_tower=image_tower)
     cfg = model.config
     if text_tower or image_tower:
@@ -130,8 +137,11 @@ def train_cmd(data, output, model_config, head, text_tower, image_tower, freeze_
 @click.option("--batch-size", type=int, default=64, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, cuda:N (default: CUDA when present).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@click.option("--head", help="The head MODEL must have been trained with (stair, visualsparta, vdr, dense); a mismatch is an error.")
+@click.option("--text-mode", type=click.Choice(["model", "bow"]), default="model", show_default=True,
+              help="bow: captions as bags of their own tokens, no text network (VDR's non-parametric inference); synthetic-scene protocol only.")
 @_errors
-def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch_size, device, as_json):
+def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch_size, device, as_json, head, text_mode):
     """Evaluate MODEL (a directory or hub id) on DATA.
 
     A Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images) or tar
@@ -145,9 +155,11 @@ def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch
     """
     from stair_es.stair.model import StairModel
 
-    m = StairModel.from_pretrained(model, device=device)
+    m = StairModel.from_pretrained(model, device=device, head=head)
     lower = data.lower()
     if standard or not lower.endswith((".jsonl", ".ndjson", ".csv", ".tsv")):
+        if text_mode != "model":
+            raise click.BadParameter("--text-mode bow is implemented for the synthetic-scene protocol (a JSONL/CSV without --standard) only")
         from stair_es.stair.datasets import KarpathySource, open_source
         from stair_es.stair.evaluate import evaluate_retrieval, format_table
 
@@ -171,7 +183,7 @@ def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch
     from stair_es.stair.evaluate import evaluate
 
     d = load_caption_data(data, image_size=m.config.image_size, max_length=m.config.text_max_length)
-    res = evaluate(m, d)
+    res = evaluate(m, d, text_mode=text_mode)
     if as_json:
         click.echo(json.dumps(res))
         return

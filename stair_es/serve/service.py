@@ -329,6 +329,8 @@ class Service:
         if enc.name != "stair" or not hasattr(model, "patch_activations"):
             raise InvalidInputError(f"the heatmap needs an index built with the stair encoder (a STAIR model); "
                                     f"index {index!r} uses {enc.name!r}")
+        if getattr(model, "head", "stair") != "stair":
+            raise InvalidInputError(f"the heatmap needs a model with the stair head; index {index!r} uses a {model.head!r} model")
         doc = self.backend.get(index, doc_id)
         real = self.policy.roots.contains(doc.source) if doc.source and self.policy.roots else None
         if real is None:

@@ -16,13 +16,29 @@ from ..vocab import VOCAB_SIZE
 
 _CONFIG_DIR = Path(__file__).parent / "configs"
 FORMAT = "stair_es.stair/1"
+# The heads a model can have over the shared towers (see docs/stair.md "Heads").
+HEADS = ("stair", "visualsparta", "vdr", "dense")
+_HEAD_ALIASES = {"sparse": "stair"}  # checkpoints written before the other heads existed
+
+
+def normalize_head(name: str) -> str:
+    """The canonical head name; an unknown one is an error listing the choices."""
+    head = _HEAD_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
+    if head not in HEADS:
+        raise UnknownNameError(f"unknown head {name!r}; choose one of: {', '.join(HEADS)}")
+    return head
 
 
 @dataclass
 class StairConfig:
     """Architecture of a STAIR dual encoder (or of its dense CLIP-style baseline).
 
-    ``head="sparse"`` is STAIR: token projection heads onto the vocabulary (eq. 4-5).
+    ``head="stair"`` (alias ``"sparse"``): token projection heads onto the vocabulary (eq. 4-5).
+    ``head="visualsparta"``: image fragments scored against the text tower's input word
+    embeddings, max over fragments, log(1 + ReLU(. + b)); queries are bags of words; the top
+    ``top_n`` terms are kept per image.
+    ``head="vdr"``: LayerNorm + vocabulary projection + elu1p, max-pooled, gated to the top
+    ``vdr_k`` tokens (text: plus its own tokens).
     ``head="dense"`` is the baseline: the same towers, a linear projection to ``dense_dim``.
     """
 
@@ -37,7 +53,7 @@ class StairConfig:
     image_width: int = 128
     image_heads: int = 2
     mlp_ratio: int = 4
-    head: str = "sparse"
+    head: str = "stair"
     dense_dim: int = 256
     init_temperature: float = 0.07
     dropout: float = 0.0
@@ -50,14 +66,19 @@ class StairConfig:
     head_act: str = "gelu"
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # VisualSparta: terms kept per image at index time (the paper's n: 1000, 500, 100...)
+    top_n: int = 1000
+    # VDR: k of the top-k gate (the paper sets k = the dense baseline's width, 512)
+    vdr_k: int = 256
 
     def __post_init__(self) -> None:
         self.image_mean = tuple(float(x) for x in self.image_mean)  # type: ignore[assignment]
         self.image_std = tuple(float(x) for x in self.image_std)  # type: ignore[assignment]
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
             raise ModelError(f"image_mean/image_std need 3 values (std > 0), got {self.image_mean} / {self.image_std}")
-        if self.head not in ("sparse", "dense"):
-            raise ModelError(f"config head must be 'sparse' or 'dense', got {self.head!r}")
+        self.head = normalize_head(self.head)
+        if self.top_n < 1 or self.vdr_k < 1:
+            raise ModelError(f"top_n and vdr_k must be >= 1, got top_n={self.top_n}, vdr_k={self.vdr_k}")
         if self.image_size % self.patch_size:
             raise ModelError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         for tower, width, heads in (("text", self.text_width, self.text_heads), ("image", self.image_width, self.image_heads)):

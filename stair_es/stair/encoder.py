@@ -7,6 +7,10 @@ dot product ranks exactly as the model does. ``text_mode="mask"`` is the paper's
 text-encoder-free querying (section 7.1): a query's tokens become a 0/1 (or idf) mask and
 only the image tower ever runs.
 
+The checkpoint's head decides the vectors (``head=`` only checks it): stair and vdr are
+L2-normalised; a VisualSparta model's image vectors keep their raw eq. 15 scores (its queries,
+bags of words, need no network).
+
 Both towers run in ONNX Runtime (exported separately at first use and checked against
 PyTorch, see :mod:`stair_es.encoders.runtime`) unless ``runtime="torch"``; the checkpoint is
 still loaded with PyTorch for preprocessing and tokenization.
@@ -29,7 +33,7 @@ class StairEncoder(Encoder):
     modalities = frozenset({"image", "text"})
 
     def __init__(self, model: str | None = None, device: str | None = None, text_mode: str = "model", normalize: bool = True,
-                 min_weight: float = 0.0, name: str | None = None, runtime: str | None = None):
+                 min_weight: float = 0.0, name: str | None = None, runtime: str | None = None, head: str | None = None):
         if not model:
             raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory written by `stair-es train`) or a hub id")
         if text_mode not in ("model", "mask"):
@@ -40,13 +44,17 @@ class StairEncoder(Encoder):
 
         self._torch = torch
         self.model_name = str(model)
-        self.model = StairModel.from_pretrained(model, device=device)
+        self.model = StairModel.from_pretrained(model, device=device, head=head)
         if not self.model.is_sparse:
-            raise ModelError(f"{model} is a dense baseline checkpoint; the stair encoder needs a sparse (STAIR) model")
+            raise ModelError(f"{model} is a dense baseline checkpoint; the stair encoder needs a sparse head (stair, visualsparta or vdr)")
         super().__init__(self.model.vocab, name=name)
+        self.head = self.model.head
         self.device = device
         self.text_mode = text_mode
         self.normalize = normalize
+        # VisualSparta ranks by the raw sum of eq. 15: unit-length images would change its order
+        # (queries may still be scaled: that changes no ranking)
+        self.normalize_images = normalize and self.model.uses_cosine
         self.min_weight = float(min_weight)
         from ..encoders.text import BagOfWordsEncoder
 
@@ -105,6 +113,8 @@ class StairEncoder(Encoder):
 
 
     def _tower(self, which: str) -> Any:
+        if which == "text" and self.head == "visualsparta":
+            return False  # a bag of words: no network to export
         if which not in self._towers:
             from ..encoders.runtime import resolve_tower
 
@@ -117,8 +127,8 @@ class StairEncoder(Encoder):
         """The image tower's export spec (``stair-es encoders export --encoder stair``)."""
         return self.tower_specs()["image"]
 
-    def _to_vectors(self, enc) -> list[SparseVector]:
-        if self.normalize:
+    def _to_vectors(self, enc, normalize: bool | None = None) -> list[SparseVector]:
+        if self.normalize if normalize is None else normalize:
             enc = self._torch.nn.functional.normalize(enc, dim=-1, eps=1e-6)
         enc = enc.cpu().numpy()
         out = []
@@ -138,7 +148,7 @@ class StairEncoder(Encoder):
                     enc = self._torch.from_numpy(tower.run({"pixel_values": pixels.cpu().numpy()})[0])
                 else:
                     enc = self.model.encode_image(pixels)
-                out.extend(self._to_vectors(enc))
+                out.extend(self._to_vectors(enc, self.normalize_images))
                 bar.update(len(chunk))
         return out
 
@@ -170,7 +180,7 @@ class StairEncoder(Encoder):
         return self.text_mode == "mask"
 
     def config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {"name": self.name, "model": self.model_name, "text_mode": self.text_mode, "normalize": self.normalize}
+        cfg: dict[str, Any] = {"name": self.name, "model": self.model_name, "head": self.head, "text_mode": self.text_mode, "normalize": self.normalize}
         if self.min_weight:
             cfg["min_weight"] = self.min_weight
         return cfg

@@ -19,8 +19,12 @@ from .model import StairModel
 
 
 @torch.no_grad()
-def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.ndarray | None = None, mask_text: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image embeddings, text embeddings for ``pairs``) as CPU float tensors."""
+def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.ndarray | None = None, mask_text: bool = False,
+          text_mode: str = "model") -> tuple[torch.Tensor, torch.Tensor]:
+    """(image embeddings, text embeddings for ``pairs``) as CPU float tensors.
+
+    ``text_mode="bow"`` replaces the text tower by the caption's own tokens (0/1), as VDR's
+    non-parametric inference and STAIR's text-encoder-free search (section 7.1) do."""
     model.eval()
     dev = model.device
     imgs = [model.encode_image(model.pixels(data.images[i : i + batch_size])).cpu() for i in range(0, len(data.images), batch_size)]
@@ -28,7 +32,11 @@ def embed(model: StairModel, data: CaptionData, batch_size: int = 64, pairs: np.
     txts = []
     for i in range(0, len(pairs), batch_size):
         ids, mask = pad_tokens([data.pair_tokens[p] for p in pairs[i : i + batch_size]])
-        txts.append(model.encode_text(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev), mask_to_input=mask_text and model.is_sparse).cpu())
+        ids_t, mask_t = torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)
+        if text_mode == "bow":
+            txts.append(model.bag_of_words(ids_t, mask_t).cpu())
+        else:
+            txts.append(model.encode_text(ids_t, mask_t, mask_to_input=mask_text and model.head == "stair").cpu())
     return torch.cat(imgs), torch.cat(txts)
 
 
@@ -83,14 +91,24 @@ def interpretability(image_emb: np.ndarray, labels: list[list[str]], vocab: Voca
     return out
 
 
-def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_text: bool = False) -> dict[str, Any]:
+def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_text: bool = False, text_mode: str = "model") -> dict[str, Any]:
     """One query caption per image (its first): text->image and image->text R@K and sparsity.
 
     ``mask_text`` evaluates the text tower as stage 1 trains it (eq. 8: only the caption's tokens).
+    ``text_mode="bow"``: captions as bags of their own tokens (no text network).
+    Vectors are those indexed (VDR gated, VisualSparta pruned to top-n), compared by cosine, or by
+    the raw dot product for VisualSparta (its eq. 15).
     """
+    if text_mode not in ("model", "bow"):
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"text_mode must be 'model' or 'bow', got {text_mode!r}")
     first = data.first_caption_per_image()
-    img, txt = embed(model, data, batch_size, first, mask_text)
-    simf = torch.nn.functional.normalize(img, dim=-1, eps=1e-6) @ torch.nn.functional.normalize(txt, dim=-1, eps=1e-6).t()
+    img, txt = embed(model, data, batch_size, first, mask_text, text_mode)
+    if model.uses_cosine:
+        simf = torch.nn.functional.normalize(img, dim=-1, eps=1e-6) @ torch.nn.functional.normalize(txt, dim=-1, eps=1e-6).t()
+    else:
+        simf = img @ txt.t()
     sim = simf.numpy()
     relevant = caption_relevance(data, first)  # images x queries
     out: dict[str, Any] = {"n_images": len(first), "distinct_query_captions": len({data.captions[q] for q in first})}
@@ -113,11 +131,13 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
 class _Rows:
     """Row-normalised embeddings kept sparse (STAIR) or dense (baseline), appended batch by batch."""
 
-    def __init__(self, sparse: bool):
-        self.sparse, self.parts, self.n = sparse, [], 0
+    def __init__(self, sparse: bool, normalize: bool = True):
+        self.sparse, self.normalize, self.parts, self.n = sparse, normalize, [], 0
 
     def add(self, emb: torch.Tensor) -> None:
-        emb = torch.nn.functional.normalize(emb.float().cpu(), dim=-1, eps=1e-6)
+        emb = emb.float().cpu()
+        if self.normalize:
+            emb = torch.nn.functional.normalize(emb, dim=-1, eps=1e-6)
         self.parts.append(emb.to_sparse_coo() if self.sparse else emb)
         self.n += emb.shape[0]
 
@@ -170,7 +190,7 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
     dev = model.device
     report = DataReport(source=getattr(source, "name", str(source)))
     check = CaptionChecker(model.vocab, model.config.text_max_length)
-    imgs, txts = _Rows(model.is_sparse), _Rows(model.is_sparse)
+    imgs, txts = _Rows(model.is_sparse, model.uses_cosine), _Rows(model.is_sparse, model.uses_cosine)
     owner: list[int] = []
     labels: list[list[str]] = []
     top_tokens: list[np.ndarray] = []

@@ -65,6 +65,54 @@ class TokenProjectionHead(nn.Module):
         return F.linear(self.transform(h), embedding, self.bias)
 
 
+class VdrHead(nn.Module):
+    """VDR's disentanglement head: LayerNorm, a linear projection onto the vocabulary, elu1p (eq. 3)."""
+
+    def __init__(self, in_width: int, vocab_size: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(in_width, eps=1e-12)
+        self.proj = nn.Linear(in_width, vocab_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return elu1p(self.proj(self.norm(h)))
+
+
+class SpartaHead(nn.Module):
+    """VisualSparta's fragment scoring (eq. 10-11): every vocabulary token's input word embedding
+    against every image fragment, max over fragments, ReLU(y + b).
+
+    ``proj`` maps fragments into the word-embedding space (the identity when the towers already
+    share a width, as in the paper; a learned linear map here so any image tower fits).
+    """
+
+    def __init__(self, in_width: int, emb_width: int):
+        super().__init__()
+        self.proj = nn.Linear(in_width, emb_width)
+        self.bias = nn.Parameter(torch.zeros(()))
+
+    def forward(self, h: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """``h``: (B, L, in_width) -> CACHE(w, v) of eq. 14 for every token w: (B, V)."""
+        return torch.relu(F.linear(self.proj(h), embedding).amax(dim=1) + self.bias)
+
+
+def elu1p(x: torch.Tensor) -> torch.Tensor:
+    """x + 1 for x >= 0, exp(x) otherwise (VDR eq. 3): always positive, so sparsity comes from the gate."""
+    return F.elu(x) + 1.0
+
+
+def top_k_gate(weights: torch.Tensor, k: int) -> torch.Tensor:
+    """0/1 (B, V): the ``k`` largest entries of each row (VDR's top_k in eq. 4)."""
+    k = min(int(k), weights.shape[-1])
+    return torch.zeros_like(weights).scatter_(1, weights.topk(k, dim=1).indices, 1.0)
+
+
+def keep_top_n(weights: torch.Tensor, n: int) -> torch.Tensor:
+    """Zero all but the ``n`` largest entries of each row (VisualSparta's top-n term pruning)."""
+    if n >= weights.shape[-1]:
+        return weights
+    return weights * top_k_gate(weights, n)
+
+
 def pool_enc(logits: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:
     """ENC = log(1 + ReLU(max over positions)) (eq. 5); padded positions never win the max."""
     if position_mask is not None:
@@ -79,10 +127,14 @@ def token_presence_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, v
 
 
 class StairModel(nn.Module):
-    """Image and text towers with token projection heads (``head="sparse"``) or dense heads.
+    """Image and text towers with one of the heads of ``config.HEADS`` over them.
 
     ``encode_text`` / ``encode_image`` return (B, V) non-negative token weights for the sparse
-    head (special tokens always zero) and (B, dense_dim) unnormalised vectors for the dense one.
+    heads (stair, visualsparta, vdr; special tokens always zero) and (B, dense_dim) unnormalised
+    vectors for the dense one -- in the form that is indexed and searched. ``prune=False`` gives
+    the training form: VDR before its top-k gate, VisualSparta before its top-n pruning.
+    Scores are cosine similarities except for VisualSparta, whose score is the raw dot product
+    of eq. 15 (``uses_cosine``).
     """
 
     def __init__(self, config: StairConfig, vocab: Vocabulary | None = None):
@@ -129,9 +181,16 @@ class StairModel(nn.Module):
         emb_width = self.text.get_input_embeddings().weight.shape[1]
         if emb_width != config.text_width:
             raise ModelError(f"text tower token embeddings are {emb_width} wide but config text_width is {config.text_width}")
-        if config.head == "sparse":
+        if config.head == "stair":
             self.text_head = TokenProjectionHead(config.text_width, config.text_width, config.vocab_size, config.head_act)
             self.image_head = TokenProjectionHead(config.image_width, config.text_width, config.vocab_size)
+        elif config.head == "vdr":
+            self.text_head = VdrHead(config.text_width, config.vocab_size)
+            self.image_head = VdrHead(config.image_width, config.vocab_size)
+        elif config.head == "visualsparta":
+            # the query side has no network: its tokens' input word embeddings are scored by the image head
+            self.text_head = nn.Identity()
+            self.image_head = SpartaHead(config.image_width, config.text_width)
         else:
             self.text_head = nn.Linear(config.text_width, config.dense_dim, bias=False)
             self.image_head = nn.Linear(config.image_width, config.dense_dim, bias=False)
@@ -141,8 +200,18 @@ class StairModel(nn.Module):
 
     # --- parameter groups ---------------------------------------------------------------
     @property
+    def head(self) -> str:
+        return self.config.head
+
+    @property
     def is_sparse(self) -> bool:
-        return self.config.head == "sparse"
+        """Vectors over the vocabulary (every head but ``dense``)."""
+        return self.config.head != "dense"
+
+    @property
+    def uses_cosine(self) -> bool:
+        """Rank by cosine (stair, vdr, dense) or by the raw dot product (visualsparta, eq. 15)."""
+        return self.config.head != "visualsparta"
 
     @property
     def token_embedding(self) -> torch.Tensor:
@@ -175,22 +244,47 @@ class StairModel(nn.Module):
     def image_logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.image_head(self.image_hidden(pixel_values), self.token_embedding)
 
-    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_to_input: bool = False) -> torch.Tensor:
-        if not self.is_sparse:
+    def bag_of_words(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, counts: bool = False) -> torch.Tensor:
+        """(B, V) 0/1 presence (or counts) of the input's own tokens, special tokens dropped."""
+        if counts:
+            bow = torch.zeros(input_ids.shape[0], self.config.vocab_size, device=input_ids.device)
+            bow.scatter_add_(1, input_ids.long(), attention_mask.to(bow.dtype))
+        else:
+            bow = token_presence_mask(input_ids, attention_mask, self.config.vocab_size)
+        return bow * self.keep_mask
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, mask_to_input: bool = False, prune: bool = True) -> torch.Tensor:
+        if self.head == "dense":
             h = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             return self.text_head(h[:, 0])
+        if self.head == "visualsparta":  # eq. 15: the query is its tokens, each counted
+            return self.bag_of_words(input_ids, attention_mask, counts=True)
+        if self.head == "vdr":
+            h = self.text(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            logits = self.text_head(h).masked_fill(~attention_mask.bool()[..., None], float("-inf"))
+            weights = logits.amax(dim=1) * self.keep_mask
+            if not prune:
+                return weights
+            # eq. 4: the top-k tokens and the text's own tokens
+            return weights * torch.maximum(top_k_gate(weights, self.config.vdr_k), self.bag_of_words(input_ids, attention_mask))
         enc = pool_enc(self.text_logits(input_ids, attention_mask), attention_mask) * self.keep_mask
         if mask_to_input:
             enc = enc * token_presence_mask(input_ids, attention_mask, self.config.vocab_size)
         return enc
 
-    def encode_image(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.encode_image_hidden(self.image_hidden(pixel_values))
+    def encode_image(self, pixel_values: torch.Tensor, *, prune: bool = True) -> torch.Tensor:
+        return self.encode_image_hidden(self.image_hidden(pixel_values), prune=prune)
 
-    def encode_image_hidden(self, h: torch.Tensor) -> torch.Tensor:
+    def encode_image_hidden(self, h: torch.Tensor, *, prune: bool = True) -> torch.Tensor:
         """The image embedding from the tower's hidden states (cached when the tower is frozen)."""
-        if not self.is_sparse:
+        if self.head == "dense":
             return self.image_head(h[:, 0] if self.image_prefix else h.mean(1))
+        if self.head == "visualsparta":  # log(CACHE(w, v) + 1) of eq. 15, for every token w
+            weights = torch.log1p(self.image_head(h, self.token_embedding)) * self.keep_mask
+            return keep_top_n(weights, self.config.top_n) if prune else weights
+        if self.head == "vdr":
+            weights = self.image_head(h).amax(dim=1) * self.keep_mask
+            return weights * top_k_gate(weights, self.config.vdr_k) if prune else weights
         return pool_enc(self.image_head(h, self.token_embedding)) * self.keep_mask
 
     def image_backbone_parameters(self) -> list[nn.Parameter]:
@@ -198,8 +292,8 @@ class StairModel(nn.Module):
 
     def patch_activations(self, pixel_values: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
         """log(1+ReLU(p(h_patch)[token])) per patch for the given tokens: (B, T, grid, grid)."""
-        if not self.is_sparse:
-            raise ModelError("localisation needs a sparse (STAIR) model; this checkpoint has a dense head")
+        if self.head != "stair":
+            raise ModelError(f"localisation needs a model with the stair head; this checkpoint has the {self.head!r} head")
         h = self.image_hidden(pixel_values)[:, self.image_prefix :]
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=h.device)
         head = self.image_head
@@ -238,10 +332,20 @@ class StairModel(nn.Module):
         return path
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None) -> StairModel:
-        """Load from a local directory, or from a Hugging Face hub id (``org/name`` or ``hf-hub:org/name``)."""
+    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None, head: str | None = None) -> StairModel:
+        """Load from a local directory, or from a Hugging Face hub id (``org/name`` or ``hf-hub:org/name``).
+
+        ``head``, when given, must be the head the checkpoint was trained with (config.json records it).
+        """
         path = resolve_checkpoint(name_or_path)
         config = _read_config(path)
+        if head is not None:
+            from .config import normalize_head
+
+            want = normalize_head(head)
+            if want != config.head:
+                raise ModelError(f"checkpoint {path} was trained with the {config.head!r} head and cannot be loaded as the {want!r} head; "
+                                 f"use head {config.head!r} (or leave the head out to take the checkpoint's)")
         vocab = _read_vocab(path, config)
         model = cls(config, vocab)
         state = _read_weights(path / WEIGHTS_NAME)

@@ -31,7 +31,7 @@ from .config import StairConfig
 from .data import CaptionData, pad_tokens
 from .datasets import PairStream
 from .evaluate import evaluate
-from .losses import contrastive_loss, flops_loss, flops_weight
+from .losses import contrastive_loss, flops_loss, flops_weight, vdr_loss, visualsparta_loss
 from .model import StairModel, resolve_device
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class TrainConfig:
     # Scaling: micro-batches per step (same negatives as one big batch), bf16 autocast
     accum_steps: int = 1
     precision: str = "fp32"
+    # VDR head: deal the batch's unused vocabulary entries to the queries (the paper's contrastive mask)
+    vdr_cts_mask: bool = True
 
     def __post_init__(self) -> None:
         self.stages = tuple(str(s) for s in self.stages)
@@ -101,7 +103,7 @@ def _stage_setup(model: StairModel, stage: str, tc: TrainConfig) -> tuple[list[t
             p.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     lr = tc.stage3_lr if stage == "3" else tc.lr
-    return params, lr, stage == "1" and model.is_sparse
+    return params, lr, stage == "1" and model.head == "stair"
 
 
 def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -136,6 +138,8 @@ def train(
 
     from .datasets import PairStream
 
+    if model.head in ("visualsparta", "vdr") and tc.stages != ("single",):
+        raise InvalidInputError(f"the {model.head} head trains in one stage (the three-stage plan is STAIR's): use stages 'single' (--stages single)")
     world, rank = dist_info()
     if tc.batch_size % (world * tc.accum_steps):
         raise InvalidInputError(f"batch_size {tc.batch_size} must be divisible by processes x accum_steps = {world} x {tc.accum_steps}")
@@ -216,7 +220,7 @@ def train(
                 batch = {k: v[rank * local_bs : (rank + 1) * local_bs] for k, v in batch.items()}
                 batch["ids"], batch["mask"] = _trim(batch["ids"], batch["mask"])
             li = lt = 0.0
-            if model.is_sparse:
+            if model.head == "stair":
                 li = flops_weight(tc.lambda_image, state.step, tc.flops_warmup_steps) if stage != "2" else 0.0
                 lt = flops_weight(tc.lambda_text, state.step, tc.flops_warmup_steps)
 
@@ -225,15 +229,15 @@ def train(
                 mask = torch.from_numpy(batch["mask"][sl]).to(dev)
                 with autocast:
                     if hidden_cache is not None:
-                        img = model.encode_image_hidden(hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32))
+                        img = model.encode_image_hidden(hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32), prune=False)
                     elif tc.freeze_image_tower:
                         pix = model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]])
                         with torch.no_grad():
                             h = model.image_hidden(pix)
-                        img = model.encode_image_hidden(h)
+                        img = model.encode_image_hidden(h, prune=False)
                     else:
-                        img = model.encode_image(model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]]))
-                    txt = model.encode_text(ids, mask, mask_to_input=masked)
+                        img = model.encode_image(model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]]), prune=False)
+                    txt = model.encode_text(ids, mask, mask_to_input=masked, prune=False)
                 return img.float(), txt.float()
 
             micro = local_bs // tc.accum_steps
@@ -242,6 +246,8 @@ def train(
             if len(slices) > 1:
                 with torch.no_grad():
                     cached = [encode(sl) for sl in slices]
+            if model.head == "vdr":  # the captions' own tokens, for the gate and the non-parametric entry
+                bow = gather_with_grad(model.bag_of_words(torch.from_numpy(batch["ids"]).to(dev), torch.from_numpy(batch["mask"]).to(dev)))
             opt.zero_grad(set_to_none=True)
             for j, sl in enumerate(slices):
                 img_j, txt_j = encode(sl)
@@ -251,9 +257,14 @@ def train(
                 else:
                     img_loc, txt_loc = img_j, txt_j
                 img, txt = gather_with_grad(img_loc), gather_with_grad(txt_loc)
-                con = contrastive_loss(img, txt, model.logit_scale)
+                if model.head == "vdr":
+                    con = vdr_loss(img, txt, bow, model.config.vdr_k, model.logit_scale, model.keep_mask, cts_mask=tc.vdr_cts_mask)
+                elif model.head == "visualsparta":
+                    con = visualsparta_loss(img, txt)
+                else:
+                    con = contrastive_loss(img, txt, model.logit_scale)
                 loss = con
-                if model.is_sparse:
+                if model.head == "stair":
                     fi, ft = flops_loss(img), flops_loss(txt)
                     loss = loss + li * fi + lt * ft
                 loss.backward()
@@ -263,9 +274,10 @@ def train(
             state.step += 1
             state.global_step += 1
             row: dict[str, Any] = {"stage": stage, "step": state.step - 1, "global_step": state.global_step - 1, "lr": lr, "contrastive": float(con.detach())}
-            if model.is_sparse:
-                row.update(flops_image=float(fi.detach()), flops_text=float(ft.detach()), active_image=float((img > 0).sum(1).float().mean()),
-                           active_text=float((txt > 0).sum(1).float().mean()))
+            if model.head == "stair":
+                row.update(flops_image=float(fi.detach()), flops_text=float(ft.detach()))
+            if model.is_sparse:  # in the training form (before VDR's gate / VisualSparta's pruning)
+                row.update(active_image=float((img > 0).sum(1).float().mean()), active_text=float((txt > 0).sum(1).float().mean()))
             row.update(loss=float(loss.detach()), temperature=float(1.0 / model.logit_scale.detach().exp()), elapsed_s=round(time.time() - t0, 1))
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}")
@@ -516,7 +528,7 @@ def new_model(config: StairConfig, device: str | None = None, seed: int = 0, *, 
     model = StairModel(config)
     if text is not None:
         model.text.load_state_dict(text.backbone.state_dict())
-        if model.is_sparse:
+        if model.head == "stair":
             model.text_head.load_state_dict(text.head_state)
     if image is not None:
         model.image.load_state_dict(image.backbone.state_dict())
