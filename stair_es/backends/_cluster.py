@@ -670,6 +670,29 @@ class ClusterBackend(SearchBackend):
                          "the score shown is the sum of contributions")
         return Explanation(doc_id, score, contributions, matched, notes)
 
+    def _scroll(self, index: str, sources: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """Every document of ``index`` with the given ``_source`` fields, one page (1000 hits) at a
+        time, through the scroll API; the scroll context is cleared however the caller stops."""
+        body = {"query": {"match_all": {}}, "size": 1000, "_source": sources, "sort": ["_doc"]}
+        res = self._call("POST", self._path(index, "_search"), body, {"scroll": "2m"}, action=f"scan {index!r}", index=index)
+        scroll_id = res.get("_scroll_id")
+        try:
+            while True:
+                hits = res.get("hits", {}).get("hits", [])
+                if not hits:
+                    break
+                yield hits
+                if not scroll_id:
+                    break
+                res = self._call("POST", "/_search/scroll", {"scroll": "2m", "scroll_id": scroll_id}, action="scan (scroll)")
+                scroll_id = res.get("_scroll_id", scroll_id)
+        finally:
+            if scroll_id:
+                try:
+                    self._call("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
+                except StairError:
+                    pass
+
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         """Exact document frequencies by scanning the field's stored feature maps (one pass, 1000 docs/page).
 
@@ -679,30 +702,12 @@ class ClusterBackend(SearchBackend):
         meta.schema.check_sparse_field(field)
         df = np.zeros(VOCAB_SIZE, dtype=np.int64)
         n = 0
-        body = {"query": {"match_all": {}}, "size": 1000, "_source": [field], "sort": ["_doc"]}
-        res = self._call("POST", self._path(index, "_search"), body, {"scroll": "2m"}, action=f"scan {index!r}", index=index)
-        scroll_id = res.get("_scroll_id")
-        try:
-            while True:
-                hits = res.get("hits", {}).get("hits", [])
-                if not hits:
-                    break
-                for h in hits:
-                    n += 1
-                    feats = (h.get("_source") or {}).get(field)
-                    if feats:
-                        v = vector_from_features(feats, self.vocab, meta.keys)
-                        df[v.ids] += 1
-                if not scroll_id:
-                    break
-                res = self._call("POST", "/_search/scroll", {"scroll": "2m", "scroll_id": scroll_id}, action="scan (scroll)")
-                scroll_id = res.get("_scroll_id", scroll_id)
-        finally:
-            if scroll_id:
-                try:
-                    self._call("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
-                except StairError:
-                    pass
+        for hits in self._scroll(index, [field]):
+            for h in hits:
+                n += 1
+                feats = (h.get("_source") or {}).get(field)
+                if feats:
+                    df[vector_from_features(feats, self.vocab, meta.keys).ids] += 1
         return df, n
 
     def scan(self, index: str, field: str) -> Iterator[tuple[np.ndarray, np.ndarray, list[str | None]]]:
@@ -711,33 +716,16 @@ class ClusterBackend(SearchBackend):
         Costs a full read of the index (used for neighbour statistics, ``stair_es.neighbours``)."""
         meta = self._meta(index)
         meta.schema.check_sparse_field(field)
-        body = {"query": {"match_all": {}}, "size": 1000, "_source": [field, "caption_text"], "sort": ["_doc"]}
-        res = self._call("POST", self._path(index, "_search"), body, {"scroll": "2m"}, action=f"scan {index!r}", index=index)
-        scroll_id = res.get("_scroll_id")
-        try:
-            while True:
-                hits = res.get("hits", {}).get("hits", [])
-                if not hits:
-                    break
-                rows, captions = [], []
-                for h in hits:
-                    src = h.get("_source") or {}
-                    feats = src.get(field)
-                    rows.append(vector_from_features(feats, self.vocab, meta.keys).ids if feats else np.zeros(0, np.int32))
-                    captions.append(src.get("caption_text"))
-                ptr = np.zeros(len(rows) + 1, np.int64)
-                np.cumsum([r.size for r in rows], out=ptr[1:])
-                yield ptr, np.concatenate(rows).astype(np.int32), captions
-                if not scroll_id:
-                    break
-                res = self._call("POST", "/_search/scroll", {"scroll": "2m", "scroll_id": scroll_id}, action="scan (scroll)")
-                scroll_id = res.get("_scroll_id", scroll_id)
-        finally:
-            if scroll_id:
-                try:
-                    self._call("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
-                except StairError:
-                    pass
+        for hits in self._scroll(index, [field, "caption_text"]):
+            rows, captions = [], []
+            for h in hits:
+                src = h.get("_source") or {}
+                feats = src.get(field)
+                rows.append(vector_from_features(feats, self.vocab, meta.keys).ids if feats else np.zeros(0, np.int32))
+                captions.append(src.get("caption_text"))
+            ptr = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum([r.size for r in rows], out=ptr[1:])
+            yield ptr, np.concatenate(rows).astype(np.int32), captions
 
 
 def _quiet_client_loggers(names: Iterable[str]) -> None:
