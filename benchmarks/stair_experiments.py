@@ -37,6 +37,11 @@ RUNS = {
     "visualsparta": dict(head="visualsparta", stages=("single",), lam=0.0, top_n=1000),
     "vdr": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64),
     "vdr-nocts": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64, cts=False),  # without the contrastive mask
+    # the heads on the offline pretrained towers (issue 14 item 2); compare with "pre-both"
+    "pre-visualsparta": dict(head="visualsparta", stages=("single",), lam=0.0, top_n=1000, text_tower="splade-tiny",
+                             image_tower="efficientnet-lite0", freeze=True),
+    "pre-vdr-nocts": dict(head="vdr", stages=("single",), lam=0.0, vdr_k=64, cts=False, text_tower="splade-tiny",
+                          image_tower="efficientnet-lite0", freeze=True),
 }
 HEAD_RUNS = ("multi", "visualsparta", "vdr", "vdr-nocts", "dense")
 
