@@ -30,7 +30,7 @@ This module must not know about indices, backends or other token sources.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
@@ -123,9 +123,9 @@ class ClipartSource:
     def head(self) -> dict[str, Any]:
         return _load_head()
 
-    @property
+    @cached_property
     def tokens(self) -> frozenset[str]:
-        """Tokens this source can produce."""
+        """Tokens this source can produce (computed once: explain asks per matched token)."""
         return frozenset(self.vocab.token(int(t)) for t in self.head["tokens"])
 
     def probabilities(self, class_probs: np.ndarray) -> np.ndarray:

@@ -19,10 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import EncoderVersionError, InvalidInputError
-from .base import check_recorded_version
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
-from .base import Encoder
+from .base import Encoder, check_recorded_version
 from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 

@@ -124,6 +124,12 @@ def warn_once(key: str, message: str) -> None:
     log.warning(message)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), for one-line errors."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def file_sha256(path: Path) -> str:
     """sha256 of a file, remembered per (path, size, mtime) within the process."""
     st = path.stat()
@@ -424,8 +430,7 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     except ModelError:
         raise
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"exporting the {spec.kind} tower to ONNX failed: {first}") from None
+        raise ModelError(f"exporting the {spec.kind} tower to ONNX failed: {first_line(e)}") from None
     finally:
         for leftover in (tmp, tmp.with_suffix(".json.tmp")):
             if leftover.exists():
@@ -502,8 +507,7 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     except ModelError:
         raise
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelError(f"making the int8 {spec.kind} tower failed: {first}") from None
+        raise ModelError(f"making the int8 {spec.kind} tower failed: {first_line(e)}") from None
     finally:
         import shutil
 

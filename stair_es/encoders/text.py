@@ -45,6 +45,7 @@ from ..errors import EmptyQueryError, InvalidInputError, MissingDependencyError,
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import Encoder, progress_bar
+from .runtime import first_line
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = N
                 else "check the hub id and the network (HF_HUB_OFFLINE=1 allows only models already in the cache), "
                 "or pass a local folder"
             )
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise ModelError(f"cannot load masked-LM model {model!r}: {first}; {hint}") from None
         finally:
             if hf_logging is not None and bar_was_on:
@@ -497,7 +498,7 @@ def _model_folder(model: str) -> Path:
     try:
         return Path(snapshot_download(where, allow_patterns=["*.json", "*.txt", "*.safetensors"]))
     except Exception as e:  # the hub client raises many types; all mean "cannot get the files"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ModelError(
             f"cannot load masked-LM model {model!r}: {first}; check the hub id and the network "
             "(HF_HUB_OFFLINE=1 allows only models already in the cache), or pass a local folder"
