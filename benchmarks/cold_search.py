@@ -29,7 +29,8 @@ from pathlib import Path
 QUERY = "a red car"
 
 
-def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall s, peak RSS MB, CPU s = user + sys) of one command."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -37,7 +38,7 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {err[-1500:]}")
-    return wall, usage.ru_maxrss / 1024.0  # MB (Linux reports KB)
+    return wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime  # RSS: Linux reports KB
 
 
 def _user_env(home: Path, pycache: Path) -> dict[str, str]:
@@ -126,16 +127,21 @@ def main() -> None:
             run_once(cmds[label], envs[label])  # first use: exports the query tower (once per machine), writes bytecode
         walls: dict[str, list[float]] = {label: [] for label, _ in rows}
         rss: dict[str, list[float]] = {label: [] for label, _ in rows}
+        cpus: dict[str, list[float]] = {label: [] for label, _ in rows}
         for _ in range(args.runs):  # interleaved, so both see the same machine load
             for label, _ in rows:
-                w, r = run_once(cmds[label], envs[label])
+                w, r, c = run_once(cmds[label], envs[label])
                 walls[label].append(w)
                 rss[label].append(r)
+                cpus[label].append(c)
         for label, _ in rows:
-            print(f"{label:<14} median wall {statistics.median(walls[label]):5.2f} s   median peak RSS "
+            print(f"{label:<14} median wall {statistics.median(walls[label]):5.2f} s   median CPU "
+                  f"{statistics.median(cpus[label]):5.2f} s   median peak RSS "
                   f"{statistics.median(rss[label]):6.0f} MB   (runs: {', '.join(f'{w:.2f}' for w in walls[label])} s)")
         if args.baseline:
+            # CPU time (user + sys) is disturbed far less than wall time by other load on the machine
             print(f"ratio this/baseline: wall x{statistics.median(walls['this checkout']) / statistics.median(walls['baseline']):.2f}, "
+                  f"CPU x{statistics.median(cpus['this checkout']) / statistics.median(cpus['baseline']):.2f}, "
                   f"RSS x{statistics.median(rss['this checkout']) / statistics.median(rss['baseline']):.2f}; "
                   f"load avg now {os.getloadavg()[0]:.2f}")
         env = envs["this checkout"]

@@ -109,9 +109,9 @@ def ingest_catalog(
         encoder = encoder_factory()
     schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"})
 
-    from tqdm.auto import tqdm
+    from .encoders.base import tqdm_class
 
-    bar = tqdm(total=count_catalog(source), desc=f"ingest {index}", unit="img", disable=not opts.progress)
+    bar = tqdm_class()(total=count_catalog(source), desc=f"ingest {index}", unit="img", disable=not opts.progress)
 
     def emit(items: list[ItemResult]) -> None:
         report.extend(items)

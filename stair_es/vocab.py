@@ -75,6 +75,15 @@ class Vocabulary:
                 f"(use `stair-es encode --text ...` to see how a word is tokenized)"
             ) from None
 
+    def same_ids(self, table: dict[str, int]) -> bool:
+        """Whether ``table`` (token -> id, e.g. a tokenizer's) maps exactly our tokens to our ids."""
+        return table == self._index
+
+    def mismatches(self, table: dict[str, int], limit: int = 3) -> tuple[int, list[str]]:
+        """(number of our tokens ``table`` maps to another id or not at all, the first ``limit``)."""
+        bad = [t for i, t in enumerate(self.tokens) if table.get(t) != i]
+        return len(bad), bad[:limit]
+
     def get(self, token: str, default: int | None = None) -> int | None:
         return self._index.get(token, default)
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import import_module
-from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from ..errors import UnknownNameError
+from ..plugins import entry_points
 from ..query import SearchRequest
 from ..schema import Document, Explanation, IndexSchema, IngestReport, ItemResult, SearchResult
 

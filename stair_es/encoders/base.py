@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from abc import ABC
 from importlib import import_module
-from importlib.metadata import entry_points
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import EncoderVersionError, InvalidInputError, ModelError, UnknownNameError
+from ..plugins import entry_points
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 
@@ -152,10 +152,21 @@ class _NoBar:
         return None
 
 
+def tqdm_class() -> type:
+    """tqdm's notebook-aware bar inside Jupyter, else the plain terminal bar (``tqdm.auto``
+    imports asyncio, about 0.1 s of a command's start-up, to find out what we know already)."""
+    import sys
+
+    if "ipykernel" in sys.modules:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
+
+
 def progress_bar(total: int, desc: str, enabled: bool):
     """A tqdm bar on stderr when enabled, else a no-op with the same interface."""
     if not enabled:
         return _NoBar()
-    from tqdm.auto import tqdm
-
+    tqdm = tqdm_class()
     return tqdm(total=total, desc=desc, unit="item", disable=not enabled, leave=False)

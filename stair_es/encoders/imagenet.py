@@ -66,7 +66,7 @@ import importlib.util
 import json
 import logging
 import threading
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
@@ -344,15 +344,24 @@ class ImageNetLabelEncoder(Encoder):
         self.weights = weights
         self.device = device
         self.classnames = imagenet_classnames()
-        self._table = wordnet_class_shares(self.vocab) if hypernyms else class_token_shares(self.classnames, self.vocab)
+        self._shares: list[dict[int, float]] | None = None  # built on first use (a text query never needs it)
         self.token_map = wordnet_token_map()["version"] if hypernyms else "classnames-v1"
         check_recorded_version("the ImageNet token map", token_map, self.token_map, allow_version_mismatch,
                                "image vectors from the two are not comparable")
-        self._table_arrays = [
-            (np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table
-        ]
         self._net = None
         self._tower: Any = None  # an OnnxTower, False once PyTorch was chosen, None before the choice
+
+    @property
+    def _table(self) -> list[dict[int, float]]:
+        """Per ImageNet class, ``{token id: share}``."""
+        if self._shares is None:
+            self._shares = (wordnet_class_shares(self.vocab) if self.hypernyms
+                            else class_token_shares(self.classnames, self.vocab))
+        return self._shares
+
+    @cached_property
+    def _table_arrays(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table]
 
     # --- public ----------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:

@@ -560,7 +560,7 @@ class EngineIndex:
                 raise InvalidVectorError(f"field {f!r}: indptr must have len(ids)+1 entries from 0 to nnz, and ids/weights the same length")
             if np.any(np.diff(indptr) < 0):
                 raise InvalidVectorError(f"field {f!r}: indptr must be non-decreasing")
-            status, row = K.check_csr(indptr, indices, weights, VOCAB_SIZE, self.vocab.special_mask)
+            status, row = NP.build_kernel("check_csr", indices.size)(indptr, indices, weights, VOCAB_SIZE, self.vocab.special_mask)
             if status:
                 why = {1: "token ids must be sorted and unique within a document", 2: f"token ids must lie in [0, {VOCAB_SIZE})",
                        3: "weights must be finite and non-negative", 4: "special tokens are never indexed"}[status]
@@ -796,7 +796,7 @@ class EngineIndex:
         order = np.lexsort((seqs, -scores))[:k]  # best first; ties: older first
         state[0] = order.size
         hit_seg, hit_doc = refs[order] >> 32, refs[order] & 0xFFFFFFFF
-        for si in np.unique(hit_seg):
+        for si in sorted(set(hit_seg.tolist())):  # (np.unique imports numpy.ma: ~20 ms of a cold search)
             segs[int(si)].seg.verify_docs(hit_doc[hit_seg == si])
         hits = []
         for i in order:
@@ -918,16 +918,17 @@ def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     from .segment import take_columns
 
     rows = np.arange(lo, hi)
-    ib, io = K.gather_strings(b.id_blob, b.id_offs, rows)
+    gather = NP.build_kernel("gather_strings", int(b.id_offs[-1]))
+    ib, io = gather(b.id_blob, b.id_offs, rows)
     vectors = {}
     for f, (indptr, ids, wb) in b.vectors.items():
         vectors[f] = (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
     caps = srcs = None
     if b.captions is not None:
-        cb, co = K.gather_strings(b.captions[0], b.captions[1], rows)
+        cb, co = gather(b.captions[0], b.captions[1], rows)
         caps = (cb, co, b.captions[2][lo:hi])
     if b.sources is not None:
-        sb, so = K.gather_strings(b.sources[0], b.sources[1], rows)
+        sb, so = gather(b.sources[0], b.sources[1], rows)
         srcs = (sb, so, b.sources[2][lo:hi])
     return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)
 

@@ -40,6 +40,26 @@ NUMPY_MAX_POSTINGS = 16_384
 NUMPY_MAX_SCAN = 65_536
 #: Up to this many ids, lookups hash with numpy (ingest batches use the numba kernel).
 NUMPY_MAX_IDS = 64
+#: Up to this many postings, a new segment is built (inputs checked, postings inverted, ids
+#: hashed) in numpy unless numba is already loaded: numba's start-up (about 0.6 s, up to 1.5 s
+#: when it finds scipy) is more than a whole image ingest of hundreds of files, while numpy
+#: inverts about 2 million postings in 0.3 s.
+NUMPY_MAX_BUILD = 2_000_000
+
+
+def numba_loaded() -> bool:
+    """Whether the numba kernels are already imported in this process (then they cost nothing)."""
+    import sys
+
+    return "stair_es.engine.kernels" in sys.modules
+
+
+def build_kernel(name: str, postings: int):
+    """The numpy twin of kernel ``name`` for a build of up to :data:`NUMPY_MAX_BUILD` postings
+    in a process that has not loaded numba, else the numba kernel (same results either way)."""
+    if postings <= NUMPY_MAX_BUILD and not numba_loaded():
+        return globals()[name]
+    return getattr(K, name)
 
 
 class _LazyKernels:
@@ -149,3 +169,69 @@ def same_strings(q_blob, q_offs, blob, offs, docs) -> np.ndarray:
     for i, d in enumerate(docs):
         out[i] = bytes(q_blob[q_offs[i]:q_offs[i + 1]]) == bytes(blob[offs[d]:offs[d + 1]])
     return out
+
+
+def gather_strings(blob: np.ndarray, offs: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Strings ``rows`` of (blob, offs) packed into a new (blob, offsets) pair, in ``rows`` order."""
+    rows = np.asarray(rows, np.int64)
+    offs = np.asarray(offs, np.int64)
+    starts, ends = offs[rows], offs[rows + 1]
+    out_offs = np.zeros(rows.size + 1, np.int64)
+    np.cumsum(ends - starts, out=out_offs[1:])
+    return np.asarray(blob, np.uint8)[_ranges(starts, ends)], out_offs
+
+
+def check_csr(indptr, indices, weights, vocab_size, special) -> tuple[int, int]:
+    """As the numba kernel: (status, row) of the first bad posting in CSR order; 0 ok; 1
+    unsorted/duplicate ids; 2 bad id; 3 bad weight; 4 special token."""
+    lo, hi = int(indptr[0]), int(indptr[-1])
+    t = np.asarray(indices[lo:hi], np.int64)
+    w = np.asarray(weights[lo:hi], np.float32)
+    rows = np.repeat(np.arange(indptr.size - 1), np.diff(np.asarray(indptr, np.int64)))
+    bad_id = (t < 0) | (t >= vocab_size)
+    bad_w = ~(w >= 0.0) | (w == np.inf)
+    spec = np.zeros(t.size, bool)
+    ok = ~bad_id
+    spec[ok] = (w[ok] > 0.0) & np.asarray(special)[t[ok]]
+    prev = np.full(t.size, -1, np.int64)
+    if t.size > 1:
+        prev[1:] = t[:-1]
+        prev[1:][rows[1:] != rows[:-1]] = -1
+    unsorted = t <= prev
+    code = np.where(bad_id, 2, np.where(bad_w, 3, np.where(spec, 4, np.where(unsorted, 1, 0))))
+    first = np.flatnonzero(code)
+    if first.size == 0:
+        return 0, -1
+    return int(code[first[0]]), int(rows[first[0]])
+
+
+def build_postings(indptr, indices, wbits, n_docs, key_base, n_keys, bshift) -> tuple:
+    """CSR (doc-major, sorted token ids, non-zero fp16 bits) -> term-major block postings, as
+    the numba kernel (identical arrays): keys, post_ptr, pair_ptr, pair_block, pair_cnt,
+    pair_max, post_off, post_w."""
+    indptr = np.asarray(indptr, np.int64)
+    lo, hi = int(indptr[0]), int(indptr[n_docs])
+    t = np.asarray(indices[lo:hi], np.int64)
+    rows = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(indptr[:n_docs + 1]))
+    order = np.argsort(t, kind="stable")  # term-major; docs stay ascending within a term
+    st, post_doc, post_w = t[order], rows[order], np.asarray(wbits[lo:hi], np.uint16)[order]
+    counts = np.bincount(t, minlength=n_keys)[:n_keys]
+    present = np.flatnonzero(counts)
+    keys = (present + key_base).astype(np.uint32)
+    post_ptr = np.zeros(present.size + 1, np.int64)
+    np.cumsum(counts[present], out=post_ptr[1:])
+    block = post_doc >> bshift
+    new = np.ones(st.size, bool)
+    if st.size > 1:
+        new[1:] = (st[1:] != st[:-1]) | (block[1:] != block[:-1])
+    starts = np.flatnonzero(new)
+    pair_block = block[starts].astype(np.uint16)
+    pair_cnt = (np.diff(np.append(starts, st.size)) - 1).astype(np.uint8)
+    # positive fp16 bit patterns order like their values
+    pair_max = np.maximum.reduceat(post_w, starts).astype(np.uint16) if starts.size else np.zeros(0, np.uint16)
+    pair_idx = np.cumsum(new) - 1
+    pair_ptr = np.empty(present.size + 1, np.int64)
+    pair_ptr[:-1] = pair_idx[post_ptr[:-1]] if st.size else 0
+    pair_ptr[-1] = starts.size
+    post_off = (post_doc & ((1 << bshift) - 1)).astype(np.uint8)
+    return keys, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w

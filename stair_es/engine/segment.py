@@ -549,7 +549,8 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
             indptr, ids, wb = batch.vectors[f]
         else:
             indptr, ids, wb = np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)
-        parts.append(K.build_postings(np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
+        build = NP.build_kernel("build_postings", int(indptr[-1] - indptr[0]))
+        parts.append(build(np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
                                       np.ascontiguousarray(wb, np.uint16), n, fi * VOCAB_SIZE, VOCAB_SIZE, bshift))
     nonempty = [p for p in parts if p[0].size]
     if len(nonempty) <= 1:  # one field: no copies
@@ -572,7 +573,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
 def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
     n = batch.n_docs
     keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
-    hashes = K.fnv1a64(batch.id_blob, batch.id_offs)
+    hashes = NP.build_kernel("fnv1a64", int(post_ptr[-1]) if post_ptr.size else 0)(batch.id_blob, batch.id_offs)
     order = np.argsort(hashes, kind="stable")
     caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))

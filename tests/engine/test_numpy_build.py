@@ -1,0 +1,91 @@
+"""The numpy twins of the segment-build kernels (used for small ingests, so a new process
+never starts numba) produce exactly the numba kernels' arrays."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from stair_es.engine import kernels as NB
+from stair_es.engine import npkernels as NP
+
+
+def _csr(rng, n_docs, vocab=3000, max_len=40):
+    lens = rng.integers(0, max_len, n_docs)
+    rows = [np.sort(rng.choice(vocab, size=int(k), replace=False)) for k in lens]
+    indptr = np.zeros(n_docs + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    ids = np.concatenate(rows).astype(np.int32) if n_docs else np.zeros(0, np.int32)
+    w = rng.uniform(0.01, 5.0, ids.size).astype(np.float16).view(np.uint16)
+    return indptr, ids, w
+
+
+@pytest.mark.parametrize("n_docs,bshift,key_base", [(0, 8, 0), (1, 8, 0), (300, 8, 0), (2000, 8, 30522), (700, 4, 0)])
+def test_build_postings_twin_is_identical(n_docs, bshift, key_base):
+    rng = np.random.default_rng(n_docs + bshift)
+    indptr, ids, w = _csr(rng, n_docs)
+    a = NP.build_postings(indptr, ids, w, n_docs, key_base, 30522, bshift)
+    b = NB.build_postings(indptr, ids, w, n_docs, key_base, 30522, bshift)
+    assert len(a) == len(b) == 8
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+def test_check_csr_twin_reports_the_same_first_problem():
+    rng = np.random.default_rng(7)
+    special = np.zeros(30522, bool)
+    special[[0, 100, 101, 102, 103]] = True
+    for case in range(200):
+        indptr, ids, w16 = _csr(rng, 30, vocab=200, max_len=6)
+        ids = ids.astype(np.int64).copy()
+        w = w16.view(np.float16).astype(np.float32)
+        if ids.size:
+            p = int(rng.integers(ids.size))
+            kind = case % 6
+            if kind == 1:
+                ids[p] = 40000
+            elif kind == 2:
+                w[p] = np.nan if case % 2 else -1.0
+            elif kind == 3:
+                ids[p] = 101
+            elif kind == 4 and p > 0:
+                ids[p] = ids[p - 1]
+            elif kind == 5:
+                w[p] = np.inf
+        ids32 = ids.astype(np.int32)
+        assert NP.check_csr(indptr, ids32, w, 30522, special) == tuple(NB.check_csr(indptr, ids32, w, 30522, special))
+
+
+def test_gather_and_hash_twins_are_identical():
+    rng = np.random.default_rng(3)
+    strings = [bytes(rng.integers(32, 127, int(rng.integers(0, 40))).astype(np.uint8)) for _ in range(500)]
+    offs = np.zeros(len(strings) + 1, np.int64)
+    np.cumsum([len(s) for s in strings], out=offs[1:])
+    blob = np.frombuffer(b"".join(strings), np.uint8)
+    rows = rng.permutation(len(strings))[:300]
+    for x, y in zip(NP.gather_strings(blob, offs, rows), NB.gather_strings(blob, offs, rows)):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(NP.fnv1a64(blob, offs), NB.fnv1a64(blob, offs))
+
+
+@pytest.mark.process
+def test_a_small_ingest_and_search_never_start_numba(tmp_path):
+    code = (
+        "import sys\n"
+        "from stair_es import Document, SparseVector\n"
+        "from stair_es.engine import EngineIndex\n"
+        "from stair_es.query import SearchRequest, SparseClause\n"
+        "from stair_es.schema import IndexSchema\n"
+        f"ix = EngineIndex.create({str(tmp_path / 'ix')!r}, IndexSchema())\n"
+        "ix.add([Document(f'd{i}', {'image': SparseVector.from_token_map({'red': 1.0 + i, 'car': 2.0})}) for i in range(50)])\n"
+        "ix.add([Document('d3', {'image': SparseVector.from_token_map({'boat': 1.0})})])\n"
+        "res = ix.search(SearchRequest([SparseClause('image', SparseVector.from_token_map({'red': 1.0}))], top_k=2))\n"
+        "print([h.id for h in res.hits]); print('numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == "['d49', 'd48']"
+    assert lines[1] == "False", "a 51-document ingest and search started numba"
