@@ -137,13 +137,17 @@ class ClipartSource:
         z = h @ self.head["w2"] + self.head["b2"]
         return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
 
-    def encode_probabilities(self, class_probs: np.ndarray, images: Sequence[Any] | None = None) -> list[SparseVector]:
-        """Token weights per image; with ``images`` the head is gated by how drawn each looks."""
+    def encode_probabilities(self, class_probs: np.ndarray, images: Sequence[Any] | None = None, *,
+                             gates: np.ndarray | None = None) -> list[SparseVector]:
+        """Token weights per image; with ``images`` (or their :func:`drawing_gate` values,
+        ``gates``) the head is gated by how drawn each looks."""
         probs = self.probabilities(class_probs)
-        if images is not None:
-            if len(images) != len(probs):
-                raise ModelError(f"{len(images)} images for {len(probs)} rows of class probabilities")
-            probs = probs * np.array([drawing_gate(im) for im in images], dtype=np.float32)[:, None]
+        if images is not None and gates is None:
+            gates = np.array([drawing_gate(im) for im in images], dtype=np.float32)
+        if gates is not None:
+            if len(gates) != len(probs):
+                raise ModelError(f"{len(gates)} images for {len(probs)} rows of class probabilities")
+            probs = probs * np.asarray(gates, dtype=np.float32)[:, None]
         out = []
         for p in probs:
             w = np.log1p(SCALE * p)
