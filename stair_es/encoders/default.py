@@ -215,7 +215,7 @@ class DefaultEncoder(Encoder):
         multi-core machine it costs almost no wall time. Same vectors as one chunk at a time."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from .base import progress_bar
+        from .base import progress_bar, single_threaded_blas
 
         images = list(images)
         if batch_size < 1:
@@ -225,7 +225,7 @@ class DefaultEncoder(Encoder):
             return
         net = self.image_encoder.load()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-pixels") as pool, \
-                progress_bar(len(images), "encoding images", progress) as bar:
+                single_threaded_blas(), progress_bar(len(images), "encoding images", progress) as bar:
             pending = pool.submit(self._pixel_work, chunks[0])
             for i, chunk in enumerate(chunks):
                 pixels, sides, gates = pending.result()
