@@ -29,11 +29,10 @@ next writer turns it into a part file. Vectors of dead documents are dropped by 
 from __future__ import annotations
 
 import json
-import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -105,7 +104,7 @@ def as_vector(value: Any, what: str) -> np.ndarray:
         raise InvalidVectorError(f"{what} must be a flat, non-empty list of numbers, got shape {arr.shape}")
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
-        raise InvalidVectorError(f"{what} has a non-finite value ({arr[bad[0]]!r}) at position {int(bad[0])}: "
+        raise InvalidVectorError(f"{what} has a non-finite value ({float(arr[bad[0]])!r}) at position {int(bad[0])}: "
                                  "NaN and infinity cannot be indexed or searched; fix the vector")
     if np.abs(arr).max() > np.finfo(np.float32).max:
         raise InvalidVectorError(f"{what} has a value too large for float32")
@@ -134,8 +133,9 @@ def read_vector_file(path: str | Path) -> np.ndarray:
     p = Path(path).expanduser()
     try:
         if p.suffix.lower() == ".npy":
-            return as_vector(np.load(p, allow_pickle=False).ravel(), f"the vector in {p}")
-        data = json.loads(p.read_text(encoding="utf-8"))
+            data = np.load(p, allow_pickle=False).ravel()
+        else:
+            data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidInputError(f"--vector-file {p}: no such file") from None
     except (OSError, ValueError) as e:
@@ -507,5 +507,3 @@ def brute_force(vectors: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.asarray(vectors, np.float32) @ np.asarray(q, np.float32)
 
 
-def is_finite_list(values: Iterable[Any]) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
