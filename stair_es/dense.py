@@ -502,6 +502,19 @@ def search_embedded(ix: Any, spec: DenseSpec, q: np.ndarray, top_k: int, flt: An
     return [(segs[int(pos[i])], int(loc[i]), float(score[i])) for i in cand]
 
 
+def vector_of(ix: Any, spec: DenseSpec, doc_id: str) -> np.ndarray | None:
+    """The stored dense vector of live document ``doc_id`` (float32), or None when it has none."""
+    seg_of, doc_of = ix._locate([doc_id])  # noqa: SLF001
+    if seg_of[0] < 0:
+        return None
+    view = view_of(ix, spec)
+    for vecs, rows, pos, loc, _ in view.chunks:
+        hit = np.flatnonzero((pos == seg_of[0]) & (loc == doc_of[0]))
+        if hit.size:
+            return np.asarray(vecs[rows[hit[0]]], np.float32)
+    return None
+
+
 def brute_force(vectors: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Reference scores (for tests and benchmarks): every row against ``q``."""
     return np.asarray(vectors, np.float32) @ np.asarray(q, np.float32)

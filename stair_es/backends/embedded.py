@@ -229,7 +229,14 @@ class EmbeddedBackend(SearchBackend):
         return report
 
     def get(self, index: str, doc_id: str) -> Document:
-        return self._reader(index).get(doc_id)
+        ix = self._reader(index)
+        doc = ix.get(doc_id)
+        spec = self.dense_spec(index)
+        if spec is not None:
+            from ..dense import vector_of
+
+            doc.dense = vector_of(ix, spec, doc_id)  # as stored: unit length for cosine, float16-rounded
+        return doc
 
     def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
         return self._reader(index).contains(list(ids))

@@ -172,6 +172,7 @@ def test_updates_deletes_merges_and_reopening_keep_vectors_consistent(setup, tmp
     be.optimize("shop")  # merging renumbers documents inside segments: seqs keep vectors attached
     after = [(i, round(s, 6)) for i, s in _dense(hybrid_search(be, "shop", _request({"dog": 1.0}), None, opts, vector=q))]
     assert after == before
+    assert be.get("shop", "d011").dense == pytest.approx(_unit(docs["d011"][2]), abs=1e-6)
     be2 = EmbeddedBackend(be.home)  # another process's view, from disk
     assert [(i, round(s, 6)) for i, s in _dense(hybrid_search(be2, "shop", _request({"dog": 1.0}), None, opts, vector=q))] == before
     be2.close()
@@ -295,3 +296,13 @@ def test_spec_is_kept_beside_the_segments_and_shown_in_index_info(tmp_path):
     assert json.loads((tmp_path / "s" / "dense" / "spec.json").read_text())["dims"] == 16
     with pytest.raises(InvalidInputError, match="dense dimension must be a whole number from 1 to 4096"):
         DenseSpec(0)
+
+
+def test_a_manifest_dense_value_that_is_not_a_list_is_refused_on_its_line(tmp_path):
+    from stair_es.catalog import read_manifest
+
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"id": "a", "path": "a.png", "dense": "0.1,0.2"}\n{"id": "b", "path": "b.png", "dense": [0.1, 0.2]}\n')
+    items = list(read_manifest(m))
+    assert not items[0].ok and "'dense' must be a list of numbers, got str" in items[0].error
+    assert items[1].dense == [0.1, 0.2]
