@@ -425,22 +425,32 @@ class DenseView:
         return cls(store.spec, chunks, commit_key(ix))
 
     def matrix(self) -> np.ndarray:
-        return np.concatenate([np.asarray(c[0][c[1]], np.float32) for c in self.chunks]) if self.chunks \
-            else np.zeros((0, self.spec.dims), np.float32)
+        """The live vectors as one float32 matrix (rows in chunk order), built once per view.
 
-    def scores(self, q: np.ndarray, block: int = 65536) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        A single float32 part file whose every row is live is used as it is (memory-mapped, no
+        copy); otherwise the live rows are gathered once into memory (n x dims x 4 bytes): numpy
+        converts float16 and gathers rows slowly, so doing it per query would cost 10-20x more."""
+        m = getattr(self, "_mat", None)
+        if m is None:
+            if len(self.chunks) == 1 and self.chunks[0][0].dtype == np.float32 and \
+                    self.chunks[0][1].size == self.chunks[0][0].shape[0] and \
+                    np.array_equal(self.chunks[0][1], np.arange(self.chunks[0][1].size)):
+                m = self.chunks[0][0]
+            elif self.chunks:
+                m = np.concatenate([np.asarray(c[0][c[1]], np.float32) for c in self.chunks])
+            else:
+                m = np.zeros((0, self.spec.dims), np.float32)
+            self._mat = m
+            self._pos = np.concatenate([c[2] for c in self.chunks]) if self.chunks else np.zeros(0, np.int32)
+            self._loc = np.concatenate([c[3] for c in self.chunks]) if self.chunks else np.zeros(0, np.int64)
+        return m
+
+    def scores(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(score, segment position, local doc, seq) of every live document with a vector."""
-        out = []
-        for vecs, rows, pos, loc, seq in self.chunks:
-            s = np.empty(rows.size, np.float32)
-            for lo in range(0, rows.size, block):
-                sub = np.asarray(vecs[rows[lo : lo + block]], np.float32)
-                s[lo : lo + block] = sub @ q
-            out.append((s, pos, loc, seq))
-        if not out:
-            z = np.zeros(0)
-            return z.astype(np.float32), z.astype(np.int32), z.astype(np.int64), z.astype(np.uint64)
-        return tuple(np.concatenate([o[i] for o in out]) for i in range(4))  # type: ignore[return-value]
+        m = self.matrix()
+        # einsum, not ``m @ q``: a matrix-vector product gains nothing from BLAS threads, and on a
+        # busy machine OpenBLAS's threads made it 10-30x slower here (20 ms vs 0.6 ms at 20k x 64)
+        return np.einsum("ij,j->i", m, np.asarray(q, np.float32)), self._pos, self._loc, self.seq
 
 
 _views: dict[str, DenseView] = {}
