@@ -147,6 +147,14 @@ def test_a_dense_model_encodes_images_at_ingest_and_the_query_text_at_search(run
     for i, s in got:
         assert s == pytest.approx(cos[i], abs=1e-4)
 
-    # a sparse checkpoint is not a dense model; another dense width does not fit the index
+    # a missing model, or a dense width other than the index's, is a one-line error
     r = run("ingest", "pics", str(root), "--encoder", "fake-color", "--dense-model", str(tmp_path / "nope"))
     assert r.exit_code != 0 and "Traceback" not in r.output
+    assert run("index", "create", "four", "--dense-dims", "4", "--encoder", "fake-color").exit_code == 0
+    r = run("ingest", "four", str(root), "--encoder", "fake-color", "--dense-model", str(dense_model))
+    assert r.exit_code != 0 and "holds 4-dimensional dense vectors but the dense model makes 8" in r.output
+    r = run("index", "create", "m", "--dense-model", str(dense_model), "--dense-dims", "16", "--encoder", "fake-color")
+    assert r.exit_code != 0 and "--dense-dims 16 does not match the dense model, which makes 8-dimensional vectors" in r.output
+    assert run("index", "create", "m", "--dense-model", str(dense_model), "--encoder", "fake-color").exit_code == 0
+    r = run("ingest", "m", str(root), "--encoder", "fake-color", "--dense-model", str(dense_model))
+    assert r.exit_code == 0, r.output
