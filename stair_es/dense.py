@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -47,6 +48,8 @@ SPEC_FILE = "spec.json"
 PENDING = "pending.stair"
 FORMAT = 1
 F16_MAX = 65504.0
+MAX_PARTS = 16  # more part files than this: the MERGE_PARTS smallest are merged into one
+MERGE_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,8 @@ class DenseStore:
         from .engine.storage import write_arrays
 
         self.recover(ix)
+        if not ids:
+            return  # nothing to keep for this batch: no pending file, no part file
         self.dir.mkdir(exist_ok=True)
         mat = np.stack(vectors).astype(self.spec.dtype) if vectors else np.zeros((0, self.spec.dims), self.spec.dtype)
         write_arrays(self.dir / PENDING, {**_ids_arrays(ids), "vectors": mat},
@@ -348,26 +353,44 @@ class DenseStore:
         return sorted(self.dir.glob("part-*.stair")) if self.dir.is_dir() else []
 
     def maybe_compact(self, ix: Any, *, force: bool = False) -> bool:
-        """Rewrite the live vectors into one part file when dead ones outnumber them."""
+        """Merge part files, dropping the vectors of dead documents (deleted or replaced).
+
+        Tiered, as the engine merges segments: when there are more than :data:`MAX_PARTS` files,
+        the :data:`MERGE_PARTS` smallest become one, so each vector is rewritten O(log n) times;
+        when the files hold more than twice as many rows as the index has live documents, or
+        with ``force``, all of them become one. A crash between writing the merged file and
+        removing the old ones leaves the same vectors twice under the same ``seq``: harmless."""
         from .engine.storage import fsync_dir, write_arrays
 
         parts = self.parts()
         if not parts:
             return False
-        view = DenseView.build(ix, self)
-        total = sum(int(_load(p)[0]["seqs"].size) for p in parts)
-        dead = total - view.n
-        if not force and (len(parts) < 2 or dead <= max(1000, view.n)) and len(parts) <= 64:
+        sizes = {p: int(_load(p)[0]["seqs"].size) for p in parts}
+        live_docs = sum(int(st.live) for st in ix._segs)  # noqa: SLF001
+        if force or (len(parts) > 1 and sum(sizes.values()) > 2 * live_docs + 1000):
+            pick = parts
+        elif len(parts) > MAX_PARTS:
+            pick = sorted(parts, key=lambda p: (sizes[p], p.name))[:MERGE_PARTS]
+        else:
             return False
-        seqs = view.seq
-        order = np.argsort(seqs, kind="stable")
-        name = f"part-{int(seqs[order[0]]) if seqs.size else 0:012d}-c.stair"
-        vecs = view.matrix()[order].astype(self.spec.dtype)
-        write_arrays(self.dir / name, {"seqs": seqs[order], "vectors": vecs},
+        live = np.sort(_live(ix)[2])
+        seqs, vecs = [], []
+        for p in pick:
+            arrays, _ = _load(p)
+            sq = np.asarray(arrays["seqs"], np.uint64)
+            at = np.minimum(np.searchsorted(live, sq), max(live.size - 1, 0))
+            keep = (live[at] == sq) if live.size else np.zeros(sq.size, bool)
+            seqs.append(sq[keep])
+            vecs.append(np.asarray(arrays["vectors"])[keep])
+        seq = np.concatenate(seqs)
+        order = np.argsort(seq, kind="stable")
+        merged = np.concatenate(vecs)[order]
+        uniq, idx = np.unique(seq[order], return_index=True)  # a seq twice (an earlier crashed merge): once
+        name = f"part-{int(uniq[0]) if uniq.size else 0:012d}-m{time.time_ns():x}.stair"
+        write_arrays(self.dir / name, {"seqs": uniq, "vectors": merged[idx].astype(self.spec.dtype)},
                      {"format": FORMAT, "kind": "part", "dims": self.spec.dims, "dtype": self.spec.dtype})
-        for p in parts:
-            if p.name != name:
-                p.unlink(missing_ok=True)
+        for p in pick:
+            p.unlink(missing_ok=True)
         fsync_dir(self.dir)
         return True
 

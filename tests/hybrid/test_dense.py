@@ -306,3 +306,19 @@ def test_a_manifest_dense_value_that_is_not_a_list_is_refused_on_its_line(tmp_pa
     items = list(read_manifest(m))
     assert not items[0].ok and "'dense' must be a list of numbers, got str" in items[0].error
     assert items[1].dense == [0.1, 0.2]
+
+
+def test_many_batches_merge_part_files_tiered_and_keep_every_vector(tmp_path):
+    from stair_es.dense import MAX_PARTS
+
+    be = EmbeddedBackend(tmp_path, batch_size=3)
+    be.create_index("t", IndexSchema(dense=DenseSpec(2, "dot_product", "float32").to_dict()))
+    docs = [Document(f"t{i:03d}", {"image": SparseVector.from_token_map({"dog": 1.0})}, {}, None, None, [float(i), 1.0])
+            for i in range(3 * (MAX_PARTS + 5))]
+    be.ingest("t", docs)
+    ix = be._reader("t")
+    parts = DenseStore(ix.path, read_spec(ix.path)).parts()
+    assert len(parts) <= MAX_PARTS
+    res = hybrid_search(be, "t", _request({"dog": 1.0}, 100), None, HybridOptions(retrievers=("dense",), window=100),
+                        vector=[1.0, 0.0])
+    assert dict(_dense(res)) == {d.id: float(d.dense[0]) for d in docs}
