@@ -22,8 +22,8 @@ simply no longer looked up (an update gets a new ``seq``), so deletes, updates a
 no change here. A crash between the pending file and the engine commit leaves a pending file
 whose documents were never committed (no live ``seq`` in its range): it is discarded. A crash
 after the commit leaves a pending file whose documents are live: the next reader uses it, the
-next writer turns it into a part file. Vectors of dead documents are dropped by a compaction
-(one new part file, then the old ones removed) once they outnumber the live ones.
+next writer turns it into a part file. Part files are merged in tiers (the smallest first, as
+the engine merges segments), dropping the vectors of dead documents.
 """
 
 from __future__ import annotations
