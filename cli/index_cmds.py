@@ -165,6 +165,12 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
     if not isinstance(backend, EmbeddedBackend):
         raise InvalidInputError("index check verifies embedded indexes; a cluster checks its own files")
     report = check_index(backend.home / name, repair=repair)
+    from stair_es.dense import check_files
+
+    dense = check_files(backend.home / name, repair=repair) if (backend.home / name).is_dir() else None
+    if dense is not None:
+        report["dense"] = dense
+        report["ok"] = report["ok"] and dense["ok"]
     if as_json:
         echo_json(report)
     else:
@@ -182,12 +188,23 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
             click.echo(table(rows, ["segment", "docs", "deleted", "checksum", "status"], max_width=90))
         if report["orphans"]:
             click.echo(f"unreferenced files (removed by the next writer): {', '.join(report['orphans'])}")
+        if dense is not None:
+            drows = [(f["file"], "-" if f["rows"] is None else f["rows"], "ok" if not f["error"] else f"DAMAGED: {f['error']}")
+                     for f in dense["files"]]
+            if drows:
+                click.echo(table(drows, ["dense vector file", "vectors", "status"], max_width=90))
+            if dense["repaired"]:
+                lost = dense.get("docs_without_vector", [])
+                click.echo(f"repaired: removed the damaged dense vector files; {len(lost)} documents have no dense vector now"
+                           + (f": {', '.join(lost[:20])}{' ...' if len(lost) > 20 else ''}" if lost else "")
+                           + " (ingest them again with --reindex)")
         if report["repaired"] and report.get("rolled_back_to") is None:
             ids = report["lost_ids"]
             click.echo(f"repaired: dropped the damaged segments; {report['lost_docs']} documents lost"
                        + (f": {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}" if ids else " (ids unreadable)"))
+        repaired = report["repaired"] or bool(dense and dense["repaired"])
         click.echo("ok: no damage found" if report["ok"] else
-                   ("the index was repaired" if report["repaired"] else
+                   ("the index was repaired" if repaired else
                     "damage found; nothing was changed (see --repair, or restore from a backup)"))
-    if not report["ok"] and not report["repaired"]:
+    if not report["ok"] and not (report["repaired"] or (dense and dense["repaired"])):
         raise click.exceptions.Exit(1)

@@ -553,3 +553,52 @@ def brute_force(vectors: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.asarray(vectors, np.float32) @ np.asarray(q, np.float32)
 
 
+
+
+# --- `stair-es index check` ----------------------------------------------------------------------
+def check_files(index_path: str | Path, *, repair: bool = False) -> dict[str, Any] | None:
+    """Verify every dense vector file of an embedded index (checksums, shape, dimension).
+
+    With ``repair``, damaged part files are removed (a damaged pending file is always
+    discardable: its batch is in a part file or was never committed); the documents left
+    without a vector are listed by id (ingest them again with ``--reindex``). None when the
+    index has no dense field."""
+    from .engine.storage import verify_file
+
+    spec = read_spec(index_path)
+    if spec is None:
+        return None
+    d = folder(index_path)
+    files = sorted(d.glob("part-*.stair")) + ([d / PENDING] if (d / PENDING).is_file() else [])
+    rows, damaged = [], []
+    for f in files:
+        err, n = None, None
+        try:
+            verify_file(f)
+            arrays, meta = _load(f)
+            vecs = arrays["vectors"]
+            n = int(vecs.shape[0])
+            if vecs.ndim != 2 or vecs.shape[1] != spec.dims:
+                err = f"vectors of shape {tuple(vecs.shape)}, not (n, {spec.dims})"
+        except (StairError, OSError, ValueError, KeyError) as e:
+            err = str(e).splitlines()[0][:200]
+        rows.append({"file": f.name, "rows": n, "error": err})
+        if err:
+            damaged.append(f)
+    out: dict[str, Any] = {"dims": spec.dims, "dtype": spec.dtype, "files": rows, "ok": not damaged, "repaired": False}
+    if damaged and repair:
+        from .engine import EngineIndex
+
+        for f in damaged:
+            f.unlink(missing_ok=True)
+        ix = EngineIndex.open(Path(index_path), writable=False)
+        try:
+            view = DenseView.build(ix, DenseStore(index_path, spec))
+            have = {(int(p), int(lo)) for c in view.chunks for p, lo in zip(c[2], c[3])}
+            pos, loc, _ = _live(ix)
+            out["docs_without_vector"] = [ix._segs[int(p)].seg.doc_id(int(lo))  # noqa: SLF001
+                                          for p, lo in zip(pos, loc) if (int(p), int(lo)) not in have]
+        finally:
+            ix.close()
+        out["repaired"] = True
+    return out

@@ -158,3 +158,20 @@ def test_a_dense_model_encodes_images_at_ingest_and_the_query_text_at_search(run
     assert run("index", "create", "m", "--dense-model", str(dense_model), "--encoder", "fake-color").exit_code == 0
     r = run("ingest", "m", str(root), "--encoder", "fake-color", "--dense-model", str(dense_model))
     assert r.exit_code == 0, r.output
+
+
+def test_index_check_verifies_the_dense_files_and_repair_lists_the_documents_that_lost_their_vector(run, catalog, tmp_path):
+    run("ingest", "shop", str(catalog), "--encoder", "fake-color", "--allow-failures")
+    r = run("index", "check", "shop")
+    assert r.exit_code == 0 and "dense vector file" in r.output and "ok: no damage found" in r.output
+    part = next((tmp_path / "home" / "shop" / "dense").glob("part-*.stair"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    r = run("index", "check", "shop")
+    assert r.exit_code == 1 and "DAMAGED" in r.output
+    r = run("index", "check", "shop", "--repair", "--json")
+    assert r.exit_code == 0, r.output
+    dense = json.loads(r.output)["dense"]
+    assert dense["repaired"] and sorted(dense["docs_without_vector"]) == sorted(row[0] for row in ROWS)
+    assert run("index", "check", "shop").exit_code == 0
