@@ -322,3 +322,58 @@ def test_many_batches_merge_part_files_tiered_and_keep_every_vector(tmp_path):
     res = hybrid_search(be, "t", _request({"dog": 1.0}, 100), None, HybridOptions(retrievers=("dense",), window=100),
                         vector=[1.0, 0.0])
     assert dict(_dense(res)) == {d.id: float(d.dense[0]) for d in docs}
+
+
+# Ingests batches of new documents plus an update of an earlier one, each document's dense
+# vector encoding its version (also in its metadata), and prints each acknowledged batch.
+WRITER = """
+import sys
+from stair_es.backends.embedded import EmbeddedBackend
+from stair_es.dense import DenseSpec
+from stair_es.schema import Document, IndexSchema
+from stair_es.sparse import SparseVector
+be = EmbeddedBackend(sys.argv[1])
+be.create_index("k", IndexSchema(dense=DenseSpec(3, "dot_product", "float32").to_dict()), exist_ok=True)
+start = int(sys.argv[2])
+for b in range(start, start + 400):
+    docs = [Document(f"b{b}-{i}", {"image": SparseVector.from_token_map({"dog": 1.0})}, {"ver": float(b)}, None, None,
+                     [float(b), float(i), 1.0]) for i in range(5)]
+    if b > start:
+        docs.append(Document(f"b{b - 1}-0", {"image": SparseVector.from_token_map({"dog": 1.0})}, {"ver": float(b)}, None,
+                             None, [float(b), 0.0, 1.0]))
+    be.ingest("k", docs)
+    print(b, flush=True)
+"""
+
+
+@pytest.mark.process
+def test_sigkill_while_ingesting_never_leaves_a_document_with_a_wrong_or_missing_vector(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    start = 0
+    for delay in (0.2, 0.7, 1.3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(start)], stdout=subprocess.PIPE, text=True)
+        acked = []
+        first = proc.stdout.readline()
+        if first.strip():
+            acked.append(int(first))
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate()
+        acked += [int(x) for x in out.split()]
+        assert acked, "the writer acknowledged nothing"
+        be = EmbeddedBackend(tmp_path)
+        ix = be._reader("k")
+        live = [s.seg.doc_id(int(d)) for s in ix._segs for d in range(s.seg.n_docs)
+                if s.deleted is None or not s.deleted[d]]
+        assert be.existing_ids("k", [f"b{acked[-1]}-{i}" for i in range(5)]) == {f"b{acked[-1]}-{i}" for i in range(5)}
+        for doc_id in live:
+            doc = be.get("k", doc_id)
+            i = int(doc_id.split("-")[1])
+            # the vector is the one written with this version of the document, never an older or newer one
+            assert doc.dense is not None and list(doc.dense) == [doc.metadata["ver"], float(i), 1.0], doc_id
+        be.close()
+        start = acked[-1] + 2  # the next run writes new ids (and its first update touches none of these)
