@@ -161,8 +161,9 @@ class DenseEncoder:
         from .stair.model import StairModel
 
         self._torch = torch
-        self.model_name = str(model)
-        self.model = StairModel.from_pretrained(model, device=device)
+        # a local folder is recorded as an absolute path, so queries from another folder find it
+        self.model_name = str(Path(model).expanduser().resolve()) if Path(model).expanduser().is_dir() else str(model)
+        self.model = StairModel.from_pretrained(self.model_name, device=device)
         if self.model.is_sparse:
             raise ModelError(f"{model} has the {self.model.head!r} head, not a dense one: a dense model is trained with "
                              "`stair-es train DATA -o DIR --head dense`; sparse models go in --encoder stair --model")
