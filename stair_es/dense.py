@@ -319,8 +319,11 @@ class DenseStore:
         self.recover(ix)
         if not ids:
             return  # nothing to keep for this batch: no pending file, no part file
+        last = {i: k for k, i in enumerate(ids)}  # an id twice in a batch: the later document wins, as in the engine
+        keep = sorted(last.values())
+        ids, vectors = [ids[k] for k in keep], [vectors[k] for k in keep]
         self.dir.mkdir(exist_ok=True)
-        mat = np.stack(vectors).astype(self.spec.dtype) if vectors else np.zeros((0, self.spec.dims), self.spec.dtype)
+        mat = np.stack(vectors).astype(self.spec.dtype)
         write_arrays(self.dir / PENDING, {**_ids_arrays(ids), "vectors": mat},
                      {"format": FORMAT, "kind": "pending", "seq0": int(ix._manifest.get("next_seq", 0)),  # noqa: SLF001
                       "dims": self.spec.dims, "dtype": self.spec.dtype})
@@ -441,6 +444,8 @@ class DenseView:
             li = order[at_c[rows]]
             fresh = ~claimed[li]
             rows, li = rows[fresh], li[fresh]
+            li, first = np.unique(li, return_index=True)  # one row per document even if a file repeats a seq
+            rows = rows[first]
             claimed[li] = True
             if rows.size:
                 chunks.append((vecs, rows, pos[li], loc[li], seq[li]))

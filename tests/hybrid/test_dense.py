@@ -377,3 +377,13 @@ def test_sigkill_while_ingesting_never_leaves_a_document_with_a_wrong_or_missing
             assert doc.dense is not None and list(doc.dense) == [doc.metadata["ver"], float(i), 1.0], doc_id
         be.close()
         start = acked[-1] + 2  # the next run writes new ids (and its first update touches none of these)
+
+
+def test_an_id_twice_in_one_batch_keeps_the_later_vector_once(tmp_path):
+    be = EmbeddedBackend(tmp_path)
+    be.create_index("d", IndexSchema(dense=DenseSpec(2, "dot_product", "float32").to_dict()))
+    vec = {"image": SparseVector.from_token_map({"dog": 1.0})}
+    be.ingest("d", [Document("a", vec, dense=[1.0, 0.0]), Document("b", vec, dense=[0.5, 0.0]),
+                    Document("a", vec, dense=[2.0, 0.0])])
+    res = hybrid_search(be, "d", _request({"dog": 1.0}), None, HybridOptions(retrievers=("dense",)), vector=[1.0, 0.0])
+    assert _dense(res) == [("a", 2.0), ("b", 0.5)]
