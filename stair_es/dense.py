@@ -29,6 +29,7 @@ the engine merges segments), dropping the vectors of dead documents.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import DamagedIndexError, InvalidInputError, InvalidVectorError, ModelError, StairError
+
+log = logging.getLogger(__name__)
 
 DENSE_FIELD = "dense"
 SIMILARITIES = ("cosine", "dot_product")
@@ -343,8 +346,10 @@ class DenseStore:
         try:
             arrays, meta = _load(p)
             seqs, rows = _resolve_pending(ix, arrays, meta)
-        except DamagedIndexError:
-            seqs, rows = np.zeros(0, np.uint64), np.zeros(0, np.int64)  # a torn pending file: its commit did not happen
+        except DamagedIndexError as e:
+            # written atomically, so never torn by a crash; damaged on disk afterwards: say so, then drop it
+            log.warning("%s; its documents have no dense vector now (stair-es index check lists them)", e)
+            seqs, rows = np.zeros(0, np.uint64), np.zeros(0, np.int64)
             arrays = None
         if seqs.size:
             order = np.argsort(seqs, kind="stable")
@@ -430,8 +435,8 @@ class DenseView:
                 s, r = _resolve_pending(ix, arrays, meta)
                 if s.size:
                     sources.insert(0, (s, np.asarray(arrays["vectors"])[r]))
-            except DamagedIndexError:
-                pass  # torn by a crash before its commit: nothing in it was committed
+            except DamagedIndexError as e:
+                log.warning("%s", e)  # written atomically: damaged on disk, not by a crash
         chunks = []
         for sq, vecs in sources:
             if vecs.ndim != 2 or vecs.shape[1] != store.spec.dims:
