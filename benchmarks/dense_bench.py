@@ -12,6 +12,9 @@ same run, one query at a time (median and p95 over ``--queries``):
 * ``faiss``: ``IndexFlatIP`` over the same float32 unit vectors (exact as well), if installed.
 
 Both return the exact top k; the script checks that they agree (up to float16 rounding).
+
+``--ingest N`` also times ``EmbeddedBackend.ingest`` of N documents (batches of 256) with and
+without dense vectors, in the same run: what the dense store adds to ingestion.
 """
 
 from __future__ import annotations
@@ -66,12 +69,34 @@ def build(home: Path, n: int, dims: int, dtype: str, vecs: np.ndarray) -> object
     return ix, spec
 
 
+def ingest_cost(home: Path, n: int, dims: int, vecs: np.ndarray) -> list[dict]:
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.dense import DenseSpec
+    from stair_es.schema import Document, IndexSchema
+    from stair_es.sparse import SparseVector
+
+    out = []
+    sv = SparseVector.from_token_map({"dog": 1.0, "cat": 0.5})
+    for label, spec in (("ingest without dense vectors", None), ("ingest with float16 dense vectors", DenseSpec(dims))):
+        be = EmbeddedBackend(home / label.replace(" ", "-"))
+        be.create_index("i", IndexSchema(dense=spec.to_dict() if spec else None))
+        docs = [Document(f"d{i}", {"image": sv}, {}, None, None, vecs[i % len(vecs)] if spec else None) for i in range(n)]
+        t0 = time.perf_counter()
+        rep = be.ingest("i", docs)
+        s = time.perf_counter() - t0
+        assert not rep.failures
+        out.append({"system": label, "docs": n, "seconds": round(s, 2), "us_per_doc": round(s / n * 1e6, 1)})
+        be.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--dims", type=int, default=256)
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--ingest", type=int, default=0, help="also time ingesting this many documents with/without vectors")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     from stair_es.dense import search_embedded, view_of
@@ -110,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["overlap_with_faiss@k"] = round(float(np.mean([len(a & b) / args.k for a, b in zip(got, ref)])), 4)
             rows.append(row)
             ix.close()
+        if args.ingest:
+            rows += ingest_cost(Path(tmp), args.ingest, args.dims, vecs)
     for r in rows:
         print(r)
     from benchmarks.encoders.run import _git_commit

@@ -119,7 +119,11 @@ def as_vector(value: Any, what: str) -> np.ndarray:
 
 def prepare(vector: Any, spec: DenseSpec, what: str) -> np.ndarray:
     """Check ``vector`` against ``spec`` (dimension, finite) and bring it to its stored form."""
-    v = as_vector(vector, what)
+    if isinstance(vector, np.ndarray) and vector.dtype == np.float32 and vector.ndim == 1 and vector.size \
+            and np.isfinite(vector).all():
+        v = vector  # already checked (a Document's vector): skip the float64 round trip
+    else:
+        v = as_vector(vector, what)
     if v.size != spec.dims:
         raise InvalidVectorError(f"{what} has {v.size} dimensions but the index's dense field has {spec.dims}: "
                                  "use vectors from the model the index was built with")
@@ -327,16 +331,21 @@ class DenseStore:
         ids, vectors = [ids[k] for k in keep], [vectors[k] for k in keep]
         self.dir.mkdir(exist_ok=True)
         mat = np.stack(vectors).astype(self.spec.dtype)
-        write_arrays(self.dir / PENDING, {**_ids_arrays(ids), "vectors": mat},
-                     {"format": FORMAT, "kind": "pending", "seq0": int(ix._manifest.get("next_seq", 0)),  # noqa: SLF001
-                      "dims": self.spec.dims, "dtype": self.spec.dtype})
+        arrays = {**_ids_arrays(ids), "vectors": mat}
+        meta = {"format": FORMAT, "kind": "pending", "seq0": int(ix._manifest.get("next_seq", 0)),  # noqa: SLF001
+                "dims": self.spec.dims, "dtype": self.spec.dtype}
+        write_arrays(self.dir / PENDING, arrays, meta)
+        self._batch = (arrays, meta)  # finish() needs not read back what it just wrote
 
     def finish(self, ix: Any) -> None:
         """After the engine commit: the pending vectors become a part file keyed by ``seq``."""
-        self.recover(ix)
+        batch, self._batch = getattr(self, "_batch", None), None
+        self.recover(ix, batch)
         self.maybe_compact(ix)
 
-    def recover(self, ix: Any) -> None:
+    def recover(self, ix: Any, batch: tuple | None = None) -> None:
+        """Turn a pending file into a part file (the vectors of its committed documents) and remove it.
+        ``batch``: the pending file's (arrays, meta) when the caller has them in memory."""
         from .engine.storage import write_arrays
 
         p = self.dir / PENDING
@@ -344,7 +353,7 @@ class DenseStore:
             return
         ix.refresh()
         try:
-            arrays, meta = _load(p)
+            arrays, meta = batch if batch is not None else _load(p)
             seqs, rows = _resolve_pending(ix, arrays, meta)
         except DamagedIndexError as e:
             # written atomically, so never torn by a crash; damaged on disk afterwards: say so, then drop it

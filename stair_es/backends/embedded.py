@@ -37,28 +37,29 @@ def _written(batch, items):
     return added, replaced
 
 def _dense_checked(batch, spec, index):
-    """The documents whose dense vector (if any) fits the index's dense field, and an error item
-    for each that does not (checked per document, before anything is written)."""
-    from dataclasses import replace
-
+    """The documents whose dense vector (if any) fits the index's dense field with those vectors in
+    their stored form (None: no vector), and an error item for each document that does not fit
+    (checked per document, before anything is written)."""
     from ..dense import prepare
     from ..errors import StairError
     from ..schema import ItemResult
 
-    todo, refused = [], {}
+    todo, vectors, refused = [], [], {}
     for k, d in enumerate(batch):
         vec = getattr(d, "dense", None)
         if vec is None or not isinstance(d, Document):
             todo.append(d)
+            vectors.append(None)
         elif spec is None:
             refused[k] = ItemResult(d.id, False, f"{d.id!r} has a dense vector but index {index!r} has no dense field: "
                                     "create the index with --dense-dims N (or ingest without dense vectors)", d.source)
         else:
             try:
-                todo.append(replace(d, dense=prepare(vec, spec, f"the dense vector of {d.id!r}")))
+                vectors.append(prepare(vec, spec, f"the dense vector of {d.id!r}"))
+                todo.append(d)
             except StairError as e:
                 refused[k] = ItemResult(d.id, False, str(e), d.source)
-    return todo, refused
+    return todo, vectors, refused
 
 
 def _in_order(batch, todo, items, refused):
@@ -202,15 +203,15 @@ class EmbeddedBackend(SearchBackend):
 
         def flush() -> None:
             upkeep.before([d.id for d in batch if isinstance(d, Document)])
-            todo, refused = _dense_checked(batch, spec, index)
+            todo, vectors, refused = _dense_checked(batch, spec, index)
             if store is not None:
-                kept = [d for d in todo if d.dense is not None]
-                store.begin(ix, [d.id for d in kept], [d.dense for d in kept])
+                kept = [(d.id, v) for d, v in zip(todo, vectors) if v is not None]
+                store.begin(ix, [i for i, _ in kept], [v for _, v in kept])
             items = ix.add(todo) if todo else []
             if store is not None:
                 store.finish(ix)
-                for d, it in zip(todo, items):
-                    if it.ok and d.dense is None and not it.warning:
+                for v, it in zip(vectors, items):
+                    if it.ok and v is None and not it.warning:
                         it.warning = "no dense vector: the dense retriever of hybrid search cannot find this document"
             upkeep.after(*_written(todo, items))
             items = _in_order(batch, todo, items, refused)
