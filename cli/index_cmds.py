@@ -25,9 +25,20 @@ def index_group() -> None:
 @click.option("--sparse-field", "sparse_fields", multiple=True,
               help="Sparse (token-weight) fields; default: image and caption.")
 @click.option("--exist-ok", is_flag=True, help="Succeed if the index already exists.")
+@click.option("--dense-dims", type=int, metavar="N",
+              help="Give the index a dense vector field of N dimensions (for hybrid search's dense retriever); "
+                   "vectors come from --dense-model at ingest or a \"dense\" array per JSONL line.")
+@click.option("--dense-model", metavar="PATH",
+              help="A checkpoint trained with `stair-es train --head dense`: its size sets --dense-dims, and it "
+                   "encodes query texts for the dense retriever.")
+@click.option("--dense-similarity", type=click.Choice(["cosine", "dot_product"]), default="cosine", show_default=True,
+              help="How dense vectors are compared (cosine: normalised to unit length at ingest and query).")
+@click.option("--dense-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="How the embedded engine stores dense vectors (the clusters store float32).")
 @encoder_options(default="default")
 @backend_options
-def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], exist_ok: bool,
+def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], exist_ok: bool, dense_dims: int | None,
+           dense_model: str | None, dense_similarity: str, dense_dtype: str,
            encoder: str, model: str | None, encoder_opts: tuple[str, ...], backend) -> None:
     """Create an empty index NAME.
 
@@ -42,7 +53,20 @@ def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], e
             raise InvalidInputError(f"--field {spec!r}: use NAME=TYPE, e.g. taken=date")
         declared[fname.strip()] = ftype.strip()
     enc_config = None if encoder == "none" else get_encoder(encoder, **encoder_kwargs(model, encoder_opts)).config()
-    schema = IndexSchema(fields=declared, encoder=enc_config, **({"sparse_fields": sparse_fields} if sparse_fields else {}))
+    dense = None
+    if dense_model:
+        from stair_es.dense import DenseEncoder, DenseSpec
+
+        enc = DenseEncoder(dense_model)
+        if dense_dims is not None and dense_dims != enc.dims:
+            raise InvalidInputError(f"--dense-dims {dense_dims} does not match the dense model, which makes {enc.dims}-dimensional vectors")
+        dense = DenseSpec(enc.dims, dense_similarity, dense_dtype, enc.config()).to_dict()
+    elif dense_dims is not None:
+        from stair_es.dense import DenseSpec
+
+        dense = DenseSpec(dense_dims, dense_similarity, dense_dtype).to_dict()
+    schema = IndexSchema(fields=declared, encoder=enc_config, dense=dense,
+                         **({"sparse_fields": sparse_fields} if sparse_fields else {}))
     backend.create_index(name, schema, exist_ok=exist_ok)
     click.echo(f"created index {name!r} ({backend.name})")
 
@@ -141,6 +165,12 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
     if not isinstance(backend, EmbeddedBackend):
         raise InvalidInputError("index check verifies embedded indexes; a cluster checks its own files")
     report = check_index(backend.home / name, repair=repair)
+    from stair_es.dense import check_files
+
+    dense = check_files(backend.home / name, repair=repair) if (backend.home / name).is_dir() else None
+    if dense is not None:
+        report["dense"] = dense
+        report["ok"] = report["ok"] and dense["ok"]
     if as_json:
         echo_json(report)
     else:
@@ -158,12 +188,23 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
             click.echo(table(rows, ["segment", "docs", "deleted", "checksum", "status"], max_width=90))
         if report["orphans"]:
             click.echo(f"unreferenced files (removed by the next writer): {', '.join(report['orphans'])}")
+        if dense is not None:
+            drows = [(f["file"], "-" if f["rows"] is None else f["rows"], "ok" if not f["error"] else f"DAMAGED: {f['error']}")
+                     for f in dense["files"]]
+            if drows:
+                click.echo(table(drows, ["dense vector file", "vectors", "status"], max_width=90))
+            if dense["repaired"]:
+                lost = dense.get("docs_without_vector", [])
+                click.echo(f"repaired: removed the damaged dense vector files; {len(lost)} documents have no dense vector now"
+                           + (f": {', '.join(lost[:20])}{' ...' if len(lost) > 20 else ''}" if lost else "")
+                           + " (ingest them again with --reindex)")
         if report["repaired"] and report.get("rolled_back_to") is None:
             ids = report["lost_ids"]
             click.echo(f"repaired: dropped the damaged segments; {report['lost_docs']} documents lost"
                        + (f": {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}" if ids else " (ids unreadable)"))
+        repaired = report["repaired"] or bool(dense and dense["repaired"])
         click.echo("ok: no damage found" if report["ok"] else
-                   ("the index was repaired" if report["repaired"] else
+                   ("the index was repaired" if repaired else
                     "damage found; nothing was changed (see --repair, or restore from a backup)"))
-    if not report["ok"] and not report["repaired"]:
+    if not report["ok"] and not (report["repaired"] or (dense and dense["repaired"])):
         raise click.exceptions.Exit(1)

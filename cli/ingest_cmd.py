@@ -28,15 +28,21 @@ from .common import backend_options, echo_json, encoder_kwargs, encoder_options,
               help="Write one JSON line per input (ok, skipped or failed, with the reason) to this file.")
 @click.option("--allow-failures", is_flag=True, help="Exit 0 even if some items failed.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--dense-model", metavar="PATH",
+              help="Also store each image's dense vector from this checkpoint (trained with `stair-es train --head "
+                   "dense`) for hybrid search's dense retriever; a new index gets the model's dense field.")
+@click.option("--dense-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="How a new embedded index stores dense vectors.")
 @json_option
 @backend_options
 def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_captions, report_path,
-           allow_failures, progress, as_json, backend) -> None:
+           allow_failures, progress, dense_model, dense_dtype, as_json, backend) -> None:
     """Encode the images of SOURCE and add them to INDEX (created if missing).
 
     SOURCE is a folder (recursively; NAME.txt / NAME.json beside NAME.jpg give its caption and
     metadata), a quoted glob such as 'photos/**/*.jpg', or a JSONL manifest with one
-    {"id", "path", "caption", "metadata"} object per line (paths relative to the manifest).
+    {"id", "path", "caption", "metadata"} object per line (paths relative to the manifest; an
+    optional "dense": [numbers] gives the document's dense vector).
 
     Ids already in the index are skipped, so running the same command again after an
     interruption resumes without duplicates. Every input that cannot be used is reported with
@@ -44,7 +50,8 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
     """
     kwargs = encoder_kwargs(model, encoder_opts)
     opts = IngestOptions(batch_size=batch_size, reindex=reindex, encode_captions=not no_captions,
-                         progress=stderr_is_tty() if progress is None else progress)
+                         progress=stderr_is_tty() if progress is None else progress, dense_model=dense_model,
+                         dense_dtype=dense_dtype)
     # The report file is written as items finish, so an interrupted run still says what it did.
     with contextlib.ExitStack() as stack:
         on_items = None

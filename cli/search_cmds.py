@@ -59,12 +59,19 @@ def hybrid_options(f: Callable) -> Callable:
     opts = [
         click.option("--hybrid", is_flag=True,
                      help="Hybrid search: fuse the learned sparse ranking with BM25 over the documents' caption and "
-                          "keyword metadata (needs TEXT)."),
+                          "keyword metadata (needs TEXT), and with dense vectors if --retrievers names them."),
+        click.option("--retrievers", metavar="LIST",
+                     help="Which retrievers --hybrid fuses, comma-separated, from sparse, bm25, dense "
+                          "(e.g. sparse,bm25,dense; implies --hybrid) [default: sparse,bm25]. dense needs an index "
+                          "with dense vectors; its query is TEXT through the index's dense model, or --vector-file."),
+        click.option("--vector-file", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="The dense retriever's query vector: a JSON list of numbers (or {\"vector\": [...]}) or a .npy file."),
         click.option("--fusion", type=click.Choice(["rrf", "linear"]), default="rrf", show_default=True,
-                     help="How --hybrid fuses the two rankings: reciprocal rank fusion, or min-max normalised weighted sum."),
+                     help="How --hybrid fuses the rankings: reciprocal rank fusion, or min-max normalised weighted sum."),
         click.option("--rrf-k", type=int, default=60, show_default=True, help="RRF rank constant k: score = sum 1/(k + rank)."),
-        click.option("--weights", default="0.5,0.5", show_default=True, metavar="SPARSE,BM25",
-                     help="Weights of the two normalised scores for --fusion linear (scaled to sum to 1)."),
+        click.option("--weights", default=None, metavar="W1,W2[,W3]",
+                     help="Weights of the normalised scores for --fusion linear, one per retriever in --retrievers "
+                          "order (scaled to sum to 1) [default: equal]."),
         click.option("--window", type=int, help="Candidates taken from each retriever before fusion [default: max(100, top-k)]."),
     ]
     for o in reversed(opts):
@@ -72,13 +79,25 @@ def hybrid_options(f: Callable) -> Callable:
     return f
 
 
-def _hybrid_opts(text, fusion, rrf_k, weights, window):
+def _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers=None, vector_file=None):
+    """(HybridOptions, dense query vector or None) from the CLI's options."""
     from stair_es.fusion import parse_weights
-    from stair_es.hybrid import HybridOptions
+    from stair_es.hybrid import DEFAULT_RETRIEVERS, HybridOptions, parse_retrievers
 
-    if not text:
-        raise click.UsageError("--hybrid needs a query TEXT (its BM25 side searches the documents' text)")
-    return HybridOptions(fusion, rrf_k, parse_weights(weights), window)
+    names = parse_retrievers(retrievers) if retrievers else DEFAULT_RETRIEVERS
+    if "bm25" in names and not text:
+        raise click.UsageError("--hybrid needs a query TEXT for its bm25 retriever (BM25 searches the documents' text); or leave bm25 out of --retrievers")
+    if "dense" in names and not text and not vector_file:
+        raise click.UsageError("the dense retriever needs a query TEXT (encoded by the index's dense model) or --vector-file")
+    if vector_file and "dense" not in names:
+        raise click.UsageError("--vector-file is the dense retriever's query: add dense to --retrievers, e.g. --retrievers sparse,dense")
+    vector = None
+    if vector_file:
+        from stair_es.dense import read_vector_file
+
+        vector = read_vector_file(vector_file)
+    w = parse_weights(weights, len(names), names) if weights else None
+    return HybridOptions(fusion, rrf_k, w, window, retrievers=names), vector
 
 
 def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
@@ -104,7 +123,8 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as_json, backend, **q) -> None:
+def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
+           **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -118,17 +138,20 @@ def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as
       stair-es search samples --image my-cat.jpg        # query by example image
       stair-es search samples "a red car" --hybrid --fusion rrf --explain
       stair-es search samples "coffee cup" --hybrid --fusion linear --weights 0.7,0.3
+      stair-es search shop "a red shoe" --retrievers sparse,bm25,dense
 
     With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
-    caption and keyword metadata (RRF, or a min-max normalised weighted sum).
+    caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a
+    min-max normalised weighted sum).
     """
+    hybrid = hybrid or bool(retrievers) or bool(vector_file)
     if hybrid:
-        opts = _hybrid_opts(text, fusion, rrf_k, weights, window)
+        opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file)
     request, qvec = _make_request(backend, index, text, **q)
     if hybrid:
         from stair_es.hybrid import hybrid_search
 
-        result = hybrid_search(backend, index, request, text, opts, explain=explain_hits)
+        result = hybrid_search(backend, index, request, text, opts, explain=explain_hits, vector=vector)
     else:
         result = backend.search(index, request)
     explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
@@ -158,9 +181,10 @@ def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as
             v = (h.retrievers or {}).get(r, {}).get(key)
             return "-" if v is None else v
 
-        rows = [(i + 1, h.id, h.score, part(h, "sparse", "rank"), part(h, "sparse", "score"), part(h, "bm25", "rank"),
-                 part(h, "bm25", "score"), h.caption or "") for i, h in enumerate(result.hits)]
-        click.echo(table(rows, ["#", "id", "fused", "sparse #", "sparse score", "bm25 #", "bm25 score", "caption"],
+        names = [r for r in ("sparse", "bm25", "dense") if any(r in (h.retrievers or {}) for h in result.hits)]
+        rows = [(i + 1, h.id, h.score, *[part(h, r, key) for r in names for key in ("rank", "score")], h.caption or "")
+                for i, h in enumerate(result.hits)]
+        click.echo(table(rows, ["#", "id", "fused", *[f"{r} {c}" for r in names for c in ("#", "score")], "caption"],
                          max_width=40))
     else:
         rows = [(i + 1, h.id, h.score, h.caption or "", _fmt_meta(h.metadata)) for i, h in enumerate(result.hits)]
@@ -184,7 +208,8 @@ def search(index, text, explain_hits, hybrid, fusion, rrf_k, weights, window, as
 @encoder_options(default=None)
 @json_option
 @backend_options
-def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, as_json, backend, **q) -> None:
+def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
+            **q) -> None:
     """Why DOC_ID scores what it does for TEXT (or --tokens); without a query, its top tokens.
 
     Each row is one token: query weight x document weight = contribution; the rows sum to the score.
@@ -200,7 +225,8 @@ def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, 
             click.echo(f"{f} tokens of {doc.id!r} ({doc.vectors[f].nnz} non-zero):")
             click.echo("  " + _fmt_tokens(tm.items()))
         return
-    opts = _hybrid_opts(text, fusion, rrf_k, weights, window) if hybrid else None
+    hybrid = hybrid or bool(retrievers) or bool(vector_file)
+    opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file) if hybrid else (None, None)
     request, _ = _make_request(backend, index, text, **q)
     exp = backend.explain(index, doc_id, request)
     fused = None
@@ -211,12 +237,11 @@ def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, 
 
         win = opts.window or max(100, request.top_k)
         opts = replace(opts, window=win)
-        res = hybrid_search(backend, index, replace(request, top_k=win), text, opts, explain=True)
+        res = hybrid_search(backend, index, replace(request, top_k=win), text, opts, explain=True, vector=vector)
         rank = next((i for i, h in enumerate(res.hits, start=1) if h.id == doc_id), None)
         hit = res.hits[rank - 1] if rank else None
         fused = {"rank": rank, "score": hit.score if hit else None,
-                 "retrievers": hit.retrievers if hit else {"sparse": {"rank": None, "score": None},
-                                                           "bm25": {"rank": None, "score": None}},
+                 "retrievers": hit.retrievers if hit else {r: {"rank": None, "score": None} for r in opts.retrievers},
                  "window": win, "notes": res.notes}
     source_of = _token_sources(backend.index_info(index).schema)
     if as_json:
@@ -235,7 +260,8 @@ def explain(index, doc_id, text, limit, hybrid, fusion, rrf_k, weights, window, 
 
         where = (f"fused rank {fused['rank']} (score {fused['score']:.4f})" if fused["rank"]
                  else f"not in the fused top {fused['window']}")
-        click.echo(f"hybrid: {where}; sparse: {fmt(fused['retrievers']['sparse'])}; bm25: {fmt(fused['retrievers']['bm25'])}")
+        parts = "; ".join(f"{r}: {fmt(v)}" for r, v in fused["retrievers"].items())
+        click.echo(f"hybrid: {where}; {parts}")
     _print_explanation(exp, limit=limit, source_of=source_of, expansion=request.expansion)
 
 

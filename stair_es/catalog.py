@@ -8,9 +8,11 @@ Manifest lines are JSON objects::
 
     {"id": "sku-1", "path": "img/1.jpg", "caption": "a red shoe", "metadata": {"brand": "acme"}}
     {"id": "sku-2", "vectors": {"image": {"shoe": 1.3, "red": 0.8}}, "metadata": {...}}
+    {"id": "sku-3", "path": "img/3.jpg", "dense": [0.12, -0.5, ...]}
 
 ``path`` is relative to the manifest's folder; ``id`` defaults to ``path``; ``vectors``
-holds already-encoded token maps per sparse field (then no image is needed).
+holds already-encoded token maps per sparse field (then no image is needed); ``dense`` an
+already-computed dense vector for an index with a dense field (see :mod:`stair_es.dense`).
 In a folder, ``name.txt`` and ``name.json`` beside ``name.jpg`` give its caption and metadata.
 """
 
@@ -40,6 +42,7 @@ class CatalogEntry:
     vectors: dict[str, dict[str, float]] | None = None  # precomputed token maps per field
     origin: str = ""  # "manifest.jsonl:12" or the file path, for reports
     warning: str | None = None
+    dense: list[float] | None = None  # a precomputed dense vector (checked when the document is built)
 
 
 CatalogItem = Union[CatalogEntry, ItemResult]
@@ -132,9 +135,12 @@ def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
         raise InvalidInputError(f"malformed JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(rec, dict):
         raise InvalidInputError(f"a manifest line must be a JSON object, got {type(rec).__name__}")
-    unknown = set(rec) - {"id", "path", "caption", "metadata", "vectors"}
+    unknown = set(rec) - {"id", "path", "caption", "metadata", "vectors", "dense"}
     if unknown:
-        raise InvalidInputError(f"unknown keys {sorted(unknown)}; allowed: id, path, caption, metadata, vectors")
+        raise InvalidInputError(f"unknown keys {sorted(unknown)}; allowed: id, path, caption, metadata, vectors, dense")
+    dense = rec.get("dense")
+    if dense is not None and not isinstance(dense, list):
+        raise InvalidInputError(f"'dense' must be a list of numbers, got {type(dense).__name__}")
     path_v, vectors = rec.get("path"), rec.get("vectors")
     if path_v is None and vectors is None:
         raise InvalidInputError("needs a 'path' to an image or precomputed 'vectors'")
@@ -154,7 +160,7 @@ def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
         img = Path(path_v).expanduser()
         if not img.is_absolute():
             img = base / img
-    return CatalogEntry(doc_id, img, caption, meta, vectors, origin, warning)
+    return CatalogEntry(doc_id, img, caption, meta, vectors, origin, warning, dense)
 
 
 def _file_entry(file: Path, root: Path) -> CatalogItem:

@@ -1,4 +1,4 @@
-"""Fusing ranked lists from several retrievers (learned sparse, BM25): RRF and linear.
+"""Fusing ranked lists from several retrievers (learned sparse, BM25, dense): RRF and linear.
 
 * **RRF** (reciprocal rank fusion, Cormack et al. 2009): ``score(d) = sum_r 1 / (k + rank_r(d))``
   over the retrievers ``r`` that returned ``d`` (ranks from 1); ``k`` (default 60) is
@@ -50,11 +50,12 @@ def check_rrf_k(k: float) -> int:
     return int(k)
 
 
-def check_weights(weights: Sequence[float], n: int) -> list[float]:
+def check_weights(weights: Sequence[float], n: int, names: Sequence[str] | None = None) -> list[float]:
     """Weights for ``n`` retrievers, scaled to sum to 1; negative or all-zero weights are refused."""
     w = [float(x) for x in weights]
     if len(w) != n:
-        raise InvalidInputError(f"--weights needs {n} numbers (sparse,bm25), got {len(w)}")
+        which = ",".join(names) if names else "one per retriever"
+        raise InvalidInputError(f"--weights needs {n} numbers ({which}), got {len(w)}")
     if any(not math.isfinite(x) or x < 0 for x in w):
         raise InvalidInputError(f"fusion weights must be finite and not negative, got {','.join(map(str, weights))}")
     total = sum(w)
@@ -63,12 +64,12 @@ def check_weights(weights: Sequence[float], n: int) -> list[float]:
     return [x / total for x in w]
 
 
-def parse_weights(text: str, n: int = 2) -> list[float]:
+def parse_weights(text: str, n: int = 2, names: Sequence[str] | None = None) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",")]
     except ValueError:
         raise InvalidInputError(f"--weights takes {n} numbers separated by a comma, e.g. 0.7,0.3; got {text!r}") from None
-    return check_weights(vals, n)
+    return check_weights(vals, n, names)
 
 
 def _order(fused: dict[str, Fused]) -> list[Fused]:

@@ -40,6 +40,8 @@ class IngestOptions:
     encode_captions: bool = True
     progress: bool = False
     decode_threads: int = 2
+    dense_model: str | None = None  # a `stair-es train --head dense` checkpoint: dense image vectors
+    dense_dtype: str = "float16"  # how the embedded engine stores dense vectors (float16 or float32)
 
 
 def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
@@ -61,15 +63,30 @@ def encoder_signature(config: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in config.items() if k not in ("device", "batch_size", "progress", "query_idf")}
 
 
-def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, Any] | None) -> IndexSchema:
-    """Open ``index`` or create it recording the encoder; refuse to mix encoders in one index."""
+def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, Any] | None,
+                 dense: Any = None, dense_required: bool = False) -> IndexSchema:
+    """Open ``index`` or create it recording the encoder (and the dense field ``dense``, a
+    :class:`~stair_es.dense.DenseSpec`); refuse to mix encoders or dense models in one index."""
     try:
         info = backend.index_info(index)
     except IndexNotFoundError:
-        schema = IndexSchema(encoder=encoder_config)
+        schema = IndexSchema(encoder=encoder_config, dense=dense.to_dict() if dense is not None else None)
         backend.create_index(index, schema)
         return schema
     schema = info.schema
+    if dense is not None and dense_required:
+        from .dense import DenseSpec
+
+        have_d = DenseSpec.from_dict(schema.dense)
+        if have_d is None:
+            raise InvalidInputError(f"index {index!r} has no dense field, so --dense-model has nowhere to put its vectors: "
+                                    "ingest into a new index (it is created with the model's dense field)")
+        if have_d.dims != dense.dims:
+            raise InvalidInputError(f"index {index!r} holds {have_d.dims}-dimensional dense vectors but the dense model "
+                                    f"makes {dense.dims}: use the model the index was built with, or another index")
+        if have_d.encoder and dict(have_d.encoder) != dict(dense.encoder or {}):
+            raise InvalidInputError(f"index {index!r} was built with dense model {dict(have_d.encoder)}, not "
+                                    f"{dict(dense.encoder or {})}: dense vectors of different models are not comparable")
     have, want = encoder_signature(schema.encoder), encoder_signature(encoder_config)
     if have and want and have.get("name") != "precomputed" and want.get("name") != "precomputed" and have != want:
         raise InvalidInputError(
@@ -107,7 +124,19 @@ def ingest_catalog(
         if encoder_factory is None:
             raise InvalidInputError("this catalog has images to encode: choose an --encoder")
         encoder = encoder_factory()
-    schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"})
+    dense_enc = None
+    dense_spec = None
+    if opts.dense_model:
+        from .dense import DenseEncoder
+
+        dense_enc = DenseEncoder(opts.dense_model)
+        dense_spec = dense_enc.spec(opts.dense_dtype)
+    elif first is not None and first.dense is not None and isinstance(first.dense, list) and first.dense:
+        from .dense import DenseSpec
+
+        dense_spec = DenseSpec(len(first.dense), "cosine", opts.dense_dtype)  # used only if the index is created here
+    schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"}, dense_spec,
+                          dense_required=dense_enc is not None)
 
     from .encoders.base import tqdm_class
 
@@ -146,10 +175,11 @@ def ingest_catalog(
             else:
                 encoder = encoder_factory()
         futures: dict[str, Future] = {}
-        if encoder is not None:
-            load = _safe_load(_image_loader(encoder))
+        if encoder is not None or dense_enc is not None:
+            load = _safe_load(_image_loader(encoder) if encoder is not None else _image_loader(None))
             for e in ready:
-                if e.path is not None and "image" not in (e.vectors or {}):
+                needs = (encoder is not None and "image" not in (e.vectors or {})) or (dense_enc is not None and e.dense is None)
+                if e.path is not None and needs:
                     futures[e.id] = pool.submit(load, e.path)
         return done, ready, futures
 
@@ -164,7 +194,7 @@ def ingest_catalog(
             if early:
                 emit(early)
             if ready:
-                docs, failed = _build_documents(ready, encoder, schema, opts, futures)
+                docs, failed = _build_documents(ready, encoder, schema, opts, futures, dense_enc)
                 if failed:
                     emit(failed)
                 if docs:
@@ -188,6 +218,7 @@ def _build_documents(
     schema: IndexSchema,
     opts: IngestOptions,
     decoded: dict[str, Future],
+    dense_enc: Any = None,
 ) -> tuple[list[Document], list[ItemResult]]:
     failed: list[ItemResult] = []
     vectors: dict[str, dict[str, SparseVector]] = {e.id: {} for e in entries}
@@ -205,7 +236,7 @@ def _build_documents(
     bad = {f.id for f in failed}
 
     # 2. images: decoded in the pool (started one batch ahead), encoded in one batch
-    to_encode = [e for e in entries if e.id not in bad and e.id in decoded and encoder is not None]
+    to_encode = [e for e in entries if e.id not in bad and e.id in decoded]
     images, img_entries = [], []
     for e in to_encode:
         res = decoded[e.id].result()
@@ -215,10 +246,20 @@ def _build_documents(
         else:
             images.append(res)
             img_entries.append(e)
-    if images and encoder is not None:
-        for e, vec in zip(img_entries, _encode_robust(encoder.encode_images, images, img_entries, failed, bad, "image")):
+    sparse_at = [i for i, e in enumerate(img_entries) if "image" not in (e.vectors or {})]
+    if sparse_at and encoder is not None:
+        ents = [img_entries[i] for i in sparse_at]
+        for e, vec in zip(ents, _encode_robust(encoder.encode_images, [images[i] for i in sparse_at], ents, failed, bad, "image")):
             if vec is not None:
                 vectors[e.id]["image"] = vec
+    dense: dict[str, Any] = {e.id: e.dense for e in entries if e.dense is not None}
+    dense_at = [i for i, e in enumerate(img_entries) if e.dense is None and e.id not in bad]
+    if dense_at and dense_enc is not None:
+        ents = [img_entries[i] for i in dense_at]
+        encode = lambda ims: list(dense_enc.encode_images(ims))  # noqa: E731
+        for e, vec in zip(ents, _encode_robust(encode, [images[i] for i in dense_at], ents, failed, bad, "dense image")):
+            if vec is not None:
+                dense[e.id] = vec
 
     # 3. captions (a caption vector is optional: failure to encode one is reported, the image is kept)
     cap_entries = [e for e in entries if e.id not in bad and e.caption and opts.encode_captions
@@ -246,7 +287,8 @@ def _build_documents(
             failed.append(ItemResult(e.id, False, "nothing to index: no image vector and no caption vector", e.origin))
             continue
         try:
-            docs.append(Document(e.id, vectors[e.id], e.metadata, e.caption, str(e.path) if e.path else None))
+            docs.append(Document(e.id, vectors[e.id], e.metadata, e.caption, str(e.path) if e.path else None,
+                                 dense.get(e.id)))
         except StairError as err:
             failed.append(ItemResult(e.id, False, str(err), e.origin))
     return docs, failed

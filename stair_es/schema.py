@@ -129,6 +129,8 @@ class IndexSchema:
     vocab_name: str = "bert-base-uncased"
     vocab_md5: str = "64800d5d8528ce344256daf115d4965e"
     encoder: dict[str, Any] | None = None  # the encoder config used at ingest, for queries
+    # the optional dense field (stair_es.dense.DenseSpec as a dict: dims, similarity, dtype, encoder)
+    dense: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name, ftype in self.fields.items():
@@ -140,15 +142,23 @@ class IndexSchema:
         for name in self.sparse_fields:
             check_field_name(name, "sparse field")
         self.sparse_fields = tuple(self.sparse_fields)
+        if self.dense is not None:
+            from .dense import DenseSpec
+
+            spec = self.dense if isinstance(self.dense, DenseSpec) else DenseSpec.from_dict(self.dense)
+            self.dense = spec.to_dict() if spec is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "fields": dict(self.fields),
             "sparse_fields": list(self.sparse_fields),
             "vocab_name": self.vocab_name,
             "vocab_md5": self.vocab_md5,
             "encoder": self.encoder,
         }
+        if self.dense:
+            d["dense"] = dict(self.dense)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "IndexSchema":
@@ -158,6 +168,7 @@ class IndexSchema:
             vocab_name=d.get("vocab_name", "bert-base-uncased"),
             vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"),
             encoder=d.get("encoder"),
+            dense=d.get("dense"),
         )
 
     def field_type(self, name: str) -> str:
@@ -235,6 +246,7 @@ class Document:
     metadata: dict[str, Any] = field(default_factory=dict)
     caption: str | None = None
     source: str | None = None  # path or URL of the image, stored for display
+    dense: Any = None  # optional dense vector (list or 1-D array of finite numbers), see stair_es.dense
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512 or "\n" in self.id:
@@ -251,6 +263,10 @@ class Document:
                 raise InvalidInputError(f"metadata field names of {self.id!r} must be strings, got {name!r}")
             check_text(name, f"a metadata field name of {self.id!r}")
             check_text(value, f"metadata field {name!r} of {self.id!r}")
+        if self.dense is not None:
+            from .dense import as_vector
+
+            self.dense = as_vector(self.dense, f"the dense vector of {self.id!r}")
 
 
 @dataclass

@@ -102,6 +102,7 @@ class _IndexMeta:
     keys: str
     raw_meta: dict[str, Any]
     has_text: bool = False  # the mapping has the BM25 field (indices created before hybrid search do not)
+    has_dense: bool = False  # the mapping has the dense vector field
 
 
 class _Retry(Exception):
@@ -303,7 +304,13 @@ class ClusterBackend(SearchBackend):
                     "the mapping was changed outside stair_es -- reindex into a new index"
                 )
         keys = raw.get("keys", "id" if (self.adapter.engine == "opensearch" and ftype == "sparse_vector") else "token")
-        meta = _IndexMeta(schema, ftype, keys, dict(raw), has_text="bm25_text" in props)
+        dense_prop = props.get("dense") or {}
+        if schema.dense is None and dense_prop.get("type") in ("dense_vector", "knn_vector"):
+            # an index made with dense_dims before stair_es searched dense vectors: its mapping says the dimension
+            dims = dense_prop.get("dims") or dense_prop.get("dimension")
+            if dims:
+                schema.dense = {"dims": int(dims), "similarity": "cosine", "dtype": "float32", "encoder": None}
+        meta = _IndexMeta(schema, ftype, keys, dict(raw), has_text="bm25_text" in props, has_dense=bool(dense_prop))
         self._meta_cache[index] = meta
         return meta
 
@@ -324,7 +331,13 @@ class ClusterBackend(SearchBackend):
         _check_index_name(index)
         self.client  # connect: the version decides the field type and mapping options
         ftype = self._pick_field_type()
-        body = mapping(self.adapter.engine, ftype, schema, prune=self.prune, dense_dims=self.dense_dims, version=self.version)
+        if schema.dense is None and self.dense_dims:
+            from dataclasses import replace
+
+            from ..dense import DenseSpec
+
+            schema = replace(schema, dense=DenseSpec(int(self.dense_dims), "cosine", "float32").to_dict())
+        body = mapping(self.adapter.engine, ftype, schema, prune=self.prune, version=self.version)
         try:
             self.adapter.request(self.client, "PUT", self._path(index), body)
         except Exception as e:  # noqa: BLE001
@@ -401,6 +414,14 @@ class ClusterBackend(SearchBackend):
             src[TEXT_FIELD] = document_text(doc.caption, values)
         if doc.source is not None:
             src["path"] = doc.source  # "path" is reserved in the schema; "source" may be user metadata
+        if getattr(doc, "dense", None) is not None:
+            from ..dense import DENSE_FIELD, DenseSpec, prepare
+
+            spec = DenseSpec.from_dict(schema.dense)
+            if spec is None or not meta.has_dense:
+                raise InvalidInputError(f"{doc.id!r} has a dense vector but the index has no dense field: "
+                                        "create the index with --dense-dims N (or ingest without dense vectors)")
+            src[DENSE_FIELD] = [float(x) for x in prepare(doc.dense, spec, f"the dense vector of {doc.id!r}")]
         return src
 
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
@@ -566,8 +587,8 @@ class ClusterBackend(SearchBackend):
                 vectors[name] = vector_from_features(feats, self.vocab, meta.keys)
         caption = src.pop("caption_text", None)
         source = src.pop("path", None)
-        src.pop("dense", None)
-        return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), caption, source)
+        dense = src.pop("dense", None)
+        return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), caption, source, dense)
 
     @staticmethod
     def _metadata_out(src: Mapping[str, Any], schema: IndexSchema) -> dict[str, Any]:

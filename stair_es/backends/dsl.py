@@ -70,8 +70,9 @@ def mapping(
     sparse field of the schema gets the template of ``image``; metadata fields get
     ``metadata_types.json``; the schema itself is kept in ``mappings._meta.stair_es`` so
     stair_es can reopen the index. ``bm25_text`` (caption + keyword metadata, analysed as in
-    :mod:`stair_es.lexical`) is the BM25 side of hybrid search. ``dense_dims`` adds a ``dense``
-    vector field (stored only: stair_es does not query it).
+    :mod:`stair_es.lexical`) is the BM25 side of hybrid search. A dense field (``schema.dense``, or
+    ``dense_dims`` for a cosine one) adds the ``dense`` vector field that hybrid search's dense
+    retriever queries (``dense_vector`` / ``knn_vector``).
     ``version`` (the cluster's) drops ``index_options`` on Elasticsearch versions without it.
     """
     schema = schema or IndexSchema()
@@ -90,9 +91,16 @@ def mapping(
     types = _load_json("metadata_types.json")
     for name, ftype in schema.fields.items():
         props[name] = dict(types[ftype])
-    if dense_dims:
+    spec = schema.dense or ({"dims": int(dense_dims), "similarity": "cosine"} if dense_dims else None)
+    if spec:
         dense = _load_json("es_dense_vector.json" if engine == "elasticsearch" else "os_dense_vector.json")
-        dense["dims" if engine == "elasticsearch" else "dimension"] = int(dense_dims)
+        dense["dims" if engine == "elasticsearch" else "dimension"] = int(spec["dims"])
+        # cosine vectors are unit length (stair_es normalises them), so the dot product is the cosine;
+        # dot_product vectors keep their length: the engines' unbounded inner product
+        if engine == "elasticsearch":
+            dense["similarity"] = "dot_product" if spec.get("similarity", "cosine") == "cosine" else "max_inner_product"
+        else:
+            dense["space_type"] = "innerproduct"
         props["dense"] = dense
         if engine == "opensearch":
             body.setdefault("settings", {}).setdefault("index", {})["knn"] = True

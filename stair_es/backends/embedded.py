@@ -36,6 +36,40 @@ def _written(batch, items):
                 replaced.append(d.id)
     return added, replaced
 
+def _dense_checked(batch, spec, index):
+    """The documents whose dense vector (if any) fits the index's dense field with those vectors in
+    their stored form (None: no vector), and an error item for each document that does not fit
+    (checked per document, before anything is written)."""
+    from ..dense import prepare
+    from ..errors import StairError
+    from ..schema import ItemResult
+
+    todo, vectors, refused = [], [], {}
+    for k, d in enumerate(batch):
+        vec = getattr(d, "dense", None)
+        if vec is None or not isinstance(d, Document):
+            todo.append(d)
+            vectors.append(None)
+        elif spec is None:
+            refused[k] = ItemResult(d.id, False, f"{d.id!r} has a dense vector but index {index!r} has no dense field: "
+                                    "create the index with --dense-dims N (or ingest without dense vectors)", d.source)
+        else:
+            try:
+                vectors.append(prepare(vec, spec, f"the dense vector of {d.id!r}"))
+                todo.append(d)
+            except StairError as e:
+                refused[k] = ItemResult(d.id, False, str(e), d.source)
+    return todo, vectors, refused
+
+
+def _in_order(batch, todo, items, refused):
+    """Item results in the order of the batch (refused documents where they were)."""
+    if not refused:
+        return items
+    it = iter(items)
+    return [refused[k] if k in refused else next(it) for k in range(len(batch))]
+
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
 DEFAULT_BATCH = 256
 
@@ -106,7 +140,21 @@ class EmbeddedBackend(SearchBackend):
             if exist_ok:
                 return
             raise IndexExistsError(f"index {index!r} already exists in {self.home}; delete it first or pick another name")
-        EngineIndex.create(path, schema).close()
+        from dataclasses import replace
+
+        from ..dense import DenseSpec, write_spec
+
+        spec = DenseSpec.from_dict(schema.dense)
+        # the dense field lives beside the segments (stair_es.dense), not in the engine's manifest
+        EngineIndex.create(path, replace(schema, dense=None)).close()
+        if spec is not None:
+            write_spec(path, spec)
+
+    def dense_spec(self, index: str):
+        """The index's :class:`~stair_es.dense.DenseSpec`, or None when it has no dense field."""
+        from ..dense import read_spec
+
+        return read_spec(self._reader(index).path)
 
     def list_indices(self) -> list[str]:
         if not self.home.is_dir():
@@ -116,7 +164,11 @@ class EmbeddedBackend(SearchBackend):
     def index_info(self, index: str) -> IndexInfo:
         ix = self._reader(index)
         st = ix.stats()
-        return IndexInfo(index, ix.schema, st["docs"], st["bytes_on_disk"], {
+        from dataclasses import replace
+
+        spec = self.dense_spec(index)
+        schema = replace(ix.schema, dense=spec.to_dict()) if spec is not None else ix.schema
+        return IndexInfo(index, schema, st["docs"], st["bytes_on_disk"], {
             "path": str(ix.path), "segments": st["segments"], "deleted": st["deleted"], "postings": st["postings"],
             "postings_per_field": st["postings_per_field"], "bytes_per_posting": st["bytes_per_posting"],
         })
@@ -144,11 +196,25 @@ class EmbeddedBackend(SearchBackend):
         batch: list[Document] = []
 
         upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
+        from ..dense import DenseStore, read_spec
+
+        spec = read_spec(ix.path)
+        store = DenseStore(ix.path, spec) if spec is not None else None
 
         def flush() -> None:
             upkeep.before([d.id for d in batch if isinstance(d, Document)])
-            items = ix.add(batch)
-            upkeep.after(*_written(batch, items))
+            todo, vectors, refused = _dense_checked(batch, spec, index)
+            if store is not None:
+                kept = [(d.id, v) for d, v in zip(todo, vectors) if v is not None]
+                store.begin(ix, [i for i, _ in kept], [v for _, v in kept])
+            items = ix.add(todo) if todo else []
+            if store is not None:
+                store.finish(ix)
+                for v, it in zip(vectors, items):
+                    if it.ok and v is None and not it.warning:
+                        it.warning = "no dense vector: the dense retriever of hybrid search cannot find this document"
+            upkeep.after(*_written(todo, items))
+            items = _in_order(batch, todo, items, refused)
             report.extend(items)
             batch.clear()
             if on_batch is not None:
@@ -164,7 +230,14 @@ class EmbeddedBackend(SearchBackend):
         return report
 
     def get(self, index: str, doc_id: str) -> Document:
-        return self._reader(index).get(doc_id)
+        ix = self._reader(index)
+        doc = ix.get(doc_id)
+        spec = self.dense_spec(index)
+        if spec is not None:
+            from ..dense import vector_of
+
+            doc.dense = vector_of(ix, spec, doc_id)  # as stored: unit length for cosine, float16-rounded
+        return doc
 
     def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
         return self._reader(index).contains(list(ids))

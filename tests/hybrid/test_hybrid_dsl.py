@@ -62,3 +62,58 @@ def test_mapping_has_the_bm25_field_and_analyzer():
         assert an["analyzer"]["stair_es_text"] == {"type": "custom", "tokenizer": "standard",
                                                     "filter": ["lowercase", "stop", "stair_es_stemmer"]}
         assert an["filter"]["stair_es_stemmer"] == {"type": "stemmer", "language": "porter2"}
+
+
+# --- the dense retriever ------------------------------------------------------------------------
+VEC = [0.6, 0.8]
+FILTER = {"bool": {"filter": [{"term": {"kind": "photo"}}]}}
+THREE = ("sparse", "bm25", "dense")
+
+
+def test_elasticsearch_rrf_with_a_knn_retriever_sharing_the_filter():
+    body = hybrid_body("elasticsearch", _sparse(), "a dog", HybridOptions("rrf", 60, window=50, retrievers=THREE).checked(5), 5,
+                       vector=VEC)
+    assert body == {"size": 5, "retriever": {"rrf": {
+        "retrievers": [{"standard": {"query": SPARSE}}, {"standard": {"query": BM25}},
+                       {"knn": {"field": "dense", "query_vector": VEC, "k": 50, "num_candidates": 100, "filter": FILTER}}],
+        "rank_window_size": 50, "rank_constant": 60}}}
+
+
+def test_elasticsearch_linear_with_a_knn_retriever_and_three_weights():
+    opts = HybridOptions("linear", weights=(1, 1, 2), retrievers=("sparse", "bm25", "dense")).checked(5)
+    subs = hybrid_body("elasticsearch", _sparse(), "a dog", opts, 5, vector=VEC)["retriever"]["linear"]["retrievers"]
+    assert [s["weight"] for s in subs] == [0.25, 0.25, 0.5]
+    assert subs[2] == {"retriever": {"knn": {"field": "dense", "query_vector": VEC, "k": 100, "num_candidates": 200,
+                                             "filter": FILTER}}, "weight": 0.5, "normalizer": "minmax"}
+
+
+def test_opensearch_hybrid_with_a_knn_query_and_its_filter_inside():
+    opts = HybridOptions("rrf", 60, window=40, retrievers=("dense", "sparse")).checked(5)
+    body = hybrid_body("opensearch", _sparse(), None, opts, 5, vector=VEC)
+    assert body["query"] == {"hybrid": {"queries": [{"knn": {"dense": {"vector": VEC, "k": 40, "filter": FILTER}}}, SPARSE]}}
+    assert body["size"] == 40
+
+
+def test_a_knn_without_a_filter_has_none():
+    from stair_es.hybrid import es_knn, os_knn
+
+    plain = {"bool": {"should": [], "minimum_should_match": 1}}
+    assert "filter" not in es_knn(VEC, plain, 10)
+    assert "filter" not in os_knn(VEC, plain, 10)["knn"]["dense"]
+
+
+def test_mapping_dense_field_follows_the_schema():
+    from stair_es.dense import DenseSpec
+
+    schema = IndexSchema(dense=DenseSpec(64).to_dict())
+    es = mapping("elasticsearch", "rank_features", schema)
+    assert es["mappings"]["properties"]["dense"] == {"type": "dense_vector", "dims": 64, "index": True, "similarity": "dot_product",
+                                                  "index_options": {"type": "hnsw"}}
+    assert es["mappings"]["_meta"]["stair_es"]["schema"]["dense"]["dims"] == 64
+    os_ = mapping("opensearch", "rank_features", IndexSchema(dense=DenseSpec(8, "dot_product").to_dict()))
+    assert os_["mappings"]["properties"]["dense"]["dimension"] == 8
+    assert os_["mappings"]["properties"]["dense"]["space_type"] == "innerproduct"
+    assert os_["settings"]["index"]["knn"] is True
+    es_dot = mapping("elasticsearch", "rank_features", IndexSchema(dense=DenseSpec(8, "dot_product").to_dict()))
+    assert es_dot["mappings"]["properties"]["dense"]["similarity"] == "max_inner_product"
+    assert "dense" not in mapping("elasticsearch", "rank_features", SCHEMA)["mappings"]["properties"]
