@@ -216,9 +216,11 @@ def _build_documents(
             images.append(res)
             img_entries.append(e)
     if images and encoder is not None:
-        for e, vec in zip(img_entries, _encode_robust(encoder.encode_images, images, img_entries, failed, bad, "image")):
-            if vec is not None:
-                vectors[e.id]["image"] = vec
+        for e, res in zip(img_entries, _encode_robust(_with_warnings(encoder), images, img_entries, failed, bad, "image")):
+            if res is not None:
+                vectors[e.id]["image"], warning = res
+                if warning:  # e.g. OCR failed on this picture: indexed with its other tokens, and reported
+                    e.warning = f"{e.warning}; {warning}" if e.warning else warning
 
     # 3. captions (a caption vector is optional: failure to encode one is reported, the image is kept)
     cap_entries = [e for e in entries if e.id not in bad and e.caption and opts.encode_captions
@@ -250,6 +252,17 @@ def _build_documents(
         except StairError as err:
             failed.append(ItemResult(e.id, False, str(err), e.origin))
     return docs, failed
+
+
+def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseVector, str | None]]]:
+    """``encode_images`` giving ``(vector, warning)`` per image; an encoder reports per-image
+    warnings of its last call in ``image_warnings`` (index -> text), e.g. a token source that
+    failed on one picture while its other sources worked."""
+    def run(images: list[Any]) -> list[tuple[SparseVector, str | None]]:
+        vecs = encoder.encode_images(images)
+        warnings = getattr(encoder, "image_warnings", None) or {}
+        return [(v, warnings.get(i)) for i, v in enumerate(vecs)]
+    return run
 
 
 def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:

@@ -26,7 +26,7 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr")
 DEFAULT_SOURCES = ("imagenet", "colour", "clipart")
 
 
@@ -62,6 +62,8 @@ class DefaultEncoder(Encoder):
         image_weights: str | None = None,
         text_weights: str | None = None,
         clipart_head: str | None = None,
+        ocr_images: str = "drawings",
+        ocr: str | None = None,
         query_idf: bool = True,
         vocab: Vocabulary | None = None,
         name: str | None = None,
@@ -122,6 +124,15 @@ class DefaultEncoder(Encoder):
             from .people import PeopleSource
 
             self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
+        self.ocr = None
+        if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
+            from .ocr import OcrSource
+
+            self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # MissingDependencyError names the extra
+            check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
+                                   "image vectors read by the two are not comparable")
+        #: after ``encode_images``: index in the batch -> a warning for that image (e.g. OCR failed on it)
+        self.image_warnings: dict[int, str] = {}
 
     @property
     def image_min_side(self) -> int | None:  # type: ignore[override]
@@ -144,6 +155,9 @@ class DefaultEncoder(Encoder):
         }
         if self.clipart is not None:
             cfg["clipart_head"] = self.clipart.version
+        if self.ocr is not None:
+            cfg["ocr"] = self.ocr.version
+            cfg["ocr_images"] = self.ocr.images
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
@@ -187,19 +201,27 @@ class DefaultEncoder(Encoder):
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)
         probs = self.image_encoder.class_probabilities(images, batch_size=batch_size, progress=progress)
-        if self.colour is None and self.people is None and self.clipart is None:
+        self.image_warnings = {}
+        if self.colour is None and self.people is None and self.clipart is None and self.ocr is None:
             return [self.image_encoder.vector_from_probabilities(p) for p in probs]
         return [merge_max(list(parts.values()), self.vocab) for parts in self._all_parts(probs, images)]
 
     def _all_parts(self, probs: np.ndarray, images: list[Any]) -> list[dict[str, SparseVector]]:
         clipart = self.clipart.encode_probabilities(probs, images) if self.clipart is not None else [None] * len(images)
-        return [self._parts(self.image_encoder.vector_from_probabilities(p), im, c)
-                for p, im, c in zip(probs, images, clipart)]
+        read: list[SparseVector | None] = [None] * len(images)
+        if self.ocr is not None:
+            read = list(self.ocr.encode_many(images))  # a picture OCR fails on keeps its other tokens, with a warning
+            self.image_warnings = dict(self.ocr.failures)
+        return [self._parts(self.image_encoder.vector_from_probabilities(p), im, c, o)
+                for p, im, c, o in zip(probs, images, clipart, read)]
 
-    def _parts(self, classes: SparseVector, image: Any, clipart: SparseVector | None = None) -> dict[str, SparseVector]:
+    def _parts(self, classes: SparseVector, image: Any, clipart: SparseVector | None = None,
+               ocr: SparseVector | None = None) -> dict[str, SparseVector]:
         parts = {"imagenet": classes}
         if clipart is not None:
             parts["clipart"] = clipart
+        if ocr is not None:
+            parts["ocr"] = ocr
         if self.colour is not None:
             parts["colour"] = self.colour.encode(image)
         if self.people is not None:
@@ -223,6 +245,8 @@ class DefaultEncoder(Encoder):
             out.append("clipart")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
+        if self.ocr is not None and self.ocr.can_read(token):
+            out.append("ocr")
         return out
 
     def encode_texts(
