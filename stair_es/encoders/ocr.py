@@ -97,7 +97,7 @@ def read_shares(lines: Sequence[tuple[str, float]], vocab: Vocabulary, min_confi
         for word in _WORD.findall(text.lower()):
             if conf < min_confidence or (len(word) == 1 and (conf < char_confidence or not word.isascii())):
                 continue
-            if word.isdigit():
+            if word.isascii() and word.isdigit():
                 number = int(word)
                 if vocab.get(word) is not None:
                     put(word, conf)

@@ -45,6 +45,7 @@ def test_lone_characters_and_numbers_get_their_generic_words():
     assert read_shares([("O", 0.9)], vocab) == {}
     assert read_shares([("福", 0.99)], vocab) == {}  # lone non-ASCII characters are recogniser noise here
     assert read_shares([("50", 0.97)], vocab)["50"] == pytest.approx(0.97)
+    assert read_shares([("٣ ² x²", 0.99)], vocab) == {}  # non-ASCII digits are neither numbers nor a crash
 
 
 def test_missing_engine_names_the_extra(monkeypatch):
