@@ -94,22 +94,34 @@ def test_a_picture_the_engine_fails_on_keeps_its_other_tokens_and_is_reported():
 
 @needs_engine
 def test_ingest_reports_the_ocr_failure_per_image_and_indexes_the_picture(tmp_path):
-    from stair_es.backends.embedded import EmbeddedBackend
-    from stair_es.encoders.default import DefaultEncoder
+    from fakes import ColorEncoder, MemoryBackend
+    from stair_es.encoders.default import merge_max
     from stair_es.ingest import IngestOptions, ingest_catalog
+
+    class ColourAndOcr(ColorEncoder):
+        """The default encoder's contract (image_warnings after encode_images) with a fast tower."""
+
+        def __init__(self):
+            super().__init__()
+            self.ocr = _flaky(OcrSource(images="all"))
+
+        def encode_images(self, images, **kw):
+            base = super().encode_images(images, **kw)
+            read = self.ocr.encode_many(images)
+            self.image_warnings = dict(self.ocr.failures)
+            return [merge_max([b, r], self.vocab) for b, r in zip(base, read)]
 
     folder = tmp_path / "art"
     folder.mkdir()
     for name, colour in (("a", "white"), ("b", (255, 0, 0)), ("c", "white")):
         Image.new("RGB", (120, 90), colour).save(folder / f"{name}.png")
-    enc = DefaultEncoder(text="bow", sources="imagenet,ocr", ocr_images="all")
-    _flaky(enc.ocr)
-    backend = EmbeddedBackend(tmp_path / "home")
-    report = ingest_catalog(backend, "art", folder, lambda: enc, IngestOptions(batch_size=8))
+    backend = MemoryBackend()
+    report = ingest_catalog(backend, "art", folder, ColourAndOcr, IngestOptions(batch_size=8))
     assert all(i.ok for i in report.items)
-    warned = {i.id: i.warning for i in report.items if i.warning}
-    assert warned == {"b.png": "ocr: RuntimeError: onnxruntime: bad allocation"}
-    assert backend.index_info("art").doc_count == 3
+    assert {i.id: i.warning for i in report.items if i.warning} == {"b.png": "ocr: RuntimeError: onnxruntime: bad allocation"}
+    docs = backend.indices["art"][1]
+    assert sorted(docs) == ["a.png", "b.png", "c.png"]
+    assert docs["a.png"].vectors["image"].weight("stop") > 0 and docs["b.png"].vectors["image"].weight("red") > 0
 
 
 @needs_engine
@@ -139,3 +151,9 @@ def test_default_encoder_shows_ocr_as_a_source_and_gates_photos(imagenet_encoder
     assert "ocr" in enc.token_sources("hotel") and "ocr" in enc.token_sources("letter")
     assert "ocr" not in enc.token_sources("##ing")
     assert np.all(vec.weights > 0)
+    _flaky(enc.ocr)
+    enc.ocr._local = type(enc.ocr._local)()  # forget the engines already built
+    red = Image.new("RGB", (90, 90), (255, 0, 0))
+    vecs = enc.encode_images([sign, red])
+    assert enc.image_warnings == {1: "ocr: RuntimeError: onnxruntime: bad allocation"}
+    assert vecs[1].weight("red") > 0  # its other sources' tokens are kept
