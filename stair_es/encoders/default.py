@@ -128,7 +128,7 @@ class DefaultEncoder(Encoder):
         if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
             from .ocr import OcrSource
 
-            self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # MissingDependencyError names the extra
+            self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # RapidOCR itself is needed only for images
             check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
                                    "image vectors read by the two are not comparable")
         #: after ``encode_images``: index in the batch -> a warning for that image (e.g. OCR failed on it)
@@ -200,6 +200,8 @@ class DefaultEncoder(Encoder):
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)
+        if self.ocr is not None:
+            self.ocr.check_available()  # before the classifier runs: MissingDependencyError names the extra
         probs = self.image_encoder.class_probabilities(images, batch_size=batch_size, progress=progress)
         self.image_warnings = {}
         if self.colour is None and self.people is None and self.clipart is None and self.ocr is None:

@@ -38,8 +38,8 @@ docs/encoders.md), so by default (``images="drawings"``) only pictures that look
 (flat-pixel share >= ``DRAWING_FLAT`` = 0.3, the middle of the clipart gate) are read;
 ``images="all"`` reads photos too (signs, labels, book covers).
 
-Needs the ``ocr`` extra (``pip install 'stair-es[ocr]'``); a clear one-line message names
-it when missing. A picture the engine fails on gets no OCR tokens and a warning naming the
+Needs the ``ocr`` extra (``pip install 'stair-es[ocr]'``) to read pictures; a clear one-line
+message names it when missing (text queries of an index built with this source do not need it). A picture the engine fails on gets no OCR tokens and a warning naming the
 reason (:attr:`OcrSource.failures`); it never stops a batch.
 
 This module must not know about indices, backends or other token sources (it only borrows
@@ -124,8 +124,8 @@ class OcrSource:
                  char_confidence: float = 0.95, threads: int | None = None, vocab: Vocabulary | None = None):
         if images not in OCR_IMAGES:
             raise InvalidInputError(f"ocr_images must be one of {', '.join(OCR_IMAGES)}; got {images!r}")
-        if not ocr_available():
-            raise _missing()
+        # RapidOCR is needed only to read pictures: an index built with this source can be
+        # searched by text on a machine without it (check_available() / engine() say what is missing)
         self.images = images
         self.side = int(side)
         self.min_confidence = float(min_confidence)
@@ -146,6 +146,11 @@ class OcrSource:
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "images": self.images, "side": self.side,
                 "min_confidence": self.min_confidence, "char_confidence": self.char_confidence}
+
+    def check_available(self) -> None:
+        """Raise MissingDependencyError naming the ``ocr`` extra when RapidOCR cannot be imported."""
+        if not ocr_available():
+            raise _missing()
 
     def engine(self) -> Any:
         """This thread's RapidOCR engine (one per thread: the engine keeps per-call state)."""
@@ -218,6 +223,8 @@ class OcrSource:
         core, each running single-threaded ONNX Runtime); a picture the engine fails on gets an
         empty vector and an entry in :attr:`failures` (index -> reason) instead of failing the batch."""
         from .runtime import first_line, ort_threads
+
+        self.check_available()  # once for the batch: a missing extra is not a per-picture failure
 
         def one(im: Any) -> SparseVector | str:
             try:

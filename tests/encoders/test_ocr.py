@@ -48,13 +48,17 @@ def test_lone_characters_and_numbers_get_their_generic_words():
     assert read_shares([("٣ ² x²", 0.99)], vocab) == {}  # non-ASCII digits are neither numbers nor a crash
 
 
-def test_missing_engine_names_the_extra(monkeypatch):
+def test_missing_engine_names_the_extra_and_text_queries_still_work(monkeypatch):
     import stair_es.encoders.ocr as ocr
     from stair_es.encoders.default import DefaultEncoder
 
     monkeypatch.setattr(ocr, "ocr_available", lambda: False)
+    enc = DefaultEncoder(text="bow", sources="imagenet,ocr")  # e.g. searching an index built with OCR elsewhere
+    assert enc.encode_texts(["stop sign"])[0].weight("stop") > 0
     with pytest.raises(MissingDependencyError, match=r"ocr token source.*pip install 'stair-es\[ocr\]'"):
-        DefaultEncoder(text="bow", sources="imagenet,ocr")
+        enc.encode_images([Image.new("RGB", (64, 64), "white")])
+    with pytest.raises(MissingDependencyError, match=r"stair-es\[ocr\]"):
+        OcrSource().encode_many([Image.new("RGB", (64, 64), "white")])
 
 
 def test_bad_ocr_images_choice_is_a_clear_error():
