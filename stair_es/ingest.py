@@ -249,9 +249,11 @@ def _build_documents(
     sparse_at = [i for i, e in enumerate(img_entries) if "image" not in (e.vectors or {})]
     if sparse_at and encoder is not None:
         ents = [img_entries[i] for i in sparse_at]
-        for e, vec in zip(ents, _encode_robust(encoder.encode_images, [images[i] for i in sparse_at], ents, failed, bad, "image")):
-            if vec is not None:
-                vectors[e.id]["image"] = vec
+        for e, res in zip(ents, _encode_robust(_with_warnings(encoder), [images[i] for i in sparse_at], ents, failed, bad, "image")):
+            if res is not None:
+                vectors[e.id]["image"], warning = res
+                if warning:  # e.g. OCR failed on this picture: indexed with its other tokens, and reported
+                    e.warning = f"{e.warning}; {warning}" if e.warning else warning
     dense: dict[str, Any] = {e.id: e.dense for e in entries if e.dense is not None}
     dense_at = [i for i, e in enumerate(img_entries) if e.dense is None and e.id not in bad]
     if dense_at and dense_enc is not None:
@@ -292,6 +294,17 @@ def _build_documents(
         except StairError as err:
             failed.append(ItemResult(e.id, False, str(err), e.origin))
     return docs, failed
+
+
+def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseVector, str | None]]]:
+    """``encode_images`` giving ``(vector, warning)`` per image; an encoder reports per-image
+    warnings of its last call in ``image_warnings`` (index -> text), e.g. a token source that
+    failed on one picture while its other sources worked."""
+    def run(images: list[Any]) -> list[tuple[SparseVector, str | None]]:
+        vecs = encoder.encode_images(images)
+        warnings = getattr(encoder, "image_warnings", None) or {}
+        return [(v, warnings.get(i)) for i, v in enumerate(vecs)]
+    return run
 
 
 def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:

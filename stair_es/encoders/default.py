@@ -26,7 +26,7 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr")
 DEFAULT_SOURCES = ("imagenet", "colour", "clipart")
 
 
@@ -62,6 +62,8 @@ class DefaultEncoder(Encoder):
         image_weights: str | None = None,
         text_weights: str | None = None,
         clipart_head: str | None = None,
+        ocr_images: str = "drawings",
+        ocr: str | None = None,
         query_idf: bool = True,
         vocab: Vocabulary | None = None,
         name: str | None = None,
@@ -122,6 +124,15 @@ class DefaultEncoder(Encoder):
             from .people import PeopleSource
 
             self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
+        self.ocr = None
+        if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
+            from .ocr import OcrSource
+
+            self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # RapidOCR itself is needed only for images
+            check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
+                                   "image vectors read by the two are not comparable")
+        #: after ``encode_images``: index in the batch -> a warning for that image (e.g. OCR failed on it)
+        self.image_warnings: dict[int, str] = {}
 
     @property
     def image_min_side(self) -> int | None:  # type: ignore[override]
@@ -144,6 +155,9 @@ class DefaultEncoder(Encoder):
         }
         if self.clipart is not None:
             cfg["clipart_head"] = self.clipart.version
+        if self.ocr is not None:
+            cfg["ocr"] = self.ocr.version
+            cfg["ocr_images"] = self.ocr.images
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
@@ -185,15 +199,19 @@ class DefaultEncoder(Encoder):
         return self._digests[part]
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        images = list(images)
+        if self.ocr is not None:
+            self.ocr.check_available()  # before the classifier runs: MissingDependencyError names the extra
         return [merge_max(list(parts.values()), self.vocab) for parts in self._iter_parts(images, batch_size, progress)]
 
     def encode_images_detailed(self, images: Sequence[Any], *, batch_size: int = 16) -> list[dict[str, SparseVector]]:
         """Per image, each token source's own vector (``imagenet``, ``colour``...) before merging."""
         return list(self._iter_parts(images, batch_size, False))
 
-    def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None]:
+    def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None, dict[int, str]]:
         """What one chunk needs from its pixels besides the classifier: the classifier's input,
-        the pixel-only sources (colour, people) and the clip-art drawing gate."""
+        the pixel-only sources (colour, people, ocr), the clip-art drawing gate and the
+        pictures OCR failed on (index in the chunk -> reason)."""
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         for i, im in enumerate(chunk):
@@ -206,7 +224,12 @@ class DefaultEncoder(Encoder):
             from .clipart import drawing_gate
 
             gates = np.array([drawing_gate(im) for im in chunk], dtype=np.float32)
-        return pixels, sides, gates
+        failures: dict[int, str] = {}
+        if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
+            for i, v in enumerate(self.ocr.encode_many(chunk)):
+                sides[i]["ocr"] = v
+            failures = dict(self.ocr.failures)
+        return pixels, sides, gates, failures
 
     def _iter_parts(self, images: Sequence[Any], batch_size: int, progress: bool):
         """Per image, each source's vector, in order. The pixel work of chunk i+1 (resampling
@@ -223,12 +246,14 @@ class DefaultEncoder(Encoder):
         chunks = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
         if not chunks:
             return
+        self.image_warnings = {}
         net = self.image_encoder.load()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-pixels") as pool, \
                 single_threaded_blas(), progress_bar(len(images), "encoding images", progress) as bar:
             pending = pool.submit(self._pixel_work, chunks[0])
             for i, chunk in enumerate(chunks):
-                pixels, sides, gates = pending.result()
+                pixels, sides, gates, failures = pending.result()
+                self.image_warnings.update({i * batch_size + j: why for j, why in failures.items()})
                 if i + 1 < len(chunks):
                     pending = pool.submit(self._pixel_work, chunks[i + 1])
                 probs = self.image_encoder.probabilities_from_pixels(pixels, net)
@@ -238,7 +263,7 @@ class DefaultEncoder(Encoder):
                     parts = {"imagenet": self.image_encoder.vector_from_probabilities(p)}
                     if c is not None:
                         parts["clipart"] = c
-                    parts.update(side)
+                    parts.update(side)  # colour, people, ocr
                     yield parts
                 bar.update(len(chunk))
 
@@ -254,6 +279,8 @@ class DefaultEncoder(Encoder):
             out.append("clipart")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
+        if self.ocr is not None and self.ocr.can_read(token):
+            out.append("ocr")
         return out
 
     def encode_texts(
