@@ -15,6 +15,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Callable, Literal
@@ -31,6 +32,7 @@ from .. import __version__
 from ..errors import (BackendError, DocumentNotFoundError, EncoderVersionError, ImageError, IndexExistsError,
                       IndexLockedError, IndexNotFoundError, InvalidInputError, MissingDependencyError, ModelError,
                       StairError)
+from .batching import Batcher
 from .security import AuthError, PathNotAllowedError, key_from_headers, key_matches
 from .service import ServeConfig, Service, ThumbnailUnavailable
 
@@ -195,14 +197,31 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     limiter = anyio.CapacityLimiter(max(1, config.workers))
     state = {"pending": 0}
 
-    async def run(fn: Callable, *args: Any) -> Any:
+    def admit() -> None:
+        # one count for every route: past workers + max_queue requests in progress, 503 at once
         if state["pending"] >= config.workers + config.max_queue:
             raise ServerBusyError(f"the server is busy ({state['pending']} requests in progress); retry shortly")
         state["pending"] += 1
+
+    async def run(fn: Callable, *args: Any) -> Any:
+        admit()
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
         finally:
             state["pending"] -= 1
+
+    def search_answers(bodies: list[dict[str, Any]]) -> list[bytes | Exception]:
+        # on the dispatcher thread: the JSON is made there too, not on the event loop
+        return [a if isinstance(a, Exception) else dumps(a) for a in svc.search_many(bodies, threads=config.workers)]
+
+    batching = config.batches_searches(svc.backend.name)
+    batchers: list[Batcher] = []  # the live one, made at the first search after start
+
+    def batcher() -> Batcher:
+        if not batchers:
+            batchers.append(Batcher(search_answers, max_batch=config.max_batch, window=config.batch_window_ms / 1000.0,
+                                    name="stair-es-search-batcher"))
+        return batchers[0]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -218,6 +237,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
         yield
+        while batchers:
+            batchers.pop().close()
         svc.close()
 
     # fastapi-offline serves Swagger UI and ReDoc from the package (FastAPI's own /docs loads them
@@ -301,8 +322,24 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     @app.post("/v1/search", dependencies=auth, tags=["search"])
     async def search(body: SearchBody):
-        """Search an index with text, a token map or an example image, with filters and token clauses."""
-        return await run(svc.search, body.model_dump(exclude_none=True))
+        """Search an index with text, a token map or an example image, with filters and token clauses.
+
+        The ``Server-Timing`` header of the answer says where the time went on the server:
+        ``queue`` (waiting for the batch), ``batch`` (the batch that ran it, with its size) and
+        ``app`` (from the request's validation to its answer)."""
+        t0 = time.perf_counter()
+        if not batching:
+            payload = await run(lambda b: dumps(svc.search(b)), body.model_dump(exclude_none=True))
+            timing = f"app;dur={(time.perf_counter() - t0) * 1000:.2f}"
+        else:
+            admit()
+            try:
+                payload, t = await batcher().submit(body.model_dump(exclude_none=True))
+            finally:
+                state["pending"] -= 1
+            timing = (f"queue;dur={t.queued * 1000:.2f}, batch;dur={t.batch * 1000:.2f};desc=\"{t.size} searches\", "
+                      f"app;dur={(time.perf_counter() - t0) * 1000:.2f}")
+        return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
 
     @app.post("/v1/explain", dependencies=auth, tags=["search"])
     async def explain(body: ExplainBody):
@@ -363,6 +400,12 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
     return app
+
+
+def dumps(data: Any) -> bytes:
+    """JSON as FastAPI's JSONResponse writes it, without its per-value jsonable_encoder walk
+    (the service hands over plain dicts, lists, strings and numbers)."""
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 async def _json(request: Request) -> Any:
