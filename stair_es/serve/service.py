@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -94,14 +95,29 @@ class _CommitCache:
         self._generation = getattr(backend, "generation", None)
         self._info: dict[str, tuple[int, Any]] = {}
         self._df: dict[tuple[str, str], tuple[int, Any]] = {}
+        self._pinned = threading.local()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
+    @contextmanager
+    def pinned(self):
+        """Within: each index's generation is read once (one batch of searches sees one commit)."""
+        self._pinned.gens = {}
+        try:
+            yield
+        finally:
+            self._pinned.gens = None
+
     def _remembered(self, memo: dict, key: Any, index: str, compute):
         if self._generation is None:
             return compute()
-        gen = self._generation(index)  # a stat() of the manifest: cheap
+        gens = getattr(self._pinned, "gens", None)
+        gen = gens.get(index) if gens is not None else None
+        if gen is None:
+            gen = self._generation(index)  # a stat() of the manifest
+            if gens is not None:
+                gens[index] = gen
         hit = memo.get(key)
         if hit is not None and hit[0] == gen:
             return hit[1]
@@ -311,6 +327,10 @@ class Service:
         Query texts for the same index are encoded in one call of its query encoder (a model
         encodes a batch faster than its texts one by one); IDF weights and index schemas come
         from :class:`_CommitCache`, so no request recounts document frequencies."""
+        with self._commits.pinned():
+            return self._prepare(bodies)
+
+    def _prepare(self, bodies: Sequence[Mapping[str, Any]]) -> list[PreparedSearch | Exception]:
         out: list[PreparedSearch | Exception | None] = [None] * len(bodies)
         checked: list[tuple[int, str, str, Any, bool, list[str], Encoder | None]] = []
         for i, body in enumerate(bodies):
