@@ -94,13 +94,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int = 16,
+def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int | None = None,
                  window_ms: float = 0.0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
                              "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue", "1000",
-                             "--batching", batching, "--max-batch", str(max_batch), "--batch-window-ms", str(window_ms),
-                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--batching", batching, "--batch-window-ms", str(window_ms), "--log-level", "warning"]
+                            + (["--max-batch", str(max_batch)] if max_batch else []),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -243,19 +244,30 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     for c in conns:
         c.close()
-    lat = np.array(latencies)
+    return {"latencies": latencies, "app": [t["app"] for t in timings if "app" in t],
+            "sizes": [t["batch_size"] for t in timings if "batch_size" in t], "errors": errors, "wall": wall,
+            "client_cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}
+
+
+def summarize(slices: list[dict]) -> dict:
+    """One row from the slices of one setting (their latencies pooled, their times added)."""
+    lat = np.array([x for s in slices for x in s["latencies"]])
+    app = [x for s in slices for x in s["app"]]
+    sizes = [x for s in slices for x in s["sizes"]]
+    errors: dict[int, int] = {}
+    for s in slices:
+        for k, v in s["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    n_err = sum(errors.values())
 
     def pct(values, q):
         return float(np.percentile(values, q)) if len(values) else float("nan")
 
-    app = [t["app"] for t in timings if "app" in t]
-    sizes = [t["batch_size"] for t in timings if "batch_size" in t]
-    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
-    return {"clients": clients, "think_ms": think_ms, "requests": len(lat), "errors": sum(errors.values()),
-            "error_statuses": errors, "qps": len(lat) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+    return {"requests": len(lat), "errors": n_err, "error_statuses": errors,
+            "qps": len(lat) / sum(s["wall"] for s in slices), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "server_p50_ms": pct(app, 50), "server_p99_ms": pct(app, 99),
             "mean_batch": float(np.mean(sizes)) if sizes else None,
-            "client_cpu_ms_per_request": cpu * 1000 / max(1, len(lat) + sum(errors.values()))}
+            "client_cpu_ms_per_request": sum(s["client_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err)}
 
 
 def in_process_batch_qps(home: Path, name: str, queries: list[dict[str, float]], top_k: int, threads: int,
@@ -286,10 +298,12 @@ def main() -> None:
     ap.add_argument("--clients", default="1,10,50", help="Concurrent client counts, comma-separated.")
     ap.add_argument("--think-ms", default="0", help="Mean think time between a client's answer and its next request "
                                                    "(exponential), comma-separated; 0: none (saturation).")
-    ap.add_argument("--batching", default="off,on", help="stair-es serve --batching modes to compare, comma-separated.")
-    ap.add_argument("--max-batch", type=int, default=16, help="stair-es serve --max-batch.")
+    ap.add_argument("--batching", default="off,on", help="stair-es serve --batching settings to compare, comma-separated; "
+                                                         "on:N sets --max-batch N for that one.")
+    ap.add_argument("--rounds", type=int, default=3, help="Slices per row: the settings take turns this many times.")
+    ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own, = --workers).")
     ap.add_argument("--batch-window-ms", type=float, default=0.0, help="stair-es serve --batch-window-ms.")
-    ap.add_argument("--seconds", type=float, default=20.0, help="Load time per row.")
+    ap.add_argument("--seconds", type=float, default=20.0, help="Load time per row (split into --rounds slices).")
     ap.add_argument("--max-requests", type=int, default=200_000, help="Upper bound of requests per row.")
     ap.add_argument("--workers", type=int, default=2, help="stair-es serve --workers.")
     ap.add_argument("--top-k", type=int, default=10)
@@ -302,7 +316,8 @@ def main() -> None:
     except OSError:
         commit = "?"
     print(f"# stair-es serve load: commit {commit}, {os.cpu_count()} cores, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-batch {args.max_batch}, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, "
+          f"--max-batch {args.max_batch or 'default'}, "
           f"--batch-window-ms {args.batch_window_ms:g}, top_k {args.top_k}, {args.seconds:g} s per row", flush=True)
     print("# load model: closed loop; each client has its own keep-alive connection and sends its next request when "
           "the answer arrives (after a think time, if given); the client runs in this process on the same machine "
@@ -313,25 +328,48 @@ def main() -> None:
         name = f"load-{n}"
         corpus = build_index(args.home, name, n)
         queries = query_maps(corpus, 1000)
-        base = in_process_p50(args.home, name, queries, args.top_k, seconds=10)
-        ceilings[n] = in_process_batch_qps(args.home, name, queries, args.top_k, args.workers, seconds=10)
-        print(f"# {n:,} docs: in-process search p50 {base:.2f} ms (one thread); engine alone "
-              f"{ceilings[n]:.0f} searches/s (search_batch, {args.workers} threads)", flush=True)
-        for mode in args.batching.split(","):
-            proc, url = start_server(args.home, name, args.workers, mode, args.max_batch, args.batch_window_ms)
-            try:
-                for think in [float(x) for x in args.think_ms.split(",")]:
-                    for c in [int(x) for x in args.clients.split(",")]:
-                        r = asyncio.run(load(url, queries, c, args.seconds, args.top_k, args.max_requests, think))
-                        r.update(docs=n, batching=mode, in_process_p50_ms=base, load_average=os.getloadavg()[0])
+        inproc: list[tuple[float, float]] = []  # (one-thread p50 ms, search_batch searches/s), one per slice
+
+        def measure_in_process(seconds: float) -> None:
+            inproc.append((in_process_p50(args.home, name, queries, args.top_k, seconds=seconds / 2),
+                           in_process_batch_qps(args.home, name, queries, args.top_k, args.workers, seconds / 2)))
+
+        measure_in_process(6)  # also warms the page cache
+        modes = args.batching.split(",")
+        servers = {}
+        try:
+            for mode in modes:  # all settings' servers run side by side; the idle ones cost no CPU
+                batching, _, max_batch = mode.partition(":")
+                servers[mode] = start_server(args.home, name, args.workers, batching,
+                                             int(max_batch or args.max_batch or 0), args.batch_window_ms)
+            for think in [float(x) for x in args.think_ms.split(",")]:
+                for c in [int(x) for x in args.clients.split(",")]:
+                    # the settings take turns in short slices, so a change in the machine's other load
+                    # falls on all of them alike
+                    slices: dict[str, list[dict]] = {m: [] for m in modes}
+                    for _ in range(args.rounds):
+                        measure_in_process(min(4.0, args.seconds / args.rounds))  # takes its turn too
+                        for m in modes:
+                            slices[m].append(asyncio.run(load(servers[m][1], queries, c, args.seconds / args.rounds,
+                                                              args.top_k, args.max_requests, think)))
+                    base = statistics.median(x for x, _ in inproc[-args.rounds:])
+                    for m in modes:
+                        r = {"docs": n, "batching": m, "clients": c, "think_ms": think, **summarize(slices[m]),
+                             "in_process_p50_ms": base, "load_average": os.getloadavg()[0]}
                         rows.append(r)
                         print(json.dumps(r), flush=True)
-            finally:
+        finally:
+            for proc, _ in servers.values():
                 proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        ceilings[n] = statistics.median(q for _, q in inproc)
+        print(f"# {n:,} docs, in-process, in turn with the load: search p50 "
+              f"{statistics.median(x for x, _ in inproc):.2f} ms (one thread); engine alone "
+              f"{ceilings[n]:.0f} searches/s (search_batch, {args.workers} threads; slices from "
+              f"{min(q for _, q in inproc):.0f} to {max(q for _, q in inproc):.0f})", flush=True)
     print()
     print("| docs | batching | clients | think ms | requests | errors | QPS | p50 ms | p99 ms | server p50 ms | "
           "server p99 ms | mean batch | client CPU ms/req | in-process p50 ms |")

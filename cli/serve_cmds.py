@@ -34,8 +34,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
               help="Run /v1/search through one FIFO queue in batches (one search_batch call on --workers threads). "
                    "auto: on for the embedded engine, off for clusters (their searches overlap better in the worker pool).")
-@click.option("--max-batch", default=16, show_default=True, type=click.IntRange(1, 1024),
-              help="Searches per batch at most.")
+@click.option("--max-batch", type=click.IntRange(1, 1024),
+              help="Searches per batch at most [default: --workers, one search per thread: larger batches hold "
+                   "every answer until the slowest search of the batch ends]. Raise it when query texts go "
+                   "through a model, which encodes a batch faster than its texts one by one.")
 @click.option("--batch-window-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
               help="How long a batch's first search waits for others (0: a batch is whatever waits when the last ends).")
 @click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),

@@ -219,7 +219,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     def batcher() -> Batcher:
         if not batchers:
-            batchers.append(Batcher(search_answers, max_batch=config.max_batch, window=config.batch_window_ms / 1000.0,
+            batchers.append(Batcher(search_answers, max_batch=config.batch_size, window=config.batch_window_ms / 1000.0,
                                     name="stair-es-search-batcher"))
         return batchers[0]
 

@@ -57,8 +57,12 @@ class ServeConfig:
     # embedded engine, whose search_batch runs a batch on `workers` threads; a cluster's searches
     # are network round trips, better overlapped by the worker pool
     batching: str = "auto"
-    max_batch: int = 16  # searches per batch
+    max_batch: int | None = None  # searches per batch (None: `workers`, one search per kernel thread)
     batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
+
+    @property
+    def batch_size(self) -> int:
+        return max(1, self.max_batch or self.workers)
 
     def batches_searches(self, backend_name: str) -> bool:
         if self.batching not in ("auto", "on", "off"):
@@ -70,7 +74,7 @@ class ServeConfig:
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
                 "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
-                "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
+                "max_batch": self.batch_size, "batch_window_ms": self.batch_window_ms}
 
 
 @dataclass
