@@ -1,15 +1,30 @@
 """Load benchmark of `stair-es serve`: N concurrent clients on 127.0.0.1 against /v1/search.
 
 For each corpus size it builds (once, cached) an embedded index of the synthetic STAIR-like
-corpus of ``benchmarks/corpora.py``, starts `stair-es serve` as its own process on 127.0.0.1,
-and runs a closed loop of C clients (each sends its next query when the previous answer
-arrives) for a fixed time per client count. Queries are the corpus's token maps (text
-"captions" of random images), so the figures are the server's search path, not a model's.
-In the same run, the same queries go through ``backend.search`` in-process on one thread:
-the ratio server/in-process is the HTTP and JSON overhead plus queueing.
+corpus of ``benchmarks/corpora.py`` and starts one `stair-es serve` process on 127.0.0.1 per
+setting compared (``--batching off,on``: the worker pool against the batching queue).
 
-    python -m benchmarks.serve_load --docs 100000 --clients 1,10,50 --seconds 20
-    python -m benchmarks.serve_load --docs 1000000 --clients 50 --seconds 30 --workers 2
+Load model (printed with every report):
+
+* closed loop: C clients, each on its own keep-alive connection, send a query, wait for the
+  answer, think (an exponential pause of mean ``--think-ms``; 0: none, which measures the
+  server at saturation), and send the next;
+* the client runs in this process, on the same machine and cores as the server; it is a lean
+  asyncio + httptools client whose CPU per request is reported (about 0.2-0.3 ms; httpx took
+  more than 3 ms, which on 2 shared cores was a large share of what was measured);
+* queries are the corpus's 1000 distinct token maps ("captions" of random images; client k
+  sends queries k, k+C, k+2C, ...), so the figures are the server's search path, not a
+  model's; the server caches no results and no query vectors;
+* the settings take turns in ``--rounds`` slices per row, and so does an in-process
+  measurement (one-thread search latency, and the engine's own ``search_batch`` throughput),
+  so a change in the machine's other load falls on all of them alike.
+
+Little's law bounds what a closed loop can show: with no think time the mean latency is
+C / QPS, so the report ends with the bound the engine's own throughput sets at 50 clients.
+
+    python -m benchmarks.serve_load --docs 100000,1000000 --clients 1,10,50 --seconds 24
+    python -m benchmarks.serve_load --docs 1000000 --clients 50 --think-ms 1000,3000 --seconds 30
+    python -m benchmarks.serve_load --docs 100000 --clients 50 --batching off,on:2,on:16
 
 Every request loop is bounded in count and time and talks only to 127.0.0.1.
 """
@@ -220,7 +235,7 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
         nonlocal sent
         i = k
         conn = conns[k]
-        if think_ms > 0:  # spread the clients' first requests over one think time
+        if think_ms > 0:  # spread the clients' first requests over one think time (counted in the wall time)
             await asyncio.sleep(rng.random() * think_ms / 1000)
         while time.monotonic() < stop and sent < max_requests:
             sent += 1
@@ -234,8 +249,8 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
             else:
                 errors[status] = errors.get(status, 0) + 1
             i += clients
-            if think_ms > 0:
-                await asyncio.sleep(rng.expovariate(1000 / think_ms))
+            if think_ms > 0:  # never past the end: the wall time below is the load's, not a last pause's
+                await asyncio.sleep(max(0.0, min(rng.expovariate(1000 / think_ms), stop - time.monotonic())))
 
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()

@@ -181,3 +181,28 @@ def test_batching_off_answers_the_same(client, home, image_root):
 def test_bad_batching_mode_is_refused(home, image_root):
     with pytest.raises(InvalidInputError, match="auto, on or off"):
         create_app(make_config(home, image_root, batching="sometimes"))
+
+
+def test_batched_searches_past_the_queue_get_503(home, image_root):
+    httpx = pytest.importorskip("httpx")
+    import time
+
+    class SlowEncoder(ColorEncoder):
+        name = "fake-color"
+
+        def encode_texts(self, texts, **kw):
+            time.sleep(0.5)
+            return super().encode_texts(texts, **kw)
+
+    register_encoder("fake-color", SlowEncoder)
+    try:
+        app = create_app(make_config(home, image_root, workers=1, max_queue=1, load_encoder_at_start=False))
+
+        async def main():
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+                return await asyncio.gather(*(http.post("/v1/search", json={"text": "red"}) for _ in range(4)))
+
+        codes = sorted(r.status_code for r in asyncio.run(main()))
+    finally:
+        register_encoder("fake-color", ColorEncoder)
+    assert codes == [200, 200, 503, 503], codes  # workers + max_queue = 2 admitted, the rest refused at once
