@@ -150,15 +150,15 @@ class _Response:
 
 
 def server_timing(value: bytes) -> dict[str, float]:
-    """``queue;dur=0.12, batch;dur=5.3;desc="4 searches", app;dur=6.1`` -> durations in ms (+ batch size)."""
+    """``queue;dur=0.12, prepare;dur=0.3;desc="batch of 4", ..., app;dur=6.1`` -> durations in ms (+ batch size)."""
     out: dict[str, float] = {}
     for part in value.decode().split(","):
         name, *params = [p.strip() for p in part.split(";")]
         for p in params:
             if p.startswith("dur="):
                 out[name] = float(p[4:])
-            elif p.startswith("desc=") and name == "batch":
-                out["batch_size"] = float(p[5:].strip('"').split()[0])
+            elif p.startswith("desc=") and name == "prepare":  # desc="batch of N"
+                out["batch_size"] = float(p[5:].strip('"').split()[-1])
     return out
 
 
@@ -316,7 +316,7 @@ def main() -> None:
     ap.add_argument("--batching", default="off,on", help="stair-es serve --batching settings to compare, comma-separated; "
                                                          "on:N sets --max-batch N for that one.")
     ap.add_argument("--rounds", type=int, default=3, help="Slices per row: the settings take turns this many times.")
-    ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own, = --workers).")
+    ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own).")
     ap.add_argument("--batch-window-ms", type=float, default=0.0, help="stair-es serve --batch-window-ms.")
     ap.add_argument("--seconds", type=float, default=20.0, help="Load time per row (split into --rounds slices).")
     ap.add_argument("--max-requests", type=int, default=200_000, help="Upper bound of requests per row.")

@@ -32,14 +32,13 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
               help="Requests that may wait for a worker; more get 503 at once.")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
-              help="Run /v1/search through one FIFO queue in batches (one search_batch call on --workers threads). "
-                   "auto: on for the embedded engine, off for clusters (their searches overlap better in the worker pool).")
-@click.option("--max-batch", type=click.IntRange(1, 1024),
-              help="Searches per batch at most [default: --workers, one search per thread: larger batches hold "
-                   "every answer until the slowest search of the batch ends]. Raise it when query texts go "
-                   "through a model, which encodes a batch faster than its texts one by one.")
+              help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
+                   "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "
+                   "engine; off serves each search as its own task in the worker pool.")
+@click.option("--max-batch", default=16, show_default=True, type=click.IntRange(1, 1024),
+              help="Searches prepared together at most.")
 @click.option("--batch-window-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
-              help="How long a batch's first search waits for others (0: a batch is whatever waits when the last ends).")
+              help="How long a batch's first search waits for others (0: a batch is whatever waits).")
 @click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),
               help="Largest request body accepted (413 beyond).")
 @click.option("--max-image-mb", default=10.0, show_default=True, type=click.FloatRange(0.01, 1024),

@@ -210,17 +210,15 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         finally:
             state["pending"] -= 1
 
-    def search_answers(bodies: list[dict[str, Any]]) -> list[bytes | Exception]:
-        # on the dispatcher thread: the JSON is made there too, not on the event loop
-        return [a if isinstance(a, Exception) else dumps(a) for a in svc.search_many(bodies, threads=config.workers)]
-
     batching = config.batches_searches(svc.backend.name)
     batchers: list[Batcher] = []  # the live one, made at the first search after start
 
     def batcher() -> Batcher:
         if not batchers:
-            batchers.append(Batcher(search_answers, max_batch=config.batch_size, window=config.batch_window_ms / 1000.0,
-                                    name="stair-es-search-batcher"))
+            # the answer's JSON is made on the search thread too, not on the event loop
+            batchers.append(Batcher(svc.prepare_searches, lambda p: dumps(svc.run_search(p)), workers=config.workers,
+                                    max_batch=config.max_batch, window=config.batch_window_ms / 1000.0,
+                                    name="stair-es-search"))
         return batchers[0]
 
     @asynccontextmanager
@@ -325,8 +323,9 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         """Search an index with text, a token map or an example image, with filters and token clauses.
 
         The ``Server-Timing`` header of the answer says where the time went on the server:
-        ``queue`` (waiting for the batch), ``batch`` (the batch that ran it, with its size) and
-        ``app`` (from the request's validation to its answer)."""
+        ``queue`` (waiting to be taken), ``prepare`` (its batch's preparation, with the batch
+        size), ``wait`` (for a free search thread), ``search`` (its search and answer) and ``app``
+        (from the request's validation to its answer)."""
         t0 = time.perf_counter()
         if not batching:
             payload = await run(lambda b: dumps(svc.search(b)), body.model_dump(exclude_none=True))
@@ -337,7 +336,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 payload, t = await batcher().submit(body.model_dump(exclude_none=True))
             finally:
                 state["pending"] -= 1
-            timing = (f"queue;dur={t.queued * 1000:.2f}, batch;dur={t.batch * 1000:.2f};desc=\"{t.size} searches\", "
+            timing = (f"queue;dur={t.queued * 1000:.2f}, prepare;dur={t.prepare * 1000:.2f};desc=\"batch of {t.size}\", "
+                      f"wait;dur={t.wait * 1000:.2f}, search;dur={t.run * 1000:.2f}, "
                       f"app;dur={(time.perf_counter() - t0) * 1000:.2f}")
         return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
 

@@ -53,16 +53,11 @@ class ServeConfig:
     body_timeout: float = 15.0  # seconds a client may take to send its request body
     default_index: str | None = None
     load_encoder_at_start: bool = True
-    # /v1/search through one FIFO queue and batches (stair_es.serve.batching): "auto" = on the
-    # embedded engine, whose search_batch runs a batch on `workers` threads; a cluster's searches
-    # are network round trips, better overlapped by the worker pool
+    # /v1/search through one FIFO queue, prepared in batches, searched on `workers` threads
+    # (stair_es.serve.batching); "auto" = on for the embedded engine only, the one measured
     batching: str = "auto"
-    max_batch: int | None = None  # searches per batch (None: `workers`, one search per kernel thread)
+    max_batch: int = 16  # searches prepared together (their query texts encoded in one call)
     batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
-
-    @property
-    def batch_size(self) -> int:
-        return max(1, self.max_batch or self.workers)
 
     def batches_searches(self, backend_name: str) -> bool:
         if self.batching not in ("auto", "on", "off"):
@@ -74,7 +69,7 @@ class ServeConfig:
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
                 "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
-                "max_batch": self.batch_size, "batch_window_ms": self.batch_window_ms}
+                "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
 
 
 @dataclass
@@ -438,6 +433,10 @@ class Service:
                 except Exception as e:  # noqa: BLE001
                     out[i] = e
         return out
+
+    def run_search(self, p: PreparedSearch) -> dict[str, Any]:
+        """The answer of one prepared search (see :meth:`prepare_searches`)."""
+        return self._answer(p, self.backend.search(p.index, p.request))
 
     def _answer(self, p: PreparedSearch, result) -> dict[str, Any]:
         data = result.to_dict()
