@@ -4,8 +4,9 @@
 response models are the contract (OpenAPI at ``/docs``). Errors keep the CLI's meaning:
 ``{"error": {"code": <the CLI's exit code>, "type": <error class>, "message": <the CLI's
 one-line message>}}`` with an HTTP status that fits. CPU work (encoding, searching) runs in
-a bounded pool of worker threads; past ``workers + max_queue`` waiting requests the server
-answers 503 at once instead of queueing without end. Request bodies are read whole by
+a bounded pool of worker threads, or, for ``/v1/search`` with batching on, through the
+first-come-first-served queue of :mod:`.batching`; past ``workers + max_queue`` requests in
+progress the server answers 503 at once instead of queueing without end. Request bodies are read whole by
 :class:`BodyGuard` before any route runs, capped in size and in time.
 """
 
