@@ -103,6 +103,15 @@ def in_process_p50(home: Path, name: str, queries: list[dict[str, float]], top_k
     return statistics.median(times)
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used so far; None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -183,18 +192,23 @@ class Connection:
                 await self._connect()
             resp = _Response()
             parser = httptools.HttpResponseParser(resp)
-            self.writer.write(raw)
             got = False
-            while not resp.done:
-                data = await self.reader.read(65536)
-                if not data:
-                    break
-                got = True
-                parser.feed_data(data)
+            try:
+                self.writer.write(raw)
+                while not resp.done:
+                    data = await self.reader.read(65536)
+                    if not data:
+                        break
+                    got = True
+                    parser.feed_data(data)
+            except ConnectionError:
+                pass
             if resp.done:
                 return parser.get_status_code(), resp.timing
             self.close()
-            if got or attempt:  # closed in the middle of an answer: an error, not an idle keep-alive close
+            # the server closed an idle keep-alive connection (uvicorn: after 5 s, which a long
+            # think time exceeds): open a new one and send again; closed mid-answer: an error
+            if got or attempt:
                 return 0, b""
         return 0, b""
 
@@ -282,7 +296,10 @@ def summarize(slices: list[dict]) -> dict:
             "qps": len(lat) / sum(s["wall"] for s in slices), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
             "server_p50_ms": pct(app, 50), "server_p99_ms": pct(app, 99),
             "mean_batch": float(np.mean(sizes)) if sizes else None,
-            "client_cpu_ms_per_request": sum(s["client_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err)}
+            "client_cpu_ms_per_request": sum(s["client_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err),
+            # the warm-up requests of each slice are in it too (one per client): a small overestimate
+            "server_cpu_ms_per_request": (None if any(s.get("server_cpu") is None for s in slices) else
+                                          sum(s["server_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err))}
 
 
 def in_process_batch_qps(home: Path, name: str, queries: list[dict[str, float]], top_k: int, threads: int,
@@ -365,8 +382,12 @@ def main() -> None:
                     for _ in range(args.rounds):
                         measure_in_process(min(4.0, args.seconds / args.rounds))  # takes its turn too
                         for m in modes:
-                            slices[m].append(asyncio.run(load(servers[m][1], queries, c, args.seconds / args.rounds,
-                                                              args.top_k, args.max_requests, think)))
+                            cpu0 = process_cpu(servers[m][0].pid)
+                            part = asyncio.run(load(servers[m][1], queries, c, args.seconds / args.rounds, args.top_k,
+                                                    args.max_requests, think))
+                            cpu1 = process_cpu(servers[m][0].pid)
+                            part["server_cpu"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+                            slices[m].append(part)
                     base = statistics.median(x for x, _ in inproc[-args.rounds:])
                     for m in modes:
                         r = {"docs": n, "batching": m, "clients": c, "think_ms": think, **summarize(slices[m]),
@@ -387,13 +408,15 @@ def main() -> None:
               f"{min(q for _, q in inproc):.0f} to {max(q for _, q in inproc):.0f})", flush=True)
     print()
     print("| docs | batching | clients | think ms | requests | errors | QPS | p50 ms | p99 ms | server p50 ms | "
-          "server p99 ms | mean batch | client CPU ms/req | in-process p50 ms |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "server p99 ms | mean batch | server CPU ms/req | client CPU ms/req | in-process p50 ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         mb = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
+        scpu = f"{r['server_cpu_ms_per_request']:.2f}" if r["server_cpu_ms_per_request"] is not None else "-"
         print(f"| {r['docs']:,} | {r['batching']} | {r['clients']} | {r['think_ms']:g} | {r['requests']} | {r['errors']} | "
               f"{r['qps']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_p50_ms']:.1f} | "
-              f"{r['server_p99_ms']:.1f} | {mb} | {r['client_cpu_ms_per_request']:.2f} | {r['in_process_p50_ms']:.2f} |")
+              f"{r['server_p99_ms']:.1f} | {mb} | {scpu} | {r['client_cpu_ms_per_request']:.2f} | "
+              f"{r['in_process_p50_ms']:.2f} |")
     print()
     for n, q in ceilings.items():
         print(f"# bound at {n:,} docs: the engine alone answers {q:.0f} searches/s here, so C closed-loop clients with "
