@@ -1,15 +1,30 @@
 """Load benchmark of `stair-es serve`: N concurrent clients on 127.0.0.1 against /v1/search.
 
 For each corpus size it builds (once, cached) an embedded index of the synthetic STAIR-like
-corpus of ``benchmarks/corpora.py``, starts `stair-es serve` as its own process on 127.0.0.1,
-and runs a closed loop of C clients (each sends its next query when the previous answer
-arrives) for a fixed time per client count. Queries are the corpus's token maps (text
-"captions" of random images), so the figures are the server's search path, not a model's.
-In the same run, the same queries go through ``backend.search`` in-process on one thread:
-the ratio server/in-process is the HTTP and JSON overhead plus queueing.
+corpus of ``benchmarks/corpora.py`` and starts one `stair-es serve` process on 127.0.0.1 per
+setting compared (``--batching off,on``: the worker pool against the batching queue).
 
-    python -m benchmarks.serve_load --docs 100000 --clients 1,10,50 --seconds 20
-    python -m benchmarks.serve_load --docs 1000000 --clients 50 --seconds 30 --workers 2
+Load model (printed with every report):
+
+* closed loop: C clients, each on its own keep-alive connection, send a query, wait for the
+  answer, think (an exponential pause of mean ``--think-ms``; 0: none, which measures the
+  server at saturation), and send the next;
+* the client runs in this process, on the same machine and cores as the server; it is a lean
+  asyncio + httptools client whose CPU per request is reported (about 0.2-0.3 ms; httpx took
+  more than 3 ms, which on 2 shared cores was a large share of what was measured);
+* queries are the corpus's 1000 distinct token maps ("captions" of random images; client k
+  sends queries k, k+C, k+2C, ...), so the figures are the server's search path, not a
+  model's; the server caches no results and no query vectors;
+* the settings take turns in ``--rounds`` slices per row, and so does an in-process
+  measurement (one-thread search latency, and the engine's own ``search_batch`` throughput),
+  so a change in the machine's other load falls on all of them alike.
+
+Little's law bounds what a closed loop can show: with no think time the mean latency is
+C / QPS, so the report ends with the bound the engine's own throughput sets at 50 clients.
+
+    python -m benchmarks.serve_load --docs 100000,1000000 --clients 1,10,50 --seconds 24
+    python -m benchmarks.serve_load --docs 1000000 --clients 50 --think-ms 1000,3000 --seconds 30
+    python -m benchmarks.serve_load --docs 100000 --clients 50 --batching off,on:2,on:16
 
 Every request loop is bounded in count and time and talks only to 127.0.0.1.
 """
@@ -88,17 +103,29 @@ def in_process_p50(home: Path, name: str, queries: list[dict[str, float]], top_k
     return statistics.median(times)
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used so far; None where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start_server(home: Path, index: str, workers: int) -> tuple[subprocess.Popen, str]:
+def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int | None = None,
+                 window_ms: float = 0.0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
                              "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue", "1000",
-                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--batching", batching, "--batch-window-ms", str(window_ms), "--log-level", "warning"]
+                            + (["--max-batch", str(max_batch)] if max_batch else []),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -116,50 +143,200 @@ def start_server(home: Path, index: str, workers: int) -> tuple[subprocess.Popen
             time.sleep(0.3)
 
 
+class _Response:
+    """httptools callbacks for one response: its status, Server-Timing header and end."""
+
+    def __init__(self):
+        self.done = False
+        self.timing = b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"server-timing":
+            self.timing = value
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+def server_timing(value: bytes) -> dict[str, float]:
+    """``queue;dur=0.12, prepare;dur=0.3;desc="batch of 4", ..., app;dur=6.1`` -> durations in ms (+ batch size)."""
+    out: dict[str, float] = {}
+    for part in value.decode().split(","):
+        name, *params = [p.strip() for p in part.split(";")]
+        for p in params:
+            if p.startswith("dur="):
+                out[name] = float(p[4:])
+            elif p.startswith("desc=") and name == "prepare":  # desc="batch of N"
+                out["batch_size"] = float(p[5:].strip('"').split()[-1])
+    return out
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection with pre-encoded requests and httptools' C parser: a
+    load client that costs far less CPU per request than a general one (httpx), which matters
+    when the client shares the server's cores."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def _connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        import httptools
+
+        for attempt in (0, 1):
+            if self.writer is None:
+                await self._connect()
+            resp = _Response()
+            parser = httptools.HttpResponseParser(resp)
+            got = False
+            try:
+                self.writer.write(raw)
+                while not resp.done:
+                    data = await self.reader.read(65536)
+                    if not data:
+                        break
+                    got = True
+                    parser.feed_data(data)
+            except ConnectionError:
+                pass
+            if resp.done:
+                return parser.get_status_code(), resp.timing
+            self.close()
+            # the server closed an idle keep-alive connection (uvicorn: after 5 s, which a long
+            # think time exceeds): open a new one and send again; closed mid-answer: an error
+            if got or attempt:
+                return 0, b""
+        return 0, b""
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def search_request(host: str, port: int, query: dict[str, float], top_k: int) -> bytes:
+    body = json.dumps({"tokens": query, "top_k": top_k, "caption_weight": 0}).encode()
+    return (f"POST /v1/search HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
 async def load(url: str, queries: list[dict[str, float]], clients: int, seconds: float, top_k: int,
-               max_requests: int) -> dict:
-    import httpx
+               max_requests: int, think_ms: float = 0.0, seed: int = 0) -> dict:
+    """C closed-loop clients, each on its own keep-alive connection: send a query, wait for the
+    answer, think (exponential pause of mean ``think_ms``; 0: none), send the next. Client k sends
+    queries k, k+C, k+2C, ... of the list, so concurrent requests are distinct queries."""
+    import random
+    import resource
+    from urllib.parse import urlsplit
 
+    u = urlsplit(url)
+    raws = [search_request(u.hostname, u.port, q, top_k) for q in queries]
     latencies: list[float] = []
-    errors = 0
-    stop = time.monotonic() + seconds
+    timings: list[dict[str, float]] = []
+    errors: dict[int, int] = {}
     sent = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
-        # warm-up: every connection once, every worker thread once
-        await asyncio.gather(*(http.post("/v1/search", json={"tokens": queries[i % len(queries)], "top_k": top_k,
-                                                               "caption_weight": 0}) for i in range(clients)))
+    conns = [Connection(u.hostname, u.port) for _ in range(clients)]
+    # warm-up: every connection once
+    await asyncio.gather(*(c.request(raws[i % len(raws)]) for i, c in enumerate(conns)))
+    rng = random.Random(seed)
+    stop = time.monotonic() + seconds
 
-        async def client(k: int) -> None:
-            nonlocal errors, sent
-            i = k
-            while time.monotonic() < stop and sent < max_requests:
-                sent += 1
-                body = {"tokens": queries[i % len(queries)], "top_k": top_k, "caption_weight": 0}
-                t = time.perf_counter()
-                r = await http.post("/v1/search", json=body)
-                dt = (time.perf_counter() - t) * 1000
-                if r.status_code == 200:
-                    latencies.append(dt)
-                else:
-                    errors += 1
-                i += clients
+    async def client(k: int) -> None:
+        nonlocal sent
+        i = k
+        conn = conns[k]
+        if think_ms > 0:  # spread the clients' first requests over one think time (counted in the wall time)
+            await asyncio.sleep(rng.random() * think_ms / 1000)
+        while time.monotonic() < stop and sent < max_requests:
+            sent += 1
+            t = time.perf_counter()
+            status, timing = await conn.request(raws[i % len(raws)])
+            dt = (time.perf_counter() - t) * 1000
+            if status == 200:
+                latencies.append(dt)
+                if timing:
+                    timings.append(server_timing(timing))
+            else:
+                errors[status] = errors.get(status, 0) + 1
+            i += clients
+            if think_ms > 0:  # never past the end: the wall time below is the load's, not a last pause's
+                await asyncio.sleep(max(0.0, min(rng.expovariate(1000 / think_ms), stop - time.monotonic())))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(k) for k in range(clients)))
-        wall = time.perf_counter() - t0
-    lat = np.array(latencies)
-    return {"clients": clients, "requests": len(lat), "errors": errors, "qps": len(lat) / wall,
-            "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
-            "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan")}
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    for c in conns:
+        c.close()
+    return {"latencies": latencies, "app": [t["app"] for t in timings if "app" in t],
+            "sizes": [t["batch_size"] for t in timings if "batch_size" in t], "errors": errors, "wall": wall,
+            "client_cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}
+
+
+def summarize(slices: list[dict]) -> dict:
+    """One row from the slices of one setting (their latencies pooled, their times added)."""
+    lat = np.array([x for s in slices for x in s["latencies"]])
+    app = [x for s in slices for x in s["app"]]
+    sizes = [x for s in slices for x in s["sizes"]]
+    errors: dict[int, int] = {}
+    for s in slices:
+        for k, v in s["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    n_err = sum(errors.values())
+
+    def pct(values, q):
+        return float(np.percentile(values, q)) if len(values) else float("nan")
+
+    return {"requests": len(lat), "errors": n_err, "error_statuses": errors,
+            "qps": len(lat) / sum(s["wall"] for s in slices), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            "server_p50_ms": pct(app, 50), "server_p99_ms": pct(app, 99),
+            "mean_batch": float(np.mean(sizes)) if sizes else None,
+            "client_cpu_ms_per_request": sum(s["client_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err),
+            # the warm-up requests of each slice are in it too (one per client): a small overestimate
+            "server_cpu_ms_per_request": (None if any(s.get("server_cpu") is None for s in slices) else
+                                          sum(s["server_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err))}
+
+
+def in_process_batch_qps(home: Path, name: str, queries: list[dict[str, float]], top_k: int, threads: int,
+                         seconds: float) -> float:
+    """Searches per second of the engine alone (``search_batch`` on ``threads`` threads, batches of
+    16, requests prepared beforehand): the most the server could answer on this machine now."""
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.search import QuerySpec, make_request
+
+    b = EmbeddedBackend(home)
+    reqs = [make_request(b, name, QuerySpec(tokens=qm, top_k=top_k, caption_weight=0))[0] for qm in queries]
+    done, t0 = 0, time.perf_counter()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for a in range(0, len(reqs), 16):
+            b.search_batch(name, reqs[a:a + 16], threads=threads)
+            done += len(reqs[a:a + 16])
+            if time.monotonic() > deadline:
+                break
+    qps = done / (time.perf_counter() - t0)
+    b.close()
+    return qps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", default="100000", help="Corpus sizes, comma-separated (e.g. 100000,1000000).")
     ap.add_argument("--clients", default="1,10,50", help="Concurrent client counts, comma-separated.")
-    ap.add_argument("--seconds", type=float, default=20.0, help="Load time per client count.")
-    ap.add_argument("--max-requests", type=int, default=200_000, help="Upper bound of requests per client count.")
+    ap.add_argument("--think-ms", default="0", help="Mean think time between a client's answer and its next request "
+                                                   "(exponential), comma-separated; 0: none (saturation).")
+    ap.add_argument("--batching", default="off,on", help="stair-es serve --batching settings to compare, comma-separated; "
+                                                         "on:N sets --max-batch N for that one.")
+    ap.add_argument("--rounds", type=int, default=3, help="Slices per row: the settings take turns this many times.")
+    ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own).")
+    ap.add_argument("--batch-window-ms", type=float, default=0.0, help="stair-es serve --batch-window-ms.")
+    ap.add_argument("--seconds", type=float, default=20.0, help="Load time per row (split into --rounds slices).")
+    ap.add_argument("--max-requests", type=int, default=200_000, help="Upper bound of requests per row.")
     ap.add_argument("--workers", type=int, default=2, help="stair-es serve --workers.")
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--home", type=Path, default=Path(CACHE_DIR) / "serve_load", help="Where the indices are built.")
@@ -171,33 +348,80 @@ def main() -> None:
     except OSError:
         commit = "?"
     print(f"# stair-es serve load: commit {commit}, {os.cpu_count()} cores, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, top_k {args.top_k}, "
-          f"{args.seconds:g} s per row", flush=True)
-    rows = []
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, "
+          f"--max-batch {args.max_batch or 'default'}, "
+          f"--batch-window-ms {args.batch_window_ms:g}, top_k {args.top_k}, {args.seconds:g} s per row", flush=True)
+    print("# load model: closed loop; each client has its own keep-alive connection and sends its next request when "
+          "the answer arrives (after a think time, if given); the client runs in this process on the same machine "
+          "(its CPU per request is reported); queries are the corpus's 1000 distinct token maps, nothing is cached",
+          flush=True)
+    rows, ceilings = [], {}
     for n in [int(x) for x in args.docs.split(",")]:
         name = f"load-{n}"
         corpus = build_index(args.home, name, n)
         queries = query_maps(corpus, 1000)
-        base = in_process_p50(args.home, name, queries, args.top_k, seconds=10)
-        proc, url = start_server(args.home, name, args.workers)
+        inproc: list[tuple[float, float]] = []  # (one-thread p50 ms, search_batch searches/s), one per slice
+
+        def measure_in_process(seconds: float) -> None:
+            inproc.append((in_process_p50(args.home, name, queries, args.top_k, seconds=seconds / 2),
+                           in_process_batch_qps(args.home, name, queries, args.top_k, args.workers, seconds / 2)))
+
+        measure_in_process(6)  # also warms the page cache
+        modes = args.batching.split(",")
+        servers = {}
         try:
-            for c in [int(x) for x in args.clients.split(",")]:
-                r = asyncio.run(load(url, queries, c, args.seconds, args.top_k, args.max_requests))
-                r.update(docs=n, in_process_p50_ms=base)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+            for mode in modes:  # all settings' servers run side by side; the idle ones cost no CPU
+                batching, _, max_batch = mode.partition(":")
+                servers[mode] = start_server(args.home, name, args.workers, batching,
+                                             int(max_batch or args.max_batch or 0), args.batch_window_ms)
+            for think in [float(x) for x in args.think_ms.split(",")]:
+                for c in [int(x) for x in args.clients.split(",")]:
+                    # the settings take turns in short slices, so a change in the machine's other load
+                    # falls on all of them alike
+                    slices: dict[str, list[dict]] = {m: [] for m in modes}
+                    for _ in range(args.rounds):
+                        measure_in_process(min(4.0, args.seconds / args.rounds))  # takes its turn too
+                        for m in modes:
+                            cpu0 = process_cpu(servers[m][0].pid)
+                            part = asyncio.run(load(servers[m][1], queries, c, args.seconds / args.rounds, args.top_k,
+                                                    args.max_requests, think))
+                            cpu1 = process_cpu(servers[m][0].pid)
+                            part["server_cpu"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+                            slices[m].append(part)
+                    base = statistics.median(x for x, _ in inproc[-args.rounds:])
+                    for m in modes:
+                        r = {"docs": n, "batching": m, "clients": c, "think_ms": think, **summarize(slices[m]),
+                             "in_process_p50_ms": base, "load_average": os.getloadavg()[0]}
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            for proc, _ in servers.values():
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        ceilings[n] = statistics.median(q for _, q in inproc)
+        print(f"# {n:,} docs, in-process, in turn with the load: search p50 "
+              f"{statistics.median(x for x, _ in inproc):.2f} ms (one thread); engine alone "
+              f"{ceilings[n]:.0f} searches/s (search_batch, {args.workers} threads; slices from "
+              f"{min(q for _, q in inproc):.0f} to {max(q for _, q in inproc):.0f})", flush=True)
     print()
-    print("| docs | clients | requests | errors | QPS | p50 ms | p99 ms | in-process p50 ms | p50 server/in-process |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| docs | batching | clients | think ms | requests | errors | QPS | p50 ms | p99 ms | server p50 ms | "
+          "server p99 ms | mean batch | server CPU ms/req | client CPU ms/req | in-process p50 ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['docs']:,} | {r['clients']} | {r['requests']} | {r['errors']} | {r['qps']:.0f} | {r['p50_ms']:.1f} | "
-              f"{r['p99_ms']:.1f} | {r['in_process_p50_ms']:.2f} | {r['p50_ms'] / r['in_process_p50_ms']:.1f}x |")
+        mb = f"{r['mean_batch']:.1f}" if r["mean_batch"] else "-"
+        scpu = f"{r['server_cpu_ms_per_request']:.2f}" if r["server_cpu_ms_per_request"] is not None else "-"
+        print(f"| {r['docs']:,} | {r['batching']} | {r['clients']} | {r['think_ms']:g} | {r['requests']} | {r['errors']} | "
+              f"{r['qps']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['server_p50_ms']:.1f} | "
+              f"{r['server_p99_ms']:.1f} | {mb} | {scpu} | {r['client_cpu_ms_per_request']:.2f} | "
+              f"{r['in_process_p50_ms']:.2f} |")
+    print()
+    for n, q in ceilings.items():
+        print(f"# bound at {n:,} docs: the engine alone answers {q:.0f} searches/s here, so C closed-loop clients with "
+              f"no think time wait at least C / {q:.0f} s on average (Little's law): "
+              f"{50 / q * 1000:.0f} ms at 50 clients, before any HTTP cost")
 
 
 if __name__ == "__main__":

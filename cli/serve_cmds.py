@@ -31,6 +31,14 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Encode/search calls run at once (threads).")
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
               help="Requests that may wait for a worker; more get 503 at once.")
+@click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+              help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
+                   "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "
+                   "engine; off serves each search as its own task in the worker pool.")
+@click.option("--max-batch", default=16, show_default=True, type=click.IntRange(1, 1024),
+              help="Searches prepared together at most.")
+@click.option("--batch-window-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
+              help="How long a batch's first search waits for others (0: a batch is whatever waits).")
 @click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),
               help="Largest request body accepted (413 beyond).")
 @click.option("--max-image-mb", default=10.0, show_default=True, type=click.FloatRange(0.01, 1024),
@@ -43,8 +51,9 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index, workers, max_queue, max_body_mb,
-          max_image_mb, max_inputs, body_timeout, log_level, encoder, model, encoder_opts, backend) -> None:
+def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
+          batch_window_ms, max_body_mb, max_image_mb, max_inputs, body_timeout, log_level, encoder, model, encoder_opts,
+          backend) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
 
@@ -71,12 +80,13 @@ def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index
                          image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
                          workers=workers, max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
                          max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
-                         body_timeout=body_timeout, default_index=default_index)
+                         body_timeout=body_timeout, default_index=default_index, batching=batching,
+                         max_batch=max_batch, batch_window_ms=batch_window_ms)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()
     click.echo(f"stair-es serve on http://{host}:{port} (backend {d['backend']}, encoder {d['encoder']}, "
-               f"{workers} workers, API key {'required' if api_key else 'off'}, image roots: "
+               f"{workers} workers, search batching {batching}, API key {'required' if api_key else 'off'}, image roots: "
                f"{', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
     # uvicorn's access log shows method, path and status only: never headers (where the key travels)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -78,6 +78,12 @@ class SearchBackend(ABC):
 
     @abstractmethod
     def search(self, index: str, request: SearchRequest) -> SearchResult: ...
+
+    def search_batch(self, index: str, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
+        """Several searches on one index, results in request order. This default runs them one
+        after another; a backend that can do better (the embedded engine runs them on
+        ``threads`` threads at once) overrides it. Any request's error is raised."""
+        return [self.search(index, r) for r in requests]
 
     @abstractmethod
     def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation: ...

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -253,6 +253,9 @@ class EmbeddedBackend(SearchBackend):
 
     def search(self, index: str, request: SearchRequest) -> SearchResult:
         return self._reader(index).search(request)
+
+    def search_batch(self, index: str, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
+        return self._reader(index).search_batch(requests, threads=threads)
 
     def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation:
         return self._reader(index).explain(doc_id, request)

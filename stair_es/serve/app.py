@@ -4,8 +4,9 @@
 response models are the contract (OpenAPI at ``/docs``). Errors keep the CLI's meaning:
 ``{"error": {"code": <the CLI's exit code>, "type": <error class>, "message": <the CLI's
 one-line message>}}`` with an HTTP status that fits. CPU work (encoding, searching) runs in
-a bounded pool of worker threads; past ``workers + max_queue`` waiting requests the server
-answers 503 at once instead of queueing without end. Request bodies are read whole by
+a bounded pool of worker threads, or, for ``/v1/search`` with batching on, through the
+first-come-first-served queue of :mod:`.batching`; past ``workers + max_queue`` requests in
+progress the server answers 503 at once instead of queueing without end. Request bodies are read whole by
 :class:`BodyGuard` before any route runs, capped in size and in time.
 """
 
@@ -15,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Callable, Literal
@@ -31,6 +33,7 @@ from .. import __version__
 from ..errors import (BackendError, DocumentNotFoundError, EncoderVersionError, ImageError, IndexExistsError,
                       IndexLockedError, IndexNotFoundError, InvalidInputError, MissingDependencyError, ModelError,
                       StairError)
+from .batching import Batcher
 from .security import AuthError, PathNotAllowedError, key_from_headers, key_matches
 from .service import ServeConfig, Service, ThumbnailUnavailable
 
@@ -195,14 +198,29 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     limiter = anyio.CapacityLimiter(max(1, config.workers))
     state = {"pending": 0}
 
-    async def run(fn: Callable, *args: Any) -> Any:
+    def admit() -> None:
+        # one count for every route: past workers + max_queue requests in progress, 503 at once
         if state["pending"] >= config.workers + config.max_queue:
             raise ServerBusyError(f"the server is busy ({state['pending']} requests in progress); retry shortly")
         state["pending"] += 1
+
+    async def run(fn: Callable, *args: Any) -> Any:
+        admit()
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
         finally:
             state["pending"] -= 1
+
+    batching = config.batches_searches(svc.backend.name)
+    batchers: list[Batcher] = []  # the live one, made at the first search after start
+
+    def batcher() -> Batcher:
+        if not batchers:
+            # the answer's JSON is made on the search thread too, not on the event loop
+            batchers.append(Batcher(svc.prepare_searches, lambda p: dumps(svc.run_search(p)), workers=config.workers,
+                                    max_batch=config.max_batch, window=config.batch_window_ms / 1000.0,
+                                    name="stair-es-search"))
+        return batchers[0]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -218,6 +236,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
         yield
+        while batchers:
+            batchers.pop().close()
         svc.close()
 
     # fastapi-offline serves Swagger UI and ReDoc from the package (FastAPI's own /docs loads them
@@ -301,8 +321,26 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     @app.post("/v1/search", dependencies=auth, tags=["search"])
     async def search(body: SearchBody):
-        """Search an index with text, a token map or an example image, with filters and token clauses."""
-        return await run(svc.search, body.model_dump(exclude_none=True))
+        """Search an index with text, a token map or an example image, with filters and token clauses.
+
+        The ``Server-Timing`` header of the answer says where the time went on the server:
+        ``queue`` (waiting to be taken), ``prepare`` (its batch's preparation, with the batch
+        size), ``wait`` (for a free search thread), ``search`` (its search and answer) and ``app``
+        (from the request's validation to its answer)."""
+        t0 = time.perf_counter()
+        if not batching:
+            payload = await run(lambda b: dumps(svc.search(b)), body.model_dump(exclude_none=True))
+            timing = f"app;dur={(time.perf_counter() - t0) * 1000:.2f}"
+        else:
+            admit()
+            try:
+                payload, t = await batcher().submit(body.model_dump(exclude_none=True))
+            finally:
+                state["pending"] -= 1
+            timing = (f"queue;dur={t.queued * 1000:.2f}, prepare;dur={t.prepare * 1000:.2f};desc=\"batch of {t.size}\", "
+                      f"wait;dur={t.wait * 1000:.2f}, search;dur={t.run * 1000:.2f}, "
+                      f"app;dur={(time.perf_counter() - t0) * 1000:.2f}")
+        return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
 
     @app.post("/v1/explain", dependencies=auth, tags=["search"])
     async def explain(body: ExplainBody):
@@ -363,6 +401,12 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
     return app
+
+
+def dumps(data: Any) -> bytes:
+    """JSON as FastAPI's JSONResponse writes it, without its per-value jsonable_encoder walk
+    (the service hands over plain dicts, lists, strings and numbers)."""
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 async def _json(request: Request) -> Any:

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +22,8 @@ from ..backends.base import SearchBackend, get_backend
 from ..backends.codec import feature_map
 from ..encoders.base import Encoder, get_encoder
 from ..errors import ImageError, InvalidInputError, StairError
-from ..search import VERSIONED_ENCODERS, QuerySpec, encode_query_text, make_request, query_encoder
+from ..query import SearchRequest
+from ..search import VERSIONED_ENCODERS, QuerySpec, idf, make_request, query_encoder
 from ..sparse import SparseVector
 from ..vocab import default_vocabulary
 from .inputs import ImagePolicy, open_image, text_or_image
@@ -51,18 +53,89 @@ class ServeConfig:
     body_timeout: float = 15.0  # seconds a client may take to send its request body
     default_index: str | None = None
     load_encoder_at_start: bool = True
+    # /v1/search through one FIFO queue, prepared in batches, searched on `workers` threads
+    # (stair_es.serve.batching); "auto" = on for the embedded engine only, the one measured
+    batching: str = "auto"
+    max_batch: int = 16  # searches prepared together (their query texts encoded in one call)
+    batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
+
+    def batches_searches(self, backend_name: str) -> bool:
+        if self.batching not in ("auto", "on", "off"):
+            raise InvalidInputError(f"batching {self.batching!r}: use auto, on or off")
+        return self.batching == "on" or (self.batching == "auto" and backend_name == "embedded")
 
     def describe(self) -> dict[str, Any]:
         """For logs and /readyz: no key, no backend credentials."""
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
                 "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
-                "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs}
+                "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
+                "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
+
+
+@dataclass
+class PreparedSearch:
+    """One search body made ready for the backend (query encoded, filters parsed)."""
+
+    index: str
+    request: SearchRequest
+    qvec: SparseVector
+    notes: list[str]
+    explain: bool = False
+
+
+class _CommitCache:
+    """The backend as query preparation sees it. On backends that report a commit generation
+    (the embedded engine), ``index_info`` and ``doc_freqs`` are remembered until the index
+    changes, so a search neither re-lists the index folder for its schema nor recounts the
+    document frequencies of a whole index for IDF. Other backends are asked every time."""
+
+    def __init__(self, backend: SearchBackend):
+        self._backend = backend
+        self._generation = getattr(backend, "generation", None)
+        self._info: dict[str, tuple[int, Any]] = {}
+        self._df: dict[tuple[str, str], tuple[int, Any]] = {}
+        self._pinned = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    @contextmanager
+    def pinned(self):
+        """Within: each index's generation is read once (one batch of searches sees one commit)."""
+        self._pinned.gens = {}
+        try:
+            yield
+        finally:
+            self._pinned.gens = None
+
+    def _remembered(self, memo: dict, key: Any, index: str, compute):
+        if self._generation is None:
+            return compute()
+        gens = getattr(self._pinned, "gens", None)
+        gen = gens.get(index) if gens is not None else None
+        if gen is None:
+            gen = self._generation(index)  # a stat() of the manifest
+            if gens is not None:
+                gens[index] = gen
+        hit = memo.get(key)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        value = compute()
+        memo[key] = (gen, value)  # if a commit landed meanwhile, the next call sees a newer generation
+        return value
+
+    def index_info(self, index: str):
+        return self._remembered(self._info, index, index, lambda: self._backend.index_info(index))
+
+    def doc_freqs(self, index: str, field: str):
+        return self._remembered(self._df, (index, field), index, lambda: self._backend.doc_freqs(index, field))
 
 
 class Service:
     def __init__(self, config: ServeConfig, backend: SearchBackend | None = None):
         self.config = config
         self.backend = backend if backend is not None else get_backend(config.backend, **config.backend_options)
+        self._commits = _CommitCache(self.backend)
         self.policy = ImagePolicy(ImageRoots(config.image_roots), allow_urls=config.allow_image_urls,
                                   max_image_bytes=config.max_image_bytes)
         self._lock = threading.Lock()
@@ -95,7 +168,7 @@ class Service:
 
     def query_encoder(self, index: str, force: bool = False) -> Encoder:
         """The encoder an index's queries use (the one recorded at ingest), built once per config."""
-        schema = self.backend.index_info(index).schema
+        schema = self._commits.index_info(index).schema
         options: dict[str, Any] = {}
         if force and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
             options["allow_version_mismatch"] = True
@@ -215,7 +288,8 @@ class Service:
         return [feature_map(v, keys) for v in self.encode_vectors(self._cluster_inputs(inputs, kind))]
 
     # --- search / explain ------------------------------------------------------------------------
-    def _spec(self, body: Mapping[str, Any]) -> tuple[str, QuerySpec, list[str]]:
+    def _query(self, body: Mapping[str, Any]) -> tuple[str, str, Any, bool]:
+        """Checks a search body: (index, kind "text" | "tokens" | "image", the query, force)."""
         index = body.get("index") or self.config.default_index
         if not index:
             raise InvalidInputError("no index: give 'index' (see GET /v1/indices)")
@@ -226,53 +300,167 @@ class Service:
         given = [x for x in (text, tokens) if x not in (None, "")] + ([image] if image is not None else [])
         if len(given) != 1:
             raise InvalidInputError("give one query: 'text', 'tokens' (a token map) or 'image' (path, base64 or url)")
-        notes: list[str] = []
         force = bool(body.get("force", False))
         if text is not None and text != "":
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidInputError("the query text is empty")
             if len(text) > self.config.max_text_chars:
                 raise InvalidInputError(f"the query text has {len(text)} characters; the limit is {self.config.max_text_chars}")
-            enc = self.query_encoder(index, force)
-            tokens = encode_query_text(enc, text, self.backend, index, field="image", notes=notes).to_token_map()
-        elif image is not None:
-            enc = self.query_encoder(index, force)
-            if "image" not in enc.modalities:
-                raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the "
-                                        "index's image encoder")
-            img = open_image(dict(image), self.policy, getattr(enc, "image_min_side", None))
-            vec = enc.encode_images([img])[0]
-            if not vec.nnz:
-                raise InvalidInputError("the image gives no tokens to search with")
-            tokens = vec.to_token_map()
-        spec = QuerySpec(
+            return index, "text", text, force
+        if image is not None:
+            return index, "image", image, force
+        return index, "tokens", tokens, force
+
+    def _spec_of(self, body: Mapping[str, Any], tokens: Mapping[str, float]) -> QuerySpec:
+        return QuerySpec(
             tokens=tokens, wheres=tuple(body.get("where") or ()), requires=tuple(body.get("require") or ()),
             require_all=bool(body.get("require_all", False)), excludes=tuple(body.get("exclude") or ()),
             query_excludes=tuple(body.get("exclude_query") or ()), expr=body.get("expr") or None,
             token_field=body.get("token_field") or "image", caption_weight=float(body.get("caption_weight", 0.5)),
-            image_weight=float(body.get("image_weight", 1.0)), top_k=top_k, query_top_k=body.get("query_top_k"),
-            min_weight=body.get("min_weight"), force=force)
-        return index, spec, notes
+            image_weight=float(body.get("image_weight", 1.0)), top_k=int(body.get("top_k", 10)),
+            query_top_k=body.get("query_top_k"), min_weight=body.get("min_weight"), force=bool(body.get("force", False)))
+
+    def prepare_searches(self, bodies: Sequence[Mapping[str, Any]]) -> list[PreparedSearch | Exception]:
+        """Each body as a prepared request, or the error that body alone caused (in order).
+
+        Query texts for the same index are encoded in one call of its query encoder (a model
+        encodes a batch faster than its texts one by one); IDF weights and index schemas come
+        from :class:`_CommitCache`, so no request recounts document frequencies."""
+        with self._commits.pinned():
+            return self._prepare(bodies)
+
+    def _prepare(self, bodies: Sequence[Mapping[str, Any]]) -> list[PreparedSearch | Exception]:
+        out: list[PreparedSearch | Exception | None] = [None] * len(bodies)
+        checked: list[tuple[int, str, str, Any, bool, list[str], Encoder | None]] = []
+        for i, body in enumerate(bodies):
+            try:
+                index, kind, query, force = self._query(body)
+                enc = self.query_encoder(index, force) if kind != "tokens" else None
+                checked.append((i, index, kind, query, force, [], enc))
+            except Exception as e:  # noqa: BLE001 - this body's error, handed back to its request
+                out[i] = e
+        tokens: dict[int, Mapping[str, float]] = {}
+        texts: dict[tuple[str, int], list[tuple[int, str, list[str]]]] = {}
+        for i, index, kind, query, _, notes, enc in checked:
+            if kind == "tokens":
+                tokens[i] = query
+            elif kind == "text":
+                texts.setdefault((index, id(enc)), []).append((i, query, notes))
+            else:
+                try:
+                    tokens[i] = self._image_query(enc, query)
+                except Exception as e:  # noqa: BLE001
+                    out[i] = e
+        encoders = {(index, id(enc)): enc for _, index, kind, _, _, _, enc in checked if kind == "text"}
+        for (index, key), group in texts.items():
+            enc = encoders[(index, key)]
+            try:
+                weights = self._idf(enc, index, [n for _, _, n in group])
+                vectors = enc.encode_texts([t for _, t, _ in group], idf=weights)
+                for (i, _, _), v in zip(group, vectors):
+                    tokens[i] = v.to_token_map()
+            except Exception as e:  # noqa: BLE001 - every request of the group gets the encoder's error
+                for i, _, _ in group:
+                    out[i] = e
+        for i, index, _, _, _, notes, _ in checked:
+            if out[i] is not None:
+                continue
+            try:
+                request, qvec = make_request(self._commits, index, self._spec_of(bodies[i], tokens[i]))
+                out[i] = PreparedSearch(index, request, qvec, notes, bool(bodies[i].get("explain")))
+            except Exception as e:  # noqa: BLE001
+                out[i] = e
+        return out  # type: ignore[return-value]
+
+    def _image_query(self, enc: Encoder, image: Any) -> dict[str, float]:
+        if "image" not in enc.modalities:
+            raise InvalidInputError(f"the {enc.name!r} encoder does not encode images; query by image needs the "
+                                    "index's image encoder")
+        img = open_image(dict(image), self.policy, getattr(enc, "image_min_side", None))
+        vec = enc.encode_images([img])[0]
+        if not vec.nnz:
+            raise InvalidInputError("the image gives no tokens to search with")
+        return vec.to_token_map()
+
+    def _idf(self, enc: Encoder, index: str, notes: list[list[str]]):
+        """The index's IDF for encoders that weight query tokens by it (as :func:`encode_query_text`)."""
+        if not enc.uses_idf:
+            return None
+        try:
+            df, n = self._commits.doc_freqs(index, "image")
+        except NotImplementedError:
+            for n_ in notes:
+                n_.append(f"the {enc.name} query encoder weights tokens by IDF, but this backend cannot report "
+                          "document frequencies: the query was encoded without IDF")
+            return None
+        return idf(df, n)
+
+    def _spec(self, body: Mapping[str, Any]) -> tuple[str, PreparedSearch]:
+        prepared = self.prepare_searches([body])[0]
+        if isinstance(prepared, Exception):
+            raise prepared
+        return prepared.index, prepared
+
+    def search_many(self, bodies: Sequence[Mapping[str, Any]], *, threads: int | None = None) -> list[dict[str, Any] | Exception]:
+        """The answers of several searches, each a result dict or the error of that search alone.
+
+        Requests on the same index go to the backend in one ``search_batch`` call (the embedded
+        engine runs them on ``threads`` threads without the GIL); a batch that fails is retried
+        one by one, so a bad request never fails the others."""
+        prepared = self.prepare_searches(bodies)
+        out: list[dict[str, Any] | Exception] = [p for p in prepared]  # type: ignore[misc]
+        by_index: dict[str, list[int]] = {}
+        for i, p in enumerate(prepared):
+            if isinstance(p, PreparedSearch):
+                by_index.setdefault(p.index, []).append(i)
+        for index, idxs in by_index.items():
+            reqs = [prepared[i].request for i in idxs]  # type: ignore[union-attr]
+            try:
+                results: list[Any] = self.backend.search_batch(index, reqs, threads=threads)
+            except Exception:  # noqa: BLE001 - find which request failed, and let the others through
+                results = []
+                for r in reqs:
+                    try:
+                        results.append(self.backend.search(index, r))
+                    except Exception as e:  # noqa: BLE001
+                        results.append(e)
+            for i, res in zip(idxs, results):
+                if isinstance(res, Exception):
+                    out[i] = res
+                    continue
+                try:
+                    out[i] = self._answer(prepared[i], res)  # type: ignore[arg-type]
+                except Exception as e:  # noqa: BLE001
+                    out[i] = e
+        return out
+
+    def run_search(self, p: PreparedSearch) -> dict[str, Any]:
+        """The answer of one prepared search (see :meth:`prepare_searches`)."""
+        return self._answer(p, self.backend.search(p.index, p.request))
+
+    def _answer(self, p: PreparedSearch, result) -> dict[str, Any]:
+        data = result.to_dict()
+        data["notes"] = p.notes + data["notes"]
+        data["index"] = p.index
+        data["query_tokens"] = p.qvec.to_token_map(50)
+        if p.explain:
+            for h in data["hits"]:
+                h["explanation"] = self.backend.explain(p.index, h["id"], p.request).to_dict()
+        return data
 
     def search(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        index, spec, notes = self._spec(body)
-        request, qvec = make_request(self.backend, index, spec)
-        result = self.backend.search(index, request)
-        data = result.to_dict()
-        data["notes"] = notes + data["notes"]
-        data["index"] = index
-        data["query_tokens"] = qvec.to_token_map(50)
-        if body.get("explain"):
-            for h in data["hits"]:
-                h["explanation"] = self.backend.explain(index, h["id"], request).to_dict()
-        return data
+        res = self.search_many([body])[0]
+        if isinstance(res, Exception):
+            raise res
+        return res
 
     def explain(self, body: Mapping[str, Any]) -> dict[str, Any]:
         doc_id = body.get("id")
         if not isinstance(doc_id, str) or not doc_id:
             raise InvalidInputError("give the document 'id' to explain")
-        index, spec, notes = self._spec(body)
-        request, _ = make_request(self.backend, index, spec)
-        data = self.backend.explain(index, doc_id, request).to_dict()
-        data["notes"] = notes + data["notes"]
+        index, p = self._spec(body)
+        data = self.backend.explain(index, doc_id, p.request).to_dict()
+        data["notes"] = p.notes + data["notes"]
         return data
 
     # --- indices, thumbnails, health -------------------------------------------------------------

@@ -1,0 +1,241 @@
+"""Inter-query batching of /v1/search: arrival order, per-request errors, the same answers as
+one-by-one searches, and an index that changes under a running server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from fakes import ColorEncoder
+from stair_es.backends.embedded import EmbeddedBackend
+from stair_es.encoders.base import register_encoder
+from stair_es.errors import IndexNotFoundError, InvalidInputError
+from stair_es.schema import Document
+from stair_es.serve.app import create_app
+from stair_es.serve.batching import Batcher
+from stair_es.serve.service import Service
+from stair_es.sparse import SparseVector
+
+from .conftest import make_config
+
+
+# --- the batcher alone ------------------------------------------------------------------------
+def test_batcher_serves_in_arrival_order_in_bounded_batches():
+    gate = threading.Event()
+    prepared: list[list[int]] = []
+    ran: list[int] = []
+
+    def prepare(items):
+        gate.wait(5)  # the first batch holds the dispatcher while the others queue up
+        prepared.append(list(items))
+        return items
+
+    def run(i):
+        ran.append(i)
+        return i * 10
+
+    b = Batcher(prepare, run, workers=1, max_batch=4)
+
+    async def main():
+        first = asyncio.ensure_future(b.submit(0))
+        await asyncio.sleep(0.05)  # the dispatcher has taken request 0 alone and waits at the gate
+        rest = [asyncio.ensure_future(b.submit(i)) for i in range(1, 11)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, *rest)
+
+    answers = asyncio.run(main())
+    b.close()
+    assert [a for a, _ in answers] == [i * 10 for i in range(11)]
+    assert [i for batch in prepared for i in batch] == list(range(11)) and ran == list(range(11))  # first come, first served
+    assert prepared[0] == [0] and all(len(batch) <= 4 for batch in prepared) and len(prepared) == 4
+    timing = answers[5][1]
+    assert timing.size == 4 and timing.queued > 0 and timing.run >= 0
+
+
+def test_a_slow_search_does_not_hold_the_others():
+    release = threading.Event()
+
+    def run(x):
+        if x == "slow":
+            release.wait(5)
+        return x
+
+    b = Batcher(lambda items: items, run, workers=2, max_batch=8, window=0.05)
+
+    async def main():
+        slow = asyncio.ensure_future(b.submit("slow"))
+        fast = await asyncio.gather(*(b.submit(f"fast{i}") for i in range(5)))  # all on the other thread
+        assert not slow.done()
+        release.set()
+        return fast, await slow
+
+    fast, slow = asyncio.run(main())
+    b.close()
+    assert [a for a, _ in fast] == [f"fast{i}" for i in range(5)] and slow[0] == "slow"
+
+
+def test_batcher_errors_stay_with_their_request():
+    def prepare(items):
+        if "boom" in items:
+            raise RuntimeError("the whole batch failed")
+        return [ValueError(f"bad {x}") if x == "bad" else x for x in items]
+
+    def run(x):
+        if x == "crash":
+            raise KeyError("crash")
+        return x.upper()
+
+    b = Batcher(prepare, run, workers=2, max_batch=8, window=0.05)
+
+    async def main():
+        return await asyncio.gather(b.submit("a"), b.submit("bad"), b.submit("c"), b.submit("crash"),
+                                    return_exceptions=True)
+
+    a, bad, c, crash = asyncio.run(main())
+    assert a[0] == "A" and c[0] == "C" and isinstance(bad, ValueError) and str(bad) == "bad bad"
+    assert isinstance(crash, KeyError)
+
+    async def alone():
+        return await b.submit("boom")
+
+    with pytest.raises(RuntimeError, match="whole batch"):
+        asyncio.run(alone())
+    b.close()
+
+
+def test_batch_window_gathers_requests():
+    sizes = []
+
+    def prepare(items):
+        sizes.append(len(items))
+        return items
+
+    b = Batcher(prepare, lambda x: x, max_batch=5, window=1.0)
+
+    async def main():
+        return await asyncio.gather(*(b.submit(i) for i in range(5)))
+
+    asyncio.run(main())
+    b.close()
+    assert sizes == [5]  # the window closes as soon as the batch is full, not after 1 s
+
+
+# --- the service ------------------------------------------------------------------------------
+def test_search_many_equals_one_by_one_and_keeps_errors_apart(config):
+    svc = Service(config)
+    bodies = [{"text": "red"}, {"text": "blue", "top_k": 2}, {"index": "nope", "text": "red"},
+              {"tokens": {"green": 1.0}}, {"text": "   "}, {"text": "dark", "where": ["kind=landscape"]},
+              {"text": "red", "explain": True}]
+    many = svc.search_many(bodies, threads=2)
+    assert isinstance(many[2], IndexNotFoundError) and isinstance(many[4], InvalidInputError)
+    for body, got in zip(bodies, many):
+        if isinstance(got, Exception):
+            continue
+        one = svc.search(body)
+        assert [h["id"] for h in got["hits"]] == [h["id"] for h in one["hits"]]
+        assert [h["score"] for h in got["hits"]] == [h["score"] for h in one["hits"]]
+        assert got["query_tokens"] == one["query_tokens"]
+    assert all(h["metadata"]["kind"] == "landscape" for h in many[5]["hits"])
+    assert "explanation" in many[6]["hits"][0]
+    svc.close()
+
+
+def test_query_texts_of_a_batch_are_encoded_in_one_call(home, image_root):
+    calls = []
+
+    class CountingEncoder(ColorEncoder):
+        name = "fake-color"
+
+        def encode_texts(self, texts, **kw):
+            calls.append(len(texts))
+            return super().encode_texts(texts, **kw)
+
+    register_encoder("fake-color", CountingEncoder)
+    try:
+        svc = Service(make_config(home, image_root))
+        svc.search_many([{"text": "red"}, {"text": "blue"}, {"text": "green"}, {"tokens": {"red": 1.0}}])
+        assert calls == [3]
+        svc.close()
+    finally:
+        register_encoder("fake-color", ColorEncoder)
+
+
+def test_searches_see_documents_added_while_the_server_runs(home, image_root):
+    svc = Service(make_config(home, image_root))
+    assert "purple-thing" not in [h["id"] for h in svc.search({"tokens": {"purple": 1.0}, "top_k": 50})["hits"]]
+    writer = EmbeddedBackend(home)  # another process's writer, as `stair-es ingest` would be
+    writer.ingest("pics", [Document(id="purple-thing", vectors={"image": SparseVector.from_token_map({"purple": 2.0})})])
+    writer.close()
+    hits = svc.search({"tokens": {"purple": 1.0}, "top_k": 50})["hits"]
+    assert hits[0]["id"] == "purple-thing"  # the remembered schema/IDF did not hide the new commit
+    assert next(i for i in svc.indices() if i["name"] == "pics")["doc_count"] == 7
+    svc.close()
+
+
+# --- over HTTP --------------------------------------------------------------------------------
+def test_concurrent_searches_are_batched_and_answered_like_single_ones(home, image_root):
+    httpx = pytest.importorskip("httpx")
+    app = create_app(make_config(home, image_root, max_batch=6, batch_window_ms=500, workers=2))
+    queries = [{"text": t, "top_k": 3} for t in ("red", "blue", "green", "dark", "bright", "white")]
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            together = await asyncio.gather(*(http.post("/v1/search", json=q) for q in queries))
+            alone = [await http.post("/v1/search", json=q) for q in queries]
+            bad = await asyncio.gather(http.post("/v1/search", json={"text": "red", "index": "nope"}),
+                                       http.post("/v1/search", json={"text": "red"}))
+        return together, alone, bad
+
+    together, alone, bad = asyncio.run(main())
+    for t, a in zip(together, alone):
+        assert t.status_code == a.status_code == 200
+        assert [h["id"] for h in t.json()["hits"]] == [h["id"] for h in a.json()["hits"]]
+    assert all('search;dur=' in r.headers["server-timing"] and 'desc="batch of 6"' in r.headers["server-timing"]
+               for r in together)
+    assert bad[0].status_code == 404 and bad[0].json()["error"]["type"] == "IndexNotFoundError"
+    assert bad[1].status_code == 200  # its batch-mate's error is not its own
+
+
+def test_batching_off_answers_the_same(client, home, image_root):
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(make_config(home, image_root, batching="off"))) as off:
+        a = off.post("/v1/search", json={"text": "red"})
+    b = client.post("/v1/search", json={"text": "red"})
+    assert a.status_code == b.status_code == 200
+    assert a.json()["hits"] == b.json()["hits"] and a.json()["query_tokens"] == b.json()["query_tokens"]
+    assert "queue;" not in a.headers["server-timing"] and "queue;" in b.headers["server-timing"]
+
+
+def test_bad_batching_mode_is_refused(home, image_root):
+    with pytest.raises(InvalidInputError, match="auto, on or off"):
+        create_app(make_config(home, image_root, batching="sometimes"))
+
+
+def test_batched_searches_past_the_queue_get_503(home, image_root):
+    httpx = pytest.importorskip("httpx")
+    import time
+
+    class SlowEncoder(ColorEncoder):
+        name = "fake-color"
+
+        def encode_texts(self, texts, **kw):
+            time.sleep(0.5)
+            return super().encode_texts(texts, **kw)
+
+    register_encoder("fake-color", SlowEncoder)
+    try:
+        app = create_app(make_config(home, image_root, workers=1, max_queue=1, load_encoder_at_start=False))
+
+        async def main():
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+                return await asyncio.gather(*(http.post("/v1/search", json={"text": "red"}) for _ in range(4)))
+
+        codes = sorted(r.status_code for r in asyncio.run(main()))
+    finally:
+        register_encoder("fake-color", ColorEncoder)
+    assert codes == [200, 200, 503, 503], codes  # workers + max_queue = 2 admitted, the rest refused at once
