@@ -751,7 +751,7 @@ class EngineIndex:
         hs = np.zeros(k, np.float32)
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
-        state = np.zeros(7, np.int64)
+        state = np.zeros(8, np.int64)
         state[2] = 1
         used = []
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of segments searched with numpy
@@ -770,10 +770,10 @@ class EngineIndex:
             allowed = self._allowed(s, req.filter)
             seg = s.seg
             seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
-            seg.verify_terms(q_j)
             if strategy == NP.STRATEGY_NUMPY or (
                     strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
+                seg.verify_terms(q_j)
                 sc, sq, refs, matched, read = NP.search_segment(
                     q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
                     seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
@@ -782,10 +782,21 @@ class EngineIndex:
                 state[5] += read
                 used.append("numpy")
                 continue
-            ran = K.search_segment(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
+            # the kernel verifies each postings run the first time it reads it (block-max reads few of
+            # them); it needs the query terms' block tables verified first
+            kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
+            chk = seg.kernel_check()
+            if chk is None:
+                seg.verify_terms(q_j)
+            else:
+                seg.verify_term_tables(q_j)
+            state[7] = -1
+            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
                                    seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
                                    allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                                   strategy, self._taat_scratch(seg.n_docs))
+                                   strategy, self._taat_scratch(seg.n_docs), chk)
+            if state[7] >= 0:
+                seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
         n = int(state[0])
         scores, seqs, refs = hs[:n], hq[:n], hr[:n]

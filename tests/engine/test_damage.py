@@ -325,6 +325,51 @@ def test_a_flipped_postings_bit_is_an_error_before_any_answer_that_reads_it(tmp_
             ix.optimize()
 
 
+@pytest.mark.parametrize("strategy", ["blockmax", "taat", "auto"])
+def test_the_numba_kernels_verify_each_postings_run_before_they_read_it(tmp_path, strategy):
+    """On the numba path the search kernel verifies postings at the granularity it reads them: a
+    query whose block-max pruning never reads the damaged run answers as before, one that reads it
+    is a clear error naming the byte range (never a different answer)."""
+    from stair_es.errors import DamagedIndexError
+
+    n, a, r = 256 * 160, 2500, 2600  # token a in every doc (weight 1: 120 KiB of postings), r in block 0 only (weight 10)
+    indptr = np.concatenate([[0], np.cumsum(np.where(np.arange(n) < 256, 2, 1))]).astype(np.int64)
+    ids = np.concatenate([[a, r] if i < 256 else [a] for i in range(n)]).astype(np.int64)
+    w = np.concatenate([[1.0, 10.0] if i < 256 else [1.0] for i in range(n)]).astype(np.float32)
+    path = tmp_path / "ix"
+    with EngineIndex.create(path, IndexSchema()) as ix:
+        ix.add_arrays([f"d{i}" for i in range(n)], {"image": (indptr, ids, w)})
+    seg_file = _segments(path)[0]
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+
+    def search(ix, toks, k):
+        ix.strategy, ix.numpy_max_postings = strategy, 0  # the numba kernels, not the numpy twins
+        vec = SparseVector.from_arrays(np.array(toks), np.ones(len(toks)))
+        return [(h.id, h.score) for h in ix.search(SearchRequest([SparseClause("image", vec)], top_k=k)).hits]
+
+    with EngineIndex.open(path) as ix:
+        s = ix._segs[0].seg
+        j = int(s.term_index(0, np.array([a]))[0])
+        bad_at = s.offsets["post_w"] + 2 * (int(s.post_ptr[j]) + 30 * 256 + 5)  # a's weight of doc 30*256+5
+        want_pruned = search(ix, [a, r], 1)
+        want_all = search(ix, [a], 20)
+    assert want_pruned == [("d0", 11.0)]
+    _flip(copy / seg_file.name, bad_at)
+    with EngineIndex.open(copy) as ix:
+        if strategy == "taat":  # reads every posting of its terms: the damaged run too
+            with pytest.raises(DamagedIndexError, match=r"seg-000001\.seg: checksum mismatch in bytes"):
+                search(ix, [a, r], 1)
+        else:  # block-max scores block 0 (bound 11), then skips every other block (bound 1)
+            assert search(ix, [a, r], 1) == want_pruned
+        with pytest.raises(DamagedIndexError, match=rf"checksum mismatch in bytes {bad_at >> 12 << 12}-"):
+            search(ix, [a], 10_000)  # (almost) every document: the damaged run is read
+        with pytest.raises(DamagedIndexError):  # still an error on the next try: nothing was marked good
+            search(ix, [a], 10_000)
+    with EngineIndex.open(path) as ix:
+        assert search(ix, [a], 20) == want_all
+
+
 def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_documents(pristine, tmp_path):
     from click.testing import CliRunner
 
