@@ -206,6 +206,21 @@ def main() -> None:
         mix = ", ".join(f"{k} {v}" for k, v in sorted(used.items()))
         extra = f"; postings streamed per query: median {np.median(streamed):,.0f}" if streamed else ""
         print(f"  strategy {args.strategy}: segment searches by {mix}{extra}")
+    # throughput: the same queries through search_batch on 1 and 2 threads (the kernel releases the
+    # GIL), interleaved 3 times so both see the same machine load; CPU time of the process beside
+    qps: dict[int, list[float]] = {1: [], 2: []}
+    cpu_q: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(3):
+        for threads in (1, 2):
+            t, c = time.perf_counter(), time.process_time()
+            reader.search_batch(reqs, threads=threads)
+            qps[threads].append(len(reqs) / (time.perf_counter() - t))
+            cpu_q[threads].append((time.process_time() - c) * 1000 / len(reqs))
+    q1, q2 = float(np.median(qps[1])), float(np.median(qps[2]))
+    print(f"throughput (search_batch, {len(reqs)} queries, median of 3 interleaved runs): 1 thread {q1:,.0f} QPS, "
+          f"2 threads {q2:,.0f} QPS = x{q2 / q1:.2f} (runs x{', x'.join(f'{b / a:.2f}' for a, b in zip(qps[1], qps[2]))}); "
+          f"CPU per query {np.median(cpu_q[1]):.2f} / {np.median(cpu_q[2]):.2f} ms; load average {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
     print(f"memory: reader RSS after queries {rss1:.0f} MiB (writer+reader process; start {rss0:.0f} MiB); "
           f"mapped posting arrays {st['posting_bytes'] / 2**20:.0f} MiB = {st['bytes_per_posting']:.3f} bytes/posting")
 

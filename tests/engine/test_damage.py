@@ -370,6 +370,44 @@ def test_the_numba_kernels_verify_each_postings_run_before_they_read_it(tmp_path
         assert search(ix, [a], 20) == want_all
 
 
+def test_a_crash_while_writing_block_max_tables_leaves_the_last_commit(pristine, tmp_path, monkeypatch):
+    """A writer dying in the middle of a new segment's block-max tables (``pair_max``) leaves a
+    half-written temporary file: the index opens at its last commit with the same answers, the
+    next writer removes the leftover and ingests normally."""
+    from stair_es.engine import segment as segmod
+    from stair_es.engine import storage
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    want = _answers(copy)
+    real = storage.write_arrays
+
+    class Crash(Exception):
+        pass
+
+    def dying_write(path, arrays, meta, *, sync_dir=True):
+        scratch = tmp_path / "scratch.seg"
+        real(scratch, arrays, meta, sync_dir=False)
+        start, n = _array_region(scratch, "pair_max")
+        assert n > 0
+        # what a killed writer leaves: its temporary file, cut in the middle of pair_max
+        (path.parent / f"{storage.TMP_PREFIX}{path.name}.crash").write_bytes(scratch.read_bytes()[: start + n // 2])
+        raise Crash()
+
+    monkeypatch.setattr(segmod, "write_arrays", dying_write)
+    rng = np.random.default_rng(3)
+    with EngineIndex.open(copy, writable=True) as ix:
+        with pytest.raises(Crash):
+            ix.add([_doc(500 + i, rng) for i in range(20)])
+    assert list(copy.glob(f"{storage.TMP_PREFIX}*"))
+    assert _answers(copy) == want  # readers never see the half-written segment
+    monkeypatch.setattr(segmod, "write_arrays", real)
+    with EngineIndex.open(copy, writable=True) as ix:  # the next writer cleans up and goes on
+        assert not list(copy.glob(f"{storage.TMP_PREFIX}*"))
+        ix.add([_doc(500 + i, rng) for i in range(20)])
+        assert ix.doc_count == want[-1] + 20
+
+
 def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_documents(pristine, tmp_path):
     from click.testing import CliRunner
 
