@@ -657,10 +657,11 @@ class EngineIndex:
 
     @_writes
     def optimize(self) -> None:
-        """Merge all segments into as few as possible, dropping deleted documents."""
+        """Merge all segments into as few as possible, dropping deleted documents; a segment in an
+        older file format is rewritten in the current one even when it is alone."""
         self._require_writable()
         self.refresh()
-        if len(self._segs) > 1 or any(s.n_deleted for s in self._segs):
+        if len(self._segs) > 1 or any(s.n_deleted or s.seg.outdated for s in self._segs):
             pick, total = [], 0
             for i, s in enumerate(self._segs):
                 if pick and total + s.live > MAX_SEGMENT_DOCS:

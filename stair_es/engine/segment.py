@@ -23,7 +23,7 @@ from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
-from .storage import ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
+from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 SEGMENT_FORMAT = 1
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
@@ -205,6 +205,7 @@ class Segment:
         self._tables_ok: np.ndarray | None = None  # per term: its block table verified
         self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
         self.checksummed: bool | None = None
+        self.outdated = False  # written in an older container format (set by open)
 
     @classmethod
     def open(cls, path: Path, *, verify: bool | None = None) -> "Segment":
@@ -218,6 +219,8 @@ class Segment:
         verify = verify if verify is not None else verify_on_open()
         c = read_container(path, verify=verify)
         seg = cls(path, c.arrays, c.meta, offsets=c.offsets, verifier=c.verifier)
+        # an older container (no footer, one whole-file CRC, or larger chunks): `optimize` rewrites it
+        seg.outdated = c.footer.kind != "chunks" or c.footer.shift != CHUNK_SHIFT
         if c.footer.kind == "chunks":
             seg.checksummed = True if verify else None
             seg.verify_arrays(("keys", "post_ptr", "pair_ptr"))

@@ -529,3 +529,33 @@ def test_optimize_upgrades_old_segments_to_checksummed_ones(pristine, tmp_path):
     assert live and all(read_footer(seg, seg.stat().st_size).kind == "chunks" for seg in live)
     got = _answers(copy)
     assert got == expected  # same hits, scores, vectors and counts after the merge
+
+
+@pytest.mark.parametrize("fmt", ["none", "whole", "16k-chunks"])
+def test_optimize_upgrades_a_lone_segment_of_an_older_format(pristine, tmp_path, fmt):
+    """One segment, no deletes: nothing to merge, but an older file format is still rewritten."""
+    from stair_es.engine import storage
+    from stair_es.engine.storage import CHUNK_SHIFT, read_footer
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()
+    expected = _answers(copy)
+    (seg,) = [copy / e["file"] for e in json.loads((copy / "manifest.json").read_text())["segments"]]
+    if fmt == "16k-chunks":  # as the previous release wrote it
+        content = seg.read_bytes()[: _content_length(seg)]
+        crcs = storage._ChunkCrcs(14)
+        crcs.update(content)
+        table = crcs.table()
+        seg.write_bytes(content + table.tobytes() + storage._FOOT2.pack(storage._FOOT2_MAGIC, storage.crc32_of(table), 14,
+                                                                           len(content), table.size))
+    else:
+        _as_old_format(seg, fmt)
+    assert _answers(copy) == expected
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()
+    (new,) = [copy / e["file"] for e in json.loads((copy / "manifest.json").read_text())["segments"]]
+    foot = read_footer(new, new.stat().st_size)
+    assert new != seg and foot.kind == "chunks" and foot.shift == CHUNK_SHIFT
+    assert _answers(copy) == expected
