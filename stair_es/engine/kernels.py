@@ -617,6 +617,7 @@ def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
     allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64, strategy=0, scratch=None, chk=None,
+    block_lo=0, block_hi=-1,
 ):
     """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
@@ -638,6 +639,10 @@ def search_segment(
     caller); a run failing its checksum stops the search with ``state[7]`` = the bad chunk
     (``state`` must then have 8 entries, ``state[7]`` = -1 on entry), so no damaged byte ever
     reaches a score.
+
+    ``block_lo``, ``block_hi``: block-max searches only blocks [block_lo, block_hi) (-1: to the
+    end), so that one query can run on several threads over parts of a segment, each with its
+    own heap; TAAT ignores them (the caller splits only block-max work).
     """
     if chk is not None and state.size < 8:
         raise ValueError("search_segment with chk needs a state of 8 entries")
@@ -655,7 +660,7 @@ def search_segment(
                       allowed, seq, ref_base, k, hs, hq, hr, state, acc, chk)
         return STRATEGY_TAAT
     _blockmax_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off,
-                      post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk)
+                      post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk, block_lo, block_hi)
     return STRATEGY_BLOCKMAX
 
 
@@ -754,7 +759,8 @@ def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair
 
 
 @njit(cache=True)
-def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks):
+def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
+                block_lo=0, block_hi=-1):
     """Per-query block table and visit order.
 
     ``slot[b, i]``: posting start << 9 | count of term i in block b (-1: none); ``bmc[b, i]``:
@@ -784,7 +790,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     use_mask = allowed.size > 0
     nc = 0
     cand = np.empty(n_blocks, np.int64)
-    for b in range(n_blocks):
+    for b in range(max(block_lo, 0), n_blocks if block_hi < 0 else min(block_hi, n_blocks)):
         if ub[b] <= 0:
             continue
         if use_mask:
@@ -861,7 +867,7 @@ def _check_block(chk, slot_row, lazy):
 def _blockmax_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
-    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk=None,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk=None, block_lo=0, block_hi=-1,
 ):
     """Exact block-max top-k with progressive pruning inside blocks.
 
@@ -886,7 +892,8 @@ def _blockmax_segment(
         state[7] = bad
         return
     ub, slot, bmc, tsum, cand, order, n_first, nc = _block_plan(
-        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks)
+        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
+        block_lo, block_hi)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
     # posting read takes off on average: rare heavy terms first, long light ones last

@@ -148,3 +148,29 @@ def test_zero_weights_are_dropped_and_an_all_zero_query_is_a_clear_error(world):
     mostly_zero = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, w))], top_k=10))
     only = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(toks[[3, 70, 250]], w[[3, 70, 250]]))], top_k=10))
     assert [(h.id, h.score) for h in mostly_zero.hits] == [(h.id, h.score) for h in only.hits] != []
+
+
+def test_one_query_on_several_threads_gives_the_same_hits(world, monkeypatch):
+    """Intra-query threads split block-max work by block ranges; the merged top k is exact."""
+    from stair_es.engine import index as index_mod
+    from stair_es.errors import InvalidInputError
+
+    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # these segments are small: split them anyway
+    ix, dense, live, meta, scale, _ = world
+    rng = np.random.default_rng(21)
+    flts = filters(meta, dense)
+    ix.numpy_max_postings = 0
+    for qi in range(40):
+        toks = np.sort(rng.choice(TOKENS[:200], size=int(rng.integers(1, 30)), replace=False))
+        qw = rng.uniform(0.05, 2.0, toks.size).astype(np.float32)
+        flt, allow = flts[qi % len(flts)]
+        k = int(rng.choice([1, 10, 100]))
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=k, filter=flt)
+        want = brute(dense, live, allow, toks, qw, k)
+        for threads in (1, 2, 3):
+            ix.strategy = "blockmax" if qi % 2 else "auto"
+            got = ix.search(req, threads=threads)
+            assert [(h.id, h.score) for h in got.hits] == want, f"query {qi}, {threads} threads"
+    ix.strategy, ix.numpy_max_postings = "auto", 16384
+    with pytest.raises(InvalidInputError, match="threads must be an integer from 1 to 64"):
+        ix.search(req, threads=0)
