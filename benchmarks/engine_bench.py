@@ -134,6 +134,7 @@ def main() -> None:
     ix.max_segments = 1 << 30  # measure raw ingest; merge once with optimize() below
     rss0 = rss_mb()
     ingest_s = 0.0
+    ingest_cpu = 0.0
     gen_s = 0.0
     chunks = []
     for c, lo in enumerate(range(0, args.docs, args.chunk)):
@@ -144,10 +145,11 @@ def main() -> None:
         indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250, scale)
         gen_s += time.perf_counter() - t
         doc_ids = [f"doc-{i}" for i in range(lo, lo + n)]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         if not reuse:
             ix.add_arrays(doc_ids, {"image": (indptr, ids, w)})
         ingest_s += time.perf_counter() - t
+        ingest_cpu += time.process_time() - c
         if args.check:
             chunks.append((indptr, ids, w))
     t = time.perf_counter()
@@ -160,7 +162,9 @@ def main() -> None:
         print(f"ingest: skipped (--reuse of {path})")
     else:
         print(f"ingest (add_arrays, {args.chunk}-doc commits): {ingest_s:.2f}s = {args.docs / ingest_s:,.0f} docs/s; "
-              f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s")
+              f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s; "
+              f"CPU time of ingest {ingest_cpu:.2f}s = {args.docs / max(ingest_cpu, 1e-9):,.0f} docs per CPU-second "
+              f"(load average {os.getloadavg()[0]:.2f})")
     print(f"storage: {st['bytes_on_disk'] / 2**20:.1f} MiB on disk, postings structure {st['bytes_per_posting']:.3f} bytes/posting "
           f"(whole directory {st['bytes_on_disk'] / st['postings']:.3f} bytes/posting)")
 
@@ -221,6 +225,16 @@ def main() -> None:
           f"2 threads {q2:,.0f} QPS = x{q2 / q1:.2f} (runs x{', x'.join(f'{b / a:.2f}' for a, b in zip(qps[1], qps[2]))}); "
           f"CPU per query {np.median(cpu_q[1]):.2f} / {np.median(cpu_q[2]):.2f} ms; load average {os.getloadavg()[0]:.2f} "
           f"on {os.cpu_count()} CPUs")
+    # latency of one query on 2 threads (search(threads=2) splits block-max work by block ranges)
+    split: dict[int, list[float]] = {1: [], 2: []}
+    for r in reqs:
+        for threads in (1, 2):
+            t = time.perf_counter()
+            reader.search(r, threads=threads)
+            split[threads].append((time.perf_counter() - t) * 1000)
+    s1, s2 = float(np.median(split[1])), float(np.median(split[2]))
+    print(f"one query on 2 threads (search(threads=2), interleaved with threads=1): p50 {s2:.2f} ms against {s1:.2f} ms "
+          f"= x{s1 / s2:.2f} faster; load average {os.getloadavg()[0]:.2f}")
     print(f"memory: reader RSS after queries {rss1:.0f} MiB (writer+reader process; start {rss0:.0f} MiB); "
           f"mapped posting arrays {st['posting_bytes'] / 2**20:.0f} MiB = {st['bytes_per_posting']:.3f} bytes/posting")
 
