@@ -189,6 +189,7 @@ def main() -> None:
     results = []
     used: dict[str, int] = {}
     streamed = []
+    blocks = []
     for r in reqs:
         t, c = time.perf_counter(), time.thread_time()
         res = reader.search(r)
@@ -200,6 +201,7 @@ def main() -> None:
         stats = getattr(reader, "last_search_stats", np.zeros(0))
         if len(stats) >= 6:
             streamed.append(int(stats[5]))
+            blocks.append((int(stats[3]), int(stats[4])))
     lat, cpu = np.array(lat), np.array(cpu)
     print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {np.percentile(lat, 50):.2f} ms, "
           f"p95 {np.percentile(lat, 95):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms, mean {lat.mean():.2f} ms (wall clock)")
@@ -210,6 +212,24 @@ def main() -> None:
         mix = ", ".join(f"{k} {v}" for k, v in sorted(used.items()))
         extra = f"; postings streamed per query: median {np.median(streamed):,.0f}" if streamed else ""
         print(f"  strategy {args.strategy}: segment searches by {mix}{extra}")
+    if blocks:
+        sc, cb = np.median([b[0] for b in blocks]), np.median([b[1] for b in blocks])
+        print(f"  blocks scored per query: median {sc:,.0f} of {cb:,.0f} candidate blocks")
+    if len(reader._segs) == 1:  # profile: the block-max set-up pass alone (a diagnostic, reads engine internals)
+        from stair_es.engine import kernels as K
+
+        seg = reader._segs[0].seg
+        plan = []
+        for r in reqs[:100]:
+            v = r.clauses[0].vector
+            j = seg.term_index(0, v.ids)
+            q_j, q_w = j[j >= 0].astype(np.int64), v.weights[j >= 0].astype(np.float32)
+            c = time.thread_time()
+            K._block_plan(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                          seg.pair_max, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
+            plan.append((time.thread_time() - c) * 1000)
+        print(f"  profile: the block plan (bounds and run table of every block x query term) takes CPU p50 "
+              f"{np.median(plan):.2f} ms of the {np.percentile(cpu, 50):.2f} ms")
     # throughput: the same queries through search_batch on 1 and 2 threads (the kernel releases the
     # GIL), interleaved 3 times so both see the same machine load; CPU time of the process beside
     qps: dict[int, list[float]] = {1: [], 2: []}
