@@ -114,10 +114,23 @@ def verify_ranges(buf, table, ok, shift, content, starts, ends):
     return -1
 
 
+@njit(cache=True, nogil=True)
+def chunk_crcs(buf, shift):
+    """CRC-32 of each whole ``2**shift``-byte chunk of ``buf`` (a writer's checksum table)."""
+    size = 1 << shift
+    n = buf.size >> shift
+    out = np.empty(n, np.uint32)
+    base = buf.ctypes.data
+    for c in range(n):
+        out[c] = _crc32(0, base + (c << shift), size)
+    return out
+
+
 if HAVE_CRC32:
     from . import storage as _storage
 
     _storage.RANGE_VERIFIER = verify_ranges
+    _storage.CHUNK_CRCS = chunk_crcs
 
 
 def check_run(chk, q0, cnt):

@@ -47,6 +47,8 @@ CHUNK_SHIFT = 12  # 4 KiB chunks (a page): a table of 0.1 % of the file; a query
 #: Set by ``kernels`` when numba is loaded: verifies chunk ranges in compiled code (no Python per chunk);
 #: ``(buf, table, ok, shift, content, starts, ends) -> first bad chunk or -1``. The cold path never needs numba.
 RANGE_VERIFIER = None
+#: Also set by ``kernels``: ``(uint8 buffer, shift) -> CRC-32 of each whole chunk`` in compiled code.
+CHUNK_CRCS = None
 _CHUNK = 1 << 22
 
 
@@ -173,6 +175,15 @@ class _ChunkCrcs:
     def update(self, data) -> None:
         view = memoryview(data).cast("B")
         pos = 0
+        if CHUNK_CRCS is not None and len(view) >= 4 * self.size:
+            # a segment's large arrays: whole chunks in one compiled call, no Python per chunk
+            if self.fill:
+                pos = self.size - self.fill
+                self.crcs.append(_crc32(view[:pos], self.crc))
+                self.crc, self.fill = 0, 0
+            whole = (len(view) - pos) // self.size * self.size
+            self.crcs.extend(CHUNK_CRCS(np.frombuffer(view[pos:pos + whole], np.uint8), self.size.bit_length() - 1).tolist())
+            pos += whole
         while pos < len(view):
             take = min(self.size - self.fill, len(view) - pos)
             self.crc = _crc32(view[pos:pos + take], self.crc)
