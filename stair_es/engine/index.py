@@ -254,7 +254,9 @@ class EngineIndex:
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1
-        self._pool = None
+        self._pool = None  # threads that run the other parts of a split query
+        self._pool_size = 0
+        self._pool_lock = threading.Lock()
 
     # --- opening --------------------------------------------------------------------------------
     @classmethod
@@ -302,9 +304,10 @@ class EngineIndex:
 
     def close(self) -> None:
         self._segs = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -764,12 +767,6 @@ class EngineIndex:
     def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
         """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
         GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
-        if self._pool is None or self._pool._max_workers < parts - 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="stair-es-query")
         cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
 
         def run(i: int):
@@ -779,7 +776,15 @@ class EngineIndex:
             kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
             return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
 
-        futures = [self._pool.submit(run, i) for i in range(1, parts)]
+        with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
+            if self._pool is None or self._pool_size < parts - 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="stair-es-query")
+                self._pool_size = parts - 1
+            futures = [self._pool.submit(run, i) for i in range(1, parts)]
         return [run(0)] + [f.result() for f in futures]
 
     def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float,
