@@ -45,6 +45,8 @@ from stair_es.query import SearchRequest, SparseClause
 from stair_es.sparse import SparseVector
 try:
     with EngineIndex.open(sys.argv[1]) as ix:
+        if len(sys.argv) > 2 and sys.argv[2] == "numba":  # the numba kernels (they verify as they read), not numpy
+            ix.numpy_max_postings = 0
         out = []
         for i in range(0, 600, 5):  # every token of the corpus is in some query
             ids = np.arange(2000 + i, 2005 + i, dtype=np.int64)
@@ -80,8 +82,11 @@ def build(path: Path, n_docs: int) -> None:
     ix.close()
 
 
+KERNELS = "numpy"  # --kernels: which search path the answering process uses on these small segments
+
+
 def answer(path: Path) -> tuple[str, str]:
-    done = subprocess.run([sys.executable, "-c", ANSWER, str(path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", ANSWER, str(path), KERNELS], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["?"])[-1]
         return "CRASH", f"exit {done.returncode}: {tail[:120]}"
@@ -130,7 +135,7 @@ def flips(n: int, n_docs: int, seed: int) -> None:
         import stair_es
 
         print(f"# {n} random bit flips, stair_es from {Path(stair_es.__file__).parent}, index of {n_docs} docs "
-              f"({len(by_kind['segment'])} segments, tombstones)")
+              f"({len(by_kind['segment'])} segments, tombstones); search path: {KERNELS}")
         print(f"{'file kind':<12} {'flips':>5} {'detected':>9} {'same':>5} {'WRONG':>6} {'CRASH':>6}")
         total = Counter()
         for kind, c in sorted(table.items()):
@@ -224,8 +229,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cost-docs", type=int, default=0, help="also measure the checksum cost at this many documents")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kernels", choices=("numpy", "numba"), default="numpy",
+                    help="search path of the answering process: numpy (what these small segments use) or numba "
+                         "(the block-max kernels, which verify postings as they read them)")
     ap.add_argument("--keep", metavar="DIR", help="build the cost index in DIR and keep it (reused when it exists)")
     args = ap.parse_args()
+    global KERNELS
+    KERNELS = args.kernels
     if args.flips:
         flips(args.flips, args.docs, args.seed)
     if args.cost_docs:
