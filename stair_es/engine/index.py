@@ -57,7 +57,6 @@ from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from . import npkernels as NP
 from .npkernels import K
 from .segment import (
-    MAX_SEGMENT_DOCS,
     Batch,
     Segment,
     build_segment,
@@ -65,6 +64,7 @@ from .segment import (
     encode_ids,
     encode_strings,
     merge_segments,
+    segment_capacity,
 )
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
 
@@ -619,7 +619,8 @@ class EngineIndex:
         gen = int(self._manifest["generation"]) + 1
         for si in np.unique(seg_of[seg_of >= 0]):
             self._tombstone(segs[si], doc_of[seg_of == si], gen)
-        chunks = [(lo, min(lo + MAX_SEGMENT_DOCS, n)) for lo in range(0, n, MAX_SEGMENT_DOCS)]
+        cap = segment_capacity(self.bshift)
+        chunks = [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
         for lo, hi in chunks:
             part = batch if (lo, hi) == (0, n) else _slice_batch(batch, lo, hi)
             name = self._new_segment_name()
@@ -663,7 +664,7 @@ class EngineIndex:
         while len(self._segs) > self.max_segments:
             order = sorted(range(len(self._segs)), key=lambda i: self._segs[i].live)
             pick = sorted(order[: self.merge_factor])
-            if sum(self._segs[i].live for i in pick) > MAX_SEGMENT_DOCS:
+            if sum(self._segs[i].live for i in pick) > segment_capacity(self.bshift):
                 return
             self._merge(pick)
 
@@ -673,15 +674,19 @@ class EngineIndex:
         older file format is rewritten in the current one even when it is alone."""
         self._require_writable()
         self.refresh()
-        if len(self._segs) > 1 or any(s.n_deleted or s.seg.outdated for s in self._segs):
-            pick, total = [], 0
-            for i, s in enumerate(self._segs):
-                if pick and total + s.live > MAX_SEGMENT_DOCS:
-                    self._merge(pick)
-                    return self.optimize()
-                pick.append(i)
-                total += s.live
-            self._merge(pick)
+        cap = segment_capacity(self.bshift)
+        groups, pick, total = [], [], 0
+        for i, s in enumerate(self._segs):  # consecutive segments packed up to a segment's capacity
+            if pick and total + s.live > cap:
+                groups.append(pick)
+                pick, total = [], 0
+            pick.append(i)
+            total += s.live
+        if pick:
+            groups.append(pick)
+        for g in reversed(groups):  # from the end: a merge replaces its group in place, earlier indices hold
+            if len(g) > 1 or any(self._segs[i].n_deleted or self._segs[i].seg.outdated for i in g):
+                self._merge(g)
 
     def _merge(self, pick: list[int]) -> None:
         segs = [self._segs[i].seg for i in pick]

@@ -27,6 +27,12 @@ from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, 
 
 SEGMENT_FORMAT = 1
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
+
+
+def segment_capacity(bshift: int) -> int:
+    """Documents one segment can hold with blocks of ``2**bshift``: block numbers are uint16."""
+    return min(MAX_SEGMENT_DOCS, 65536 << bshift)
+
 DATE_MISSING = np.iinfo(np.int64).min
 
 
@@ -581,8 +587,8 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
     ``batch.vectors`` when given (segment merges).
     """
     n = batch.n_docs
-    if n > MAX_SEGMENT_DOCS:
-        raise ValueError(f"a segment holds at most {MAX_SEGMENT_DOCS} documents")
+    if n > segment_capacity(bshift):
+        raise ValueError(f"a segment with {1 << bshift}-document blocks holds at most {segment_capacity(bshift)} documents")
     if postings is not None:
         return _write_segment(path, name, batch, fields, bshift, postings, sync_dir)
     parts = []
