@@ -820,7 +820,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     n_first = min(nc, max(head_blocks, nc >> 4))
     order = np.empty(nc, np.int64)
     if n_first < nc:
-        top = np.argsort(-ub[cand])[:n_first] if n_first > 0 else np.empty(0, np.int64)
+        top = _top_indices(ub[cand], n_first)
         is_top = np.zeros(nc, np.bool_)
         for x in range(n_first):
             order[x] = top[x]
@@ -833,6 +833,28 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     else:
         order[:] = np.argsort(-ub[cand])
     return ub, slot, bmc, tsum, cand, order, n_first, nc
+
+
+@njit(cache=True)
+def _top_indices(vals, n):
+    """Indices of the ``n`` largest ``vals`` (0 < n < vals.size), largest first (ties in any
+    order): a partition and a sort of n, not a sort of all (the head of the block visit order)."""
+    if n <= 0:
+        return np.empty(0, np.int64)
+    t = np.partition(vals, vals.size - n)[vals.size - n]  # n values are >= t, fewer than n are > t
+    top = np.empty(n, np.int64)
+    m = 0
+    for c in range(vals.size):
+        if vals[c] > t:
+            top[m] = c
+            m += 1
+    for c in range(vals.size):
+        if m >= n:
+            break
+        if vals[c] == t:
+            top[m] = c
+            m += 1
+    return top[np.argsort(-vals[top])]
 
 
 @njit(cache=True, inline="always")
