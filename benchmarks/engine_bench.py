@@ -134,6 +134,7 @@ def main() -> None:
     ix.max_segments = 1 << 30  # measure raw ingest; merge once with optimize() below
     rss0 = rss_mb()
     ingest_s = 0.0
+    ingest_cpu = 0.0
     gen_s = 0.0
     chunks = []
     for c, lo in enumerate(range(0, args.docs, args.chunk)):
@@ -144,10 +145,11 @@ def main() -> None:
         indptr, ids, w = _gen_rows_fast(n, args.seed + 1 + c, cdf, token_of, rank_of_token, 150, 250, scale)
         gen_s += time.perf_counter() - t
         doc_ids = [f"doc-{i}" for i in range(lo, lo + n)]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         if not reuse:
             ix.add_arrays(doc_ids, {"image": (indptr, ids, w)})
         ingest_s += time.perf_counter() - t
+        ingest_cpu += time.process_time() - c
         if args.check:
             chunks.append((indptr, ids, w))
     t = time.perf_counter()
@@ -160,7 +162,9 @@ def main() -> None:
         print(f"ingest: skipped (--reuse of {path})")
     else:
         print(f"ingest (add_arrays, {args.chunk}-doc commits): {ingest_s:.2f}s = {args.docs / ingest_s:,.0f} docs/s; "
-              f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s")
+              f"optimize() to 1 segment: {opt_s:.2f}s; end-to-end {args.docs / (ingest_s + opt_s):,.0f} docs/s; "
+              f"CPU time of ingest {ingest_cpu:.2f}s = {args.docs / max(ingest_cpu, 1e-9):,.0f} docs per CPU-second "
+              f"(load average {os.getloadavg()[0]:.2f})")
     print(f"storage: {st['bytes_on_disk'] / 2**20:.1f} MiB on disk, postings structure {st['bytes_per_posting']:.3f} bytes/posting "
           f"(whole directory {st['bytes_on_disk'] / st['postings']:.3f} bytes/posting)")
 
@@ -185,6 +189,7 @@ def main() -> None:
     results = []
     used: dict[str, int] = {}
     streamed = []
+    blocks = []
     for r in reqs:
         t, c = time.perf_counter(), time.thread_time()
         res = reader.search(r)
@@ -196,6 +201,7 @@ def main() -> None:
         stats = getattr(reader, "last_search_stats", np.zeros(0))
         if len(stats) >= 6:
             streamed.append(int(stats[5]))
+            blocks.append((int(stats[3]), int(stats[4])))
     lat, cpu = np.array(lat), np.array(cpu)
     print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {np.percentile(lat, 50):.2f} ms, "
           f"p95 {np.percentile(lat, 95):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms, mean {lat.mean():.2f} ms (wall clock)")
@@ -206,6 +212,49 @@ def main() -> None:
         mix = ", ".join(f"{k} {v}" for k, v in sorted(used.items()))
         extra = f"; postings streamed per query: median {np.median(streamed):,.0f}" if streamed else ""
         print(f"  strategy {args.strategy}: segment searches by {mix}{extra}")
+    if blocks:
+        sc, cb = np.median([b[0] for b in blocks]), np.median([b[1] for b in blocks])
+        print(f"  blocks scored per query: median {sc:,.0f} of {cb:,.0f} candidate blocks")
+    if len(reader._segs) == 1:  # profile: the block-max set-up pass alone (a diagnostic, reads engine internals)
+        from stair_es.engine import kernels as K
+
+        seg = reader._segs[0].seg
+        plan = []
+        for r in reqs[:100]:
+            v = r.clauses[0].vector
+            j = seg.term_index(0, v.ids)
+            q_j, q_w = j[j >= 0].astype(np.int64), v.weights[j >= 0].astype(np.float32)
+            c = time.thread_time()
+            K._block_plan(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                          seg.pair_max, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
+            plan.append((time.thread_time() - c) * 1000)
+        print(f"  profile: the block plan (bounds and run table of every block x query term) takes CPU p50 "
+              f"{np.median(plan):.2f} ms of the {np.percentile(cpu, 50):.2f} ms")
+    # throughput: the same queries through search_batch on 1 and 2 threads (the kernel releases the
+    # GIL), interleaved 3 times so both see the same machine load; CPU time of the process beside
+    qps: dict[int, list[float]] = {1: [], 2: []}
+    cpu_q: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(3):
+        for threads in (1, 2):
+            t, c = time.perf_counter(), time.process_time()
+            reader.search_batch(reqs, threads=threads)
+            qps[threads].append(len(reqs) / (time.perf_counter() - t))
+            cpu_q[threads].append((time.process_time() - c) * 1000 / len(reqs))
+    q1, q2 = float(np.median(qps[1])), float(np.median(qps[2]))
+    print(f"throughput (search_batch, {len(reqs)} queries, median of 3 interleaved runs): 1 thread {q1:,.0f} QPS, "
+          f"2 threads {q2:,.0f} QPS = x{q2 / q1:.2f} (runs x{', x'.join(f'{b / a:.2f}' for a, b in zip(qps[1], qps[2]))}); "
+          f"CPU per query {np.median(cpu_q[1]):.2f} / {np.median(cpu_q[2]):.2f} ms; load average {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
+    # latency of one query on 2 threads (search(threads=2) splits block-max work by block ranges)
+    split: dict[int, list[float]] = {1: [], 2: []}
+    for r in reqs:
+        for threads in (1, 2):
+            t = time.perf_counter()
+            reader.search(r, threads=threads)
+            split[threads].append((time.perf_counter() - t) * 1000)
+    s1, s2 = float(np.median(split[1])), float(np.median(split[2]))
+    print(f"one query on 2 threads (search(threads=2), interleaved with threads=1): p50 {s2:.2f} ms against {s1:.2f} ms "
+          f"= x{s1 / s2:.2f} faster; load average {os.getloadavg()[0]:.2f}")
     print(f"memory: reader RSS after queries {rss1:.0f} MiB (writer+reader process; start {rss0:.0f} MiB); "
           f"mapped posting arrays {st['posting_bytes'] / 2**20:.0f} MiB = {st['bytes_per_posting']:.3f} bytes/posting")
 

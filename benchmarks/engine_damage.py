@@ -45,6 +45,8 @@ from stair_es.query import SearchRequest, SparseClause
 from stair_es.sparse import SparseVector
 try:
     with EngineIndex.open(sys.argv[1]) as ix:
+        if len(sys.argv) > 2 and sys.argv[2] == "numba":  # the numba kernels (they verify as they read), not numpy
+            ix.numpy_max_postings = 0
         out = []
         for i in range(0, 600, 5):  # every token of the corpus is in some query
             ids = np.arange(2000 + i, 2005 + i, dtype=np.int64)
@@ -80,8 +82,11 @@ def build(path: Path, n_docs: int) -> None:
     ix.close()
 
 
+KERNELS = "numpy"  # --kernels: which search path the answering process uses on these small segments
+
+
 def answer(path: Path) -> tuple[str, str]:
-    done = subprocess.run([sys.executable, "-c", ANSWER, str(path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", ANSWER, str(path), KERNELS], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["?"])[-1]
         return "CRASH", f"exit {done.returncode}: {tail[:120]}"
@@ -130,7 +135,7 @@ def flips(n: int, n_docs: int, seed: int) -> None:
         import stair_es
 
         print(f"# {n} random bit flips, stair_es from {Path(stair_es.__file__).parent}, index of {n_docs} docs "
-              f"({len(by_kind['segment'])} segments, tombstones)")
+              f"({len(by_kind['segment'])} segments, tombstones); search path: {KERNELS}")
         print(f"{'file kind':<12} {'flips':>5} {'detected':>9} {'same':>5} {'WRONG':>6} {'CRASH':>6}")
         total = Counter()
         for kind, c in sorted(table.items()):
@@ -157,12 +162,15 @@ reqs = []
 for i in range(100):
     ids = np.sort(rng.choice(np.arange(1000, 30000), 20, replace=False))
     reqs.append(SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, rng.uniform(0.1, 2, 20)))], top_k=10))
-lat = []
+lat, cpu = [], []
 for rep in range(3):  # pass 1: every query reads (and verifies) its postings for the first time; then steady state
     for req in reqs:
-        s = time.perf_counter(); ix.search(req); lat.append(time.perf_counter() - s)
+        s, c = time.perf_counter(), time.thread_time()
+        ix.search(req)
+        lat.append(time.perf_counter() - s); cpu.append(time.thread_time() - c)
 n = len(reqs)
-print(opened, lat[0], statistics.median(lat[1:n]), statistics.median(lat[n:]))
+print(opened, lat[0], statistics.median(lat[1:n]), statistics.median(lat[n:]), statistics.median(cpu[1:n]),
+      statistics.median(cpu[n:]))
 """
 
 
@@ -200,13 +208,15 @@ def cost(n_docs: int, runs: int, keep: str | None = None) -> None:
                 got[label].append(list(map(float, out.stdout.split())))
         for label, _ in modes:
             rows[label] = [statistics.median(col) for col in zip(*got[label])]
-            o, first, p1, steady = rows[label]
+            o, first, p1, steady, c1, cs = rows[label]
             print(f"{label:<11} open {o * 1000:8.1f} ms   first query {first * 1000:7.2f} ms   pass-1 p50 {p1 * 1000:6.2f} ms   "
-                  f"steady p50 {steady * 1000:6.2f} ms   (steady p50 per run: {', '.join(f'{r[3] * 1000:.2f}' for r in got[label])})")
-        (fo, ff, f1, fs), (so, sf, s1, ss) = rows["checksums"], rows["sizes only"]
+                  f"steady p50 {steady * 1000:6.2f} ms   CPU p50 pass-1 {c1 * 1000:6.2f} ms, steady {cs * 1000:6.2f} ms   "
+                  f"(pass-1 CPU p50 per run: {', '.join(f'{r[4] * 1000:.2f}' for r in got[label])})")
+        (fo, ff, f1, fs, fc1, fcs), (so, sf, s1, ss, sc1, scs) = rows["checksums"], rows["sizes only"]
         print(f"checksum cost: open {(fo - so) * 1000:+.1f} ms ({(fo / max(so, 1e-9) - 1) * 100:+.1f} %), first query "
-              f"{(ff - sf) * 1000:+.2f} ms, pass-1 p50 {(f1 / max(s1, 1e-9) - 1) * 100:+.1f} %, steady p50 "
-              f"{(fs / max(ss, 1e-9) - 1) * 100:+.1f} %")
+              f"{(ff - sf) * 1000:+.2f} ms, pass-1 p50 {(f1 / max(s1, 1e-9) - 1) * 100:+.1f} % wall, "
+              f"{(fc1 / max(sc1, 1e-9) - 1) * 100:+.1f} % CPU; steady p50 {(fs / max(ss, 1e-9) - 1) * 100:+.1f} % wall, "
+              f"{(fcs / max(scs, 1e-9) - 1) * 100:+.1f} % CPU; load average {os.getloadavg()[0]:.1f}")
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -219,8 +229,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cost-docs", type=int, default=0, help="also measure the checksum cost at this many documents")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kernels", choices=("numpy", "numba"), default="numpy",
+                    help="search path of the answering process: numpy (what these small segments use) or numba "
+                         "(the block-max kernels, which verify postings as they read them)")
     ap.add_argument("--keep", metavar="DIR", help="build the cost index in DIR and keep it (reused when it exists)")
     args = ap.parse_args()
+    global KERNELS
+    KERNELS = args.kernels
     if args.flips:
         flips(args.flips, args.docs, args.seed)
     if args.cost_docs:

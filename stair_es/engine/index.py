@@ -57,7 +57,6 @@ from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from . import npkernels as NP
 from .npkernels import K
 from .segment import (
-    MAX_SEGMENT_DOCS,
     Batch,
     Segment,
     build_segment,
@@ -65,6 +64,7 @@ from .segment import (
     encode_ids,
     encode_strings,
     merge_segments,
+    segment_capacity,
 )
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
 
@@ -75,6 +75,8 @@ MANIFEST = "manifest.json"
 #: The previous commit, kept (with every file it references) so `index check --repair` can roll back to it.
 PREV_MANIFEST = "manifest.prev.json"
 LOCK = "write.lock"
+#: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
+SPLIT_MIN_DOCS = 1 << 16
 DEFAULT_BSHIFT = 8  # 256-document blocks: smaller and faster than 128 on the 1M benchmark
 F16_MAX = 65504.0
 
@@ -249,6 +251,12 @@ class EngineIndex:
         # "auto" searches a segment with numpy when its query terms have at most this many postings
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
+        #: threads one query may use (block-max work of a large segment is split by block ranges);
+        #: ``search(..., threads=N)`` overrides it per call
+        self.search_threads = 1
+        self._pool = None  # threads that run the other parts of a split query
+        self._pool_size = 0
+        self._pool_lock = threading.Lock()
 
     # --- opening --------------------------------------------------------------------------------
     @classmethod
@@ -296,6 +304,10 @@ class EngineIndex:
 
     def close(self) -> None:
         self._segs = []
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -607,7 +619,8 @@ class EngineIndex:
         gen = int(self._manifest["generation"]) + 1
         for si in np.unique(seg_of[seg_of >= 0]):
             self._tombstone(segs[si], doc_of[seg_of == si], gen)
-        chunks = [(lo, min(lo + MAX_SEGMENT_DOCS, n)) for lo in range(0, n, MAX_SEGMENT_DOCS)]
+        cap = segment_capacity(self.bshift)
+        chunks = [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
         for lo, hi in chunks:
             part = batch if (lo, hi) == (0, n) else _slice_batch(batch, lo, hi)
             name = self._new_segment_name()
@@ -651,24 +664,29 @@ class EngineIndex:
         while len(self._segs) > self.max_segments:
             order = sorted(range(len(self._segs)), key=lambda i: self._segs[i].live)
             pick = sorted(order[: self.merge_factor])
-            if sum(self._segs[i].live for i in pick) > MAX_SEGMENT_DOCS:
+            if sum(self._segs[i].live for i in pick) > segment_capacity(self.bshift):
                 return
             self._merge(pick)
 
     @_writes
     def optimize(self) -> None:
-        """Merge all segments into as few as possible, dropping deleted documents."""
+        """Merge all segments into as few as possible, dropping deleted documents; a segment in an
+        older file format is rewritten in the current one even when it is alone."""
         self._require_writable()
         self.refresh()
-        if len(self._segs) > 1 or any(s.n_deleted for s in self._segs):
-            pick, total = [], 0
-            for i, s in enumerate(self._segs):
-                if pick and total + s.live > MAX_SEGMENT_DOCS:
-                    self._merge(pick)
-                    return self.optimize()
-                pick.append(i)
-                total += s.live
-            self._merge(pick)
+        cap = segment_capacity(self.bshift)
+        groups, pick, total = [], [], 0
+        for i, s in enumerate(self._segs):  # consecutive segments packed up to a segment's capacity
+            if pick and total + s.live > cap:
+                groups.append(pick)
+                pick, total = [], 0
+            pick.append(i)
+            total += s.live
+        if pick:
+            groups.append(pick)
+        for g in reversed(groups):  # from the end: a merge replaces its group in place, earlier indices hold
+            if len(g) > 1 or any(self._segs[i].n_deleted or self._segs[i].seg.outdated for i in g):
+                self._merge(g)
 
     def _merge(self, pick: list[int]) -> None:
         segs = [self._segs[i].seg for i in pick]
@@ -716,11 +734,17 @@ class EngineIndex:
             self._scratch.acc = buf
         return buf
 
-    def search(self, request: SearchRequest) -> SearchResult:
+    def search(self, request: SearchRequest, *, threads: int | None = None) -> SearchResult:
+        """Exact top k. ``threads`` (default :attr:`search_threads`, 1): threads this one query may
+        use; block-max work on a segment of at least :data:`SPLIT_MIN_DOCS` documents is split into
+        that many block ranges searched at once, each with its own top k, merged exactly."""
         t0 = time.perf_counter()
         self.refresh()
         req = request.prepared(self.schema, self.vocab)
-        result, state, used = self._search(req, self._segs, self._strategy_code(), t0)
+        n = self.search_threads if threads is None else threads
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise InvalidInputError(f"threads must be an integer from 1 to 64, got {n!r}")
+        result, state, used = self._search(req, self._segs, self._strategy_code(), t0, n)
         # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
         self.last_search_stats = state
         self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
@@ -745,16 +769,40 @@ class EngineIndex:
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="stair-es-search") as pool:
             return [res for res, _, _ in pool.map(lambda r: self._search(r, segs, strategy, time.perf_counter()), reqs)]
 
-    def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float) -> tuple[SearchResult, np.ndarray, list[str]]:
+    def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
+        """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
+        GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
+        cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
+
+        def run(i: int):
+            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
+            st = np.zeros(8, np.int64)
+            st[2], st[7] = 1, -1
+            kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
+            return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
+
+        with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
+            if self._pool is None or self._pool_size < parts - 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="stair-es-query")
+                self._pool_size = parts - 1
+            futures = [self._pool.submit(run, i) for i in range(1, parts)]
+        return [run(0)] + [f.result() for f in futures]
+
+    def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float,
+                threads: int = 1) -> tuple[SearchResult, np.ndarray, list[str]]:
         k = req.top_k
         terms = self._query_terms(req)
         hs = np.zeros(k, np.float32)
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
-        state = np.zeros(7, np.int64)
+        state = np.zeros(8, np.int64)
         state[2] = 1
         used = []
-        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of segments searched with numpy
+        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
         for si, s in enumerate(segs):
             js, ws = [], []
             for fi, _, tok, w in terms:
@@ -770,10 +818,10 @@ class EngineIndex:
             allowed = self._allowed(s, req.filter)
             seg = s.seg
             seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
-            seg.verify_terms(q_j)
             if strategy == NP.STRATEGY_NUMPY or (
                     strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
+                seg.verify_terms(q_j)
                 sc, sq, refs, matched, read = NP.search_segment(
                     q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
                     seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
@@ -782,10 +830,36 @@ class EngineIndex:
                 state[5] += read
                 used.append("numpy")
                 continue
-            ran = K.search_segment(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
+            # the kernel verifies each postings run the first time it reads it (block-max reads few of
+            # them); it needs the query terms' block tables verified first
+            kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
+            chk = seg.kernel_check()
+            if chk is None:
+                seg.verify_terms(q_j)
+            else:
+                seg.verify_term_tables(q_j)
+            state[7] = -1
+            if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
+                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
+                        q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
+                args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                        seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq, np.int64(si) << 32, k)
+                n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
+                for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
+                    if st[7] >= 0:
+                        seg.raise_damaged_chunk(int(st[7]))
+                    small.append((hs_i, hq_i, hr_i))
+                    state[1] += st[1]
+                    state[2] &= st[2]
+                    state[3:7] += st[3:7]
+                used.append("blockmax")
+                continue
+            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
                                    seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
                                    allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                                   strategy, self._taat_scratch(seg.n_docs))
+                                   strategy, self._taat_scratch(seg.n_docs), chk)
+            if state[7] >= 0:
+                seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
         n = int(state[0])
         scores, seqs, refs = hs[:n], hq[:n], hr[:n]

@@ -15,11 +15,15 @@ those of a full scan. This module must not know about files, schemas or ids.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .npkernels import F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT  # noqa: F401
 
@@ -41,6 +45,168 @@ def _prefetch(typingctx, arr, idx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# --- checksums ----------------------------------------------------------------------------------
+def _register_crc32() -> bool:
+    """Make a C CRC-32 (zlib's polynomial) callable from compiled code as ``stair_es_crc32``:
+    ISA-L's (the ``fast-checksums`` extra, ~3x zlib's speed) or else the system zlib's. The
+    compiled code names the symbol, not an address, so numba's on-disk cache stays valid."""
+    fn = None
+    try:
+        import isal.isal_zlib as _isal
+
+        fn = ctypes.CDLL(_isal.__file__).crc32_gzip_refl  # uint32 (uint32 crc, const uint8 *buf, uint64 len)
+    except (ImportError, OSError, AttributeError):
+        try:
+            fn = ctypes.CDLL(ctypes.util.find_library("z") or "libz.so.1").crc32  # uLong (uLong, const Bytef *, uInt)
+        except (OSError, AttributeError):  # pragma: no cover - no zlib shared library: chunks are verified in Python
+            return False
+    llvm.add_symbol("stair_es_crc32", ctypes.cast(fn, ctypes.c_void_p).value)
+    return True
+
+
+HAVE_CRC32 = _register_crc32()
+
+
+@intrinsic
+def _crc32(typingctx, crc, addr, n):
+    """CRC-32 of ``n`` bytes at address ``addr``, continuing ``crc`` (both C functions above take
+    the arguments in these registers; only the low 32 bits of the result are kept)."""
+    sig = types.int64(types.int64, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        i8p = ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64, i8p, i64]), "stair_es_crc32")
+        r = builder.call(fn, [args[0], builder.inttoptr(args[1], i8p), args[2]])
+        return builder.and_(r, i64(0xFFFFFFFF))
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _verify_chunk_range(base, table, ok, shift, content, lo, hi):
+    """Verify chunks [lo, hi] of the container at address ``base``; the first bad chunk, or -1."""
+    for c in range(lo, hi + 1):
+        if ok[c]:
+            continue
+        a = c << shift
+        b = min(a + (1 << shift), content)
+        if _crc32(0, base + a, b - a) != table[c]:
+            return c
+        ok[c] = True
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def verify_ranges(buf, table, ok, shift, content, starts, ends):
+    """Verify (once: ``ok`` marks verified chunks) every chunk holding a byte of the ranges
+    [starts[i], ends[i]) of a checksummed container memory-mapped as ``buf``. Returns the first
+    chunk whose CRC-32 differs from ``table``, or -1. Ranges lie inside the content (checked
+    when the container was opened)."""
+    base = buf.ctypes.data
+    for i in range(starts.size):
+        if ends[i] > starts[i]:
+            bad = _verify_chunk_range(base, table, ok, shift, content, starts[i] >> shift, (ends[i] - 1) >> shift)
+            if bad >= 0:
+                return bad
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def chunk_crcs(buf, shift):
+    """CRC-32 of each whole ``2**shift``-byte chunk of ``buf`` (a writer's checksum table)."""
+    size = 1 << shift
+    n = buf.size >> shift
+    out = np.empty(n, np.uint32)
+    base = buf.ctypes.data
+    for c in range(n):
+        out[c] = _crc32(0, base + (c << shift), size)
+    return out
+
+
+if HAVE_CRC32:
+    from . import storage as _storage
+
+    _storage.RANGE_VERIFIER = verify_ranges
+    _storage.CHUNK_CRCS = chunk_crcs
+
+
+def check_run(chk, q0, cnt):
+    """Verify the chunks holding postings [q0, q0 + cnt) of a segment before a kernel reads them.
+
+    ``chk`` = (file buffer, chunk CRC table, verified-chunk flags, log2 chunk size, content
+    length, byte offset of ``post_off``, byte offset of ``post_w``), or None (nothing to verify:
+    a segment without chunked checksums, or already verified). Returns the first bad chunk or -1.
+    Compiled only (see the overload below)."""
+    raise NotImplementedError  # pragma: no cover
+
+
+@overload(check_run)
+def _check_run_impl(chk, q0, cnt):
+    if isinstance(chk, types.NoneType):
+        return lambda chk, q0, cnt: -1
+
+    def impl(chk, q0, cnt):
+        if cnt <= 0:
+            return -1
+        buf, table, ok, shift, content, off_po, off_pw = chk
+        base = buf.ctypes.data
+        a = off_po + q0
+        bad = _verify_chunk_range(base, table, ok, shift, content, a >> shift, (a + cnt - 1) >> shift)
+        if bad >= 0:
+            return bad
+        a = off_pw + 2 * q0
+        return _verify_chunk_range(base, table, ok, shift, content, a >> shift, (a + 2 * cnt - 1) >> shift)
+
+    return impl
+
+
+#: A query term whose postings span at most this many unverified-or-not chunks is verified whole
+#: before a search reads it (one pass, no per-run checks); longer ones run by run as read.
+EAGER_CHUNKS = 16
+
+
+def prepare_terms(chk, q_j, post_ptr):
+    """Per query term: True when its postings runs must be checked as read (:func:`check_run`),
+    False when verified (now, if short, or before); and the first bad chunk found now, or -1.
+    Compiled only (see the overload below)."""
+    raise NotImplementedError  # pragma: no cover
+
+
+@overload(prepare_terms)
+def _prepare_terms_impl(chk, q_j, post_ptr):
+    if isinstance(chk, types.NoneType):
+        return lambda chk, q_j, post_ptr: (np.zeros(q_j.size, np.bool_), -1)
+
+    def impl(chk, q_j, post_ptr):
+        buf, table, ok, shift, content, off_po, off_pw = chk
+        base = buf.ctypes.data
+        lazy = np.zeros(q_j.size, np.bool_)
+        for i in range(q_j.size):
+            q0 = post_ptr[q_j[i]]
+            n = post_ptr[q_j[i] + 1] - q0
+            if n <= 0:
+                continue
+            a0, a1 = (off_po + q0) >> shift, (off_po + q0 + n - 1) >> shift
+            w0, w1 = (off_pw + 2 * q0) >> shift, (off_pw + 2 * (q0 + n) - 1) >> shift
+            if a1 - a0 + w1 - w0 + 2 > EAGER_CHUNKS:
+                done = True
+                for c in range(a0, a1 + 1):
+                    done &= ok[c]
+                for c in range(w0, w1 + 1):
+                    done &= ok[c]
+                lazy[i] = not done
+                continue
+            bad = _verify_chunk_range(base, table, ok, shift, content, a0, a1)
+            if bad < 0:
+                bad = _verify_chunk_range(base, table, ok, shift, content, w0, w1)
+            if bad >= 0:
+                return lazy, bad
+        return lazy, -1
+
+    return impl
 
 
 # --- hashing ---------------------------------------------------------------------------------
@@ -463,7 +629,8 @@ PREFETCH_LINES = 1  # one binary-search lookup in a cold (term, block) run costs
 def search_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
-    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64, strategy=0, scratch=None,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64, strategy=0, scratch=None, chk=None,
+    block_lo=0, block_hi=-1,
 ):
     """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
@@ -479,7 +646,19 @@ def search_segment(
     TAAT uses as its accumulator and leaves all zeros (reuse it across calls); without it TAAT
     allocates one. Every strategy returns the same hits with bit-identical scores (summed in
     query-term order, like ``explain``). Returns the strategy used.
+
+    ``chk``: see :func:`check_run`. With it, the kernel verifies each postings run the first
+    time it reads it (the block tables ``pair_*`` of the query terms must be verified by the
+    caller); a run failing its checksum stops the search with ``state[7]`` = the bad chunk
+    (``state`` must then have 8 entries, ``state[7]`` = -1 on entry), so no damaged byte ever
+    reaches a score.
+
+    ``block_lo``, ``block_hi``: block-max searches only blocks [block_lo, block_hi) (-1: to the
+    end), so that one query can run on several threads over parts of a segment, each with its
+    own heap; TAAT ignores them (the caller splits only block-max work).
     """
+    if chk is not None and state.size < 8:
+        raise ValueError("search_segment with chk needs a state of 8 entries")
     s = strategy
     if s == STRATEGY_AUTO:
         s = choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state)
@@ -491,10 +670,10 @@ def search_segment(
             if acc.size < n_docs:
                 acc = np.zeros(n_docs, np.float32)
         _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16,
-                      allowed, seq, ref_base, k, hs, hq, hr, state, acc)
+                      allowed, seq, ref_base, k, hs, hq, hr, state, acc, chk)
         return STRATEGY_TAAT
     _blockmax_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off,
-                      post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks)
+                      post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk, block_lo, block_hi)
     return STRATEGY_BLOCKMAX
 
 
@@ -531,7 +710,7 @@ def choose_strategy(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, k, state):
 
 @njit(cache=True)
 def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16,
-                  allowed, seq, ref_base, k, hs, hq, hr, state, acc):
+                  allowed, seq, ref_base, k, hs, hq, hr, state, acc, chk=None):
     """Exact term-at-a-time: every posting of the query terms, in query-term order, into the dense
     float32 accumulator ``acc`` (so each doc's sum is its canonical score bit for bit), then one
     pass over the documents hit keeps the allowed top k and zeroes ``acc`` again."""
@@ -552,6 +731,11 @@ def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair
             if b1 > hi:
                 hi = b1
         streamed += post_ptr[j + 1] - q
+        bad = check_run(chk, q, post_ptr[j + 1] - q)
+        if bad >= 0:
+            state[7] = bad
+            acc[:] = 0.0  # left all zeros for the next caller
+            return
         for p in range(p0, p1):
             base = np.int64(pair_block[p]) << bshift
             c = np.int64(pair_cnt[p]) + 1
@@ -588,7 +772,8 @@ def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair
 
 
 @njit(cache=True)
-def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks):
+def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
+                block_lo=0, block_hi=-1):
     """Per-query block table and visit order.
 
     ``slot[b, i]``: posting start << 9 | count of term i in block b (-1: none); ``bmc[b, i]``:
@@ -618,7 +803,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     use_mask = allowed.size > 0
     nc = 0
     cand = np.empty(n_blocks, np.int64)
-    for b in range(n_blocks):
+    for b in range(max(block_lo, 0), n_blocks if block_hi < 0 else min(block_hi, n_blocks)):
         if ub[b] <= 0:
             continue
         if use_mask:
@@ -635,7 +820,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     n_first = min(nc, max(head_blocks, nc >> 4))
     order = np.empty(nc, np.int64)
     if n_first < nc:
-        top = np.argsort(-ub[cand])[:n_first] if n_first > 0 else np.empty(0, np.int64)
+        top = _top_indices(ub[cand], n_first)
         is_top = np.zeros(nc, np.bool_)
         for x in range(n_first):
             order[x] = top[x]
@@ -648,6 +833,28 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     else:
         order[:] = np.argsort(-ub[cand])
     return ub, slot, bmc, tsum, cand, order, n_first, nc
+
+
+@njit(cache=True)
+def _top_indices(vals, n):
+    """Indices of the ``n`` largest ``vals`` (0 < n < vals.size), largest first (ties in any
+    order): a partition and a sort of n, not a sort of all (the head of the block visit order)."""
+    if n <= 0:
+        return np.empty(0, np.int64)
+    t = np.partition(vals, vals.size - n)[vals.size - n]  # n values are >= t, fewer than n are > t
+    top = np.empty(n, np.int64)
+    m = 0
+    for c in range(vals.size):
+        if vals[c] > t:
+            top[m] = c
+            m += 1
+    for c in range(vals.size):
+        if m >= n:
+            break
+        if vals[c] == t:
+            top[m] = c
+            m += 1
+    return top[np.argsort(-vals[top])]
 
 
 @njit(cache=True, inline="always")
@@ -679,11 +886,23 @@ def _canonical_score(slot_row, q_w, post_off, post_w, f16, o):
     return s
 
 
+@njit(cache=True, inline="always")
+def _check_block(chk, slot_row, lazy):
+    """Verify every postings run of one block (before canonical scores read them)."""
+    for i in range(slot_row.size):
+        sl = slot_row[i]
+        if sl >= 0 and lazy[i]:
+            bad = check_run(chk, sl >> 9, sl & 511)
+            if bad >= 0:
+                return bad
+    return -1
+
+
 @njit(cache=True)
 def _blockmax_segment(
     q_j, q_w, n_docs, bshift,
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
-    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks,
+    allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk=None, block_lo=0, block_hi=-1,
 ):
     """Exact block-max top-k with progressive pruning inside blocks.
 
@@ -703,8 +922,13 @@ def _blockmax_segment(
     """
     nq = q_j.size
     bs = 1 << bshift
+    lazy, bad = prepare_terms(chk, q_j, post_ptr)  # short terms verified now, long ones run by run
+    if bad >= 0:
+        state[7] = bad
+        return
     ub, slot, bmc, tsum, cand, order, n_first, nc = _block_plan(
-        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks)
+        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
+        block_lo, block_hi)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
     # posting read takes off on average: rare heavy terms first, long light ones last
@@ -773,6 +997,11 @@ def _blockmax_segment(
             w = q_w[i]
             q0 = sl >> 9
             cnt = sl & 511
+            if lazy[i]:
+                bad = check_run(chk, q0, cnt)
+                if bad >= 0:
+                    state[7] = bad
+                    return
             for q in range(q0, q0 + cnt):
                 acc[post_off[q]] += w * f16[post_w[q]]
             n_stream += cnt
@@ -808,6 +1037,11 @@ def _blockmax_segment(
                 w = q_w[i]
                 q0 = sl >> 9
                 cnt = sl & 511
+                if lazy[i]:
+                    bad = check_run(chk, q0, cnt)
+                    if bad >= 0:
+                        state[7] = bad
+                        return
                 if nca * LOOKUP_COST < cnt:
                     n_look += nca
                     for c in range(nca):
@@ -829,11 +1063,18 @@ def _blockmax_segment(
                     keep += (acc[o] + rem) * slack >= thr
                 nca = keep
                 ti += 1
+            checked = False
             for c in range(nca):
                 o = cands[c]
                 s = acc[o]
                 if s * slack < thr:
                     continue
+                if not checked:
+                    bad = _check_block(chk, slot[b], lazy)
+                    if bad >= 0:
+                        state[7] = bad
+                        return
+                    checked = True
                 s = _canonical_score(slot[b], q_w, post_off, post_w, f16, o)
                 if s < thr:
                     continue
@@ -858,6 +1099,7 @@ def _blockmax_segment(
         if c == 0:
             acc[:] = 0.0
             continue
+        # every run of the block was streamed, so verified (check_run) before the scores below read them
         for o in range(bs):
             s = acc[o]
             if s <= 0:

@@ -23,10 +23,16 @@ from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
-from .storage import ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
+from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 SEGMENT_FORMAT = 1
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
+
+
+def segment_capacity(bshift: int) -> int:
+    """Documents one segment can hold with blocks of ``2**bshift``: block numbers are uint16."""
+    return min(MAX_SEGMENT_DOCS, 65536 << bshift)
+
 DATE_MISSING = np.iinfo(np.int64).min
 
 
@@ -202,8 +208,10 @@ class Segment:
         self.verifier = verifier  # chunked checksums (format 2), verified as they are read; else None
         self._whole: set[str] = set()  # arrays verified whole
         self._terms_ok: np.ndarray | None = None  # per term: its postings verified
+        self._tables_ok: np.ndarray | None = None  # per term: its block table verified
         self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
         self.checksummed: bool | None = None
+        self.outdated = False  # written in an older container format (set by open)
 
     @classmethod
     def open(cls, path: Path, *, verify: bool | None = None) -> "Segment":
@@ -217,6 +225,8 @@ class Segment:
         verify = verify if verify is not None else verify_on_open()
         c = read_container(path, verify=verify)
         seg = cls(path, c.arrays, c.meta, offsets=c.offsets, verifier=c.verifier)
+        # an older container (no footer, one whole-file CRC, or larger chunks): `optimize` rewrites it
+        seg.outdated = c.footer.kind != "chunks" or c.footer.shift != CHUNK_SHIFT
         if c.footer.kind == "chunks":
             seg.checksummed = True if verify else None
             seg.verify_arrays(("keys", "post_ptr", "pair_ptr"))
@@ -266,6 +276,44 @@ class Segment:
         parts += [self._elem_ranges(n, q0, q1) for n in ("post_off", "post_w")]
         v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
         self._terms_ok[js] = True
+
+    def verify_term_tables(self, js: np.ndarray) -> None:
+        """Verify the block tables (``pair_*``) of terms ``js``: what a kernel reads of a term before
+        it knows which of its postings runs it needs (see :meth:`kernel_check` for those)."""
+        v = self.verifier
+        if v is None or len(js) == 0:
+            return
+        if self._tables_ok is None:
+            self._tables_ok = np.zeros(self.keys.size, bool)
+        js = np.asarray(js, np.int64)
+        js = js[~self._tables_ok[js]]
+        if js.size == 0:
+            return
+        p0, p1 = self.pair_ptr[js], self.pair_ptr[js + 1]
+        parts = [self._elem_ranges(n, p0, p1) for n in ("pair_block", "pair_cnt", "pair_max")]
+        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        self._tables_ok[js] = True
+
+    def kernel_check(self) -> tuple | None:
+        """What the numba search kernels need to verify each postings run the first time they
+        read it (``kernels.check_run``), or None when there is nothing to verify that way (no
+        chunked checksums, verification off, or no compiled CRC-32: then verify whole terms
+        with :meth:`verify_terms` before searching)."""
+        from . import storage
+
+        v = self.verifier
+        if v is None or storage.RANGE_VERIFIER is None or not v.content:
+            return None
+        return (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content), np.int64(self.offsets["post_off"]),
+                np.int64(self.offsets["post_w"]))
+
+    def raise_damaged_chunk(self, chunk: int) -> None:
+        """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""
+        from ..errors import DamagedIndexError
+
+        self.verifier._check(np.array([chunk], np.int64))  # raises, naming the byte range
+        raise DamagedIndexError(f"{self.path}: chunk {chunk} failed its checksum in a search but not when read again "
+                                "(the file is changing under the reader?); run `stair-es index check`")
 
     def verify_docs(self, docs) -> None:
         """Verify what :meth:`doc_id`, :meth:`metadata`, :meth:`caption` and :meth:`source`
@@ -539,8 +587,8 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
     ``batch.vectors`` when given (segment merges).
     """
     n = batch.n_docs
-    if n > MAX_SEGMENT_DOCS:
-        raise ValueError(f"a segment holds at most {MAX_SEGMENT_DOCS} documents")
+    if n > segment_capacity(bshift):
+        raise ValueError(f"a segment with {1 << bshift}-document blocks holds at most {segment_capacity(bshift)} documents")
     if postings is not None:
         return _write_segment(path, name, batch, fields, bshift, postings, sync_dir)
     parts = []

@@ -325,6 +325,89 @@ def test_a_flipped_postings_bit_is_an_error_before_any_answer_that_reads_it(tmp_
             ix.optimize()
 
 
+@pytest.mark.parametrize("strategy", ["blockmax", "taat", "auto"])
+def test_the_numba_kernels_verify_each_postings_run_before_they_read_it(tmp_path, strategy):
+    """On the numba path the search kernel verifies postings at the granularity it reads them: a
+    query whose block-max pruning never reads the damaged run answers as before, one that reads it
+    is a clear error naming the byte range (never a different answer)."""
+    from stair_es.errors import DamagedIndexError
+
+    n, a, r = 256 * 160, 2500, 2600  # token a in every doc (weight 1: 120 KiB of postings), r in block 0 only (weight 10)
+    indptr = np.concatenate([[0], np.cumsum(np.where(np.arange(n) < 256, 2, 1))]).astype(np.int64)
+    ids = np.concatenate([[a, r] if i < 256 else [a] for i in range(n)]).astype(np.int64)
+    w = np.concatenate([[1.0, 10.0] if i < 256 else [1.0] for i in range(n)]).astype(np.float32)
+    path = tmp_path / "ix"
+    with EngineIndex.create(path, IndexSchema()) as ix:
+        ix.add_arrays([f"d{i}" for i in range(n)], {"image": (indptr, ids, w)})
+    seg_file = _segments(path)[0]
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+
+    def search(ix, toks, k):
+        ix.strategy, ix.numpy_max_postings = strategy, 0  # the numba kernels, not the numpy twins
+        vec = SparseVector.from_arrays(np.array(toks), np.ones(len(toks)))
+        return [(h.id, h.score) for h in ix.search(SearchRequest([SparseClause("image", vec)], top_k=k)).hits]
+
+    with EngineIndex.open(path) as ix:
+        s = ix._segs[0].seg
+        j = int(s.term_index(0, np.array([a]))[0])
+        bad_at = s.offsets["post_w"] + 2 * (int(s.post_ptr[j]) + 30 * 256 + 5)  # a's weight of doc 30*256+5
+        want_pruned = search(ix, [a, r], 1)
+        want_all = search(ix, [a], 20)
+    assert want_pruned == [("d0", 11.0)]
+    _flip(copy / seg_file.name, bad_at)
+    with EngineIndex.open(copy) as ix:
+        if strategy == "taat":  # reads every posting of its terms: the damaged run too
+            with pytest.raises(DamagedIndexError, match=r"seg-000001\.seg: checksum mismatch in bytes"):
+                search(ix, [a, r], 1)
+        else:  # block-max scores block 0 (bound 11), then skips every other block (bound 1)
+            assert search(ix, [a, r], 1) == want_pruned
+        with pytest.raises(DamagedIndexError, match=rf"checksum mismatch in bytes {bad_at >> 12 << 12}-"):
+            search(ix, [a], 10_000)  # (almost) every document: the damaged run is read
+        with pytest.raises(DamagedIndexError):  # still an error on the next try: nothing was marked good
+            search(ix, [a], 10_000)
+    with EngineIndex.open(path) as ix:
+        assert search(ix, [a], 20) == want_all
+
+
+def test_a_crash_while_writing_block_max_tables_leaves_the_last_commit(pristine, tmp_path, monkeypatch):
+    """A writer dying in the middle of a new segment's block-max tables (``pair_max``) leaves a
+    half-written temporary file: the index opens at its last commit with the same answers, the
+    next writer removes the leftover and ingests normally."""
+    from stair_es.engine import segment as segmod
+    from stair_es.engine import storage
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    want = _answers(copy)
+    real = storage.write_arrays
+
+    class Crash(Exception):
+        pass
+
+    def dying_write(path, arrays, meta, *, sync_dir=True):
+        scratch = tmp_path / "scratch.seg"
+        real(scratch, arrays, meta, sync_dir=False)
+        start, n = _array_region(scratch, "pair_max")
+        assert n > 0
+        # what a killed writer leaves: its temporary file, cut in the middle of pair_max
+        (path.parent / f"{storage.TMP_PREFIX}{path.name}.crash").write_bytes(scratch.read_bytes()[: start + n // 2])
+        raise Crash()
+
+    monkeypatch.setattr(segmod, "write_arrays", dying_write)
+    rng = np.random.default_rng(3)
+    with EngineIndex.open(copy, writable=True) as ix:
+        with pytest.raises(Crash):
+            ix.add([_doc(500 + i, rng) for i in range(20)])
+    assert list(copy.glob(f"{storage.TMP_PREFIX}*"))
+    assert _answers(copy) == want  # readers never see the half-written segment
+    monkeypatch.setattr(segmod, "write_arrays", real)
+    with EngineIndex.open(copy, writable=True) as ix:  # the next writer cleans up and goes on
+        assert not list(copy.glob(f"{storage.TMP_PREFIX}*"))
+        ix.add([_doc(500 + i, rng) for i in range(20)])
+        assert ix.doc_count == want[-1] + 20
+
+
 def test_index_check_reports_the_damaged_segment_and_repair_lists_the_lost_documents(pristine, tmp_path):
     from click.testing import CliRunner
 
@@ -446,3 +529,33 @@ def test_optimize_upgrades_old_segments_to_checksummed_ones(pristine, tmp_path):
     assert live and all(read_footer(seg, seg.stat().st_size).kind == "chunks" for seg in live)
     got = _answers(copy)
     assert got == expected  # same hits, scores, vectors and counts after the merge
+
+
+@pytest.mark.parametrize("fmt", ["none", "whole", "16k-chunks"])
+def test_optimize_upgrades_a_lone_segment_of_an_older_format(pristine, tmp_path, fmt):
+    """One segment, no deletes: nothing to merge, but an older file format is still rewritten."""
+    from stair_es.engine import storage
+    from stair_es.engine.storage import CHUNK_SHIFT, read_footer
+
+    copy = tmp_path / "ix"
+    shutil.copytree(pristine, copy)
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()
+    expected = _answers(copy)
+    (seg,) = [copy / e["file"] for e in json.loads((copy / "manifest.json").read_text())["segments"]]
+    if fmt == "16k-chunks":  # as the previous release wrote it
+        content = seg.read_bytes()[: _content_length(seg)]
+        crcs = storage._ChunkCrcs(14)
+        crcs.update(content)
+        table = crcs.table()
+        seg.write_bytes(content + table.tobytes() + storage._FOOT2.pack(storage._FOOT2_MAGIC, storage.crc32_of(table), 14,
+                                                                           len(content), table.size))
+    else:
+        _as_old_format(seg, fmt)
+    assert _answers(copy) == expected
+    with EngineIndex.open(copy, writable=True) as ix:
+        ix.optimize()
+    (new,) = [copy / e["file"] for e in json.loads((copy / "manifest.json").read_text())["segments"]]
+    foot = read_footer(new, new.stat().st_size)
+    assert new != seg and foot.kind == "chunks" and foot.shift == CHUNK_SHIFT
+    assert _answers(copy) == expected

@@ -232,3 +232,26 @@ def test_read_only_handle_refuses_writes(ix):
     with pytest.raises(InvalidInputError, match="read-only"):
         r.add([Document("zz", {"image": vec(dog=1.0)})])
     r.close()
+
+
+def test_segments_never_outgrow_their_block_numbers(tmp_path):
+    """Block numbers are 16-bit: with 2-document blocks a segment holds 131,072 documents, so a
+    larger batch is cut into several segments and optimize packs them without going round in
+    circles; the last documents are still found."""
+    from stair_es.engine.segment import segment_capacity
+
+    cap = segment_capacity(1)
+    assert cap == 131072
+    n = cap + 5000
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(), bshift=1)
+    ids = np.full(n, 2000, np.int64)
+    ids[-1] = 2001  # a token only the very last document has
+    ix.add_arrays([f"d{i}" for i in range(n)], {"image": (np.arange(n + 1, dtype=np.int64), ids, np.ones(n, np.float32))})
+    assert ix.stats()["segments"] == 2
+    ix.delete(["d0"])
+    ix.optimize()  # the two cannot be merged into one: each is rewritten within its capacity
+    st = ix.stats()
+    assert st["segments"] == 2 and st["deleted"] == 0 and st["docs"] == n - 1
+    res = ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays([2001], [1.0]))], top_k=3))
+    assert [h.id for h in res.hits] == [f"d{n - 1}"]
+    ix.close()
