@@ -242,6 +242,8 @@ def plots(results: list[dict], out: Path) -> list[str]:
         return ["plots skipped: matplotlib is not installed (pip install 'stair-es[scale]')"]
     made = []
     rs = [r for r in rows(results) if "note" not in r and "filtered" not in r["label"]]
+    if not rs:
+        return ["plots skipped: no system produced figures"]
     fig, axes = plt.subplots(1, len(WEIGHTINGS), figsize=(12, 4.5), squeeze=False)
     for ax, w in zip(axes[0], WEIGHTINGS):
         series: dict[str, list] = {}
@@ -258,7 +260,8 @@ def plots(results: list[dict], out: Path) -> list[str]:
         ax.set_ylabel("p50 latency, ms (1 thread)")
         ax.set_title(f"{w} weights: exact top-10 latency vs size")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if series:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     p = out.with_name(out.stem + "-latency_vs_size.png")
     fig.savefig(p, dpi=110)
