@@ -188,8 +188,25 @@ def run_engine(job: dict, partial: dict) -> dict:
     vecs = [SparseVector.from_arrays(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(nq)]
     reqs = [SearchRequest([SparseClause("image", v)], top_k=K) for v in vecs]
 
+    work: list[tuple[int, int, tuple]] = []  # per query: postings streamed, blocks scored, strategies
+
     def hits(r):
+        st = getattr(reader, "last_search_stats", None)
+        if st is not None and len(st) >= 6:
+            work.append((int(st[5]), int(st[3]), tuple(getattr(reader, "last_search_strategies", ()))))
         return np.array([int(h.id) for h in r.hits], dtype=np.int64)
+
+    def work_summary() -> dict:
+        if not work:
+            return {}
+        used: dict[str, int] = {}
+        for _, _, ss in work:
+            for x in ss:
+                used[x] = used.get(x, 0) + 1
+        out = {"postings_streamed_p50": float(np.median([w[0] for w in work])),
+               "blocks_scored_p50": float(np.median([w[1] for w in work])), "segment_searches": used}
+        work.clear()
+        return out
 
     runs: dict[str, Any] = {}
     for label, strategy in (("engine", "auto"), ("engine-taat", "taat")):
@@ -197,7 +214,7 @@ def run_engine(job: dict, partial: dict) -> dict:
             continue
         reader.strategy = strategy
         ids, wall, cpu = time_queries(lambda i: hits(reader.search(reqs[i])), nq, m["budget_s"])
-        entry = {"latency_ms": wall, "cpu_ms": cpu, "ids": pad_ids(ids)}
+        entry = {"latency_ms": wall, "cpu_ms": cpu, "ids": pad_ids(ids), "work": work_summary()}
         sub = reqs[: max(20, min(nq, wall["n"] if wall else nq))]
         for threads in (1, 2):
             t = time.perf_counter()
@@ -209,7 +226,8 @@ def run_engine(job: dict, partial: dict) -> dict:
             for name, bound in SELECTIVITY.items():
                 freqs = [SearchRequest([SparseClause("image", v)], top_k=K, filter=Range("bucket", lt=bound)) for v in vecs]
                 ids, wall, cpu = time_queries(lambda i: hits(reader.search(freqs[i])), nq, m["budget_s"])
-                fe = {"latency_ms": wall, "cpu_ms": cpu, "ids": pad_ids(ids), "filter": f"bucket < {bound}"}
+                fe = {"latency_ms": wall, "cpu_ms": cpu, "ids": pad_ids(ids), "filter": f"bucket < {bound}",
+                      "work": work_summary()}
                 t = time.perf_counter()
                 reader.search_batch(freqs[:max(20, wall["n"])], threads=2)
                 fe["qps_2"] = max(20, wall["n"]) / (time.perf_counter() - t)
