@@ -331,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="search engine indexes kept in --workdir by an earlier run instead of rebuilding")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/scale/scale-<time>.json)")
     ap.add_argument("--append", action="store_true", help="add to the results already in --out instead of starting afresh")
+    ap.add_argument("--merge", default=None,
+                    help="run nothing: combine these results files (comma-separated; later ones win for the same "
+                         "system, size and weighting) into --out, then print the table and targets and draw the plots")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge.split(","), Path(args.out or RESULTS / "scale.json"))
 
     sizes = parse_ints(args.docs)
     weights = [w.strip() for w in args.weights.split(",") if w.strip()]
@@ -402,6 +407,29 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rs))
     print("\n".join(targets(results)))
     for p in plots(results, out):
+        print(p if p.startswith("plots") else f"plot: {p}")
+    print(f"results: {out}")
+    return 0
+
+
+def merge(files: list[str], out: Path) -> int:
+    results: dict[tuple, dict] = {}
+    metas = []
+    for f in files:
+        try:
+            data = json.loads(Path(f).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge: cannot read {f}: {e}") from None
+        metas.append({"file": f} | {k: data["meta"].get(k) for k in ("commit", "argv", "started")})
+        for r in data["results"]:
+            results[(r["system"], r["n_docs"], r["weights"])] = r
+    meta = machine_info() | {"merged_from": metas}
+    ordered = sorted(results.values(), key=lambda r: (r["n_docs"], WEIGHTINGS.index(r["weights"]), SYSTEMS.index(r["system"])))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save(out, meta, ordered)
+    print(table(rows(ordered)))
+    print("\n".join(targets(ordered)))
+    for p in plots(ordered, out):
         print(p if p.startswith("plots") else f"plot: {p}")
     print(f"results: {out}")
     return 0
