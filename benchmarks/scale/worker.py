@@ -142,6 +142,7 @@ def run_engine(job: dict, partial: dict) -> dict:
         ix.max_segments = 1 << 30  # one segment per add_arrays call of `segment_docs`: no merge of 10M documents in RAM
         seg_docs = int(job.get("segment_docs", 1_000_000))
         gen_s = add_s = 0.0
+        add_cpu = [0.0]
         pending: list = []
 
         def flush():
@@ -161,9 +162,10 @@ def run_engine(job: dict, partial: dict) -> dict:
             pending.clear()
             names = [str(i) for i in range(first, first + n)]
             meta = [{"bucket": int(b)} for b in buckets(first, n)] if with_meta else None
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             ix.add_arrays(names, {"image": (indptr, ids, w)}, metadata=meta)
             add_s += time.perf_counter() - t
+            add_cpu[0] += time.process_time() - c
 
         t = time.perf_counter()
         for first, ip, ids, w in gen.chunks():
@@ -176,7 +178,7 @@ def run_engine(job: dict, partial: dict) -> dict:
         st = ix.stats()
         ix.close()
         res.update({"generate_s": gen_s, "build_s": add_s, "ingest_docs_per_s": spec.n_docs / add_s,
-                    "segment_docs": seg_docs})
+                    "build_cpu_s": add_cpu[0], "ingest_docs_per_cpu_s": spec.n_docs / add_cpu[0], "segment_docs": seg_docs})
         partial.update(res)
     reader = EngineIndex.open(path)
     st = reader.stats()
@@ -217,9 +219,12 @@ def run_engine(job: dict, partial: dict) -> dict:
         entry = {"latency_ms": wall, "cpu_ms": cpu, "ids": pad_ids(ids), "work": work_summary()}
         sub = reqs[: max(20, min(nq, wall["n"] if wall else nq))]
         for threads in (1, 2):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             reader.search_batch(sub, threads=threads)
-            entry[f"qps_{threads}"] = len(sub) / (time.perf_counter() - t)
+            wall_s = time.perf_counter() - t
+            entry[f"qps_{threads}"] = len(sub) / wall_s
+            # cores this process actually got during the batch: on a shared machine 2 threads may not get 2
+            entry[f"cores_used_{threads}"] = (time.process_time() - c) / wall_s
         runs[label] = entry
         partial.setdefault("runs", {})[label] = entry
         if label == "engine" and with_meta:
@@ -285,9 +290,10 @@ def run_peer(job: dict, partial: dict) -> dict:
     corpus, gen_s = _corpus(spec, workdir, dense=getattr(cls, "modality", "sparse") == "dense")
     res: dict[str, Any] = {"generate_s": gen_s, "rss_corpus_mb": rss_mb()}
     system.warmup(corpus)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     system.build(corpus)
     res["build_s"] = time.perf_counter() - t
+    res["build_cpu_s"] = time.process_time() - c  # all threads of the process
     res["rss_after_build_mb"] = rss_mb()
     partial.update(res)
     system.prepare_queries(corpus)
@@ -305,9 +311,11 @@ def run_peer(job: dict, partial: dict) -> dict:
             if threads > (getattr(system, "batch_threads_max", None) or 2):
                 continue
             system.set_threads(threads)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             system.search_batch(K, setting, threads)
-            entry[f"qps_{threads}"] = nq / (time.perf_counter() - t)
+            wall_s = time.perf_counter() - t
+            entry[f"qps_{threads}"] = nq / wall_s
+            entry[f"cores_used_{threads}"] = (time.process_time() - c) / wall_s
         label = kind + ("" if setting == {} else " " + ",".join(f"{k}={v}" for k, v in setting.items()))
         runs[label] = entry
         partial.setdefault("runs", {})[label] = entry
