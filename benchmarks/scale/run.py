@@ -207,16 +207,22 @@ def targets(results: list[dict]) -> list[str]:
     idf, iid = by.get(("idf", "engine")), by.get(("iid", "engine"))
     if idf:
         p50 = idf["runs"]["engine"]["latency_ms"]["p50"]
-        out.append(f"- exact p50 on idf queries <= 10 ms: {p50:.2f} ms ({'met' if p50 <= 10 else 'missed'})")
+        c50 = idf["runs"]["engine"]["cpu_ms"]["p50"]
+        out.append(f"- exact p50 on idf queries <= 10 ms: {p50:.2f} ms wall, {c50:.2f} ms CPU of the searching thread "
+                   f"(wall {'met' if p50 <= 10 else 'missed'}, CPU {'met' if c50 <= 10 else 'missed'})")
     for w, e in (("idf", idf), ("iid", iid)):
         if e:
-            q1, q2 = e["runs"]["engine"]["qps_1"], e["runs"]["engine"]["qps_2"]
-            out.append(f"- 2 threads >= 1.8x one ({w}): {q2:.0f} / {q1:.0f} QPS = {q2 / q1:.2f}x ({'met' if q2 / q1 >= 1.8 else 'missed'})")
+            run = e["runs"]["engine"]
+            q1, q2 = run["qps_1"], run["qps_2"]
+            cores = f"; the process got {run['cores_used_2']:.2f} cores during the 2-thread batch" if "cores_used_2" in run else ""
+            out.append(f"- 2 threads >= 1.8x one ({w}): {q2:.0f} / {q1:.0f} QPS = {q2 / q1:.2f}x "
+                       f"({'met' if q2 / q1 >= 1.8 else 'missed'}{cores})")
             out.append(f"- <= 5 bytes/posting ({w}): {e['bytes_per_posting']:.2f} ({'met' if e['bytes_per_posting'] <= 5 else 'missed'})")
             if "ingest_docs_per_s" in e:
                 meta = " (with the bucket metadata column)" if e.get("metadata_column") else ""
                 v = e["ingest_docs_per_s"]
-                out.append(f"- ingest >= 150k docs/s ({w}{meta}): {v:,.0f} docs/s ({'met' if v >= 150_000 else 'missed'})")
+                cpu = (f", {e['ingest_docs_per_cpu_s']:,.0f} docs per CPU second" if "ingest_docs_per_cpu_s" in e else "")
+                out.append(f"- ingest >= 150k docs/s ({w}{meta}): {v:,.0f} docs/s wall{cpu} ({'met' if v >= 150_000 else 'missed'})")
     seis = [r for r in results if r["system"] == "seismic" and r["weights"] == "iid" and "runs" in r]
     if seis and iid:
         s = max(seis, key=lambda r: r["n_docs"])
