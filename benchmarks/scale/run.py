@@ -335,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=200, help="queries per set (default 200)")
     ap.add_argument("--budget-s", type=float, default=30.0,
                     help="latency statistics cover the queries timed within this many seconds per run (at least 20; default 30)")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="passes over the unfiltered engine queries; latency is the last pass's, the first pass "
+                         "(postings read and checksum-verified for the first time) is kept beside it (default 2)")
     ap.add_argument("--chunk", type=int, default=100_000, help="documents generated per chunk (default 100000)")
     ap.add_argument("--segment-docs", type=int, default=1_000_000,
                     help="documents per engine add_arrays call, i.e. per segment (default 1000000)")
@@ -468,7 +471,7 @@ def run_worker(system: str, spec: ScaleSpec, workdir: Path, params: dict, args, 
     job = {"kind": system, "spec": asdict(spec), "workdir": str(workdir), "params": params,
            "measure": {"budget_s": args.budget_s}, "segment_docs": args.segment_docs, "min_free_gb": args.min_free_gb,
            "keep_index": args.keep_index, "reuse": args.reuse, "filters": spec.weights in FILTERS_ON,
-           "filters_on": list(FILTERS_ON)}
+           "filters_on": list(FILTERS_ON), "passes": args.passes}
     jf = workdir / f"job-{system}-{spec.weights}-{spec.n_docs}.json"
     of = jf.with_name(jf.name.replace("job-", "result-"))
     jf.write_text(json.dumps(job))
