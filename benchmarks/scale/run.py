@@ -166,7 +166,15 @@ def rows(results: list[dict]) -> list[dict]:
                     best = max((v.get("recall") or 0 for v in runs.values()), default=0)
                     out.append(base | {"label": f"{name} @recall {t:.2f}", "note": f"not reached (best recall {best:.3f})"})
             runs = picked
+        expanded = {}
         for label, run in runs.items():
+            if "first_pass" in run:
+                expanded[f"{label} (first pass)"] = run | run["first_pass"] | {"qps_1": None, "qps_2": None}
+                label = f"{label} (steady: pass {run['passes']})"
+            elif label == "engine":
+                label = f"{label} (first pass)"  # runs before --passes existed measured the first pass only
+            expanded[label] = run
+        for label, run in expanded.items():
             lat, cpu = run.get("latency_ms", {}), run.get("cpu_ms", {})
             out.append(base | {
                 "label": label, "p50": lat.get("p50"), "p95": lat.get("p95"), "p99": lat.get("p99"), "cpu_p50": cpu.get("p50"),
@@ -452,7 +460,7 @@ def merge(files: list[str], out: Path) -> int:
                 r["build_params"] = {"n_postings": 1000, "centroid_fraction": 0.05, "summary_energy": 0.4} | parse_kv(
                     argv[argv.index("--seismic-build") + 1])
             # two builds of one system (e.g. Seismic with two n_postings) both stay
-            results[(r["system"], r["n_docs"], r["weights"], json.dumps(r.get("build_params"), sort_keys=True))] = r
+            results[(r["system"], r["n_docs"], r["weights"], json.dumps(r.get("build_params") or None, sort_keys=True))] = r
     meta = machine_info() | {"merged_from": metas}
     ordered = sorted(results.values(), key=lambda r: (r["n_docs"], WEIGHTINGS.index(r["weights"]), SYSTEMS.index(r["system"])))
     out.parent.mkdir(parents=True, exist_ok=True)
