@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -273,18 +274,22 @@ def plots(results: list[dict], out: Path) -> list[str]:
     fig, axes = plt.subplots(1, len(WEIGHTINGS), figsize=(12, 4.5), squeeze=False)
     for ax, w in zip(axes[0], WEIGHTINGS):
         series: dict[str, list] = {}
+        steady = {(r["weights"], r["n_docs"], r["label"].split(" (steady")[0]) for r in rs if "(steady" in r["label"]}
         for r in rs:
-            if r["weights"] == w and r["p50"] is not None:
-                label = r["label"].split(" (")[0]
-                series.setdefault(label, []).append((r["n_docs"], r["p50"]))
+            if r["weights"] != w or r["cpu_p50"] is None:
+                continue
+            if "(first pass)" in r["label"] and (w, r["n_docs"], r["label"].split(" (first pass)")[0]) in steady:
+                continue  # the steady-state row of the same run is plotted
+            label = re.sub(r" \((steady: pass \d+|first pass|query_cut=[^)]*)\)", "", r["label"])
+            series.setdefault(label, []).append((r["n_docs"], r["cpu_p50"]))
         for label, pts in sorted(series.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("documents")
-        ax.set_ylabel("p50 latency, ms (1 thread)")
-        ax.set_title(f"{w} weights: exact top-10 latency vs size")
+        ax.set_ylabel("p50 CPU time of the searching thread, ms")
+        ax.set_title(f"{w} weights: top-10 latency (CPU) vs size")
         ax.grid(True, which="both", alpha=0.3)
         if series:
             ax.legend(fontsize=7)
@@ -300,17 +305,17 @@ def plots(results: list[dict], out: Path) -> list[str]:
             for r in results:
                 if r["weights"] == w and r["n_docs"] == n and "runs" in r:
                     if r["system"] == "seismic":
-                        pts = sorted((v["latency_ms"]["p50"], v.get("recall") or 0) for v in r["runs"].values())
+                        pts = sorted((v["cpu_ms"]["p50"], v.get("recall") or 0) for v in r["runs"].values())
                         n_post = r.get("build_params", {}).get("n_postings")
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
                                 label="seismic settings" + (f", n_postings={n_post}" if n_post else ""))
                     elif r["system"] in ("engine", "pisa", "bruteforce"):
                         for k, v in r["runs"].items():
                             if "filtered" not in k:
-                                ax.plot([v["latency_ms"]["p50"]], [v.get("recall") or 0], "s", label=k)
+                                ax.plot([v["cpu_ms"]["p50"]], [v.get("recall") or 0], "s", label=k)
             ax.axhline(0.95, color="grey", lw=0.6, ls="--")
             ax.set_xscale("log")
-            ax.set_xlabel("p50 latency, ms (1 thread)")
+            ax.set_xlabel("p50 CPU time of the searching thread, ms")
             ax.set_ylabel("recall@10 vs exact")
             ax.set_title(f"{n:,} docs, {w} weights")
             ax.grid(True, which="both", alpha=0.3)
@@ -455,10 +460,10 @@ def merge(files: list[str], out: Path) -> int:
         metas.append({"file": f} | {k: data["meta"].get(k) for k in ("commit", "argv", "started")})
         argv = data["meta"].get("argv") or []
         for r in data["results"]:
-            if r["system"] == "seismic" and "build_params" not in r and "--seismic-build" in argv:
-                # results written before build_params were recorded: the run's own command line says them
-                r["build_params"] = {"n_postings": 1000, "centroid_fraction": 0.05, "summary_energy": 0.4} | parse_kv(
-                    argv[argv.index("--seismic-build") + 1])
+            if r["system"] == "seismic" and "build_params" not in r and "runs" in r:
+                # results written before build_params were recorded: the defaults then, and the run's command line
+                given = argv[argv.index("--seismic-build") + 1] if "--seismic-build" in argv else None
+                r["build_params"] = {"n_postings": 1000, "centroid_fraction": 0.05, "summary_energy": 0.4} | parse_kv(given)
             # two builds of one system (e.g. Seismic with two n_postings) both stay
             results[(r["system"], r["n_docs"], r["weights"], json.dumps(r.get("build_params") or None, sort_keys=True))] = r
     meta = machine_info() | {"merged_from": metas}
