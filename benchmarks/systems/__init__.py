@@ -16,6 +16,7 @@ SYSTEMS = {
     "faiss_flat": "benchmarks.systems.dense:FaissFlat",
     "faiss_hnsw": "benchmarks.systems.dense:FaissHNSW",
     "seismic": "benchmarks.systems.seismic:Seismic",
+    "pisa": "benchmarks.systems.pisa:Pisa",
     "elasticsearch": "benchmarks.systems.search_backend:BackendSystem",
     "opensearch": "benchmarks.systems.search_backend:BackendSystem",
 }
