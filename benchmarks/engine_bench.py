@@ -28,6 +28,11 @@ from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
+try:
+    from benchmarks.procstat import rss_mb
+except ImportError:  # run as `python benchmarks/engine_bench.py`: this folder is on sys.path
+    from procstat import rss_mb  # type: ignore[no-redef]
+
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
@@ -90,14 +95,6 @@ def weight_scale(kind: str, token_of: np.ndarray) -> np.ndarray:
         rank = np.arange(1, token_of.size + 1)
         scale[token_of] = np.minimum(1.0, np.sqrt(rank / 1000.0))
     return scale
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:

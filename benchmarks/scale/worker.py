@@ -22,25 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from ..procstat import peak_rss_mb, rss_mb
 from .corpus import DENSE_DIM, SELECTIVITY, Generator, ScaleSpec, buckets, project, projection
 
 K = 10
-
-
-def peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def available_gb() -> float:
