@@ -16,5 +16,20 @@ if "STAIR_ES_MODEL_CACHE" not in os.environ:
 
 
 @pytest.fixture
+def run(tmp_path):
+    """``run(*args, input=None)``: the stair-es CLI in this process, on an embedded home of the test's own."""
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    home = tmp_path / "home"
+
+    def invoke(*args, input=None):
+        return CliRunner().invoke(cli, [*args, "--home", str(home)], input=input, catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
 def memory_backend():
     return MemoryBackend()

@@ -7,6 +7,7 @@ tests, and lets the ingest pipeline and CLI be tested without the engine or a mo
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -226,3 +227,19 @@ def writer_lock_held(index_dir) -> Iterator[None]:
     finally:
         p.kill()
         p.wait()
+
+
+def acked_until_killed(code: str, args: list[str], delay: float) -> list[int]:
+    """Run ``python -c code *args``, SIGKILL it after ``delay`` seconds, and return the integers
+    it printed one per line: what a writer acknowledged (flushed) before it was killed. The
+    first line is awaited, so the writer has started before the clock runs."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    acked: list[int] = []
+    first = proc.stdout.readline()
+    if first.strip():
+        acked.append(int(first))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate()
+    acked += [int(x) for x in out.split()]
+    return acked

@@ -13,17 +13,6 @@ from stair_es.cli.main import cli
 
 
 @pytest.fixture
-def run(tmp_path):
-    home = tmp_path / "home"
-
-    def invoke(*args, input=None):
-        result = CliRunner().invoke(cli, [*args, "--home", str(home)], input=input, catch_exceptions=False)
-        return result
-
-    return invoke
-
-
-@pytest.fixture
 def shop(tmp_path):
     """A small catalog: colours as images, captions, metadata of every type."""
     root = tmp_path / "shop"

@@ -348,22 +348,11 @@ for b in range(start, start + 400):
 
 @pytest.mark.process
 def test_sigkill_while_ingesting_never_leaves_a_document_with_a_wrong_or_missing_vector(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
+    from fakes import acked_until_killed
 
     start = 0
     for delay in (0.2, 0.7, 1.3):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(start)], stdout=subprocess.PIPE, text=True)
-        acked = []
-        first = proc.stdout.readline()
-        if first.strip():
-            acked.append(int(first))
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate()
-        acked += [int(x) for x in out.split()]
+        acked = acked_until_killed(WRITER, [str(tmp_path), str(start)], delay)
         assert acked, "the writer acknowledged nothing"
         be = EmbeddedBackend(tmp_path)
         ix = be._reader("k")

@@ -4,20 +4,7 @@ score in the table and the JSON, clear errors for bad fusion parameters."""
 import json
 
 import pytest
-from click.testing import CliRunner
 from PIL import Image
-
-from stair_es.cli.main import cli
-
-
-@pytest.fixture
-def run(tmp_path):
-    home = tmp_path / "home"
-
-    def invoke(*args):
-        return CliRunner().invoke(cli, [*args, "--home", str(home)], catch_exceptions=False)
-
-    return invoke
 
 
 @pytest.fixture

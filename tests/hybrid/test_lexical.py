@@ -3,15 +3,14 @@ crash safety (a crash or damage while BM25 is written never loses documents, and
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
+from fakes import acked_until_killed
 from stair_es import lexical
 from stair_es.backends.embedded import EmbeddedBackend
 from stair_es.hybrid import HybridOptions, hybrid_search
@@ -157,15 +156,7 @@ WRITER = textwrap.dedent(
 @pytest.mark.process
 def test_sigkill_during_bm25_writes_never_loses_acknowledged_documents(tmp_path):
     for delay in (0.3, 0.8, 1.5):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-        acked: list[int] = []
-        first = proc.stdout.readline()
-        if first.strip():
-            acked.append(int(first))
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate()
-        acked += [int(x) for x in out.split()]
+        acked = acked_until_killed(WRITER, [str(tmp_path)], delay)
         assert acked, "the writer acknowledged nothing"
         lexical._cache.clear()
         be = EmbeddedBackend(tmp_path)
