@@ -621,7 +621,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
 def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
     n = batch.n_docs
     keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
-    hashes = NP.build_kernel("fnv1a64", int(post_ptr[-1]) if post_ptr.size else 0)(batch.id_blob, batch.id_offs)
+    hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
     order = np.argsort(hashes, kind="stable")
     caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
