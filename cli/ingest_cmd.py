@@ -10,8 +10,7 @@ import click
 
 from stair_es.errors import InvalidInputError
 
-from stair_es.encoders.base import get_encoder
-from stair_es.ingest import IngestOptions, ingest_catalog
+from stair_es.ingest import IngestOptions, index_encoder_factory, ingest_catalog
 
 from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
 
@@ -44,6 +43,8 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
     {"id", "path", "caption", "metadata"} object per line (paths relative to the manifest; an
     optional "dense": [numbers] gives the document's dense vector).
 
+    Adding to an existing index encodes as the index was built (its recorded encoder
+    config, plus any --encoder-option), even if stair_es's defaults have changed since.
     Ids already in the index are skipped, so running the same command again after an
     interruption resumes without duplicates. Every input that cannot be used is reported with
     its reason; the exit status is 1 if any item failed (unless --allow-failures).
@@ -67,7 +68,8 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
                     fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
                 fh.flush()
 
-        report = ingest_catalog(backend, index, source, lambda: get_encoder(encoder, **kwargs), opts, on_items=on_items)
+        report = ingest_catalog(backend, index, source, index_encoder_factory(backend, index, encoder, kwargs), opts,
+                                on_items=on_items)
     summary = report.summary()
     if as_json:
         echo_json({"summary": summary, "failures": [i.to_dict() for i in report.failures],

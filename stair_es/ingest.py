@@ -63,6 +63,28 @@ def encoder_signature(config: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in config.items() if k not in ("device", "batch_size", "progress", "query_idf")}
 
 
+def index_encoder_factory(backend: SearchBackend, index: str, name: str, options: dict[str, Any] | None = None) -> EncoderFactory:
+    """The encoder an ingest into ``index`` uses: for an index that already records encoder
+    ``name``, that recorded config (updated with ``options``), so adding to an index encodes
+    exactly as it was built even after stair_es's defaults change (e.g. the ``default``
+    encoder gaining a token source); otherwise ``name`` with ``options``. Options that
+    contradict the recorded config are refused by :func:`ensure_index` with a clear error."""
+    from .encoders.base import get_encoder
+
+    def make() -> Encoder:
+        config: dict[str, Any] = {}
+        try:
+            recorded = dict(backend.index_info(index).schema.encoder or {})
+        except IndexNotFoundError:
+            recorded = {}
+        if recorded.pop("name", None) == name:
+            config = recorded
+        config.update(options or {})
+        return get_encoder(name, **config)
+
+    return make
+
+
 def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, Any] | None,
                  dense: Any = None, dense_required: bool = False) -> IndexSchema:
     """Open ``index`` or create it recording the encoder (and the dense field ``dense``, a

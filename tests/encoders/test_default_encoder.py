@@ -15,8 +15,10 @@ def test_registry_names():
 
 def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     import stair_es.encoders.default as mod
+    import stair_es.encoders.ocr as ocr_mod
 
     monkeypatch.setattr(mod, "splade_available", lambda model="splade-tiny": False)
+    monkeypatch.setattr(ocr_mod, "ocr_available", lambda: False)  # an install without RapidOCR: no ocr source
     enc = DefaultEncoder()
     assert isinstance(enc.text_encoder, BagOfWordsEncoder)
     from stair_es.encoders.clipart import head_provenance
@@ -29,6 +31,20 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
                    "clipart_head": head_provenance()["version"] + "+flatgate1"}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
+
+
+def test_default_sources_read_words_when_rapidocr_is_installed(monkeypatch):
+    import stair_es.encoders.ocr as ocr_mod
+    from stair_es.encoders.ocr import VERSION
+
+    monkeypatch.setattr(ocr_mod, "ocr_available", lambda: True)
+    cfg = DefaultEncoder().config()
+    assert cfg["sources"] == ["imagenet", "colour", "clipart", "ocr"]
+    assert (cfg["ocr"], cfg["ocr_images"]) == (VERSION, "drawings")  # recorded: an index says what it was read with
+    monkeypatch.setattr(ocr_mod, "ocr_available", lambda: False)
+    assert DefaultEncoder().config()["sources"] == ["imagenet", "colour", "clipart"]
+    # sources named explicitly are used as given, whatever is installed
+    assert DefaultEncoder(sources="imagenet,colour").config()["sources"] == ["imagenet", "colour"]
 
 
 def test_auto_uses_splade_when_available(monkeypatch):
@@ -78,8 +94,11 @@ def test_colour_source_adds_colour_words_and_shows_each_source(imagenet_encoder,
     red = Image.new("RGB", (120, 80), (210, 25, 30))
     (vec,) = enc.encode_images([red])
     (detail,) = enc.encode_images_detailed([red])
-    assert set(detail) == {"imagenet", "colour", "clipart"}
+    from stair_es.encoders.default import default_sources
+
+    assert set(detail) == set(default_sources())  # imagenet, colour, clipart (+ ocr with RapidOCR installed)
     assert detail["colour"].top(1)[0][0] == "red"
+    assert "ocr" not in detail or detail["ocr"].nnz == 0  # a flat red picture holds no text to read
     assert vec.weight("red") == pytest.approx(max(p.weight("red") for p in detail.values()), rel=1e-6)
     # the merged vector holds every source's tokens, each at its largest weight
     for part in detail.values():
