@@ -63,8 +63,9 @@ def drawing_score(image: Any) -> float:
     return float(flat.mean())
 
 
-def drawing_gate(image: Any) -> float:
-    return float(np.clip((drawing_score(image) - GATE_LOW) / GATE_RANGE, 0.0, 1.0))
+def drawing_gate(image: Any, score: float | None = None) -> float:
+    """The gate of a picture (or of its :func:`drawing_score`, when already computed)."""
+    return float(np.clip(((drawing_score(image) if score is None else score) - GATE_LOW) / GATE_RANGE, 0.0, 1.0))
 
 
 def _open_head():

@@ -137,12 +137,17 @@ class DefaultEncoder(Encoder):
 
             self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
         self.ocr = None
+        self._ocr_version_error: EncoderVersionError | None = None
         if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
             from .ocr import OcrSource
 
             self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # RapidOCR itself is needed only for images
-            check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
-                                   "image vectors read by the two are not comparable")
+            try:
+                check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
+                                       "image vectors read by the two are not comparable")
+            except EncoderVersionError as e:
+                # text queries never read pictures: only encoding an image (ingest, search --image) is refused
+                self._ocr_version_error = e
         #: after ``encode_images``: index in the batch -> a warning for that image (e.g. OCR failed on it)
         self.image_warnings: dict[int, str] = {}
 
@@ -231,14 +236,16 @@ class DefaultEncoder(Encoder):
                 sides[i]["colour"] = self.colour.encode(im)
             if self.people is not None:
                 sides[i]["people"] = self.people.encode(im)
-        gates = None
-        if self.clipart is not None:
-            from .clipart import drawing_gate
+        gates = scores = None
+        if self.clipart is not None or self.ocr is not None:  # one drawing score per picture serves both
+            from .clipart import drawing_gate, drawing_score
 
-            gates = np.array([drawing_gate(im) for im in chunk], dtype=np.float32)
+            scores = [drawing_score(im) for im in chunk]
+            if self.clipart is not None:
+                gates = np.array([drawing_gate(im, sc) for im, sc in zip(chunk, scores)], dtype=np.float32)
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
-            for i, v in enumerate(self.ocr.encode_many(chunk)):
+            for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
                 sides[i]["ocr"] = v
             failures = dict(self.ocr.failures)
         return pixels, sides, gates, failures
@@ -255,6 +262,8 @@ class DefaultEncoder(Encoder):
         images = list(images)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        if self._ocr_version_error is not None:
+            raise self._ocr_version_error
         chunks = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
         if not chunks:
             return

@@ -1,4 +1,4 @@
-"""``ocr``: words read from the image (an optional token source of the ``default`` encoder).
+"""``ocr``: words read from the image (a token source of the ``default`` encoder when RapidOCR is installed).
 
 Product labels, signs, brand names, and the letters and digits of clip art are what a user
 types to find a picture, and no image classifier gives them. This source reads them with
@@ -30,15 +30,19 @@ several times keeps its largest share.
 
 **How a picture is read.** RapidOCR's detector finds text lines and its recogniser reads
 each (no angle classifier: upright text only). The detector runs on a copy whose longer side
-is ``side`` (320 px; smaller pictures, such as 32 px icons, are enlarged to it) inside a
+is ``side`` (256 px; smaller pictures, such as 32 px icons, are enlarged to it) inside a
 white margin, so a letter that fills its picture is still found as a line.
 
-**Cost and gating.** Detection + recognition cost far more than the image classifier (see
-docs/encoders.md), so by default (``images="drawings"``) only pictures that look drawn
-(flat-pixel share >= ``DRAWING_FLAT`` = 0.3, the middle of the clipart gate) are read;
-``images="all"`` reads photos too (signs, labels, book covers).
+**Cost and gating.** Detection + recognition cost about as much CPU as the image classifier
+(see docs/encoders.md), so by default (``images="drawings"``) only pictures that are surely
+drawn are read: flat-pixel share >= ``DRAWING_FLAT`` = 0.45, where the clipart gate reaches 1.
+Photos stay under it (the sample photos' median is 0.11; grey or dark-sky photos such as
+``moon``, ``brick`` or ``camera`` reach 0.32-0.38, and read nothing useful), drawings are
+over it (Openclipart's median 0.80). ``images="all"`` reads photos too (signs, labels, book
+covers). Version 1 of this source read from 0.3; its indexes record ``rapidocr-ppocrv6-1``.
 
-Needs the ``ocr`` extra (``pip install 'stair-es[ocr]'``) to read pictures; a clear one-line
+It is one of the ``default`` encoder's sources whenever RapidOCR is installed (the
+``encoders`` extra brings it; ``ocr`` alone too); without it, reading pictures with this source fails; a clear one-line
 message names it when missing (text queries of an index built with this source do not need it). A picture the engine fails on gets no OCR tokens and a warning naming the
 reason (:attr:`OcrSource.failures`); it never stops a batch.
 
@@ -61,10 +65,11 @@ from .base import shares_vector
 
 SCALE = 10.0
 REC_MIN_WIDTH = 96
-VERSION = "rapidocr-ppocrv6-1"
+VERSION = "rapidocr-ppocrv6-2"  # 2: drawings from a flat-pixel share of 0.45 (1: 0.3)
 OCR_IMAGES = ("drawings", "all")
-#: flat-pixel share from which a picture counts as drawn (the clipart gate is 0 below 0.15 and 1 above 0.45)
-DRAWING_FLAT = 0.3
+#: flat-pixel share from which a picture is read with images="drawings": where the clipart gate
+#: (0 below 0.15, 1 from 0.45) says "surely drawn"
+DRAWING_FLAT = 0.45
 GENERIC_SHARE = 0.6
 NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
                 "sixteen seventeen eighteen nineteen twenty").split()
@@ -181,13 +186,14 @@ class OcrSource:
         logging.getLogger("RapidOCR").setLevel(logging.ERROR)
         return engine
 
-    def wants(self, image: Any) -> bool:
-        """Whether this picture is read at all (``images="drawings"``: only drawing-like ones)."""
+    def wants(self, image: Any, score: float | None = None) -> bool:
+        """Whether this picture is read at all (``images="drawings"``: only drawing-like ones;
+        ``score``: its drawing score, when the caller has it already)."""
         if self.images == "all":
             return True
         from .clipart import drawing_score
 
-        return drawing_score(image) >= DRAWING_FLAT
+        return (drawing_score(image) if score is None else score) >= DRAWING_FLAT
 
     def _prepared(self, image: Any) -> np.ndarray:
         """The picture for the detector: longer side ``side`` (enlarged if smaller), white margin."""
@@ -210,15 +216,15 @@ class OcrSource:
         scores = [float(s) for s in (getattr(out, "scores", None) or [])]
         return [(t, s) for t, s in zip(txts, scores) if t and t.strip()]
 
-    def shares(self, image: Any) -> dict[str, float]:
-        if not self.wants(image):
+    def shares(self, image: Any, score: float | None = None) -> dict[str, float]:
+        if not self.wants(image, score):
             return {}
         return read_shares(self.read(image), self.vocab, self.min_confidence, self.char_confidence)
 
-    def encode(self, image: Any) -> SparseVector:
-        return shares_vector(self.shares(image), self.vocab, SCALE)
+    def encode(self, image: Any, score: float | None = None) -> SparseVector:
+        return shares_vector(self.shares(image, score), self.vocab, SCALE)
 
-    def encode_many(self, images: Sequence[Any]) -> list[SparseVector]:
+    def encode_many(self, images: Sequence[Any], scores: Sequence[float] | None = None) -> list[SparseVector]:
         """One vector per picture, read in parallel (``$STAIR_ES_ORT_THREADS`` or one thread per
         core, each running single-threaded ONNX Runtime); a picture the engine fails on gets an
         empty vector and an entry in :attr:`failures` (index -> reason) instead of failing the batch."""
@@ -226,23 +232,30 @@ class OcrSource:
 
         self.check_available()  # once for the batch: a missing extra is not a per-picture failure
 
-        def one(im: Any) -> SparseVector | str:
+        def one(job: tuple[Any, float | None]) -> SparseVector | str:
             try:
-                return self.encode(im)
+                return self.encode(*job)
             except MissingDependencyError:
                 raise
             except Exception as e:  # noqa: BLE001 - one picture's OCR failure is that picture's warning
                 return f"ocr: {type(e).__name__}: {first_line(e)}"
 
-        workers = min(self.threads or ort_threads(), len(images))
-        if workers <= 1:
-            results = [one(im) for im in images]
+        jobs = list(zip(images, scores if scores is not None else [None] * len(images)))
+        # only pictures that will be read go to the pool (most photos are not)
+        todo = [i for i, (im, sc) in enumerate(jobs) if sc is None or self.wants(im, sc)]
+        workers = self.threads or ort_threads()
+        empty = SparseVector.empty(self.vocab)
+        if workers <= 1 or len(todo) <= 1:
+            done = [one(jobs[i]) for i in todo]
         else:
             if self._pool is None or self._pool_size != workers:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._pool = ThreadPoolExecutor(workers, thread_name_prefix="stair-es-ocr")
                 self._pool_size = workers
-            results = list(self._pool.map(one, images))
+            done = list(self._pool.map(one, [jobs[i] for i in todo]))
+        results: list[SparseVector | str] = [empty] * len(jobs)
+        for i, r in zip(todo, done):
+            results[i] = r
         self.failures = {i: r for i, r in enumerate(results) if isinstance(r, str)}
-        return [SparseVector.empty(self.vocab) if isinstance(r, str) else r for r in results]
+        return [empty if isinstance(r, str) else r for r in results]

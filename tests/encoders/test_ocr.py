@@ -161,3 +161,20 @@ def test_default_encoder_shows_ocr_as_a_source_and_gates_photos(imagenet_encoder
     vecs = enc.encode_images([sign, red])
     assert enc.image_warnings == {1: "ocr: RuntimeError: onnxruntime: bad allocation"}
     assert vecs[1].weight("red") > 0  # its other sources' tokens are kept
+
+
+def test_an_index_read_by_another_ocr_version_is_searched_by_text_but_not_extended(monkeypatch):
+    """Indexes built with version 1 of the source (which read pictures from a flat-pixel share
+    of 0.3) still answer text queries, which never read pictures; encoding an image for them
+    (ingest, search --image) is refused with the reason, unless forced."""
+    from stair_es.encoders.default import DefaultEncoder
+    from stair_es.encoders.ocr import DRAWING_FLAT, VERSION
+    from stair_es.errors import EncoderVersionError
+
+    assert VERSION != "rapidocr-ppocrv6-1" and DRAWING_FLAT == 0.45
+    enc = DefaultEncoder(text="bow", sources="imagenet,ocr", ocr="rapidocr-ppocrv6-1")
+    assert enc.encode_texts(["stop sign"])[0].weight("stop") > 0
+    with pytest.raises(EncoderVersionError, match="rapidocr-ppocrv6-1.*--force"):
+        enc.encode_images([Image.new("RGB", (64, 64), "white")])
+    forced = DefaultEncoder(text="bow", sources="imagenet,ocr", ocr="rapidocr-ppocrv6-1", allow_version_mismatch=True)
+    assert forced._ocr_version_error is None
