@@ -857,7 +857,9 @@ class EngineIndex:
             ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
                                    seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
                                    allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                                   strategy, self._taat_scratch(seg.n_docs), chk)
+                                   strategy, self._taat_scratch(seg.n_docs), chk, 0, -1)
+            # (every argument given: a call that leaves defaults to numba is dispatched through its
+            # Python fallback, which types all 24 arguments again: ~0.2 ms per call)
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
