@@ -817,10 +817,10 @@ class EngineIndex:
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
             seg = s.seg
-            seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
             if strategy == NP.STRATEGY_NUMPY or (
                     strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
+                seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
                 seg.verify_terms(q_j)
                 sc, sq, refs, matched, read = NP.search_segment(
                     q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
@@ -833,6 +833,7 @@ class EngineIndex:
             # the kernel verifies each postings run the first time it reads it (block-max reads few of
             # them); it needs the query terms' block tables verified first
             kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
+            seg.verify_arrays(("seq",))  # (after that import: 8 MB at 1M docs, verified in compiled code)
             chk = seg.kernel_check()
             if chk is None:
                 seg.verify_terms(q_j)
