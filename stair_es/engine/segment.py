@@ -224,6 +224,7 @@ class Segment:
         self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
         self._doc_plan: tuple | None = None  # see _doc_layout
         self._doc_rows: tuple | None = None  # the same as int64 tables, for kernels.verify_docs
+        self._chk: tuple | None = None  # see kernel_check
         self._table_layout: tuple | None = None  # see verify_term_tables
         self.checksummed: bool | None = None
         self.outdated = False  # written in an older container format (set by open)
@@ -329,8 +330,10 @@ class Segment:
         v = self.verifier
         if v is None or storage.RANGE_VERIFIER is None or not v.content:
             return None
-        return (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content), np.int64(self.offsets["post_off"]),
-                np.int64(self.offsets["post_w"]))
+        if self._chk is None or self._chk[0] is not v:  # built once per verifier (the same arrays)
+            self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
+                             np.int64(self.offsets["post_off"]), np.int64(self.offsets["post_w"])))
+        return self._chk[1]
 
     def raise_damaged_chunk(self, chunk: int) -> None:
         """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""
