@@ -17,8 +17,10 @@ Cost: builds ``--cost-docs`` documents of ~200 tokens (one segment after ``optim
 with checksums (the default) and with ``STAIR_ES_VERIFY=size`` (sizes and footers only), each
 in ``--runs`` fresh processes: the time to open the index, the first query, the median of the
 first pass over 100 queries (postings read, and verified, for the first time) and the median
-of two more passes (steady state). Run it with the
-stair_es you want to measure: the script only uses the public EngineIndex API.
+of two more passes (steady state); then, in ``--runs`` more processes, the same first-read cost
+query by query with the checksums switched on and off between queries (see ``COST_AB``: the
+steadier figure on a shared machine). Run it with the stair_es you want to measure: the script
+uses the public EngineIndex API, and Segment.verifier for that switch.
 """
 
 from __future__ import annotations
@@ -86,7 +88,10 @@ KERNELS = "numpy"  # --kernels: which search path the answering process uses on 
 
 
 def answer(path: Path) -> tuple[str, str]:
-    done = subprocess.run([sys.executable, "-c", ANSWER, str(path), KERNELS], capture_output=True, text=True, timeout=300)
+    # (cwd: `python -c` puts the working directory first on sys.path, so a checkout there would be
+    # imported instead of the stair_es this script runs with, e.g. one given by PYTHONPATH)
+    done = subprocess.run([sys.executable, "-c", ANSWER, str(path), KERNELS], capture_output=True, text=True, timeout=300,
+                          cwd=path.parent)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["?"])[-1]
         return "CRASH", f"exit {done.returncode}: {tail[:120]}"
@@ -154,9 +159,9 @@ t = time.perf_counter()
 from stair_es.engine import EngineIndex
 from stair_es.query import SearchRequest, SparseClause
 from stair_es.sparse import SparseVector
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.thread_time()
 ix = EngineIndex.open(sys.argv[1])
-opened = time.perf_counter() - t0
+opened, opened_cpu = time.perf_counter() - t0, time.thread_time() - c0
 rng = np.random.default_rng(1)
 reqs = []
 for i in range(100):
@@ -170,7 +175,40 @@ for rep in range(3):  # pass 1: every query reads (and verifies) its postings fo
         lat.append(time.perf_counter() - s); cpu.append(time.thread_time() - c)
 n = len(reqs)
 print(opened, lat[0], statistics.median(lat[1:n]), statistics.median(lat[n:]), statistics.median(cpu[1:n]),
-      statistics.median(cpu[n:]))
+      statistics.median(cpu[n:]), cpu[0], opened_cpu + sum(cpu[1:n]))  # (the first query loads numba: shown apart)
+"""
+
+# The same first-read cost measured query by query in one process: every query has tokens no
+# earlier query had (a permutation of the vocabulary, 20 per query), and the segments' checksum
+# verifier is switched on and off between queries (ABBA order; "off" is what STAIR_ES_VERIFY=size
+# gives a search: no verification, the kernels without checksum arguments). Both modes see the
+# same machine load, page cache and process state, so this is the steadier figure on a shared
+# machine. (It reaches into the engine for the switch: Segment.verifier.)
+COST_AB = r"""
+import sys, time, numpy as np
+from stair_es.engine import EngineIndex
+from stair_es.query import SearchRequest, SparseClause
+from stair_es.sparse import SparseVector
+ix = EngineIndex.open(sys.argv[1])
+segs = [s.seg for s in ix._segs]
+vers = [s.verifier for s in segs]
+rng = np.random.default_rng(int(sys.argv[2]))
+toks = rng.permutation(np.arange(1000, 30000))
+def req(i):
+    ids = np.sort(toks[i * 20:(i + 1) * 20])
+    return SearchRequest([SparseClause("image", SparseVector.from_arrays(ids, rng.uniform(0.1, 2, 20)))], top_k=10)
+n = toks.size // 20
+got = {True: [], False: []}
+for i in range(n):
+    on = i == 0 or (i // 2) % 2 == i % 2
+    for s, v in zip(segs, vers):
+        s.verifier = v if on else None
+    r = req(i)
+    c = time.thread_time()
+    ix.search(r)
+    if i >= 2:  # the first query of each mode loads its kernel
+        got[on].append(time.thread_time() - c)
+print(np.median(got[True]), np.median(got[False]), len(got[True]) + len(got[False]))
 """
 
 
@@ -197,26 +235,39 @@ def cost(n_docs: int, runs: int, keep: str | None = None) -> None:
             ix.close()
         size = sum(p.stat().st_size for p in path.iterdir() if p.is_file()) / 1e6
         rows = {}
-        print(f"# {n_docs:,} docs, {size:.0f} MB; medians of {runs} fresh processes per mode, the modes interleaved; "
+        import stair_es
+
+        print(f"# stair_es from {Path(stair_es.__file__).parent}, {n_docs:,} docs, {size:.0f} MB; medians of {runs} fresh processes per mode, the modes interleaved; "
               "search = 100 queries of 20 tokens, top 10, pass 1 (first reads) then 2 more passes (steady state)")
         modes = (("checksums", "full"), ("sizes only", "size"))
         got: dict[str, list] = {label: [] for label, _ in modes}
         for _ in range(runs):  # interleaved, so both modes see the same machine load
             for label, verify in modes:
                 env = dict(os.environ, STAIR_ES_VERIFY=verify)
-                out = subprocess.run([sys.executable, "-c", COST, str(path)], capture_output=True, text=True, env=env, check=True)
+                out = subprocess.run([sys.executable, "-c", COST, str(path)], capture_output=True, text=True, env=env,
+                                     check=True, cwd=work)
                 got[label].append(list(map(float, out.stdout.split())))
+        ab = []
+        for r in range(runs):  # the in-process A/B (see COST_AB), a different permutation per run
+            out = subprocess.run([sys.executable, "-c", COST_AB, str(path), str(r)], capture_output=True, text=True,
+                                 env=dict(os.environ, STAIR_ES_VERIFY="full"), check=True, cwd=work)
+            ab.append(list(map(float, out.stdout.split())))
         for label, _ in modes:
             rows[label] = [statistics.median(col) for col in zip(*got[label])]
-            o, first, p1, steady, c1, cs = rows[label]
-            print(f"{label:<11} open {o * 1000:8.1f} ms   first query {first * 1000:7.2f} ms   pass-1 p50 {p1 * 1000:6.2f} ms   "
+            o, first, p1, steady, c1, cs, cf, tot = rows[label]
+            print(f"{label:<11} open {o * 1000:8.1f} ms   first query {first * 1000:7.2f} ms (CPU {cf * 1000:6.1f})   pass-1 p50 {p1 * 1000:6.2f} ms   "
                   f"steady p50 {steady * 1000:6.2f} ms   CPU p50 pass-1 {c1 * 1000:6.2f} ms, steady {cs * 1000:6.2f} ms   "
+                  f"CPU open + pass 1 {tot * 1000:6.1f} ms   "
                   f"(pass-1 CPU p50 per run: {', '.join(f'{r[4] * 1000:.2f}' for r in got[label])})")
-        (fo, ff, f1, fs, fc1, fcs), (so, sf, s1, ss, sc1, scs) = rows["checksums"], rows["sizes only"]
+        (fo, ff, f1, fs, fc1, fcs, fcf, ft), (so, sf, s1, ss, sc1, scs, scf, st) = rows["checksums"], rows["sizes only"]
         print(f"checksum cost: open {(fo - so) * 1000:+.1f} ms ({(fo / max(so, 1e-9) - 1) * 100:+.1f} %), first query "
-              f"{(ff - sf) * 1000:+.2f} ms, pass-1 p50 {(f1 / max(s1, 1e-9) - 1) * 100:+.1f} % wall, "
+              f"{(ff - sf) * 1000:+.2f} ms wall, {(fcf - scf) * 1000:+.1f} ms CPU (numba's import and start included in both), pass-1 p50 {(f1 / max(s1, 1e-9) - 1) * 100:+.1f} % wall, "
               f"{(fc1 / max(sc1, 1e-9) - 1) * 100:+.1f} % CPU; steady p50 {(fs / max(ss, 1e-9) - 1) * 100:+.1f} % wall, "
-              f"{(fcs / max(scs, 1e-9) - 1) * 100:+.1f} % CPU; load average {os.getloadavg()[0]:.1f}")
+              f"{(fcs / max(scs, 1e-9) - 1) * 100:+.1f} % CPU; open + the 99 first-read queries after the first {(ft / max(st, 1e-9) - 1) * 100:+.1f} % CPU; "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"same process, checksums switched on and off between first-read queries ({int(ab[0][2])} queries per run, "
+              f"CPU p50 on / off): " + ", ".join(f"{a * 1000:.2f} / {b * 1000:.2f} ms ({(a / b - 1) * 100:+.1f} %)" for a, b, _ in ab)
+              + f"; median {statistics.median((a / b - 1) * 100 for a, b, _ in ab):+.1f} %")
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -817,10 +817,10 @@ class EngineIndex:
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
             seg = s.seg
-            seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
             if strategy == NP.STRATEGY_NUMPY or (
                     strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
+                seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
                 seg.verify_terms(q_j)
                 sc, sq, refs, matched, read = NP.search_segment(
                     q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
@@ -833,6 +833,7 @@ class EngineIndex:
             # the kernel verifies each postings run the first time it reads it (block-max reads few of
             # them); it needs the query terms' block tables verified first
             kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
+            seg.verify_arrays(("seq",))  # (after that import: 8 MB at 1M docs, verified in compiled code)
             chk = seg.kernel_check()
             if chk is None:
                 seg.verify_terms(q_j)
@@ -857,7 +858,9 @@ class EngineIndex:
             ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
                                    seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
                                    allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                                   strategy, self._taat_scratch(seg.n_docs), chk)
+                                   strategy, self._taat_scratch(seg.n_docs), chk, 0, -1)
+            # (every argument given: a call that leaves defaults to numba is dispatched through its
+            # Python fallback, which types all 24 arguments again: ~0.2 ms per call)
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])

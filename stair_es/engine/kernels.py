@@ -126,6 +126,73 @@ def chunk_crcs(buf, shift):
     return out
 
 
+@njit(cache=True, nogil=True)
+def verify_rows(buf, table, ok, shift, content, rows, ptr, layout):
+    """Verify (once) entries [ptr[j], ptr[j + 1]) of each array of ``layout`` (rows of: file offset,
+    item size) for each j in ``rows``: e.g. the block tables of some terms in one call, ranges
+    computed here rather than by a dozen numpy operations per query. Returns the first bad chunk
+    or -1. ``ptr`` must be verified and checked (monotonic, in range) already."""
+    base = buf.ctypes.data
+    for i in range(rows.size):
+        lo = ptr[rows[i]]
+        hi = ptr[rows[i] + 1]
+        if hi <= lo:
+            continue
+        for r in range(layout.shape[0]):
+            a = layout[r, 0] + lo * layout[r, 1]
+            b = layout[r, 0] + hi * layout[r, 1]
+            bad = _verify_chunk_range(base, table, ok, shift, content, a >> shift, (b - 1) >> shift)
+            if bad >= 0:
+                return bad
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _read_le(buf, pos, size):
+    """The little-endian unsigned integer of ``size`` (<= 8) bytes at ``buf[pos]``."""
+    v = np.int64(0)
+    for k in range(size):
+        v |= np.int64(buf[pos + k]) << (8 * k)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def verify_docs(buf, table, ok, shift, content, docs, fixed, strings, optional):
+    """Verify (once) what reading the stored fields of local docs ``docs`` reads, each byte before
+    it is read here or by the caller: per doc, the fixed-size entries (``fixed`` rows: file offset,
+    item size, bytes per doc; the string offsets and presence flags below among them), then the
+    strings every doc has (``strings`` rows: blob offset, blob item size, offsets array offset,
+    its item size), then the optional ones (``optional`` rows: presence flag array offset (1 byte
+    per doc), then as ``strings``) of the docs whose flag is set. Returns the first bad chunk or -1."""
+    base = buf.ctypes.data
+    for i in range(docs.size):
+        d = docs[i]
+        for r in range(fixed.shape[0]):
+            a = fixed[r, 0] + d * fixed[r, 1]
+            bad = _verify_chunk_range(base, table, ok, shift, content, a >> shift, (a + fixed[r, 2] - 1) >> shift)
+            if bad >= 0:
+                return bad
+        for r in range(strings.shape[0] + optional.shape[0]):
+            if r < strings.shape[0]:
+                row = strings[r]
+            else:
+                row = optional[r - strings.shape[0], 1:]
+                if buf[optional[r - strings.shape[0], 0] + d] == 0:
+                    continue  # no caption (source): its offsets are never read
+                o = row[2] + d * row[3]
+                bad = _verify_chunk_range(base, table, ok, shift, content, o >> shift, (o + 2 * row[3] - 1) >> shift)
+                if bad >= 0:
+                    return bad
+            o = row[2] + d * row[3]
+            a = row[0] + _read_le(buf, o, row[3]) * row[1]
+            b = min(row[0] + _read_le(buf, o + row[3], row[3]) * row[1], content)
+            if 0 <= a < b:  # (a verified file's offsets are in range; never read outside the content)
+                bad = _verify_chunk_range(base, table, ok, shift, content, a >> shift, (b - 1) >> shift)
+                if bad >= 0:
+                    return bad
+    return -1
+
+
 if HAVE_CRC32:
     from . import storage as _storage
 

@@ -181,6 +181,18 @@ def take_columns(cols: dict[str, tuple[str, dict[str, np.ndarray]]], rows: np.nd
 
 
 # --- segment -----------------------------------------------------------------------------------
+def _compiled_verifier():
+    """The numba kernels module when it is loaded with its compiled CRC-32 (else None: verify
+    with numpy and Python, never importing numba for it)."""
+    from . import storage
+
+    if storage.RANGE_VERIFIER is None:
+        return None
+    from . import kernels
+
+    return kernels
+
+
 class Segment:
     """A memory-mapped, read-only segment file."""
 
@@ -210,6 +222,10 @@ class Segment:
         self._terms_ok: np.ndarray | None = None  # per term: its postings verified
         self._tables_ok: np.ndarray | None = None  # per term: its block table verified
         self._docs_ok: np.ndarray | None = None  # per doc: its stored fields verified
+        self._doc_plan: tuple | None = None  # see _doc_layout
+        self._doc_rows: tuple | None = None  # the same as int64 tables, for kernels.verify_docs
+        self._chk: tuple | None = None  # see kernel_check
+        self._table_layout: tuple | None = None  # see verify_term_tables
         self.checksummed: bool | None = None
         self.outdated = False  # written in an older container format (set by open)
 
@@ -285,13 +301,23 @@ class Segment:
             return
         if self._tables_ok is None:
             self._tables_ok = np.zeros(self.keys.size, bool)
+            names = ("pair_block", "pair_cnt", "pair_max")
+            base = np.array([[self.offsets[n]] for n in names], np.int64)
+            item = np.array([[self.a[n].itemsize] for n in names], np.int64)
+            self._table_layout = (base, item, np.hstack([base, item]))
         js = np.asarray(js, np.int64)
         js = js[~self._tables_ok[js]]
         if js.size == 0:
             return
-        p0, p1 = self.pair_ptr[js], self.pair_ptr[js + 1]
-        parts = [self._elem_ranges(n, p0, p1) for n in ("pair_block", "pair_cnt", "pair_max")]
-        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        base, item, rows = self._table_layout  # one row per array
+        K = _compiled_verifier()
+        if K is not None and v.content:  # numba is loaded: one compiled call, no numpy per query
+            bad = K.verify_rows(v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content), js, self.pair_ptr, rows)
+            if bad >= 0:
+                self.raise_damaged_chunk(bad)
+        else:
+            v.verify_ranges((base + self.pair_ptr[js].astype(np.int64) * item).ravel(),
+                            (base + self.pair_ptr[js + 1].astype(np.int64) * item).ravel())
         self._tables_ok[js] = True
 
     def kernel_check(self) -> tuple | None:
@@ -304,8 +330,10 @@ class Segment:
         v = self.verifier
         if v is None or storage.RANGE_VERIFIER is None or not v.content:
             return None
-        return (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content), np.int64(self.offsets["post_off"]),
-                np.int64(self.offsets["post_w"]))
+        if self._chk is None or self._chk[0] is not v:  # built once per verifier (the same arrays)
+            self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
+                             np.int64(self.offsets["post_off"]), np.int64(self.offsets["post_w"])))
+        return self._chk[1]
 
     def raise_damaged_chunk(self, chunk: int) -> None:
         """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""
@@ -315,9 +343,34 @@ class Segment:
         raise DamagedIndexError(f"{self.path}: chunk {chunk} failed its checksum in a search but not when read again "
                                 "(the file is changing under the reader?); run `stair-es index check`")
 
+    def _doc_layout(self) -> tuple:
+        """Where the stored fields of a doc start: the fixed-size per-doc arrays read for every doc
+        (base offset, item size, bytes read per doc; one row each), the arrays read whole (keyword
+        dictionaries) and the strings read for every doc (blob, offsets)."""
+        if self._doc_plan is None:
+            fixed = [("id_offs", 2), ("cap_present", 1), ("src_present", 1)]
+            whole, strings = [], [("id_blob", "id_offs")]
+            for name, ftype in self.column_types.items():
+                if ftype == "keyword":
+                    fixed += [(f"m.{name}.ptr", 2), (f"m.{name}.list", 1)]
+                    whole += [f"m.{name}.dict", f"m.{name}.dict_offs"]
+                    strings.append((f"m.{name}.codes", f"m.{name}.ptr"))
+                else:
+                    fixed.append((f"m.{name}.v", 1))
+            fixed = [(n, w) for n, w in fixed if n in self.a]
+            base = np.array([[self.offsets[n]] for n, _ in fixed], np.int64).reshape(-1, 1)
+            item = np.array([[self.a[n].itemsize] for n, _ in fixed], np.int64).reshape(-1, 1)
+            width = np.array([[w] for _, w in fixed], np.int64).reshape(-1, 1) * item
+            strings = [(b, o) for b, o in strings if b in self.a and o in self.a]
+            self._doc_plan = (base, item, width, whole, strings)
+        return self._doc_plan
+
     def verify_docs(self, docs) -> None:
         """Verify what :meth:`doc_id`, :meth:`metadata`, :meth:`caption` and :meth:`source`
-        read for local docs ``docs``: fixed-size entries first, then the strings they point to."""
+        read for local docs ``docs``, each step before the next reads it: the fixed-size entries
+        (id offsets, caption/source presence flags, metadata values), then the offsets of the
+        captions and sources the docs have (those of absent ones are never read), then the
+        strings they all point to."""
         v = self.verifier
         if v is None or len(docs) == 0:
             return
@@ -327,23 +380,41 @@ class Segment:
         d = d[~self._docs_ok[d]]
         if d.size == 0:
             return
-        one, two = (d, d + 1), (d, d + 2)
-        fixed = [("id_offs", two), ("cap_offs", two), ("cap_present", one), ("src_offs", two), ("src_present", one)]
-        whole = []
-        for name, ftype in self.column_types.items():
-            if ftype == "keyword":
-                fixed += [(f"m.{name}.ptr", two), (f"m.{name}.list", one)]
-                whole += [f"m.{name}.dict", f"m.{name}.dict_offs"]
-            else:
-                fixed.append((f"m.{name}.v", one))
+        a = self.a
+        base, item, width, whole, strings = self._doc_layout()
         self.verify_arrays(whole)
-        parts = [self._elem_ranges(n, *r) for n, r in fixed if n in self.a]
-        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
-        strings = [("id_blob", "id_offs"), ("cap_blob", "cap_offs"), ("src_blob", "src_offs")]
-        strings += [(f"m.{name}.codes", f"m.{name}.ptr") for name, t in self.column_types.items() if t == "keyword"]
-        parts = [self._elem_ranges(blob, self.a[offs][d], self.a[offs][d + 1]) for blob, offs in strings
-                 if blob in self.a and offs in self.a]
-        v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
+        K = _compiled_verifier()
+        if K is not None and v.content and self._doc_rows is None:
+            opt = [(present, blob, offs) for blob, offs, present in
+                   (("cap_blob", "cap_offs", "cap_present"), ("src_blob", "src_offs", "src_present")) if present in a]
+            if all(b in a and o in a and a[p].itemsize == 1 for p, b, o in opt):
+                row = lambda blob, offs: [self.offsets[blob], a[blob].itemsize, self.offsets[offs], a[offs].itemsize]  # noqa: E731
+                self._doc_rows = (np.hstack([base, item, width]),
+                                  np.array([row(b, o) for b, o in strings], np.int64).reshape(-1, 4),
+                                  np.array([[self.offsets[p]] + row(b, o) for p, b, o in opt], np.int64).reshape(-1, 5))
+            else:  # (not what a writer makes: the numpy path below handles it)
+                self._doc_rows = ()
+        if K is not None and v.content and self._doc_rows:  # numba is loaded: one compiled call, no numpy per query
+            bad = K.verify_docs(v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content), d, *self._doc_rows)
+            if bad >= 0:
+                self.raise_damaged_chunk(bad)
+            self._docs_ok[d] = True
+            return
+        lo = base + d * item
+        v.verify_ranges(lo.ravel(), (lo + width).ravel())
+        optional = []  # (blob, offsets, docs that have one): captions and sources
+        for blob, offs, present in (("cap_blob", "cap_offs", "cap_present"), ("src_blob", "src_offs", "src_present")):
+            if present in a and offs in a and blob in a:
+                has = d[a[present][d] != 0]
+                if has.size:
+                    optional.append((blob, offs, has))
+        parts = [self._elem_ranges(offs, has, has + 2) for _, offs, has in optional]
+        parts += [self._elem_ranges(blob, a[offs][d], a[offs][d + 1]) for blob, offs in strings]
+        if parts:
+            v.verify_ranges(np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]))
+        if optional:
+            parts = [self._elem_ranges(blob, a[offs][has], a[offs][has + 1]) for blob, offs, has in optional]
+            v.verify_ranges(np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]))
         self._docs_ok[d] = True
 
     def verify_column(self, name: str) -> None:

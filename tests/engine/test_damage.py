@@ -559,3 +559,80 @@ def test_optimize_upgrades_a_lone_segment_of_an_older_format(pristine, tmp_path,
     foot = read_footer(new, new.stat().st_size)
     assert new != seg and foot.kind == "chunks" and foot.shift == CHUNK_SHIFT
     assert _answers(copy) == expected
+
+
+def _kernel_index(tmp_path: Path) -> Path:
+    """One segment of 3,000 docs with a keyword column; even docs have a caption, docs divisible
+    by 3 a source (several 4 KiB chunks per array, so damage in one chunk is local)."""
+    rng = np.random.default_rng(11)
+    path = tmp_path / "ix"
+    with EngineIndex.create(path, IndexSchema(fields={"n": "number", "tag": "keyword"})) as ix:
+        docs = []
+        for i in range(3000):
+            toks = np.sort(rng.choice(np.arange(2000, 2300), size=12, replace=False))
+            docs.append(Document(f"d{i}", {"image": SparseVector.from_arrays(toks, rng.uniform(0.1, 2.0, 12))},
+                                 {"n": i, "tag": [f"t{i % 7}", f"u{i % 5}"]},
+                                 caption=f"caption of {i}" if i % 2 == 0 else None,
+                                 source=f"/photos/{i}.jpg" if i % 3 == 0 else None))
+        ix.add(docs)
+    return path
+
+
+@pytest.mark.parametrize("where", ["pair_block", "pair_cnt", "pair_max", "id_offs", "id_blob", "cap_present",
+                                   "cap_offs", "cap_blob", "src_offs", "m.n.v", "m.tag.ptr", "m.tag.codes"])
+def test_compiled_verification_of_block_tables_and_hits_names_the_file(tmp_path, where):
+    """With numba loaded, a search verifies its terms' block tables and its hits' stored fields in
+    compiled code (kernels.verify_rows / verify_docs): a flipped bit in what a search or get reads
+    is a DamagedIndexError naming the file and byte range, never a different answer."""
+    from stair_es.engine import kernels  # noqa: F401 - loads the compiled CRC-32 and verifiers
+    from stair_es.engine import storage
+    from stair_es.errors import DamagedIndexError
+
+    assert storage.RANGE_VERIFIER is not None
+    path = _kernel_index(tmp_path)
+    seg_file = _segments(path)[0]
+
+    def answer(p: Path, tok: int, doc: str | None):
+        with EngineIndex.open(p) as ix:
+            ix.numpy_max_postings = 0  # the numba kernels, not the numpy twins
+            vec = SparseVector.from_arrays(np.array([tok, tok + 1]), np.array([1.0, 0.5]))
+            res = ix.search(SearchRequest([SparseClause("image", vec)], top_k=3000))
+            if doc is None:  # the search alone (a get verifies every postings table)
+                return [(h.id, h.score, h.caption, h.source, h.metadata) for h in res.hits]
+            got = ix.get(doc)
+            return ([(h.id, h.score, h.caption, h.source, h.metadata) for h in res.hits],
+                    (got.caption, got.source, got.metadata))
+
+    with EngineIndex.open(path) as ix:
+        s = ix._segs[0].seg
+        a = s.a
+        tok = 2150
+        j = int(s.term_index(0, np.array([tok]))[0])
+        hits = [h for h in ix.search(SearchRequest([SparseClause("image", SparseVector.from_arrays(
+            np.array([tok]), np.array([1.0])))], top_k=3000)).hits]
+        d_cap = next(int(h.id[1:]) for h in hits if int(h.id[1:]) % 2 == 0 and int(h.id[1:]) % 3 == 0)
+        item = lambda n: a[n].itemsize  # noqa: E731
+        p0 = int(s.pair_ptr[j])
+        at = {  # a byte the search (or get) reads, per array
+            "pair_block": s.offsets["pair_block"] + item("pair_block") * p0,
+            "pair_cnt": s.offsets["pair_cnt"] + p0,
+            "pair_max": s.offsets["pair_max"] + item("pair_max") * p0 + 1,
+            "id_offs": s.offsets["id_offs"] + 8 * d_cap,
+            "id_blob": s.offsets["id_blob"] + int(a["id_offs"][d_cap]),
+            "cap_present": s.offsets["cap_present"] + d_cap,
+            "cap_offs": s.offsets["cap_offs"] + 8 * (d_cap + 1),
+            "cap_blob": s.offsets["cap_blob"] + int(a["cap_offs"][d_cap]) + 2,
+            "src_offs": s.offsets["src_offs"] + 8 * d_cap,
+            "m.n.v": s.offsets["m.n.v"] + item("m.n.v") * d_cap,
+            "m.tag.ptr": s.offsets["m.tag.ptr"] + 8 * d_cap,
+            "m.tag.codes": s.offsets["m.tag.codes"] + item("m.tag.codes") * int(a["m.tag.ptr"][d_cap]),
+        }[where]
+        doc = f"d{d_cap}"
+    want = answer(path, tok, doc)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    _flip(copy / seg_file.name, at)
+    with pytest.raises(DamagedIndexError, match=rf"{seg_file.name}: checksum mismatch in bytes"):
+        answer(copy, tok, None if where.startswith("pair_") or where.startswith("id_") else doc)
+
+    assert answer(path, tok, doc) == want
