@@ -794,6 +794,11 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
       cursor per term walking that term's (block, count) table: no per-(block, term) table is
       built, so this set-up pass costs one read of the query terms' block tables (~1 ns per
       (term, block) pair) instead of a scattered write per pair.
+
+    ``head_blocks`` = 0: no head, every candidate in the tail. The kernel asks for that when the
+    top-k heap is already full on entry (an earlier segment set the k-th score): the head's run
+    table then costs more (a second read of the block tables) than the earlier rise of the k-th
+    score saves (measured over ten 1M-document segments: -5 % CPU per query).
     """
     nq = q_j.size
     bs = 1 << bshift
@@ -831,9 +836,11 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
         if ub[b] > vmax:
             vmax = ub[b]
     cand = cand[:nc]
-    n_first = min(nc, max(head_blocks, nc >> 4))
+    n_first = min(nc, max(head_blocks, nc >> 4)) if head_blocks > 0 else 0
     # head = the candidates in the top histogram bins (a monotone binning: a lower bin holds only
     # strictly lower bounds); at least n_first of them
+    if n_first <= 0:
+        return ub, tsum, np.empty(0, np.int64), np.empty((nq, 0), np.int64), np.empty((nq, 0), np.float32), cand, nc
     nbins = 1024
     scale = np.float32(nbins) / vmax if vmax > 0 else np.float32(0.0)
     bins = np.empty(nc, np.int64)
@@ -847,9 +854,6 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     while got < n_first and cut > 0:
         cut -= 1
         got += hist[cut]
-    if n_first <= 0:
-        cut = nbins
-        got = 0
     head = np.empty(got, np.int64)
     tail = np.empty(nc - got, np.int64)
     h = 0
@@ -1004,8 +1008,8 @@ def _blockmax_segment(
         state[7] = bad
         return
     ub, tsum, head, hslot, hbmc, tail, nc = _block_plan(
-        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
-        block_lo, block_hi)
+        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed,
+        head_blocks if state[0] < k else 0, block_lo, block_hi)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
     # posting read takes off on average: rare heavy terms first, long light ones last
