@@ -622,6 +622,7 @@ def _push(hs, hq, hr, state, k, s, sq, ref):
 
 # --- search ------------------------------------------------------------------------------------
 LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
+GATHER_MAX = 32  # see _blockmax_segment: survivors are gathered from the runs read when they hold at most this many postings
 # cache lines of the next block's first runs to prefetch while a block is scored. 0 since the block
 # sweep walks each term's runs in order (the hardware prefetcher follows them): on this 2-core AVX-512
 # machine (2026-11-26, 1M idf documents, 200 queries, variants interleaved) 1 line cost 4-6 % more
@@ -1029,8 +1030,8 @@ def _blockmax_segment(
         cq[i] = post_ptr[q_j[i]]
     acc = np.zeros(bs, np.float32)
     cands = np.empty(bs, np.int64)
+    limit = bs // LOOKUP_COST  # more survivors than this: streaming the rest is cheaper
     mark = np.zeros(bs, np.uint8)  # docs already in cands (left all zeros)
-    terms = np.empty(nq, np.int64)  # the terms streamed in the current block, in order
     row = np.full(nq, -1, np.int64)  # per term: its run in the current block (-1: none) ...
     rbm = np.zeros(nq, np.float32)  # ... and its bound there, valid when stamp[i] == oi
     stamp = np.full(nq, -1, np.int64)
@@ -1090,6 +1091,7 @@ def _blockmax_segment(
         base = b << bshift
         rem = ub[b] * margin
         ns = 0  # terms streamed
+        blk_stream = 0  # postings streamed in this block
         mx = np.float32(0.0)  # the highest partial sum in acc
         x = 0  # next term (position in gorder)
         nca = -1  # -1: every term streamed; >= 0: only cands[:nca] can still reach thr
@@ -1138,33 +1140,58 @@ def _blockmax_segment(
                 acc[o] = s
                 mx = max(mx, s)
             n_stream += cnt
+            blk_stream += cnt
             rem -= rbm[i]
-            terms[ns] = i
             ns += 1
             if full and x < nq and rem * slack < thr:
+                # untouched docs are out (their sum is at most rem); a hit doc is out when its partial
+                # sum + rem < thr. mx, the highest partial sum, settles most blocks here
                 if (mx + rem) * slack < thr:
-                    nca = 0  # no doc of the block can reach thr (mx: the highest partial sum)
+                    nca = 0
                     break
-                # untouched docs are out (their sum is at most rem): the only candidates left are
-                # the docs of the runs streamed so far whose partial sum + rem can still reach thr.
-                # Gathered from those runs (O(postings streamed), not O(block size)), each once
-                # (``mark``); the loop below then looks up or streams the remaining terms for them.
-                nca = 0
-                for y in range(ns):
-                    sx = row[terms[y]]
-                    for q in range(sx >> 9, (sx >> 9) + (sx & 511)):
-                        o = np.int64(post_off[q])
-                        s = acc[o]
-                        ok = (s > 0) & ((s + rem) * slack >= thr) & (mark[o] == 0)
-                        if use_mask:
-                            ok &= allowed[base + o] != 0
-                        cands[nca] = o
-                        nca += ok
-                        if ok:
-                            mark[o] = 1
-                for c in range(nca):
-                    mark[cands[c]] = 0
-                break
+                if blk_stream <= GATHER_MAX:
+                    # few postings read: gather the survivors from the runs streamed so far (each doc
+                    # once, ``mark``), cheaper than a pass over the block's accumulator
+                    nca = 0
+                    for y in range(x):  # the terms visited in this block; those with a run were streamed
+                        sx = row[gorder[y]]
+                        if sx < 0:
+                            continue
+                        for q in range(sx >> 9, (sx >> 9) + (sx & 511)):
+                            o = np.int64(post_off[q])
+                            s = acc[o]
+                            ok = (s > 0) & ((s + rem) * slack >= thr) & (mark[o] == 0)
+                            if use_mask:
+                                ok &= allowed[base + o] != 0
+                            cands[nca] = o
+                            nca += ok
+                            if ok:
+                                mark[o] = 1
+                    for c in range(nca):
+                        mark[cands[c]] = 0
+                    break
+                # many postings read (weights that do not fall with frequency): roughly count the hit
+                # docs that may still reach thr (branch-free; the count only decides the switch to
+                # lookups, survivors are picked exactly): with more than a handful, streaming the
+                # next runs is cheaper than looking them up
+                cut = thr / slack - rem
+                c = 0
+                for o in range(bs):
+                    c += acc[o] >= cut
+                if c <= limit:
+                    nca = 0
+                    if use_mask:
+                        for o in range(bs):
+                            s = acc[o]
+                            a = allowed[base + o] != 0 if base + o < n_docs else False
+                            cands[nca] = o
+                            nca += (s > 0) & ((s + rem) * slack >= thr) & a
+                    else:
+                        for o in range(bs):  # branch-free compaction
+                            s = acc[o]
+                            cands[nca] = o
+                            nca += (s > 0) & ((s + rem) * slack >= thr)
+                    break
         last_streamed = ns
         if nca >= 0:
             exact_total = False
