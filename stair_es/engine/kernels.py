@@ -793,7 +793,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
       block h, -1: none) and ``hbmc[i, h]`` (query weight x block max);
     * the *tail*, ``tail`` (block order: sequential reads), whose runs the kernel finds with one
       cursor per term walking that term's (block, count) table: no per-(block, term) table is
-      built, so this set-up pass costs one read of the query terms' block tables (~1 ns per
+      built, so this set-up pass costs one read of the query terms' block tables (~2 ns per
       (term, block) pair) instead of a scattered write per pair.
 
     ``head_blocks`` = 0: no head, every candidate in the tail. The kernel asks for that when the
@@ -995,10 +995,13 @@ def _blockmax_segment(
     * inside a block, the terms are streamed into a 256-float accumulator in decreasing order
       of (bound / postings in the block), so the bound ``rem`` of the terms not yet streamed
       falls fastest per posting read. Once ``rem`` < ``thr``, a doc no streamed term hit is
-      out, and a hit doc is out when its partial sum + ``rem`` < ``thr``: the survivors are
-      gathered from the runs streamed so far; each remaining term is then looked up for them
-      (binary search in its run) where that is cheaper than streaming the run, and when no doc
-      is left the block's remaining terms are never read.
+      out, and a hit doc is out when its partial sum + ``rem`` < ``thr``: when the highest
+      partial sum ``mx`` + ``rem`` < ``thr`` the block is done; otherwise the survivors are
+      gathered from the runs streamed so far (at most :data:`GATHER_MAX` postings) or, after
+      long runs, from the accumulator when at most ``bs / LOOKUP_COST`` can survive (else the
+      next run is streamed). Each remaining term is then looked up for them (binary search in
+      its run) where that is cheaper than streaming the run, and when no doc is left the
+      block's remaining terms are never read.
 
     Heap entries are rescored in query-term order, so scores are identical to explain's.
     """
