@@ -225,7 +225,7 @@ def main() -> None:
             K._block_plan(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
                           seg.pair_max, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
             plan.append((time.thread_time() - c) * 1000)
-        print(f"  profile: the block plan (bounds and run table of every block x query term) takes CPU p50 "
+        print(f"  profile: the block plan (block bounds, visit order, the head blocks' run table) takes CPU p50 "
               f"{np.median(plan):.2f} ms of the {np.percentile(cpu, 50):.2f} ms")
     # throughput: the same queries through search_batch on 1 and 2 threads (the kernel releases the
     # GIL), interleaved 3 times so both see the same machine load; CPU time of the process beside

@@ -103,15 +103,18 @@ def run_queries(world, n_queries: int, seed: int):
         flt, allow = flts[qi % len(flts)]
         req = SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=k, filter=flt)
         want = brute(dense, live, allow, toks, qw, k)
-        # the numba kernels (these segments are small enough for numpy otherwise) and numpy itself
-        for strategy, numpy_max in (("blockmax", 0), ("auto", 0), ("taat", 0), ("numpy", 0)):
-            ix.strategy, ix.numpy_max_postings = strategy, numpy_max
+        # the numba kernels (these segments are small enough for numpy otherwise) and numpy itself;
+        # block-max twice: with the default head (these 12-block segments are then visited best bound
+        # first), and with a head of one block, so the sequential sweep's per-term cursors do the rest
+        for strategy, numpy_max, head in (("blockmax", 0, 64), ("blockmax", 0, 1), ("auto", 0, 64), ("taat", 0, 64),
+                                          ("numpy", 0, 64)):
+            ix.strategy, ix.numpy_max_postings, ix.head_blocks = strategy, numpy_max, head
             got = ix.search(req)
-            assert [(h.id, h.score) for h in got.hits] == want, f"query {qi} ({strategy}) differs from brute force"
-            if strategy == "blockmax":
+            assert [(h.id, h.score) for h in got.hits] == want, f"query {qi} ({strategy}, head {head}) differs from brute force"
+            if strategy == "blockmax" and head == 64:
                 st = ix.last_search_stats
                 pruned += int(st[3] < st[4])  # some block was skipped
-    ix.strategy, ix.numpy_max_postings = "auto", 16384
+    ix.strategy, ix.numpy_max_postings, ix.head_blocks = "auto", 16384, 64
     return pruned
 
 
