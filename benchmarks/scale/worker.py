@@ -209,6 +209,13 @@ def run_engine(job: dict, partial: dict) -> dict:
             _, wall, cpu = time_queries(lambda i: hits(reader.search(reqs[i])), nq, m["budget_s"], warmup=0)
             work_summary()
             entry.update({"latency_ms": wall, "cpu_ms": cpu, "passes": entry["passes"] + 1})
+        if label == "engine":
+            # one query on 2 threads (search(threads=2): a multi-segment index shares its segments
+            # out among the threads), timed right after the steady pass; same top 10 as 1 thread
+            ids2, wall2, _ = time_queries(lambda i: hits(reader.search(reqs[i], threads=2)), nq, m["budget_s"], warmup=0)
+            work_summary()
+            entry["query_threads_2"] = {"latency_ms": wall2,
+                                        "same_ids": all(np.array_equal(a, b) for a, b in zip(ids, ids2))}
         sub = reqs[: max(20, min(nq, wall["n"] if wall else nq))]
         for threads in (1, 2):
             t, c = time.perf_counter(), time.process_time()

@@ -740,8 +740,10 @@ class EngineIndex:
 
     def search(self, request: SearchRequest, *, threads: int | None = None) -> SearchResult:
         """Exact top k. ``threads`` (default :attr:`search_threads`, 1): threads this one query may
-        use; block-max work on a segment of at least :data:`SPLIT_MIN_DOCS` documents is split into
-        that many block ranges searched at once, each with its own top k, merged exactly."""
+        use. Several segments of at least :data:`SPLIT_MIN_DOCS` documents are shared out among
+        the threads, each searching its own in turn (its threshold carried from one to the next);
+        a single one is split into that many block ranges searched at once. Either way each part
+        has its own top k, and the merge is exact."""
         t0 = time.perf_counter()
         self.refresh()
         req = request.prepared(self.schema, self.vocab)
@@ -785,21 +787,63 @@ class EngineIndex:
             kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
             return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
 
+        return self._run_parallel([(lambda i=i: run(i)) for i in range(parts)])
+
+    def _run_parallel(self, fns: list) -> list:
+        """Call each of ``fns`` (no arguments) at once: the first on this thread, the others on
+        the index's query pool (the numba kernels release the GIL); results in order."""
         with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
-            if self._pool is None or self._pool_size < parts - 1:
+            if self._pool is None or self._pool_size < len(fns) - 1:
                 from concurrent.futures import ThreadPoolExecutor
 
                 if self._pool is not None:
                     self._pool.shutdown(wait=False)
-                self._pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="stair-es-query")
-                self._pool_size = parts - 1
-            futures = [self._pool.submit(run, i) for i in range(1, parts)]
-        return [run(0)] + [f.result() for f in futures]
+                self._pool = ThreadPoolExecutor(max_workers=len(fns) - 1, thread_name_prefix="stair-es-query")
+                self._pool_size = len(fns) - 1
+            futures = [self._pool.submit(fn) for fn in fns[1:]]
+        return [fns[0]()] + [f.result() for f in futures]
 
     def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float,
                 threads: int = 1) -> tuple[SearchResult, np.ndarray, list[str]]:
+        """Exact top k over ``segs``. With ``threads`` > 1 and several segments big enough to
+        split, the segments are shared out among the threads (largest first, each to the
+        least loaded) and each thread searches its own in turn into its own heap, so its
+        threshold carries from one segment to the next as in a one-thread search; the heaps are
+        then merged (exact: the top k of all is within the union of each group's top k). A
+        single big segment is split by block ranges instead (:meth:`_split_search`)."""
         k = req.top_k
         terms = self._query_terms(req)
+        big = [si for si, s in enumerate(segs) if s.seg.n_docs >= SPLIT_MIN_DOCS]
+        if threads > 1 and len(big) >= 2 and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX):
+            groups: list[list[int]] = [[] for _ in range(min(threads, len(big)))]
+            loads = [0] * len(groups)
+            for si in sorted(range(len(segs)), key=lambda i: -segs[i].seg.n_docs):
+                g = loads.index(min(loads))
+                groups[g].append(si)
+                loads[g] += segs[si].seg.n_docs
+            parts = self._run_parallel([
+                (lambda grp=sorted(grp): self._search_segments(req, segs, grp, terms, strategy, 1)) for grp in groups])
+            state = np.zeros(8, np.int64)
+            state[2] = 1
+            small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+            used: list[str] = []
+            for hs_g, hq_g, hr_g, st, small_g, used_g in parts:
+                n = int(st[0])
+                small.append((hs_g[:n], hq_g[:n], hr_g[:n]))
+                small.extend(small_g)
+                state[1] += st[1]
+                state[2] &= st[2]
+                state[3:7] += st[3:7]
+                used.extend(used_g)
+            hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        else:
+            hs, hq, hr, state, small, used = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
+        return self._finish(req, segs, hs, hq, hr, state, small, used, t0)
+
+    def _search_segments(self, req: SearchRequest, segs: list, which, terms: list, strategy: int, threads: int):
+        """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
+        (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
+        k = req.top_k
         hs = np.zeros(k, np.float32)
         hq = np.zeros(k, np.uint64)
         hr = np.zeros(k, np.int64)
@@ -807,7 +851,8 @@ class EngineIndex:
         state[2] = 1
         used = []
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
-        for si, s in enumerate(segs):
+        for si in which:
+            s = segs[si]
             js, ws = [], []
             for fi, _, tok, w in terms:
                 j = s.seg.term_index(fi, tok)
@@ -868,6 +913,11 @@ class EngineIndex:
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
+        return hs, hq, hr, state, small, used
+
+    def _finish(self, req: SearchRequest, segs: list, hs, hq, hr, state, small, used, t0: float):
+        """The top k of the heap and the extra top-k lists, best first, as hits."""
+        k = req.top_k
         n = int(state[0])
         scores, seqs, refs = hs[:n], hq[:n], hr[:n]
         if small:

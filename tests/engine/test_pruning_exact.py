@@ -154,7 +154,8 @@ def test_zero_weights_are_dropped_and_an_all_zero_query_is_a_clear_error(world):
 
 
 def test_one_query_on_several_threads_gives_the_same_hits(world, monkeypatch):
-    """Intra-query threads split block-max work by block ranges; the merged top k is exact."""
+    """Intra-query threads over several segments: the segments are shared out among the
+    threads, each searching its own into its own heap; the merged top k is exact."""
     from stair_es.engine import index as index_mod
     from stair_es.errors import InvalidInputError
 
@@ -177,3 +178,31 @@ def test_one_query_on_several_threads_gives_the_same_hits(world, monkeypatch):
     ix.strategy, ix.numpy_max_postings = "auto", 16384
     with pytest.raises(InvalidInputError, match="threads must be an integer from 1 to 64"):
         ix.search(req, threads=0)
+
+
+def test_one_query_on_several_threads_over_one_segment_gives_the_same_hits(tmp_path, monkeypatch):
+    """A single segment is split by block ranges, each part into its own heap; exact too."""
+    from stair_es.engine import index as index_mod
+
+    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # a small segment: split it anyway
+    rng = np.random.default_rng(23)
+    indptr, ids, ws, _ = corpus(rng, 4000, "idf")
+    ix = EngineIndex.create(tmp_path / "one", IndexSchema(fields={}, sparse_fields=("image",)))
+    ix.add_arrays([f"d{i}" for i in range(4000)], {"image": (indptr, ids, ws)})
+    assert ix.stats()["segments"] == 1
+    dense = np.zeros((4000, TOKENS.max() + 1), np.float32)
+    for i in range(4000):
+        dense[i, ids[indptr[i]:indptr[i + 1]]] = f16(ws[indptr[i]:indptr[i + 1]])
+    everyone = np.ones(4000, bool)
+    ix.numpy_max_postings = 0
+    ix.strategy = "blockmax"
+    for qi in range(30):
+        toks = np.sort(rng.choice(TOKENS[:200], size=int(rng.integers(1, 30)), replace=False))
+        qw = rng.uniform(0.05, 2.0, toks.size).astype(np.float32)
+        k = int(rng.choice([1, 10, 100]))
+        want = brute(dense, everyone, everyone, toks, qw, k)
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=k)
+        for threads in (2, 3):
+            got = ix.search(req, threads=threads)
+            assert [(h.id, h.score) for h in got.hits] == want, f"query {qi}, {threads} threads"
+    ix.close()
