@@ -70,17 +70,16 @@ def index_encoder_factory(backend: SearchBackend, index: str, name: str, options
     encoder gaining a token source); otherwise ``name`` with ``options``. Options that
     contradict the recorded config are refused by :func:`ensure_index` with a clear error."""
     from .encoders.base import get_encoder
+    from .search import query_encoder
 
     def make() -> Encoder:
-        config: dict[str, Any] = {}
         try:
-            recorded = dict(backend.index_info(index).schema.encoder or {})
+            schema = backend.index_info(index).schema
         except IndexNotFoundError:
-            recorded = {}
-        if recorded.pop("name", None) == name:
-            config = recorded
-        config.update(options or {})
-        return get_encoder(name, **config)
+            schema = None
+        if schema is not None and (schema.encoder or {}).get("name") == name:
+            return query_encoder(schema, **(options or {}))  # the recorded config, updated with the options
+        return get_encoder(name, **(options or {}))
 
     return make
 

@@ -29,7 +29,6 @@ TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
 IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr")
 #: the sources every install of the ``encoders`` extra can run
 BASE_SOURCES = ("imagenet", "colour", "clipart")
-DEFAULT_SOURCES = BASE_SOURCES  # kept for callers of earlier versions
 
 
 def default_sources() -> tuple[str, ...]:

@@ -229,6 +229,14 @@ def _missing_manifest_error(path: Path) -> DamagedIndexError | None:
     )
 
 
+def _add_state(state: np.ndarray, part: np.ndarray) -> None:
+    """Fold the search state of a part searched apart (a block range, a group of segments) into
+    ``state``: matches add up, the total stays exact only if every part's is, work adds up."""
+    state[1] += part[1]
+    state[2] &= part[2]
+    state[3:7] += part[3:7]
+
+
 class EngineIndex:
     """An on-disk sparse index with exact top-k by dot product. Use :meth:`create` / :meth:`open`."""
 
@@ -811,7 +819,6 @@ class EngineIndex:
         threshold carries from one segment to the next as in a one-thread search; the heaps are
         then merged (exact: the top k of all is within the union of each group's top k). A
         single big segment is split by block ranges instead (:meth:`_split_search`)."""
-        k = req.top_k
         terms = self._query_terms(req)
         big = [si for si, s in enumerate(segs) if s.seg.n_docs >= SPLIT_MIN_DOCS]
         if threads > 1 and len(big) >= 2 and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX):
@@ -831,9 +838,7 @@ class EngineIndex:
                 n = int(st[0])
                 small.append((hs_g[:n], hq_g[:n], hr_g[:n]))
                 small.extend(small_g)
-                state[1] += st[1]
-                state[2] &= st[2]
-                state[3:7] += st[3:7]
+                _add_state(state, st)
                 used.extend(used_g)
             hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         else:
@@ -899,9 +904,7 @@ class EngineIndex:
                     if st[7] >= 0:
                         seg.raise_damaged_chunk(int(st[7]))
                     small.append((hs_i, hq_i, hr_i))
-                    state[1] += st[1]
-                    state[2] &= st[2]
-                    state[3:7] += st[3:7]
+                    _add_state(state, st)
                 used.append("blockmax")
                 continue
             ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
