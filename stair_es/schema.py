@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from .errors import InvalidInputError, UnknownFieldError
 from .sparse import SparseVector
 
@@ -197,12 +199,7 @@ class IndexSchema:
         out: dict[str, Any] = {}
         new: dict[str, str] = {}
         for name, value in metadata.items():
-            check_field_name(name, "metadata field")
-            if name in RESERVED or name in self.sparse_fields:
-                raise InvalidInputError(f"metadata field {name!r} is reserved (an internal or sparse field); rename it")
-            if name.startswith("_") and name not in self.fields:
-                raise InvalidInputError(f"metadata field {name!r} starts with '_': Elasticsearch and OpenSearch reserve such "
-                                        "names for their own fields (_id, _source, _routing...); rename it")
+            self.check_metadata_name(name)
             check_text(value, f"metadata field {name!r}")
             if value is None:
                 continue
@@ -217,6 +214,94 @@ class IndexSchema:
                 new[name] = ftype
             out[name] = normalize_value(ftype, value, name)
         return out, new
+
+    def check_metadata_name(self, name: str) -> None:
+        """A metadata field name a document may use (``normalize_metadata``'s name rules)."""
+        check_field_name(name, "metadata field")
+        if name in RESERVED or name in self.sparse_fields:
+            raise InvalidInputError(f"metadata field {name!r} is reserved (an internal or sparse field); rename it")
+        if name.startswith("_") and name not in self.fields:
+            raise InvalidInputError(f"metadata field {name!r} starts with '_': Elasticsearch and OpenSearch reserve such "
+                                    "names for their own fields (_id, _source, _routing...); rename it")
+
+    def normalize_column(self, name: str, values: Any, *, infer: bool = True) -> tuple[str | None, Any]:
+        """Validate one metadata field's values for a batch of documents, one value (or None)
+        per document: the columnar twin of :meth:`normalize_metadata`, for bulk ingest.
+
+        Returns (type, values); type is None when every value is missing. Numpy arrays are
+        checked at once and returned as arrays: numbers as float64 (NaN = missing, as in
+        pandas), booleans as bool, integer epoch milliseconds of a date field as int64,
+        datetime64 as dates. Anything else is checked value by value and returned as a list of
+        normalised values. A bad value raises :class:`ColumnValueError` naming its row.
+        """
+        self.check_metadata_name(name)
+        ftype = self.fields.get(name)
+        arr = values if isinstance(values, np.ndarray) else None
+        if arr is not None and arr.ndim != 1:
+            raise InvalidInputError(f"metadata column {name!r} must be one-dimensional, got shape {arr.shape}")
+        if arr is not None and arr.dtype.kind == "M":  # datetime64: epoch ms, NaT = missing
+            if ftype not in (None, "date"):
+                raise InvalidInputError(f"field {name!r} is a {ftype} field; got a column of dates")
+            ms = arr.astype("datetime64[ms]").astype(np.int64)
+            nat = np.isnat(arr)
+            if not nat.any():
+                return "date", ms
+            return (None, [None] * len(arr)) if nat.all() else ("date", [None if m else int(v) for v, m in zip(ms, nat)])
+        if arr is not None and arr.dtype.kind == "b":
+            if ftype not in (None, "boolean"):
+                raise InvalidInputError(f"field {name!r} is a {ftype} field; got a column of booleans")
+            return ("boolean", arr.astype(bool)) if arr.size else (None, [])
+        if arr is not None and arr.dtype.kind in "iuf" and ftype in (None, "number", "date"):
+            v = arr.astype(np.float64)
+            bad = np.isinf(v)
+            if bad.any():
+                raise ColumnValueError(int(np.argmax(bad)), f"field {name!r}: numbers must be finite, got {arr[bad][0]!r}")
+            missing = np.isnan(v)
+            if missing.all():
+                return None, [None] * len(arr)
+            if ftype == "date":
+                if missing.any():
+                    return "date", [None if m else int(x) for x, m in zip(v, missing)]
+                return "date", arr.astype(np.int64)
+            return "number", v
+        vals = list(values)
+        if ftype is None:
+            first = next((v for v in vals if v is not None), None)
+            if first is None:
+                return None, vals
+            if not infer:
+                raise UnknownFieldError(f"unknown metadata field {name!r}; declare it when creating the index")
+            try:
+                ftype = infer_type(first)
+            except InvalidInputError as e:
+                raise ColumnValueError(next(i for i, v in enumerate(vals) if v is not None),
+                                       f"metadata field {name!r}: {e}") from None
+        if ftype == "number" and all(type(v) in _PLAIN_NUMBER for v in vals):  # the common case, without a call per value
+            v = np.array([np.nan if x is None else x for x in vals], np.float64)
+            bad = np.isinf(v) | (np.isnan(v) & np.array([x is not None for x in vals]))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ColumnValueError(i, f"field {name!r}: numbers must be finite, got {vals[i]!r}")
+            return ftype, v
+        out = []
+        for i, v in enumerate(vals):
+            try:
+                check_text(v, f"metadata field {name!r}")
+                out.append(normalize_value(ftype, v, name))
+            except InvalidInputError as e:
+                raise ColumnValueError(i, str(e)) from None
+        return ftype, out
+
+
+_PLAIN_NUMBER = (int, float, type(None))
+
+
+class ColumnValueError(InvalidInputError):
+    """A bad value in a metadata column; ``row`` is its position in the batch."""
+
+    def __init__(self, row: int, message: str):
+        super().__init__(message)
+        self.row = row
 
 
 def check_text(value: Any, what: str, depth: int = 0) -> None:

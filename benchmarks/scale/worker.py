@@ -115,7 +115,7 @@ def run_engine(job: dict, partial: dict) -> dict:
         m64 = min(64, ip.size - 1)
         wx = EngineIndex.create(warm, IndexSchema(sparse_fields=("image",)))
         wx.add_arrays([str(i) for i in range(m64)], {"image": (ip[: m64 + 1], ids[: ip[m64]], w[: ip[m64]])},
-                      metadata=[{"bucket": int(b)} for b in buckets(0, m64)] if with_meta else None)
+                      columns={"bucket": buckets(0, m64)} if with_meta else None)
         wreq = SearchRequest([SparseClause("image", SparseVector.from_arrays(ids[: ip[1]], w[: ip[1]]))], top_k=K)
         for strategy in ("auto", "taat", "blockmax"):
             wx.strategy = strategy
@@ -146,9 +146,9 @@ def run_engine(job: dict, partial: dict) -> dict:
             w = np.concatenate([p[3] for p in pending])
             pending.clear()
             names = [str(i) for i in range(first, first + n)]
-            meta = [{"bucket": int(b)} for b in buckets(first, n)] if with_meta else None
+            cols = {"bucket": buckets(first, n)} if with_meta else None
             t, c = time.perf_counter(), time.process_time()
-            ix.add_arrays(names, {"image": (indptr, ids, w)}, metadata=meta)
+            ix.add_arrays(names, {"image": (indptr, ids, w)}, columns=cols)
             add_s += time.perf_counter() - t
             add_cpu[0] += time.process_time() - c
 

@@ -51,7 +51,7 @@ from ..errors import (
     InvalidVectorError,
 )
 from ..query import SearchRequest
-from ..schema import Document, Explanation, Hit, IndexSchema, ItemResult, SearchResult, TokenContribution
+from ..schema import ColumnValueError, check_text, Document, Explanation, Hit, IndexSchema, ItemResult, SearchResult, TokenContribution
 from ..sparse import SparseVector
 from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from . import npkernels as NP
@@ -60,6 +60,7 @@ from .segment import (
     Batch,
     Segment,
     build_segment,
+    column_arrays,
     columns_from_rows,
     encode_ids,
     encode_strings,
@@ -79,6 +80,8 @@ LOCK = "write.lock"
 SPLIT_MIN_DOCS = 1 << 16
 DEFAULT_BSHIFT = 8  # 256-document blocks: smaller and faster than 128 on the 1M benchmark
 F16_MAX = 65504.0
+#: add_arrays checks a field's postings on several threads from this many (~10 ms of work)
+PARALLEL_CHECK_POSTINGS = 4_000_000
 
 
 def _f16_bits(w: np.ndarray) -> np.ndarray:
@@ -466,12 +469,17 @@ class EngineIndex:
     # --- id lookup ----------------------------------------------------------------------------------
     def _locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
-        blob, offs = encode_ids(list(ids))
-        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
         seg_of = np.full(len(ids), -1, np.int64)
         doc_of = np.full(len(ids), -1, np.int64)
+        if not self._segs:
+            return seg_of, doc_of
+        blob, offs = encode_ids(list(ids))
+        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
+        order = np.argsort(hashes, kind="stable")
+        by_hash, ids_by_hash = hashes[order], [ids[i] for i in order]
         for si, s in enumerate(self._segs):
-            d = s.seg.lookup(hashes, ids)
+            d = np.empty(len(ids), np.int64)
+            d[order] = s.seg.lookup(by_hash, ids_by_hash)
             hit = d >= 0
             if s.deleted is not None:
                 hit &= ~s.deleted[np.maximum(d, 0)]
@@ -552,12 +560,17 @@ class EngineIndex:
 
     @_writes
     def add_arrays(self, ids: Sequence[str], vectors: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
-                   metadata: Sequence[Mapping[str, Any] | None] | None = None) -> int:
+                   metadata: Sequence[Mapping[str, Any] | None] | None = None, *,
+                   columns: Mapping[str, Any] | None = None) -> int:
         """Fast path: add already-encoded CSR vectors ``{field: (indptr, token ids, weights)}``.
 
-        Token ids must be sorted and unique per row, weights finite and >= 0 (zeros are
-        dropped), no special tokens. All-or-nothing: invalid input raises before anything is
-        written. Existing ids are replaced. Returns the number of documents committed.
+        Token ids must be sorted and unique per row, weights finite and >= 0 (zeros, and
+        weights too small for fp16, are dropped), no special tokens. Metadata comes either per
+        document (``metadata``: a dict or None each) or per field (``columns``: ``{name: one
+        value or None per document}``, e.g. numpy arrays or a DataFrame's columns; NaN in a
+        float array means missing), or both for different fields. All-or-nothing: invalid
+        input raises, naming the document, before anything is written. Existing ids are
+        replaced. Returns the number of documents committed.
         """
         self._require_writable()
         self.refresh()
@@ -565,60 +578,58 @@ class EngineIndex:
         n = len(ids)
         if n == 0:
             return 0
-        if len(set(ids)) != n:
-            raise InvalidInputError("add_arrays needs unique ids within one call")
-        for i in ids:
-            if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
-                raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
-        clean = {}
-        for f, (indptr, indices, weights) in vectors.items():
-            self.schema.check_sparse_field(f)
-            indptr = np.ascontiguousarray(indptr, np.int64)
-            indices = np.ascontiguousarray(indices, np.int32)
-            weights = np.ascontiguousarray(weights, np.float32)
-            if indptr.shape != (n + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or indices.size != weights.size:
-                raise InvalidVectorError(f"field {f!r}: indptr must have len(ids)+1 entries from 0 to nnz, and ids/weights the same length")
-            if np.any(np.diff(indptr) < 0):
-                raise InvalidVectorError(f"field {f!r}: indptr must be non-decreasing")
-            status, row = NP.build_kernel("check_csr", indices.size)(indptr, indices, weights, VOCAB_SIZE, self.vocab.special_mask)
-            if status:
-                why = {1: "token ids must be sorted and unique within a document", 2: f"token ids must lie in [0, {VOCAB_SIZE})",
-                       3: "weights must be finite and non-negative", 4: "special tokens are never indexed"}[status]
-                raise InvalidVectorError(f"field {f!r}, document {ids[row]!r}: {why}")
-            if weights.size and float(weights.max()) > F16_MAX:
-                raise InvalidVectorError(f"field {f!r}: weights above {F16_MAX} cannot be stored")
-            wb = _f16_bits(weights)
-            zero = wb == 0
-            if zero.any():
-                rows = np.repeat(np.arange(n), np.diff(indptr))
-                counts = np.bincount(rows[~zero], minlength=n)
-                indptr = np.zeros(n + 1, np.int64)
-                np.cumsum(counts, out=indptr[1:])
-                indices, wb = indices[~zero], wb[~zero]
-            clean[f] = (indptr, indices, wb)
+        _check_ids(ids)
+        clean = {f: self._checked_vectors(f, ids, *v) for f, v in vectors.items()}
         fields = dict(self.schema.fields)
-        columns: dict = {}
-        if metadata is not None:
-            if len(metadata) != n:
-                raise InvalidInputError("metadata must have one entry (or None) per id")
-            rows_meta = []
-            # one schema for the documents' checks, rebuilt only when a document brings a new field
-            # (one per document cost ~10 us of the ~20 us per document this loop took)
-            tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
-            for i, md in zip(ids, metadata):
-                try:
-                    norm, new = tmp.normalize_metadata(md)
-                except InvalidInputError as e:
-                    raise InvalidInputError(f"document {i!r}: {e}") from None
-                if new:
-                    fields.update(new)
-                    tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
-                rows_meta.append(norm)
-            columns = columns_from_rows(rows_meta, fields)
+        cols: dict = {}
+        given = _metadata_columns(ids, metadata, columns)
+        tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
+        for name, values in given.items():
+            try:
+                ftype, vals = tmp.normalize_column(name, values)
+            except ColumnValueError as e:
+                raise InvalidInputError(f"document {ids[e.row]!r}: {e}") from None
+            if ftype is None:  # no document has a value
+                continue
+            if name not in fields:
+                fields[name] = ftype
+            cols[name] = (ftype, column_arrays(ftype, vals))
         schema = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields, vocab_name=self.schema.vocab_name,
                              vocab_md5=self.schema.vocab_md5, encoder=self.schema.encoder)
-        self._write_batch(ids, clean, columns, None, None, schema)
+        self._write_batch(ids, clean, cols, None, None, schema)
         return n
+
+    def _checked_vectors(self, f: str, ids: list[str], indptr, indices, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One sparse field of ``add_arrays`` checked, as (indptr, token ids, fp16 bits) without zeros."""
+        n = len(ids)
+        self.schema.check_sparse_field(f)
+        indptr = np.ascontiguousarray(indptr, np.int64)
+        indices = np.ascontiguousarray(indices, np.int32)
+        weights = np.ascontiguousarray(weights, np.float32)
+        if indptr.shape != (n + 1,) or indptr[0] != 0 or indptr[-1] != indices.size or indices.size != weights.size:
+            raise InvalidVectorError(f"field {f!r}: indptr must have len(ids)+1 entries from 0 to nnz, and ids/weights the same length")
+        if np.any(np.diff(indptr) < 0):
+            raise InvalidVectorError(f"field {f!r}: indptr must be non-decreasing")
+        wb = np.empty(indices.size, np.uint16)
+        kernel = NP.build_kernel("check_pack_csr", indices.size)
+        args = (indptr, indices, weights, VOCAB_SIZE, self.vocab.special_mask, F16_MAX, wb)
+        parts = min(os.cpu_count() or 1, 4) if indices.size >= PARALLEL_CHECK_POSTINGS and kernel is K.check_pack_csr else 1
+        cuts = np.searchsorted(indptr, np.linspace(0, indices.size, parts + 1)[1:-1]).tolist()
+        bounds = list(zip([0] + cuts, cuts + [n]))
+        found = self._run_parallel([(lambda lo=lo, hi=hi: kernel(*args, lo, hi)) for lo, hi in bounds])
+        status, row = next(((st, r) for st, r, _ in found if st), (0, -1))
+        if status:
+            why = {1: "token ids must be sorted and unique within a document", 2: f"token ids must lie in [0, {VOCAB_SIZE})",
+                   3: "weights must be finite and non-negative", 4: "special tokens are never indexed",
+                   5: f"weights above {F16_MAX} cannot be stored"}[status]
+            raise InvalidVectorError(f"field {f!r}, document {ids[row]!r}: {why}")
+        if sum(z for _, _, z in found):
+            keep = wb != 0
+            counts = np.bincount(np.repeat(np.arange(n), np.diff(indptr))[keep], minlength=n)
+            indptr = np.zeros(n + 1, np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            indices, wb = indices[keep], wb[keep]
+        return indptr, indices, wb
 
     def _write_batch(self, ids, vectors, columns, captions, sources, schema: IndexSchema) -> np.ndarray:
         """Write one new segment, tombstone replaced ids, commit. Returns 'was an update' per id."""
@@ -800,6 +811,8 @@ class EngineIndex:
     def _run_parallel(self, fns: list) -> list:
         """Call each of ``fns`` (no arguments) at once: the first on this thread, the others on
         the index's query pool (the numba kernels release the GIL); results in order."""
+        if len(fns) == 1:
+            return [fns[0]()]
         with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
             if self._pool is None or self._pool_size < len(fns) - 1:
                 from concurrent.futures import ThreadPoolExecutor
@@ -1046,6 +1059,51 @@ class EngineIndex:
             "bytes_per_posting": posting_bytes / postings if postings else None,
             "block_docs": 1 << self.bshift,
         }
+
+
+def _check_ids(ids: list[str]) -> None:
+    """``add_arrays``' ids: unique, non-empty strings of at most 512 characters, without newlines,
+    valid Unicode. A few passes in C for a million ids; the slow loop only to name a bad one."""
+    n = len(ids)
+    ok = all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512
+    if ok:
+        joined = "\n".join(ids)
+        try:
+            ok = joined.count("\n") == n - 1 and bool(joined.encode("utf-8"))
+        except UnicodeEncodeError:
+            ok = False
+    if not ok:
+        for i in ids:
+            if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
+                raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
+            check_text(i, "a document id")
+    if len(set(ids)) != n:
+        raise InvalidInputError("add_arrays needs unique ids within one call")
+
+
+def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
+    """``add_arrays``' metadata as ``{field: one value or None per document}``: the per-document
+    dicts transposed (so that each field is checked as one column), and the given columns."""
+    n = len(ids)
+    out: dict[str, Any] = {}
+    if metadata is not None:
+        if len(metadata) != n:
+            raise InvalidInputError(f"metadata must have one entry (or None) per id: {len(metadata)} for {n} ids")
+        names: dict[str, None] = {}
+        for i, md in zip(ids, metadata):
+            if type(md) is not dict and md is not None and not isinstance(md, Mapping):
+                raise InvalidInputError(f"document {i!r}: metadata must be a JSON object, got {type(md).__name__}")
+            if md:
+                names.update(dict.fromkeys(md))
+        for name in names:
+            out[name] = [None if md is None else md.get(name) for md in metadata]
+    for name, values in (columns or {}).items():
+        if name in out:
+            raise InvalidInputError(f"metadata field {name!r} is given both per document and as a column; give it once")
+        if len(values) != n:
+            raise InvalidInputError(f"metadata column {name!r} has {len(values)} values for {n} ids; give one (or None) per id")
+        out[name] = values
+    return out
 
 
 def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:

@@ -323,11 +323,11 @@ def same_strings(q_blob, q_offs, blob, offs, docs):
 
 
 # --- input checks ------------------------------------------------------------------------------
-@njit(cache=True)
-def check_csr(indptr, indices, weights, vocab_size, special):
-    """Returns (status, row): 0 ok; 1 unsorted/duplicate ids; 2 bad id; 3 bad weight; 4 special token."""
-    n = indptr.size - 1
-    for d in range(n):
+@njit(cache=True, nogil=True)
+def _first_bad_posting(indptr, indices, weights, vocab_size, special, w_max, d0, d1):
+    """(status, row) of the first bad posting of documents ``d0:d1`` in CSR order (see
+    :func:`check_pack_csr`); (0, -1) when there is none."""
+    for d in range(d0, d1):
         last = -1
         for p in range(indptr[d], indptr[d + 1]):
             t = indices[p]
@@ -336,12 +336,68 @@ def check_csr(indptr, indices, weights, vocab_size, special):
             w = weights[p]
             if not (w >= 0.0) or w == np.inf:
                 return 3, d
+            if w > w_max:
+                return 5, d
             if w > 0.0 and special[t]:
                 return 4, d
             if t <= last:
                 return 1, d
             last = t
     return 0, -1
+
+
+@njit(cache=True, nogil=True)
+def check_pack_csr(indptr, indices, weights, vocab_size, special, w_max, out, d0, d1):
+    """Check documents ``d0:d1`` of a CSR batch and write their weights' fp16 bits to ``out``.
+
+    Returns (status, row, zeros): status 0 ok; 1 unsorted/duplicate ids; 2 bad id; 3 bad weight
+    (NaN, infinite, negative); 4 special token; 5 weight above ``w_max`` (fp16's largest) -- of
+    the first bad posting in CSR order, ``row`` its document; ``zeros`` counts the weights whose
+    fp16 bits are 0 (zero, or too small for fp16), which are not indexed.
+
+    The checks and the cast are flat loops without early exits, which the compiler vectorises
+    (~10x numpy's scalar fp16 cast); only a batch with a problem is walked again posting by
+    posting to name the first one.
+    """
+    lo, hi = indptr[d0], indptr[d1]
+    # slices, so that loop indices are provably >= 0: numba's negative-index wraparound check
+    # on ``range(lo, hi)`` indices stops vectorisation (measured 7x slower)
+    ids, ws, bits, packed = indices[lo:hi], weights[lo:hi], weights[lo:hi].view(np.uint32), out[lo:hi]
+    m = ids.size
+    bad = False
+    for p in range(m):
+        t = ids[p]
+        w = ws[p]
+        bad |= (t < 0) | (t >= vocab_size) | (not (w >= 0.0)) | (w > w_max)
+    if not bad:
+        for p in range(m):
+            bad |= special[ids[p]] & (ws[p] > 0.0)
+    if not bad:  # ids must increase within a document; a document's first id may be anything
+        falls = 0
+        for p in range(1, m):
+            falls += ids[p] <= ids[p - 1]
+        for d in range(d0 + 1, d1):
+            q = indptr[d] - lo
+            if q > 0 and indptr[d + 1] - lo > q:  # the start of a non-empty document after the first posting
+                falls -= ids[q] <= ids[q - 1]
+        bad = falls != 0
+    if bad:
+        status, row = _first_bad_posting(indptr, indices, weights, vocab_size, special, w_max, d0, d1)
+        if status:
+            return status, row, 0
+    # fp16 bits, rounded to nearest, ties to even, as numpy's astype(np.float16) (tested bit for
+    # bit): fp16 subnormals and zero (below 2**-14) by exact scaling to units of 2**-24 and
+    # rint; normal numbers by rebiasing the exponent and adding the rounding bias to the bits
+    zeros = 0
+    for p in range(m):
+        u = bits[p]
+        small = ws[p] if u < np.uint32(0x38800000) else np.float32(0.0)  # keeps the unused arm in range
+        sub = np.uint32(np.rint(small * np.float32(16777216.0)))
+        nrm = (u - np.uint32(0x38000000) + np.uint32(0xFFF) + ((u >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        o = sub if u < np.uint32(0x38800000) else nrm
+        packed[p] = np.uint16(o)
+        zeros += o == 0
+    return 0, -1, zeros
 
 
 # --- build -------------------------------------------------------------------------------------

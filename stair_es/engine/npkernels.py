@@ -181,13 +181,14 @@ def gather_strings(blob: np.ndarray, offs: np.ndarray, rows: np.ndarray) -> tupl
     return np.asarray(blob, np.uint8)[_ranges(starts, ends)], out_offs
 
 
-def check_csr(indptr, indices, weights, vocab_size, special) -> tuple[int, int]:
-    """As the numba kernel: (status, row) of the first bad posting in CSR order; 0 ok; 1
-    unsorted/duplicate ids; 2 bad id; 3 bad weight; 4 special token."""
-    lo, hi = int(indptr[0]), int(indptr[-1])
+def check_pack_csr(indptr, indices, weights, vocab_size, special, w_max, out, d0, d1) -> tuple[int, int, int]:
+    """As the numba kernel: checks documents ``d0:d1``, writes their weights' fp16 bits to
+    ``out`` when they are all good; returns (status, row, zeros) as the kernel."""
+    indptr = np.asarray(indptr, np.int64)
+    lo, hi = int(indptr[d0]), int(indptr[d1])
     t = np.asarray(indices[lo:hi], np.int64)
     w = np.asarray(weights[lo:hi], np.float32)
-    rows = np.repeat(np.arange(indptr.size - 1), np.diff(np.asarray(indptr, np.int64)))
+    rows = np.repeat(np.arange(d0, d1), np.diff(indptr[d0:d1 + 1]))
     bad_id = (t < 0) | (t >= vocab_size)
     bad_w = ~(w >= 0.0) | (w == np.inf)
     spec = np.zeros(t.size, bool)
@@ -198,11 +199,13 @@ def check_csr(indptr, indices, weights, vocab_size, special) -> tuple[int, int]:
         prev[1:] = t[:-1]
         prev[1:][rows[1:] != rows[:-1]] = -1
     unsorted = t <= prev
-    code = np.where(bad_id, 2, np.where(bad_w, 3, np.where(spec, 4, np.where(unsorted, 1, 0))))
+    code = np.select([bad_id, bad_w, w > w_max, spec, unsorted], [2, 3, 5, 4, 1], 0)
     first = np.flatnonzero(code)
-    if first.size == 0:
-        return 0, -1
-    return int(code[first[0]]), int(rows[first[0]])
+    if first.size:
+        return int(code[first[0]]), int(rows[first[0]]), 0
+    bits = w.astype(np.float16).view(np.uint16)
+    out[lo:hi] = bits
+    return 0, -1, int(np.count_nonzero(bits == 0))
 
 
 def build_postings(indptr, indices, wbits, n_docs, key_base, n_keys, bshift) -> tuple:

@@ -88,36 +88,38 @@ class Batch:
 
 def columns_from_rows(rows: Sequence[dict[str, Any]], types: dict[str, str]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
     """Normalised metadata dicts (see ``IndexSchema.normalize_metadata``) -> typed columns."""
-    n = len(rows)
     used = {name for r in rows for name in r}
-    cols: dict[str, tuple[str, dict[str, np.ndarray]]] = {}
-    for name in sorted(used):
-        ftype = types[name]
-        vals = [r.get(name) for r in rows]
-        if ftype == "number":
-            cols[name] = (ftype, {"v": np.array([np.nan if v is None else v for v in vals], np.float64)})
-        elif ftype == "date":
-            cols[name] = (ftype, {"v": np.array([DATE_MISSING if v is None else v for v in vals], np.int64)})
-        elif ftype == "boolean":
-            cols[name] = (ftype, {"v": np.array([-1 if v is None else int(v) for v in vals], np.int8)})
-        else:
-            words = sorted({w for v in vals if v is not None for w in ((v,) if isinstance(v, str) else v)})
-            code = {w: i for i, w in enumerate(words)}
-            ptr = np.zeros(n + 1, np.int64)
-            codes: list[int] = []
-            islist = np.zeros(n, np.uint8)
-            for i, v in enumerate(vals):
-                if v is not None:
-                    if isinstance(v, str):
-                        codes.append(code[v])
-                    else:
-                        islist[i] = 1
-                        codes.extend(code[w] for w in v)
-                ptr[i + 1] = len(codes)
-            blob, offs, _ = encode_strings(words)
-            cols[name] = (ftype, {"ptr": ptr, "codes": np.array(codes, np.int32), "list": islist,
-                                  "dict": blob, "dict_offs": offs})
-    return cols
+    return {name: (types[name], column_arrays(types[name], [r.get(name) for r in rows])) for name in sorted(used)}
+
+
+def column_arrays(ftype: str, vals: Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
+    """One field's normalised values, one per document (None = missing), as the segment's
+    arrays; the arrays ``IndexSchema.normalize_column`` returns are taken as they are."""
+    n = len(vals)
+    if isinstance(vals, np.ndarray):
+        conv = {"number": np.float64, "date": np.int64, "boolean": np.int8}[ftype]
+        return {"v": vals.astype(conv)}
+    if ftype == "number":
+        return {"v": np.array([np.nan if v is None else v for v in vals], np.float64)}
+    if ftype == "date":
+        return {"v": np.array([DATE_MISSING if v is None else v for v in vals], np.int64)}
+    if ftype == "boolean":
+        return {"v": np.array([-1 if v is None else int(v) for v in vals], np.int8)}
+    words = sorted({w for v in vals if v is not None for w in ((v,) if isinstance(v, str) else v)})
+    code = {w: i for i, w in enumerate(words)}
+    ptr = np.zeros(n + 1, np.int64)
+    codes: list[int] = []
+    islist = np.zeros(n, np.uint8)
+    for i, v in enumerate(vals):
+        if v is not None:
+            if isinstance(v, str):
+                codes.append(code[v])
+            else:
+                islist[i] = 1
+                codes.extend(code[w] for w in v)
+        ptr[i + 1] = len(codes)
+    blob, offs, _ = encode_strings(words)
+    return {"ptr": ptr, "codes": np.array(codes, np.int32), "list": islist, "dict": blob, "dict_offs": offs}
 
 
 def _empty_column(ftype: str, n: int) -> dict[str, np.ndarray]:
@@ -473,7 +475,9 @@ class Segment:
         return _str_at(self.a["id_blob"], self.a["id_offs"], d)
 
     def lookup(self, hashes: np.ndarray, ids: Sequence[str]) -> np.ndarray:
-        """Local doc of each id (-1 if absent); ``hashes`` = fnv1a64 of ``ids``."""
+        """Local doc of each id (-1 if absent); ``hashes`` = fnv1a64 of ``ids``, sorted ascending
+        (numpy's binary search narrows from the previous answer when its keys ascend: ~5x
+        faster for a million ids, which pays off over the segments of a big index)."""
         self.verify_arrays(("id_hash", "id_order", "id_offs", "id_blob"))
         hs = self.a["id_hash"]
         out = np.full(len(ids), -1, np.int64)

@@ -215,6 +215,83 @@ def test_add_arrays_fast_path(tmp_path):
     ix.close()
 
 
+def _one_token_each(n: int, token: int = 2000):
+    return {"image": (np.arange(n + 1, dtype=np.int64), np.full(n, token, np.int32), np.arange(1, n + 1, dtype=np.float32))}
+
+
+def test_add_arrays_takes_metadata_as_columns(tmp_path):
+    """Bulk metadata as one array per field (a DataFrame's columns): typed once per column,
+    NaN = missing in a float column, filters see the values, get() gives them back."""
+    ix = EngineIndex.create(tmp_path / "cols", IndexSchema(fields={"shot": "date"}))
+    ids = ["a", "b", "c", "d"]
+    cols = {
+        "price": np.array([10.0, np.nan, 30.0, 40.0]),
+        "stock": np.array([3, 0, 7, 1], np.int32),
+        "sale": np.array([True, False, True, False]),
+        "shot": np.array(["2024-01-01", "2024-06-01", "NaT", "2025-01-01"], "datetime64[ms]"),
+        "brand": ["acme", None, ["acme", "zeta"], "zeta"],
+    }
+    assert ix.add_arrays(ids, _one_token_each(4), columns=cols) == 4
+    assert ix.schema.fields == {"shot": "date", "price": "number", "stock": "number", "sale": "boolean", "brand": "keyword"}
+    assert ix.get("b").metadata == {"stock": 0.0, "sale": False, "shot": "2024-06-01"}
+    assert ix.get("c").metadata["brand"] == ["acme", "zeta"] and "shot" not in ix.get("c").metadata
+
+    def hits(flt):
+        q = SearchRequest([SparseClause("image", SparseVector.from_arrays([2000], [1.0]))], filter=flt)
+        return sorted(h.id for h in ix.search(q).hits)
+
+    assert hits(Range("price", gte=20)) == ["c", "d"]
+    assert hits(Exists("price")) == ["a", "c", "d"]
+    assert hits(Term("sale", True)) == ["a", "c"]
+    assert hits(Term("brand", "zeta")) == ["c", "d"]
+    assert hits(Range("shot", lt="2024-12-31")) == ["a", "b"]
+    # per-document dicts and columns together, for different fields
+    ix.add_arrays(["e"], _one_token_each(1), [{"brand": "acme"}], columns={"price": np.array([5.0])})
+    assert ix.get("e").metadata == {"brand": "acme", "price": 5.0}
+    ix.close()
+
+
+def test_add_arrays_refuses_bad_metadata_naming_the_document(tmp_path):
+    ix = EngineIndex.create(tmp_path / "bad", IndexSchema(fields={"price": "number"}))
+    cases = [
+        ({"columns": {"price": np.array([1.0, np.inf])}}, "'y'.*finite"),
+        ({"columns": {"price": [1.0, "cheap"]}}, "'y'.*number field"),
+        ({"columns": {"price": [1.0, float("nan")]}}, "'y'.*finite"),  # NaN is "missing" only in arrays
+        ({"columns": {"price": np.array([True, False])}}, "number field"),
+        ({"columns": {"price": np.array([1.0])}}, "1 values for 2 ids"),
+        ({"metadata": [{"price": 1}, {"price": "x"}]}, "'y'.*number field"),
+        ({"metadata": [{"price": 1}, "price=2"]}, "'y'.*JSON object"),
+        ({"metadata": [{"id": 1}, None]}, "reserved"),
+        ({"metadata": [{"brand": "a"}, {"brand": 3}]}, "'y'.*keyword field"),
+        ({"metadata": [{"price": 1.0}, None], "columns": {"price": np.array([2.0, 3.0])}}, "both per document and as a column"),
+        ({"columns": {"brand": ["ok", "\ud800"]}}, "'y'.*not valid Unicode"),
+    ]
+    for kwargs, why in cases:
+        with pytest.raises(InvalidInputError, match=why):
+            ix.add_arrays(["x", "y"], _one_token_each(2), **kwargs)
+    assert ix.doc_count == 0 and ix.schema.fields == {"price": "number"}  # nothing written, no field added
+    with pytest.raises(InvalidVectorError, match="'y'.*above 65504"):
+        ix.add_arrays(["x", "y"], {"image": (np.array([0, 1, 2]), np.array([2000, 2000], np.int32), np.array([1.0, 7e4], np.float32))})
+    for bad_id in ["", "a\nb", "x" * 513, "\ud800", 7]:
+        with pytest.raises(InvalidInputError, match="document id"):
+            ix.add_arrays(["ok", bad_id], _one_token_each(2))
+    ix.close()
+
+
+def test_add_arrays_drops_weights_too_small_for_fp16(tmp_path):
+    """A weight that rounds to fp16 zero is not indexed, as a zero is not: the document keeps
+    its other tokens and the rows after it stay aligned."""
+    ix = EngineIndex.create(tmp_path / "tiny", IndexSchema())
+    indptr = np.array([0, 2, 3, 5])
+    tok = np.array([2000, 2001, 2002, 2003, 2004], np.int32)
+    w = np.array([1e-9, 1.0, 0.0, 2.0, 3.0], np.float32)
+    ix.add_arrays(["a", "b", "c"], {"image": (indptr, tok, w)})
+    assert ix.get("a").vectors["image"].ids.tolist() == [2001]
+    assert ix.get("b").vectors.get("image") is None or ix.get("b").vectors["image"].nnz == 0
+    assert ix.get("c").vectors["image"].ids.tolist() == [2003, 2004]
+    ix.close()
+
+
 def test_doc_freqs_and_stats(ix):
     df, n = ix.doc_freqs("image")
     v = ix.vocab

@@ -33,7 +33,7 @@ def test_build_postings_twin_is_identical(n_docs, bshift, key_base):
         np.testing.assert_array_equal(x, y)
 
 
-def test_check_csr_twin_reports_the_same_first_problem():
+def test_check_pack_csr_twin_reports_the_same_first_problem():
     rng = np.random.default_rng(7)
     special = np.zeros(30522, bool)
     special[[0, 100, 101, 102, 103]] = True
@@ -43,7 +43,7 @@ def test_check_csr_twin_reports_the_same_first_problem():
         w = w16.view(np.float16).astype(np.float32)
         if ids.size:
             p = int(rng.integers(ids.size))
-            kind = case % 6
+            kind = case % 7
             if kind == 1:
                 ids[p] = 40000
             elif kind == 2:
@@ -54,8 +54,37 @@ def test_check_csr_twin_reports_the_same_first_problem():
                 ids[p] = ids[p - 1]
             elif kind == 5:
                 w[p] = np.inf
+            elif kind == 6:
+                w[p] = 70000.0  # finite, but above fp16's largest value
         ids32 = ids.astype(np.int32)
-        assert NP.check_csr(indptr, ids32, w, 30522, special) == tuple(NB.check_csr(indptr, ids32, w, 30522, special))
+        out_np, out_nb = np.zeros(ids.size, np.uint16), np.zeros(ids.size, np.uint16)
+        lo = int(case % 3)  # the twins also agree on a document range not starting at 0
+        got = NP.check_pack_csr(indptr, ids32, w, 30522, special, 65504.0, out_np, lo, 30)
+        assert got == tuple(NB.check_pack_csr(indptr, ids32, w, 30522, special, 65504.0, out_nb, lo, 30))
+        if got[0] == 0:  # a clean batch is packed whole, identically
+            np.testing.assert_array_equal(out_np, out_nb)
+
+
+def test_the_compiled_fp16_cast_is_numpys_bit_for_bit():
+    """Weights are stored as fp16: the compiled cast must round exactly as numpy does, across
+    normal numbers, fp16 subnormals, values too small for fp16 and ties."""
+    rng = np.random.default_rng(11)
+    bits = np.concatenate([
+        rng.integers(0, 0x477FE000, 400_000, dtype=np.uint32),  # every float32 in [0, 65504]
+        np.arange(0x32000000, 0x39000000, 4099, dtype=np.uint32),  # around fp16's subnormal range
+        (np.arange(0, 0x477FE000, 0x1000, dtype=np.uint32) | 0x1000),  # exact ties between fp16 values
+        np.array([0, 1, 0x33000000, 0x33000001, 0x337FFFFF, 0x387FC000, 0x38800000, 0x477FE000], np.uint32),
+    ])
+    w = bits.view(np.float32)
+    w = w[w <= 65504.0]
+    out = np.zeros(w.size, np.uint16)
+    ids = np.full(w.size, 2000, np.int32)  # one posting per document, all of token 2000
+    one_per_doc = np.arange(w.size + 1, dtype=np.int64)
+    status, _, zeros = NB.check_pack_csr(one_per_doc, ids, w, 30522, np.zeros(30522, bool), 65504.0, out, 0, w.size)
+    assert status == 0
+    expect = w.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(out, expect)
+    assert zeros == int(np.count_nonzero(expect == 0))
 
 
 def test_gather_and_hash_twins_are_identical():
