@@ -467,16 +467,15 @@ class EngineIndex:
             raise InvalidInputError(f"the index at {self.path} is open read-only; open it with writable=True to change it")
 
     # --- id lookup ----------------------------------------------------------------------------------
-    def _locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _locate(self, ids: Sequence[str], hashed: _HashedIds | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
         seg_of = np.full(len(ids), -1, np.int64)
         doc_of = np.full(len(ids), -1, np.int64)
         if not self._segs:
             return seg_of, doc_of
-        blob, offs = encode_ids(list(ids))
-        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
-        order = np.argsort(hashes, kind="stable")
-        by_hash, ids_by_hash = hashes[order], [ids[i] for i in order]
+        h = hashed or _HashedIds.of(list(ids))
+        order = h.order
+        by_hash, ids_by_hash = h.sorted_hashes, [ids[i] for i in order]
         for si, s in enumerate(self._segs):
             d = np.empty(len(ids), np.int64)
             d[order] = s.seg.lookup(by_hash, ids_by_hash)
@@ -579,6 +578,8 @@ class EngineIndex:
         if n == 0:
             return 0
         _check_ids(ids)
+        hashed = _HashedIds.of(ids)
+        hashed.refuse_duplicates(ids)
         clean = {f: self._checked_vectors(f, ids, *v) for f, v in vectors.items()}
         fields = dict(self.schema.fields)
         cols: dict = {}
@@ -596,7 +597,7 @@ class EngineIndex:
             cols[name] = (ftype, column_arrays(ftype, vals))
         schema = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields, vocab_name=self.schema.vocab_name,
                              vocab_md5=self.schema.vocab_md5, encoder=self.schema.encoder)
-        self._write_batch(ids, clean, cols, None, None, schema)
+        self._write_batch(ids, clean, cols, None, None, schema, hashed)
         return n
 
     def _checked_vectors(self, f: str, ids: list[str], indptr, indices, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -631,13 +632,15 @@ class EngineIndex:
             indices, wb = indices[keep], wb[keep]
         return indptr, indices, wb
 
-    def _write_batch(self, ids, vectors, columns, captions, sources, schema: IndexSchema) -> np.ndarray:
+    def _write_batch(self, ids, vectors, columns, captions, sources, schema: IndexSchema,
+                     hashed: _HashedIds | None = None) -> np.ndarray:
         """Write one new segment, tombstone replaced ids, commit. Returns 'was an update' per id."""
         n = len(ids)
         seq0 = int(self._manifest.get("next_seq", 0))
-        id_blob, id_offs = encode_ids(ids)
-        batch = Batch(id_blob, id_offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources)
-        seg_of, doc_of = self._locate(ids)
+        h = hashed or _HashedIds.of(ids)
+        batch = Batch(h.blob, h.offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources,
+                      id_hash=h.sorted_hashes, id_order=h.order)
+        seg_of, doc_of = self._locate(ids, h)
         segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
         gen = int(self._manifest["generation"]) + 1
         for si in np.unique(seg_of[seg_of >= 0]):
@@ -1062,8 +1065,8 @@ class EngineIndex:
 
 
 def _check_ids(ids: list[str]) -> None:
-    """``add_arrays``' ids: unique, non-empty strings of at most 512 characters, without newlines,
-    valid Unicode. A few passes in C for a million ids; the slow loop only to name a bad one."""
+    """``add_arrays``' ids: non-empty strings of at most 512 characters, without newlines, valid
+    Unicode (uniqueness: :meth:`_HashedIds.refuse_duplicates`). A few passes in C for a million ids; the slow loop only to name a bad one."""
     n = len(ids)
     ok = all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512
     if ok:
@@ -1077,8 +1080,33 @@ def _check_ids(ids: list[str]) -> None:
             if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
                 raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
             check_text(i, "a document id")
-    if len(set(ids)) != n:
-        raise InvalidInputError("add_arrays needs unique ids within one call")
+
+
+@dataclass
+class _HashedIds:
+    """A batch's ids packed (blob, offsets) and hashed (fnv1a64), with the order that sorts the
+    hashes: computed once per batch for the duplicate check, the lookup of ids already indexed
+    and the new segment's id table."""
+
+    blob: np.ndarray
+    offs: np.ndarray
+    order: np.ndarray
+    sorted_hashes: np.ndarray
+
+    @classmethod
+    def of(cls, ids: list[str]) -> "_HashedIds":
+        blob, offs = encode_ids(ids)
+        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
+        order = np.argsort(hashes, kind="stable")
+        return cls(blob, offs, order, hashes[order])
+
+    def refuse_duplicates(self, ids: list[str]) -> None:
+        """InvalidInputError naming an id given twice (equal hashes are compared as strings)."""
+        sh = self.sorted_hashes
+        for i in np.flatnonzero(sh[1:] == sh[:-1]).tolist():
+            a, b = ids[self.order[i]], ids[self.order[i + 1]]
+            if a == b:
+                raise InvalidInputError(f"add_arrays needs unique ids within one call; {a!r} is given twice")
 
 
 def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:

@@ -80,6 +80,9 @@ class Batch:
     columns: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     captions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     sources: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # the ids' fnv1a64 hashes sorted, and the order that sorts them, when the writer has them
+    id_hash: np.ndarray | None = None
+    id_order: np.ndarray | None = None
 
     @property
     def n_docs(self) -> int:
@@ -696,8 +699,12 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
 def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
     n = batch.n_docs
     keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
-    hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
-    order = np.argsort(hashes, kind="stable")
+    if batch.id_hash is not None:
+        sorted_hashes, order = batch.id_hash, batch.id_order
+    else:
+        hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
+        order = np.argsort(hashes, kind="stable")
+        sorted_hashes = hashes[order]
     caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
     arrays: dict[str, np.ndarray] = {
@@ -712,7 +719,7 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Seg
         "seq": batch.seq.astype(np.uint64),
         "id_blob": batch.id_blob,
         "id_offs": batch.id_offs,
-        "id_hash": hashes[order],
+        "id_hash": sorted_hashes,
         "id_order": order.astype(np.uint32),
         "cap_blob": caps[0], "cap_offs": caps[1], "cap_present": caps[2],
         "src_blob": srcs[0], "src_offs": srcs[1], "src_present": srcs[2],
