@@ -224,7 +224,7 @@ class IndexSchema:
             raise InvalidInputError(f"metadata field {name!r} starts with '_': Elasticsearch and OpenSearch reserve such "
                                     "names for their own fields (_id, _source, _routing...); rename it")
 
-    def normalize_column(self, name: str, values: Any, *, infer: bool = True) -> tuple[str | None, Any]:
+    def normalize_column(self, name: str, values: Any, *, infer: bool = True, nan_missing: bool = True) -> tuple[str | None, Any]:
         """Validate one metadata field's values for a batch of documents, one value (or None)
         per document: the columnar twin of :meth:`normalize_metadata`, for bulk ingest.
 
@@ -232,7 +232,10 @@ class IndexSchema:
         checked at once and returned as arrays: numbers as float64 (NaN = missing, as in
         pandas), booleans as bool, integer epoch milliseconds of a date field as int64,
         datetime64 as dates. Anything else is checked value by value and returned as a list of
-        normalised values. A bad value raises :class:`ColumnValueError` naming its row.
+        normalised values, where a float NaN is missing too (pandas' marker in object and string
+        columns) unless ``nan_missing`` is false (values from per-document dicts, where a NaN is
+        refused as in :meth:`normalize_metadata`). A bad value raises :class:`ColumnValueError`
+        naming its row.
         """
         self.check_metadata_name(name)
         ftype = self.fields.get(name)
@@ -265,6 +268,8 @@ class IndexSchema:
                 return "date", arr.astype(np.int64)
             return "number", v
         vals = list(values)
+        if nan_missing:
+            vals = [None if type(v) is float and v != v else v for v in vals]
         if ftype is None:
             first = next((v for v in vals if v is not None), None)
             if first is None:

@@ -585,9 +585,9 @@ class EngineIndex:
         cols: dict = {}
         given = _metadata_columns(ids, metadata, columns)
         tmp = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields)
-        for name, values in given.items():
+        for name, (values, per_document) in given.items():
             try:
-                ftype, vals = tmp.normalize_column(name, values)
+                ftype, vals = tmp.normalize_column(name, values, nan_missing=not per_document)
             except ColumnValueError as e:
                 raise InvalidInputError(f"document {ids[e.row]!r}: {e}") from None
             if ftype is None:  # no document has a value
@@ -1110,8 +1110,9 @@ class _HashedIds:
 
 
 def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
-    """``add_arrays``' metadata as ``{field: one value or None per document}``: the per-document
-    dicts transposed (so that each field is checked as one column), and the given columns."""
+    """``add_arrays``' metadata as ``{field: (one value or None per document, from dicts?)}``: the
+    per-document dicts transposed (so that each field is checked as one column), and the given
+    columns."""
     n = len(ids)
     out: dict[str, Any] = {}
     if metadata is not None:
@@ -1124,13 +1125,13 @@ def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
             if md:
                 names.update(dict.fromkeys(md))
         for name in names:
-            out[name] = [None if md is None else md.get(name) for md in metadata]
+            out[name] = ([None if md is None else md.get(name) for md in metadata], True)
     for name, values in (columns or {}).items():
         if name in out:
             raise InvalidInputError(f"metadata field {name!r} is given both per document and as a column; give it once")
         if len(values) != n:
             raise InvalidInputError(f"metadata column {name!r} has {len(values)} values for {n} ids; give one (or None) per id")
-        out[name] = values
+        out[name] = (values, False)
     return out
 
 

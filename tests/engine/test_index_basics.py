@@ -229,7 +229,7 @@ def test_add_arrays_takes_metadata_as_columns(tmp_path):
         "stock": np.array([3, 0, 7, 1], np.int32),
         "sale": np.array([True, False, True, False]),
         "shot": np.array(["2024-01-01", "2024-06-01", "NaT", "2025-01-01"], "datetime64[ms]"),
-        "brand": ["acme", None, ["acme", "zeta"], "zeta"],
+        "brand": ["acme", float("nan"), ["acme", "zeta"], "zeta"],  # NaN: pandas' missing string
     }
     assert ix.add_arrays(ids, _one_token_each(4), columns=cols) == 4
     assert ix.schema.fields == {"shot": "date", "price": "number", "stock": "number", "sale": "boolean", "brand": "keyword"}
@@ -256,7 +256,7 @@ def test_add_arrays_refuses_bad_metadata_naming_the_document(tmp_path):
     cases = [
         ({"columns": {"price": np.array([1.0, np.inf])}}, "'y'.*finite"),
         ({"columns": {"price": [1.0, "cheap"]}}, "'y'.*number field"),
-        ({"columns": {"price": [1.0, float("nan")]}}, "'y'.*finite"),  # NaN is "missing" only in arrays
+        ({"metadata": [{"price": 1.0}, {"price": float("nan")}]}, "'y'.*finite"),  # NaN is "missing" only in columns
         ({"columns": {"price": np.array([True, False])}}, "number field"),
         ({"columns": {"price": np.array([1.0])}}, "1 values for 2 ids"),
         ({"metadata": [{"price": 1}, {"price": "x"}]}, "'y'.*number field"),
