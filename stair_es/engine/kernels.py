@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -441,6 +442,196 @@ def build_postings(indptr, indices, wbits, n_docs, key_base, n_keys, bshift):
         if last >= 0:
             pair_cnt[k] = c - 1
     pair_ptr[T] = k + 1
+    return keys, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w
+
+
+# --- threaded build ------------------------------------------------------------------------------
+# The same arrays as :func:`build_postings`, built by chunks of documents on several threads.
+# Chunks are runs of whole blocks, so no (term, block) pair spans two chunks: a first pass counts
+# each chunk's postings and pairs per key, and their prefix sums give every (chunk, key) its final
+# posting and pair positions. Each chunk is then scattered on its own (radix by 256-key group
+# into a per-thread scratch buffer, then by key straight into the output, building the pairs on
+# the way): no doc-major copy of the whole input, and a scratch buffer small enough to stay in
+# the CPU cache. Threads take chunks in order as they free up, each writing its own positions.
+
+#: postings per chunk of a threaded build: a thread's scratch (6 bytes a posting) stays in L3
+BUILD_CHUNK_POSTINGS = 1 << 21
+
+
+@njit(cache=True, nogil=True)
+def _count_chunk(indptr, indices, d0, d1, bshift, cnt, pcnt, last):
+    """Postings ``cnt[t]`` and (t, block) pairs ``pcnt[t]`` of each key t in docs [d0, d1)
+    (added to; ``last`` is scratch of one entry per key)."""
+    last[:] = -1
+    for d in range(d0, d1):
+        b = d >> bshift
+        for p in range(indptr[d], indptr[d + 1]):
+            t = indices[p]
+            cnt[t] += 1
+            if last[t] != b:
+                pcnt[t] += 1
+                last[t] = b
+
+
+@njit(cache=True, nogil=True)
+def _place_chunks(cnt, pcnt, key_base):
+    """From the per-chunk counts of :func:`_count_chunk` (rows: chunks): keys, post_ptr, pair_ptr
+    as :func:`build_postings`; the first posting and pair of each key (``key_post``,
+    ``key_pair``); and ``goff[c]``, where each 256-key group starts in chunk c's scratch. ``cnt``
+    and ``pcnt`` become the offset of chunk c's postings and pairs inside each key's run (no
+    larger than the documents, so they fit in place)."""
+    n_chunks, n_keys = cnt.shape
+    n_groups = (n_keys + 255) >> 8
+    goff = np.zeros((n_chunks, n_groups + 1), np.int64)
+    run = np.zeros(n_keys, np.int64)
+    prun = np.zeros(n_keys, np.int64)
+    for c in range(n_chunks):
+        for t in range(n_keys):
+            n = cnt[c, t]
+            goff[c, (t >> 8) + 1] += n
+            cnt[c, t] = run[t]
+            run[t] += n
+            n = pcnt[c, t]
+            pcnt[c, t] = prun[t]
+            prun[t] += n
+        for g in range(n_groups):
+            goff[c, g + 1] += goff[c, g]
+    T = 0
+    for t in range(n_keys):
+        if run[t] > 0:
+            T += 1
+    keys = np.empty(T, np.uint32)
+    post_ptr = np.empty(T + 1, np.int64)
+    pair_ptr = np.empty(T + 1, np.int64)
+    key_post = np.zeros(n_keys, np.int64)
+    key_pair = np.zeros(n_keys, np.int64)
+    j = 0
+    acc = 0
+    pacc = 0
+    for t in range(n_keys):
+        if run[t] > 0:
+            keys[j] = key_base + t
+            post_ptr[j] = key_post[t] = acc
+            pair_ptr[j] = key_pair[t] = pacc
+            acc += run[t]
+            pacc += prun[t]
+            j += 1
+    post_ptr[T] = acc
+    pair_ptr[T] = pacc
+    return keys, post_ptr, pair_ptr, key_post, key_pair, goff
+
+
+@njit(cache=True, nogil=True)
+def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chunk_pair, key_post, key_pair,
+                   tmp_v, tmp_w, post_off, post_w, pair_block, pair_cnt, pair_max):
+    """Write the postings and pairs of docs [d0, d1) (whole blocks) at their final positions
+    (key t's start ``key_post[t]`` plus this chunk's offset ``chunk_post[t]``; pairs alike).
+    Two radix passes through the scratch ``tmp_v`` (doc << 8 | low key byte; docs < 2**24) and
+    ``tmp_w``: a direct scatter to 30k keys would miss the cache on nearly every posting."""
+    n_keys = chunk_post.size
+    fill = goff[:-1].copy()
+    for d in range(d0, d1):
+        dv = np.uint32(d << 8)
+        for p in range(indptr[d], indptr[d + 1]):
+            t = indices[p]
+            q = fill[t >> 8]
+            tmp_v[q] = dv | np.uint32(t & 255)
+            tmp_w[q] = wbits[p]
+            fill[t >> 8] = q + 1
+    mask = (1 << bshift) - 1
+    nxt = np.empty(256, np.int64)  # per key of the group: next posting,
+    cur = np.empty(256, np.int64)  # current pair
+    cur_b = np.empty(256, np.int64)  # and its block
+    for g in range(goff.size - 1):
+        if goff[g + 1] == goff[g]:
+            continue
+        base = g << 8
+        for i in range(min(256, n_keys - base)):
+            nxt[i] = key_post[base + i] + chunk_post[base + i]
+            cur[i] = key_pair[base + i] + chunk_pair[base + i] - 1
+            cur_b[i] = -1
+        for q in range(goff[g], goff[g + 1]):
+            v = np.int64(tmp_v[q])
+            i = v & 255
+            d = v >> 8
+            b = d >> bshift
+            w = tmp_w[q]
+            r = nxt[i]
+            post_off[r] = d & mask
+            post_w[r] = w
+            nxt[i] = r + 1
+            if b != cur_b[i]:
+                k = cur[i] + 1
+                cur[i] = k
+                cur_b[i] = b
+                pair_block[k] = b
+                pair_cnt[k] = 0
+                pair_max[k] = w
+            else:
+                k = cur[i]
+                pair_cnt[k] += 1
+                if w > pair_max[k]:  # positive fp16 bit patterns sort like their values
+                    pair_max[k] = w
+
+
+def _chunk_bounds(indptr: np.ndarray, n_docs: int, bshift: int, target: int) -> np.ndarray:
+    """Doc bounds of consecutive chunks of whole blocks, about ``target`` postings each."""
+    starts = np.append(np.arange(0, n_docs, 1 << bshift), n_docs)  # of each block, and the end
+    before = indptr[starts] - indptr[0]  # postings before each
+    n_chunks = -(-int(before[-1]) // target)
+    cuts = starts[np.searchsorted(before, np.arange(1, n_chunks) * target)]
+    return np.unique(np.concatenate([[0], cuts, [n_docs]]).astype(np.int64))
+
+
+def _on_threads(threads: int, work) -> None:
+    """Run ``work()`` on ``threads`` threads at once, this one among them (the kernels release the GIL)."""
+    if threads <= 1:
+        work()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads - 1, thread_name_prefix="stair-es-build") as pool:
+        others = [pool.submit(work) for _ in range(threads - 1)]
+        work()
+        for f in others:
+            f.result()
+
+
+def build_postings_threaded(indptr, indices, wbits, n_docs, key_base, n_keys, bshift, threads,
+                            chunk_postings=BUILD_CHUNK_POSTINGS):
+    """:func:`build_postings` (byte-identical arrays) on ``threads`` threads; ``n_docs`` <= 2**24."""
+    if n_docs > 1 << 24:
+        raise ValueError(f"a threaded build takes at most {1 << 24} documents, got {n_docs}")
+    bounds = _chunk_bounds(indptr, n_docs, bshift, chunk_postings)
+    n_chunks = bounds.size - 1
+    cnt = np.zeros((n_chunks, n_keys), np.int32)
+    pcnt = np.zeros((n_chunks, n_keys), np.int32)
+    lock = threading.Lock()
+    claimed = iter(range(n_chunks))
+
+    def claim() -> int:
+        with lock:
+            return next(claimed, -1)
+
+    def count() -> None:
+        last = np.empty(n_keys, np.int64)
+        while (c := claim()) >= 0:
+            _count_chunk(indptr, indices, bounds[c], bounds[c + 1], bshift, cnt[c], pcnt[c], last)
+
+    _on_threads(min(threads, n_chunks), count)
+    keys, post_ptr, pair_ptr, key_post, key_pair, goff = _place_chunks(cnt, pcnt, key_base)
+    post_off, post_w = np.empty(post_ptr[-1], np.uint8), np.empty(post_ptr[-1], np.uint16)
+    pair_block, pair_cnt, pair_max = (np.empty(pair_ptr[-1], dt) for dt in (np.uint16, np.uint8, np.uint16))
+    scratch = int(np.diff(indptr[bounds]).max(initial=0))
+    claimed = iter(range(n_chunks))
+
+    def scatter() -> None:
+        tmp_v, tmp_w = np.empty(scratch, np.uint32), np.empty(scratch, np.uint16)
+        while (c := claim()) >= 0:
+            _scatter_chunk(indptr, indices, wbits, bounds[c], bounds[c + 1], bshift, goff[c], cnt[c], pcnt[c],
+                           key_post, key_pair, tmp_v, tmp_w, post_off, post_w, pair_block, pair_cnt, pair_max)
+
+    _on_threads(min(threads, n_chunks), scatter)
     return keys, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w
 
 
