@@ -461,16 +461,16 @@ BUILD_CHUNK_POSTINGS = 1 << 21
 @njit(cache=True, nogil=True)
 def _count_chunk(indptr, indices, d0, d1, bshift, cnt, pcnt, last):
     """Postings ``cnt[t]`` and (t, block) pairs ``pcnt[t]`` of each key t in docs [d0, d1)
-    (added to; ``last`` is scratch of one entry per key)."""
+    (added to; ``last`` is int32 scratch of one entry per key). Branch-free: a quarter of the
+    postings start a pair, too many for the branch predictor."""
     last[:] = -1
     for d in range(d0, d1):
-        b = d >> bshift
+        b = np.int32(d >> bshift)
         for p in range(indptr[d], indptr[d + 1]):
             t = indices[p]
             cnt[t] += 1
-            if last[t] != b:
-                pcnt[t] += 1
-                last[t] = b
+            pcnt[t] += np.int32(last[t] != b)
+            last[t] = b
 
 
 @njit(cache=True, nogil=True)
@@ -521,13 +521,31 @@ def _place_chunks(cnt, pcnt, key_base):
     return keys, post_ptr, pair_ptr, key_post, key_pair, goff
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max):
+    """Write the pairs in block ``blk`` of the ``nt`` keys ``touched`` (of a 256-key group):
+    each key's next pair, its posting count and top weight (``cnt``, ``top``, reset for the
+    next block)."""
+    for j in range(nt):
+        i = touched[j]
+        k = cur[i] + 1
+        cur[i] = k
+        pair_block[k] = blk
+        pair_cnt[k] = cnt[i] - 1
+        pair_max[k] = top[i]
+        cnt[i] = 0
+        top[i] = 0
+
+
 @njit(cache=True, nogil=True)
 def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chunk_pair, key_post, key_pair,
                    tmp_v, tmp_w, post_off, post_w, pair_block, pair_cnt, pair_max):
     """Write the postings and pairs of docs [d0, d1) (whole blocks) at their final positions
     (key t's start ``key_post[t]`` plus this chunk's offset ``chunk_post[t]``; pairs alike).
     Two radix passes through the scratch ``tmp_v`` (doc << 8 | low key byte; docs < 2**24) and
-    ``tmp_w``: a direct scatter to 30k keys would miss the cache on nearly every posting."""
+    ``tmp_w``, as a direct scatter to 30k keys would miss the cache on nearly every posting:
+    by 256-key group, then by key. A group's postings come in doc order, so its pairs are
+    complete at each change of block and are written then, one write per pair."""
     n_keys = chunk_post.size
     fill = goff[:-1].copy()
     for d in range(d0, d1):
@@ -539,39 +557,37 @@ def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chu
             tmp_w[q] = wbits[p]
             fill[t >> 8] = q + 1
     mask = (1 << bshift) - 1
-    nxt = np.empty(256, np.int64)  # per key of the group: next posting,
-    cur = np.empty(256, np.int64)  # current pair
-    cur_b = np.empty(256, np.int64)  # and its block
+    nxt = np.empty(256, np.int64)  # per key of the group: its next posting,
+    cur = np.empty(256, np.int64)  # its last pair written,
+    cnt = np.zeros(256, np.int64)  # postings in the current block
+    top = np.zeros(256, np.uint16)  # and their top weight (fp16 bits: positive ones sort like their values)
+    touched = np.empty(256, np.int64)  # keys seen in the current block
     for g in range(goff.size - 1):
-        if goff[g + 1] == goff[g]:
-            continue
         base = g << 8
         for i in range(min(256, n_keys - base)):
             nxt[i] = key_post[base + i] + chunk_post[base + i]
             cur[i] = key_pair[base + i] + chunk_pair[base + i] - 1
-            cur_b[i] = -1
+        blk = -1
+        nt = 0
         for q in range(goff[g], goff[g + 1]):
             v = np.int64(tmp_v[q])
-            i = v & 255
             d = v >> 8
-            b = d >> bshift
+            if d >> bshift != blk:
+                _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max)
+                blk = d >> bshift
+                nt = 0
+            i = v & 255
             w = tmp_w[q]
             r = nxt[i]
             post_off[r] = d & mask
             post_w[r] = w
             nxt[i] = r + 1
-            if b != cur_b[i]:
-                k = cur[i] + 1
-                cur[i] = k
-                cur_b[i] = b
-                pair_block[k] = b
-                pair_cnt[k] = 0
-                pair_max[k] = w
-            else:
-                k = cur[i]
-                pair_cnt[k] += 1
-                if w > pair_max[k]:  # positive fp16 bit patterns sort like their values
-                    pair_max[k] = w
+            c = cnt[i]
+            touched[nt] = i
+            nt += c == 0  # branch-free, as in _count_chunk
+            cnt[i] = c + 1
+            top[i] = max(top[i], w)
+        _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max)
 
 
 def _chunk_bounds(indptr: np.ndarray, n_docs: int, bshift: int, target: int) -> np.ndarray:
@@ -614,7 +630,7 @@ def build_postings_threaded(indptr, indices, wbits, n_docs, key_base, n_keys, bs
             return next(claimed, -1)
 
     def count() -> None:
-        last = np.empty(n_keys, np.int64)
+        last = np.empty(n_keys, np.int32)
         while (c := claim()) >= 0:
             _count_chunk(indptr, indices, bounds[c], bounds[c + 1], bshift, cnt[c], pcnt[c], last)
 
