@@ -525,19 +525,19 @@ def _place_chunks(cnt, pcnt, key_base):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max):
+def _flush_pairs(blk, touched, nt, cur, state, pair_block, pair_cnt, pair_max):
     """Write the pairs in block ``blk`` of the ``nt`` keys ``touched`` (of a 256-key group):
-    each key's next pair, its posting count and top weight (``cnt``, ``top``, reset for the
-    next block)."""
+    each key's next pair, from its ``state`` (postings in the block << 16 | their top weight's
+    fp16 bits), reset for the next block."""
     for j in range(nt):
         i = touched[j]
         k = cur[i] + 1
         cur[i] = k
+        s = state[i]
         pair_block[k] = blk
-        pair_cnt[k] = cnt[i] - 1
-        pair_max[k] = top[i]
-        cnt[i] = 0
-        top[i] = 0
+        pair_cnt[k] = (s >> 16) - 1
+        pair_max[k] = s & 0xFFFF
+        state[i] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -562,8 +562,7 @@ def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chu
     mask = (1 << bshift) - 1
     nxt = np.empty(256, np.int64)  # per key of the group: its next posting,
     cur = np.empty(256, np.int64)  # its last pair written,
-    cnt = np.zeros(256, np.int64)  # postings in the current block
-    top = np.zeros(256, np.uint16)  # and their top weight (fp16 bits: positive ones sort like their values)
+    state = np.zeros(256, np.int64)  # its current pair (see _flush_pairs; one word: one load and store a posting)
     touched = np.empty(256, np.int64)  # keys seen in the current block
     for g in range(goff.size - 1):
         base = g << 8
@@ -576,21 +575,21 @@ def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chu
             v = np.int64(tmp_v[q])
             d = v >> 8
             if d >> bshift != blk:
-                _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max)
+                _flush_pairs(blk, touched, nt, cur, state, pair_block, pair_cnt, pair_max)
                 blk = d >> bshift
                 nt = 0
             i = v & 255
-            w = tmp_w[q]
+            w = np.int64(tmp_w[q])
             r = nxt[i]
             post_off[r] = d & mask
             post_w[r] = w
             nxt[i] = r + 1
-            c = cnt[i]
+            s = state[i]
             touched[nt] = i
-            nt += c == 0  # branch-free, as in _count_chunk
-            cnt[i] = c + 1
-            top[i] = max(top[i], w)
-        _flush_pairs(blk, touched, nt, cur, cnt, top, pair_block, pair_cnt, pair_max)
+            nt += s == 0  # branch-free, as in _count_chunk
+            # positive fp16 bit patterns sort like their values
+            state[i] = ((s >> 16) + 1) << 16 | max(s & 0xFFFF, w)
+        _flush_pairs(blk, touched, nt, cur, state, pair_block, pair_cnt, pair_max)
 
 
 def _chunk_bounds(indptr: np.ndarray, n_docs: int, bshift: int, target: int) -> np.ndarray:
