@@ -594,6 +594,15 @@ def _scatter_chunk(indptr, indices, wbits, d0, d1, bshift, goff, chunk_post, chu
         _flush_pairs(blk, touched, nt, cur, state, pair_block, pair_cnt, pair_max)
 
 
+@njit(cache=True, nogil=True)
+def _empty_outputs(n_post, n_pairs):
+    """post_off, post_w, pair_block, pair_cnt, pair_max, uninitialised. From numba's allocator
+    (malloc) because numpy's asks large arrays for transparent huge pages, whose first faults in
+    a process can stall on memory compaction: seconds for a 200M-posting build."""
+    return (np.empty(n_post, np.uint8), np.empty(n_post, np.uint16), np.empty(n_pairs, np.uint16),
+            np.empty(n_pairs, np.uint8), np.empty(n_pairs, np.uint16))
+
+
 def _chunk_bounds(indptr: np.ndarray, n_docs: int, bshift: int, target: int) -> np.ndarray:
     """Doc bounds of consecutive chunks of whole blocks, about ``target`` postings each."""
     starts = np.append(np.arange(0, n_docs, 1 << bshift), n_docs)  # of each block, and the end
@@ -648,8 +657,7 @@ def build_postings_threaded(indptr, indices, wbits, n_docs, key_base, n_keys, bs
 
     _for_each_chunk(n_chunks, threads, counter)
     keys, post_ptr, pair_ptr, key_post, key_pair, goff = _place_chunks(cnt, pcnt, key_base)
-    post_off, post_w = np.empty(post_ptr[-1], np.uint8), np.empty(post_ptr[-1], np.uint16)
-    pair_block, pair_cnt, pair_max = (np.empty(pair_ptr[-1], dt) for dt in (np.uint16, np.uint8, np.uint16))
+    post_off, post_w, pair_block, pair_cnt, pair_max = _empty_outputs(post_ptr[-1], pair_ptr[-1])
     scratch = int(np.diff(indptr[bounds]).max(initial=0))
 
     def scatterer():
