@@ -12,6 +12,7 @@ tree into a per-document mask. It must not know about manifests, locks or commit
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,10 @@ def segment_capacity(bshift: int) -> int:
     return min(MAX_SEGMENT_DOCS, 65536 << bshift)
 
 DATE_MISSING = np.iinfo(np.int64).min
+#: a field with more postings than this is built on several threads (fewer: they cost more than they save)
+THREADED_BUILD_MIN = NP.NUMPY_MAX_BUILD
+#: most threads a segment build uses by default
+BUILD_THREADS_MAX = 4
 
 
 # --- strings -------------------------------------------------------------------------------------
@@ -658,15 +663,21 @@ class Segment:
 
 
 def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bshift: int, *, sync_dir: bool = True,
-                  postings: tuple | None = None) -> Segment:
+                  postings: tuple | None = None, threads: int | None = None) -> Segment:
     """Write ``batch`` as segment file ``path`` (atomically) and open it.
 
     ``postings`` (as returned by ``kernels.build_postings``/``merge_postings``) replaces
-    ``batch.vectors`` when given (segment merges).
+    ``batch.vectors`` when given (segment merges). ``threads``: threads that build the postings
+    of a field of more than :data:`THREADED_BUILD_MIN` postings (default: the machine's cores,
+    at most :data:`BUILD_THREADS_MAX`); the arrays are the same whatever the number.
     """
     n = batch.n_docs
     if n > segment_capacity(bshift):
         raise ValueError(f"a segment with {1 << bshift}-document blocks holds at most {segment_capacity(bshift)} documents")
+    if threads is None:
+        threads = min(os.cpu_count() or 1, BUILD_THREADS_MAX)
+    elif threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
     if postings is not None:
         return _write_segment(path, name, batch, fields, bshift, postings, sync_dir)
     parts = []
@@ -675,9 +686,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
             indptr, ids, wb = batch.vectors[f]
         else:
             indptr, ids, wb = np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)
-        build = NP.build_kernel("build_postings", int(indptr[-1] - indptr[0]))
-        parts.append(build(np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
-                                      np.ascontiguousarray(wb, np.uint16), n, fi * VOCAB_SIZE, VOCAB_SIZE, bshift))
+        parts.append(_field_postings(indptr, ids, wb, n, fi * VOCAB_SIZE, bshift, threads))
     nonempty = [p for p in parts if p[0].size]
     if len(nonempty) <= 1:  # one field: no copies
         p = nonempty[0] if nonempty else parts[0]
@@ -694,6 +703,16 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
         pb, pc, pm, po, pw = (np.concatenate([p[i] for p in nonempty]) for i in range(3, 8))
         p = (keys, post_ptr, pair_ptr, pb, pc, pm, po, pw)
     return _write_segment(path, name, batch, fields, bshift, p, sync_dir)
+
+
+def _field_postings(indptr, ids, wb, n: int, key_base: int, bshift: int, threads: int) -> tuple:
+    """The block postings of one field's CSR vectors (as ``kernels.build_postings``)."""
+    nnz = int(indptr[-1] - indptr[0])
+    args = (np.ascontiguousarray(indptr, np.int64), np.ascontiguousarray(ids, np.int32),
+            np.ascontiguousarray(wb, np.uint16), n, key_base, VOCAB_SIZE, bshift)
+    if nnz > THREADED_BUILD_MIN:
+        return K.build_postings_threaded(*args, threads)
+    return NP.build_kernel("build_postings", nnz)(*args)
 
 
 def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
