@@ -1118,13 +1118,12 @@ def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
     if metadata is not None:
         if len(metadata) != n:
             raise InvalidInputError(f"metadata must have one entry (or None) per id: {len(metadata)} for {n} ids")
-        names: dict[str, None] = {}
-        for i, md in zip(ids, metadata):
-            if type(md) is not dict and md is not None and not isinstance(md, Mapping):
-                raise InvalidInputError(f"document {i!r}: metadata must be a JSON object, got {type(md).__name__}")
-            if md:
-                names.update(dict.fromkeys(md))
-        for name in names:
+        if not set(map(type, metadata)) <= {dict, type(None)}:
+            for i, md in zip(ids, metadata):
+                if md is not None and not isinstance(md, Mapping):
+                    raise InvalidInputError(f"document {i!r}: metadata must be a JSON object, got {type(md).__name__}")
+        names = set().union(*filter(None, metadata))  # iterating a mapping gives its keys
+        for name in sorted(names, key=str):
             out[name] = ([None if md is None else md.get(name) for md in metadata], True)
     for name, values in (columns or {}).items():
         if name in out:
