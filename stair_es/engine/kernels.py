@@ -1144,21 +1144,15 @@ def _block_run(i, oi, b, in_head, hslot, hbmc, hsub, cp, pe, cq, pair_block, pai
 
 
 @njit(cache=True, inline="always")
-def _take_off(rem4, nsub, rb, code):
+def _take_off(rem4, rb, code):
     """Take a streamed term's bound off the remaining bound of each sub-block (``rb`` x its level
-    there, ``code``: see ``npkernels.SUB_BLOCKS``); returns the highest remaining bound. A dead
-    sub-block (-inf: no doc there can reach the k-th score) stays dead; a live one is kept >= 0
-    (float32 rounding could take it below the true remaining bound, which is >= 0)."""
-    top = -np.inf
-    for y in range(nsub):
-        v = rem4[y]
-        if v > -np.inf:
-            v -= rb * SUB_FRACTIONS[code, y]
-            if v < 0:
-                v = np.float32(0.0)
-            rem4[y] = v
-        top = max(top, v)
-    return np.float32(top)
+    there, ``code``: see ``npkernels.SUB_BLOCKS``; one 4-lane operation, no branch: this runs for
+    every term streamed in every block) and return the highest. A dead sub-block (-inf: no doc
+    there can reach the k-th score) stays dead. The products are those the bound pass added, so
+    only the order of the sums differs, which the margin on the block's bound covers: a live
+    sub-block's bound never falls below the true bound of its terms not yet streamed (>= 0)."""
+    _add_scaled4(rem4, 0, _SUB_FRACTIONS_FLAT, np.int64(code) * SUB_BLOCKS, -rb)
+    return max(max(rem4[0], rem4[1]), max(rem4[2], rem4[3]))
 
 
 @njit(cache=True)
@@ -1203,7 +1197,7 @@ def _blockmax_segment(
     # the remaining bound is kept per sub-block (one "sub-block", the whole block, without codes):
     # the doc at block offset o is in sub-block (o * nsub) >> bshift
     nsub = SUB_BLOCKS if has_sub else 1
-    rem4 = np.empty(nsub, np.float32)
+    rem4 = np.full(SUB_BLOCKS, -np.inf, np.float32)  # (4 lanes for _take_off; those past nsub stay -inf)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
     # posting read takes off on average: rare heavy terms first, long light ones last
@@ -1345,7 +1339,7 @@ def _blockmax_segment(
                 mx = max(mx, s)
             n_stream += cnt
             blk_stream += cnt
-            rem = _take_off(rem4, nsub, rbm[i], rsub[i])
+            rem = _take_off(rem4, rbm[i], rsub[i])
             ns += 1
             if full and x < nq and rem * slack < thr:
                 # untouched docs are out (their sum is at most rem); a hit doc is out when its partial
@@ -1384,17 +1378,23 @@ def _blockmax_segment(
                     c += acc[o] >= cut
                 if c <= limit:
                     nca = 0
-                    if use_mask:
-                        for o in range(bs):
-                            s = acc[o]
-                            a = allowed[base + o] != 0 if base + o < n_docs else False
-                            cands[nca] = o
-                            nca += (s > 0) & ((s + rem4[(o * nsub) >> bshift]) * slack >= thr) & a
-                    else:
-                        for o in range(bs):  # branch-free compaction
-                            s = acc[o]
-                            cands[nca] = o
-                            nca += (s > 0) & ((s + rem4[(o * nsub) >> bshift]) * slack >= thr)
+                    for y in range(nsub):  # sub-block by sub-block: dead ones hold no survivor
+                        r = rem4[y]
+                        if r == -np.inf:
+                            continue
+                        o0 = (y * bs + nsub - 1) // nsub  # its offsets: (o * nsub) >> bshift == y
+                        o1 = ((y + 1) * bs + nsub - 1) // nsub
+                        if use_mask:
+                            for o in range(o0, o1):
+                                s = acc[o]
+                                a = allowed[base + o] != 0 if base + o < n_docs else False
+                                cands[nca] = o
+                                nca += (s > 0) & ((s + r) * slack >= thr) & a
+                        else:
+                            for o in range(o0, o1):  # branch-free compaction
+                                s = acc[o]
+                                cands[nca] = o
+                                nca += (s > 0) & ((s + r) * slack >= thr)
                     break
         last_streamed = ns
         if nca >= 0:
@@ -1450,7 +1450,11 @@ def _blockmax_segment(
                     n_stream += cnt
                     for q in range(q0, q0 + cnt):
                         acc[post_off[q]] += w * f16[post_w[q]]
-                _take_off(rem4, nsub, rbm[i], rsub[i])
+                _take_off(rem4, rbm[i], rsub[i])
+                for y in range(SUB_BLOCKS):
+                    # as before sub-blocks: never below 0 here, whatever the rounding (a dead sub-block
+                    # at 0 still keeps none of its docs: their sums are below thr on their own)
+                    rem4[y] = max(rem4[y], np.float32(0.0))
                 keep = 0
                 for c in range(nca):
                     o = cands[c]
