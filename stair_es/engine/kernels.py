@@ -1339,7 +1339,11 @@ def _blockmax_segment(
                 mx = max(mx, s)
             n_stream += cnt
             blk_stream += cnt
-            rem = _take_off(rem4, rbm[i], rsub[i])
+            if has_sub:
+                rem = _take_off(rem4, rbm[i], rsub[i])
+            else:  # one bound for the block: the scalar (format 1 segments pay nothing for sub-blocks)
+                rem -= rbm[i]
+                rem4[0] = rem
             ns += 1
             if full and x < nq and rem * slack < thr:
                 # untouched docs are out (their sum is at most rem); a hit doc is out when its partial
@@ -1450,11 +1454,14 @@ def _blockmax_segment(
                     n_stream += cnt
                     for q in range(q0, q0 + cnt):
                         acc[post_off[q]] += w * f16[post_w[q]]
-                _take_off(rem4, rbm[i], rsub[i])
-                for y in range(SUB_BLOCKS):
-                    # as before sub-blocks: never below 0 here, whatever the rounding (a dead sub-block
-                    # at 0 still keeps none of its docs: their sums are below thr on their own)
-                    rem4[y] = max(rem4[y], np.float32(0.0))
+                # never below 0 here, whatever the rounding (a dead sub-block at 0 still keeps none of
+                # its docs: their sums are below thr on their own)
+                if has_sub:
+                    _take_off(rem4, rbm[i], rsub[i])
+                    for y in range(SUB_BLOCKS):
+                        rem4[y] = max(rem4[y], np.float32(0.0))
+                else:
+                    rem4[0] = max(rem4[0] - rbm[i], np.float32(0.0))
                 keep = 0
                 for c in range(nca):
                     o = cands[c]
