@@ -921,8 +921,8 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     ``ubs[b * SUB_BLOCKS + s]``, the same sum over sub-block s with each term's maximum there
     (rounded up to a level of its block maximum), and ``ub[b]`` the highest of its sub-blocks'
     (a term heavy in one sub-block and a term heavy in another no longer add up). ``tsum[i]``:
-    sum of term i's block-level bounds (for the term order). Candidate blocks (in [block_lo, block_hi), a positive bound and,
-    with a filter, an allowed doc) are visited in two phases:
+    sum of term i's block-level bounds (for the term order). Candidate blocks (in [block_lo,
+    block_hi), a positive bound and, with a filter, an allowed doc) are visited in two phases:
 
     * the *head*, ``head`` (best bound first): every candidate whose bound falls in the top bins
       of a 1024-bin histogram of the bounds holding at least ``max(head_blocks, nc / 16)`` of them
@@ -1173,8 +1173,8 @@ def _blockmax_segment(
       of (bound / postings in the block), so the bound ``rem`` of the terms not yet streamed
       falls fastest per posting read. With sub-block codes it is kept per sub-block (a
       sub-block whose bound is below ``thr`` is dead from the start) and ``rem`` is the highest
-      live one. Once ``rem`` < ``thr``, a doc no streamed term hit is
-      out, and a hit doc is out when its partial sum + its sub-block's ``rem`` < ``thr``: when the highest
+      live one. Once ``rem`` < ``thr``, a doc no streamed term hit is out, and a hit doc is out
+      when its partial sum + its sub-block's ``rem`` < ``thr``: when the highest
       partial sum ``mx`` + ``rem`` < ``thr`` the block is done; otherwise the survivors are
       gathered from the runs streamed so far (at most :data:`GATHER_MAX` postings) or, after
       long runs, from the accumulator when at most ``bs / LOOKUP_COST`` can survive (else the
@@ -1341,7 +1341,7 @@ def _blockmax_segment(
             blk_stream += cnt
             if has_sub:
                 rem = _take_off(rem4, rbm[i], rsub[i])
-            else:  # one bound for the block: the scalar (format 1 segments pay nothing for sub-blocks)
+            else:  # format 1: one bound for the whole block
                 rem -= rbm[i]
                 rem4[0] = rem
             ns += 1
