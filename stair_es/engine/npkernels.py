@@ -31,9 +31,10 @@ F16_TABLE.flags.writeable = False
 # the block maximum) that is at least the term's maximum in the sub-block, i.e. rounded up, so
 # every bound stays an upper bound. With the scale benchmark's idf queries a (term, block) pair
 # usually holds one to three postings of a rare heavy term, so most of its sub-blocks hold none:
-# a sub-block's bound is far below its block's, and block-max opens ~4x fewer blocks (see
-# docs/engine.md "Search"). 1/2 and 3/4 were the best two middle levels measured there; 4 sub-blocks
-# of 2 bits keep the cost at one byte per pair (~0.28 bytes per posting).
+# a sub-block's bound is far below its block's, and block-max opens 2.4x fewer blocks at 10M
+# documents (docs/scale.md, "Sub-block bounds"). 1/2 and 3/4 were the best two middle levels
+# measured (docs/engine.md, "Postings and precision"); 4 sub-blocks of 2 bits keep the cost at
+# one byte per pair (~0.28 bytes per posting).
 SUB_BLOCKS = 4
 SUB_LEVELS = np.array([0.0, 0.5, 0.75, 1.0], np.float32)
 # per code byte: the level of each sub-block (float32, for the kernels' bound pass)
