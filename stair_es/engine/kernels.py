@@ -1280,8 +1280,8 @@ def _blockmax_segment(
         # per sub-block: the bound of the terms not streamed yet (-inf: dead, its bound cannot
         # reach thr); rem, the highest, bounds every doc of the block that can still make it
         if has_sub:
-            for y in range(nsub):
-                v = ubs[b * nsub + y]
+            for y in range(SUB_BLOCKS):  # (a constant trip count: unrolled)
+                v = ubs[b * SUB_BLOCKS + y]
                 rem4[y] = v * margin if not full or v * slack >= thr else -np.inf
         else:
             rem4[0] = ub[b] * margin
