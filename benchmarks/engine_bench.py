@@ -223,7 +223,7 @@ def main() -> None:
             q_j, q_w = j[j >= 0].astype(np.int64), v.weights[j >= 0].astype(np.float32)
             c = time.thread_time()
             K._block_plan(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                          seg.pair_max, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
+                          seg.pair_max, seg.pair_sub, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
             plan.append((time.thread_time() - c) * 1000)
         print(f"  profile: the block plan (block bounds, visit order, the head blocks' run table) takes CPU p50 "
               f"{np.median(plan):.2f} ms of the {np.percentile(cpu, 50):.2f} ms")

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:3000])
         print("```\n")
 
-        arrays = (seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.pair_max)
+        arrays = (seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.pair_max, seg.pair_sub)
         qj, qw = [], []
         for i in range(nq):
             tok, w = qs.row(i)

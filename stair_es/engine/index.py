@@ -914,7 +914,8 @@ class EngineIndex:
                     strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
                         q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
                 args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                        seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq, np.int64(si) << 32, k)
+                        seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
+                        np.int64(si) << 32, k)
                 n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
                 for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
                     if st[7] >= 0:
@@ -923,12 +924,12 @@ class EngineIndex:
                     _add_state(state, st)
                 used.append("blockmax")
                 continue
-            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr,
-                                   seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, NP.F16_TABLE,
-                                   allowed, seg.seq, np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks,
-                                   strategy, self._taat_scratch(seg.n_docs), chk, 0, -1)
+            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                         seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
+                         np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks, strategy,
+                         self._taat_scratch(seg.n_docs), chk, 0, -1)
             # (every argument given: a call that leaves defaults to numba is dispatched through its
-            # Python fallback, which types all 24 arguments again: ~0.2 ms per call)
+            # Python fallback, which types all 25 arguments again: ~0.2 ms per call)
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
@@ -1048,7 +1049,8 @@ class EngineIndex:
             postings += s.seg.n_postings
         size = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
         posting_bytes = sum(
-            sum(s.seg.a[n].nbytes for n in ("keys", "post_ptr", "pair_ptr", "pair_block", "pair_cnt", "pair_max", "post_off", "post_w"))
+            sum(s.seg.a[n].nbytes for n in ("keys", "post_ptr", "pair_ptr", "pair_block", "pair_cnt", "pair_max", "pair_sub",
+                                            "post_off", "post_w") if n in s.seg.a)
             for s in self._segs)
         return {
             "docs": sum(s.live for s in self._segs),

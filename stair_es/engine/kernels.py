@@ -5,7 +5,8 @@ Posting layout of one segment (all fields in one structure, term key = field * V
 * documents are cut into fixed *blocks* of ``2**bshift`` (<= 256) consecutive local doc ids;
 * per term key: its postings in doc order, split into (term, block) *pairs*; a pair stores
   the block number (uint16), the posting count - 1 (uint8) and the maximum weight in the
-  block (float16 bits);
+  block (float16 bits); since segment format 2 also one byte of sub-block bounds
+  (:func:`block_subs`, an empty array for older segments);
 * a posting is the doc offset inside its block (uint8) and the weight (float16 bits).
 
 Search is exact *block-max* ranking with MaxScore inside blocks (see :func:`search_segment`);
@@ -27,7 +28,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .npkernels import F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT  # noqa: F401
+from .npkernels import (F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT,  # noqa: F401
+                        SUB_BLOCKS, SUB_FRACTIONS, SUB_LEVELS)
 
 
 @intrinsic
@@ -44,6 +46,32 @@ def _prefetch(typingctx, arr, idx):
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
         builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _add_scaled4(typingctx, dst, di, src, si, a):
+    """``dst[di:di + 4] += a * src[si:si + 4]`` (float32) as one 4-lane vector operation, each lane
+    rounded as the scalar ``x + a * y`` (a multiply, then an add). The block-max bound pass adds
+    a (term, block) pair's 4 sub-block levels this way: LLVM leaves the scalar loop unvectorised,
+    and 4 scalar read-modify-writes per pair took 2x its time (2026-11-26: 0.14 against 0.076 ms
+    per 1M-document segment and query)."""
+    sig = types.void(dst, di, src, si, a)
+
+    def codegen(context, builder, signature, args):
+        dty, _, sty, _, _ = signature.args
+        d = context.make_array(dty)(context, builder, args[0])
+        s = context.make_array(sty)(context, builder, args[2])
+        vty = ir.VectorType(ir.FloatType(), 4)
+        dp = builder.bitcast(cgutils.get_item_pointer(context, builder, dty, d, [args[1]]), vty.as_pointer())
+        sp = builder.bitcast(cgutils.get_item_pointer(context, builder, sty, s, [args[3]]), vty.as_pointer())
+        i32 = ir.IntType(32)
+        av = builder.insert_element(ir.Constant(vty, ir.Undefined), args[4], i32(0))
+        av = builder.shuffle_vector(av, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(i32, 4), [0, 0, 0, 0]))
+        x = builder.load(dp, align=4)
+        builder.store(builder.fadd(x, builder.fmul(av, builder.load(sp, align=4))), dp, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -918,6 +946,42 @@ def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift,
         out[keys[j] - key_lo] += c
 
 
+@njit(cache=True)
+def block_subs(pair_cnt, pair_max, post_off, post_w, bshift):
+    """Per (term, block) pair, the sub-block code byte of its postings (``npkernels.SUB_BLOCKS``:
+    2 bits per sub-block, 0 = no posting there, else the sub-block maximum rounded up to a
+    level of the block maximum). Computed from built postings (new or merged) when a segment
+    is written; pairs are in posting order. ~4 ns per posting (0.8 s per million documents of
+    the scale corpus), half of it saved by the shortcut for lone postings (54 % of its pairs)."""
+    n = pair_cnt.size
+    out = np.zeros(n, np.uint8)
+    smax = np.zeros(SUB_BLOCKS, np.int64)
+    half = SUB_LEVELS[1]
+    three_q = SUB_LEVELS[2]
+    q = 0
+    for p in range(n):
+        c = np.int64(pair_cnt[p]) + 1
+        if c == 1:  # a lone posting is its block's maximum: the top level in its sub-block
+            out[p] = 3 << (2 * ((np.int64(post_off[q]) * SUB_BLOCKS) >> bshift))
+            q += 1
+            continue
+        for y in range(SUB_BLOCKS):
+            smax[y] = -1
+        for qq in range(q, q + c):
+            y = (np.int64(post_off[qq]) * SUB_BLOCKS) >> bshift
+            smax[y] = max(smax[y], np.int64(post_w[qq]))  # positive fp16 bit patterns order like their values
+        q += c
+        m = F16_TABLE[pair_max[p]]
+        code = 0
+        for y in range(SUB_BLOCKS):
+            if smax[y] >= 0:
+                x = F16_TABLE[smax[y]]
+                # m / 2 and 3m / 4 are exact in float32 (m has 11 significant bits): the level is exact
+                code |= (1 + (x > m * half) + (x > m * three_q)) << (2 * y)
+        out[p] = code
+    return out
+
+
 # --- top-k heap (root = worst kept hit: lowest score, then highest sequence number) ------------
 @njit(cache=True, inline="always")
 def _worse(s1, q1, s2, q2):
@@ -976,19 +1040,23 @@ GATHER_MAX = 32  # see _blockmax_segment: survivors are gathered from the runs r
 # machine (2026-11-26, 1M idf documents, 200 queries, variants interleaved) 1 line cost 4-6 % more
 # CPU time than none
 PREFETCH_LINES = 0
+_SUB_FRACTIONS_FLAT = np.ascontiguousarray(SUB_FRACTIONS).ravel()  # row c: code c's 4 levels (see _add_scaled4)
+assert SUB_BLOCKS == 4  # the bound pass adds a pair's sub-block levels as one 4-lane vector
 
 
 @njit(cache=True, nogil=True)
 def search_segment(
     q_j, q_w, n_docs, bshift,
-    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
+    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, pair_sub, post_off, post_w, f16,
     allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks=64, strategy=0, scratch=None, chk=None,
     block_lo=0, block_hi=-1,
 ):
     """Exact top-k over one segment, merged into the shared heap (hs, hq, hr, state).
 
     ``q_j``: term index of each query term in this segment (present terms only); ``q_w``:
-    float32 query weights (clause weight applied). ``allowed``: uint8 per doc (filter and
+    float32 query weights (clause weight applied). ``pair_sub``: the segment's sub-block codes
+    (:func:`block_subs`), or an empty uint8 array for a segment without them (format 1: searched
+    with block bounds only). ``allowed``: uint8 per doc (filter and
     not deleted) or empty for "all". ``state`` = [heap size, matched docs, 1 if matched is
     exact, blocks scored, candidate blocks(, postings streamed, lookups)]: the counters in
     brackets are kept when ``state`` is that long.
@@ -1025,7 +1093,7 @@ def search_segment(
         _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16,
                       allowed, seq, ref_base, k, hs, hq, hr, state, acc, chk)
         return STRATEGY_TAAT
-    _blockmax_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off,
+    _blockmax_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, pair_sub, post_off,
                       post_w, f16, allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk, block_lo, block_hi)
     return STRATEGY_BLOCKMAX
 
@@ -1125,20 +1193,25 @@ def _taat_segment(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair
 
 
 @njit(cache=True)
-def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed, head_blocks,
-                block_lo=0, block_hi=-1):
+def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, pair_sub, f16, allowed,
+                head_blocks, block_lo=0, block_hi=-1):
     """Per-query block bounds, visit order, and the runs of the few blocks visited out of order.
 
-    ``ub[b]``: sum over query terms of query weight x the term's maximum in block b; ``tsum[i]``:
-    sum of term i's block bounds. Candidate blocks (in [block_lo, block_hi), a positive bound and,
-    with a filter, an allowed doc) are visited in two phases:
+    ``ub[b]``: the bound of block b. Without sub-block codes (``pair_sub`` empty: segment format
+    1) the sum over query terms of query weight x the term's maximum in block b; with them
+    ``ubs[b * SUB_BLOCKS + s]``, the same sum over sub-block s with each term's maximum there
+    (rounded up to a level of its block maximum), and ``ub[b]`` the highest of its sub-blocks'
+    (a term heavy in one sub-block and a term heavy in another no longer add up). ``tsum[i]``:
+    sum of term i's block-level bounds (for the term order). Candidate blocks (in [block_lo,
+    block_hi), a positive bound and, with a filter, an allowed doc) are visited in two phases:
 
     * the *head*, ``head`` (best bound first): every candidate whose bound falls in the top bins
       of a 1024-bin histogram of the bounds holding at least ``max(head_blocks, nc / 16)`` of them
       (they raise the k-th score quickly). Every other candidate's bound is strictly lower than
       every head block's, so once a head block's bound is below the k-th score nothing left can
       reach it. Their runs are in ``hslot[i, h]`` (posting start << 9 | count of term i in head
-      block h, -1: none) and ``hbmc[i, h]`` (query weight x block max);
+      block h, -1: none), ``hbmc[i, h]`` (query weight x block max) and ``hsub[i, h]`` (its
+      sub-block code; 255 without codes);
     * the *tail*, ``tail`` (block order: sequential reads), whose runs the kernel finds with one
       cursor per term walking that term's (block, count) table: no per-(block, term) table is
       built, so this set-up pass costs one read of the query terms' block tables (~2 ns per
@@ -1154,15 +1227,31 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     n_blocks = (n_docs + bs - 1) >> bshift
     ub = np.zeros(n_blocks, np.float32)
     tsum = np.zeros(nq, np.float64)  # per term: sum of its block bounds
+    has_sub = pair_sub.size > 0
+    ubs = np.zeros(n_blocks * SUB_BLOCKS if has_sub else 0, np.float32)
     for i in range(nq):
         j = q_j[i]
         w = q_w[i]
         t = 0.0
-        for p in range(pair_ptr[j], pair_ptr[j + 1]):
-            m = w * f16[pair_max[p]]
-            ub[np.int64(pair_block[p])] += m
-            t += m
+        if has_sub:
+            for p in range(pair_ptr[j], pair_ptr[j + 1]):
+                m = w * f16[pair_max[p]]
+                # ubs[block's 4 sub-blocks] += m x the code's 4 levels
+                _add_scaled4(ubs, np.int64(pair_block[p]) * SUB_BLOCKS, _SUB_FRACTIONS_FLAT,
+                             np.int64(pair_sub[p]) * SUB_BLOCKS, m)
+                t += m
+        else:
+            for p in range(pair_ptr[j], pair_ptr[j + 1]):
+                m = w * f16[pair_max[p]]
+                ub[np.int64(pair_block[p])] += m
+                t += m
         tsum[i] = t
+    if has_sub:
+        for b in range(n_blocks):
+            v = ubs[b * SUB_BLOCKS]
+            for y in range(1, SUB_BLOCKS):
+                v = max(v, ubs[b * SUB_BLOCKS + y])
+            ub[b] = v
     use_mask = allowed.size > 0
     lo = max(block_lo, 0)
     hi = n_blocks if block_hi < 0 else min(block_hi, n_blocks)
@@ -1189,7 +1278,8 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
     # head = the candidates in the top histogram bins (a monotone binning: a lower bin holds only
     # strictly lower bounds); at least n_first of them
     if n_first <= 0:
-        return ub, tsum, np.empty(0, np.int64), np.empty((nq, 0), np.int64), np.empty((nq, 0), np.float32), cand, nc
+        return (ub, ubs, tsum, np.empty(0, np.int64), np.empty((nq, 0), np.int64), np.empty((nq, 0), np.float32),
+                np.empty((nq, 0), np.uint8), cand, nc)
     nbins = 1024
     scale = np.float32(nbins) / vmax if vmax > 0 else np.float32(0.0)
     bins = np.empty(nc, np.int64)
@@ -1221,6 +1311,7 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
         hrow[head[x]] = x
     hslot = np.full((nq, nh), -1, np.int64)
     hbmc = np.zeros((nq, nh), np.float32)
+    hsub = np.full((nq, nh), 255, np.uint8)  # 255: every sub-block at the block bound
     if nh > 0:
         for i in range(nq):
             j = q_j[i]
@@ -1232,8 +1323,10 @@ def _block_plan(q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_c
                 if r >= 0:
                     hslot[i, r] = (q << 9) | c  # posting start and count (<= 256) in one word
                     hbmc[i, r] = w * f16[pair_max[p]]
+                    if has_sub:
+                        hsub[i, r] = pair_sub[p]
                 q += c
-    return ub, tsum, head, hslot, hbmc, tail, nc
+    return ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc
 
 
 @njit(cache=True, inline="always")
@@ -1278,9 +1371,11 @@ def _check_block(chk, slot_row, lazy):
 
 
 @njit(cache=True, inline="always")
-def _block_run(i, oi, b, in_head, hslot, hbmc, cp, pe, cq, pair_block, pair_cnt, pair_max, q_w, f16, row, rbm, stamp):
+def _block_run(i, oi, b, in_head, hslot, hbmc, hsub, cp, pe, cq, pair_block, pair_cnt, pair_max, pair_sub, q_w, f16,
+               row, rbm, rsub, stamp):
     """Term i's run in block b, the oi-th block visited, into ``row[i]`` (posting start << 9 |
-    count, -1: none) and its bound into ``rbm[i]``. Head blocks read the plan's table; tail blocks
+    count, -1: none), its bound into ``rbm[i]`` and its sub-block code into ``rsub[i]`` (255:
+    none stored, every sub-block at ``rbm[i]``). Head blocks read the plan's table; tail blocks
     (visited in block order) move term i's cursor forward to b, only when the block needs the
     term: a long light term is skipped over many blocks at once (galloping search for the block,
     then the posting start by summing the skipped counts)."""
@@ -1288,6 +1383,7 @@ def _block_run(i, oi, b, in_head, hslot, hbmc, cp, pe, cq, pair_block, pair_cnt,
     if in_head:
         row[i] = hslot[i, oi]
         rbm[i] = hbmc[i, oi]
+        rsub[i] = hsub[i, oi]
         return
     p = cp[i]
     e = pe[i]
@@ -1318,6 +1414,7 @@ def _block_run(i, oi, b, in_head, hslot, hbmc, cp, pe, cq, pair_block, pair_cnt,
         c = np.int64(pair_cnt[p]) + 1
         row[i] = (q << 9) | c
         rbm[i] = q_w[i] * f16[pair_max[p]]
+        rsub[i] = pair_sub[p] if pair_sub.size > 0 else 255
         cp[i] = p + 1
         cq[i] = q + c
     else:
@@ -1327,23 +1424,38 @@ def _block_run(i, oi, b, in_head, hslot, hbmc, cp, pe, cq, pair_block, pair_cnt,
         cq[i] = q
 
 
+@njit(cache=True, inline="always")
+def _take_off(rem4, rb, code):
+    """Take a streamed term's bound off the remaining bound of each sub-block (``rb`` x its level
+    there, ``code``: see ``npkernels.SUB_BLOCKS``; one 4-lane operation, no branch: this runs for
+    every term streamed in every block) and return the highest. A dead sub-block (-inf: no doc
+    there can reach the k-th score) stays dead. The products are those the bound pass added, so
+    only the order of the sums differs, which the margin on the block's bound covers: a live
+    sub-block's bound never falls below the true bound of its terms not yet streamed (>= 0)."""
+    _add_scaled4(rem4, 0, _SUB_FRACTIONS_FLAT, np.int64(code) * SUB_BLOCKS, -rb)
+    return max(max(rem4[0], rem4[1]), max(rem4[2], rem4[3]))
+
+
 @njit(cache=True)
 def _blockmax_segment(
     q_j, q_w, n_docs, bshift,
-    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w, f16,
+    post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, pair_sub, post_off, post_w, f16,
     allowed, seq, ref_base, k, hs, hq, hr, state, head_blocks, chk=None, block_lo=0, block_hi=-1,
 ):
     """Exact block-max top-k with progressive pruning inside blocks.
 
     Every decision compares a true upper bound with the current k-th score ``thr``:
 
-    * block-max: a block whose bound (sum over terms of query weight x block max) is below
-      ``thr`` is skipped (visit order: see :func:`_block_plan`: the head blocks best bound first,
-      then the others in block order, their runs found by one cursor per term);
+    * block-max: a block whose bound (sum over terms of query weight x block max; with
+      sub-block codes the highest such sum over its sub-blocks) is below ``thr`` is skipped
+      (visit order: see :func:`_block_plan`: the head blocks best bound first, then the others
+      in block order, their runs found by one cursor per term);
     * inside a block, the terms are streamed into a 256-float accumulator in decreasing order
       of (bound / postings in the block), so the bound ``rem`` of the terms not yet streamed
-      falls fastest per posting read. Once ``rem`` < ``thr``, a doc no streamed term hit is
-      out, and a hit doc is out when its partial sum + ``rem`` < ``thr``: when the highest
+      falls fastest per posting read. With sub-block codes it is kept per sub-block (a
+      sub-block whose bound is below ``thr`` is dead from the start) and ``rem`` is the highest
+      live one. Once ``rem`` < ``thr``, a doc no streamed term hit is out, and a hit doc is out
+      when its partial sum + its sub-block's ``rem`` < ``thr``: when the highest
       partial sum ``mx`` + ``rem`` < ``thr`` the block is done; otherwise the survivors are
       gathered from the runs streamed so far (at most :data:`GATHER_MAX` postings) or, after
       long runs, from the accumulator when at most ``bs / LOOKUP_COST`` can survive (else the
@@ -1359,9 +1471,14 @@ def _blockmax_segment(
     if bad >= 0:
         state[7] = bad
         return
-    ub, tsum, head, hslot, hbmc, tail, nc = _block_plan(
-        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, f16, allowed,
+    ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc = _block_plan(
+        q_j, q_w, n_docs, bshift, post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, pair_sub, f16, allowed,
         head_blocks if state[0] < k else 0, block_lo, block_hi)
+    has_sub = pair_sub.size > 0
+    # the remaining bound is kept per sub-block (one "sub-block", the whole block, without codes):
+    # the doc at block offset o is in sub-block (o * nsub) >> bshift
+    nsub = SUB_BLOCKS if has_sub else 1
+    rem4 = np.full(SUB_BLOCKS, -np.inf, np.float32)  # (4 lanes for _take_off; those past nsub stay -inf)
     use_mask = allowed.size > 0
     # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
     # posting read takes off on average: rare heavy terms first, long light ones last
@@ -1384,7 +1501,8 @@ def _blockmax_segment(
     limit = bs // LOOKUP_COST  # more survivors than this: streaming the rest is cheaper
     mark = np.zeros(bs, np.uint8)  # docs already in cands (left all zeros)
     row = np.full(nq, -1, np.int64)  # per term: its run in the current block (-1: none) ...
-    rbm = np.zeros(nq, np.float32)  # ... and its bound there, valid when stamp[i] == oi
+    rbm = np.zeros(nq, np.float32)  # ... its bound there ...
+    rsub = np.full(nq, 255, np.uint8)  # ... and its sub-block code (see _block_run), valid when stamp[i] == oi
     stamp = np.full(nq, -1, np.int64)
     exact_total = True
     matched = 0
@@ -1394,8 +1512,8 @@ def _blockmax_segment(
     full = state[0] >= k
     thr = hs[0] if full else np.float32(0.0)
     slack = np.float32(1.0001)  # float32 sums in different orders differ in the last bits
-    # rem starts at the block's bound ub[b] (summed in another order than the terms are taken
-    # off): this margin keeps it above the exact remaining bound whatever the rounding
+    # rem starts at the block's (sub-blocks') bound (summed in another order than the terms are
+    # taken off): this margin keeps it above the exact remaining bound whatever the rounding
     margin = np.float32(1.00001)
     last_streamed = nq
     nh = head.size
@@ -1440,6 +1558,14 @@ def _blockmax_segment(
                     for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 32), 32):
                         _prefetch(post_w, q)
         base = b << bshift
+        # per sub-block: the bound of the terms not streamed yet (-inf: dead, its bound cannot
+        # reach thr); rem, the highest, bounds every doc of the block that can still make it
+        if has_sub:
+            for y in range(SUB_BLOCKS):  # (a constant trip count: unrolled)
+                v = ubs[b * SUB_BLOCKS + y]
+                rem4[y] = v * margin if not full or v * slack >= thr else -np.inf
+        else:
+            rem4[0] = ub[b] * margin
         rem = ub[b] * margin
         ns = 0  # terms streamed
         blk_stream = 0  # postings streamed in this block
@@ -1456,6 +1582,7 @@ def _blockmax_segment(
                 if oi < nh:
                     row[i] = hslot[i, oi]
                     rbm[i] = hbmc[i, oi]
+                    rsub[i] = hsub[i, oi]
                 else:
                     p = cp[i]
                     e = pe[i]
@@ -1467,6 +1594,7 @@ def _blockmax_segment(
                         c = np.int64(pair_cnt[p]) + 1
                         row[i] = (q << 9) | c
                         rbm[i] = q_w[i] * f16[pair_max[p]]
+                        rsub[i] = pair_sub[p] if has_sub else 255
                         cp[i] = p + 1
                         cq[i] = q + c
                     else:
@@ -1492,7 +1620,11 @@ def _blockmax_segment(
                 mx = max(mx, s)
             n_stream += cnt
             blk_stream += cnt
-            rem -= rbm[i]
+            if has_sub:
+                rem = _take_off(rem4, rbm[i], rsub[i])
+            else:  # format 1: one bound for the whole block
+                rem -= rbm[i]
+                rem4[0] = rem
             ns += 1
             if full and x < nq and rem * slack < thr:
                 # untouched docs are out (their sum is at most rem); a hit doc is out when its partial
@@ -1511,7 +1643,7 @@ def _blockmax_segment(
                         for q in range(sx >> 9, (sx >> 9) + (sx & 511)):
                             o = np.int64(post_off[q])
                             s = acc[o]
-                            ok = (s > 0) & ((s + rem) * slack >= thr) & (mark[o] == 0)
+                            ok = (s > 0) & ((s + rem4[(o * nsub) >> bshift]) * slack >= thr) & (mark[o] == 0)
                             if use_mask:
                                 ok &= allowed[base + o] != 0
                             cands[nca] = o
@@ -1531,17 +1663,23 @@ def _blockmax_segment(
                     c += acc[o] >= cut
                 if c <= limit:
                     nca = 0
-                    if use_mask:
-                        for o in range(bs):
-                            s = acc[o]
-                            a = allowed[base + o] != 0 if base + o < n_docs else False
-                            cands[nca] = o
-                            nca += (s > 0) & ((s + rem) * slack >= thr) & a
-                    else:
-                        for o in range(bs):  # branch-free compaction
-                            s = acc[o]
-                            cands[nca] = o
-                            nca += (s > 0) & ((s + rem) * slack >= thr)
+                    for y in range(nsub):  # sub-block by sub-block: dead ones hold no survivor
+                        r = rem4[y]
+                        if r == -np.inf:
+                            continue
+                        o0 = (y * bs + nsub - 1) // nsub  # its offsets: (o * nsub) >> bshift == y
+                        o1 = ((y + 1) * bs + nsub - 1) // nsub
+                        if use_mask:
+                            for o in range(o0, o1):
+                                s = acc[o]
+                                a = allowed[base + o] != 0 if base + o < n_docs else False
+                                cands[nca] = o
+                                nca += (s > 0) & ((s + r) * slack >= thr) & a
+                        else:
+                            for o in range(o0, o1):  # branch-free compaction
+                                s = acc[o]
+                                cands[nca] = o
+                                nca += (s > 0) & ((s + r) * slack >= thr)
                     break
         last_streamed = ns
         if nca >= 0:
@@ -1555,6 +1693,7 @@ def _blockmax_segment(
                     if oi < nh:
                         row[i] = hslot[i, oi]
                         rbm[i] = hbmc[i, oi]
+                        rsub[i] = hsub[i, oi]
                     else:
                         p = cp[i]
                         e = pe[i]
@@ -1566,6 +1705,7 @@ def _blockmax_segment(
                             c = np.int64(pair_cnt[p]) + 1
                             row[i] = (q << 9) | c
                             rbm[i] = q_w[i] * f16[pair_max[p]]
+                            rsub[i] = pair_sub[p] if has_sub else 255
                             cp[i] = p + 1
                             cq[i] = q + c
                         else:
@@ -1595,14 +1735,19 @@ def _blockmax_segment(
                     n_stream += cnt
                     for q in range(q0, q0 + cnt):
                         acc[post_off[q]] += w * f16[post_w[q]]
-                rem -= rbm[i]
-                if rem < 0:
-                    rem = np.float32(0.0)
+                # never below 0 here, whatever the rounding (a dead sub-block at 0 still keeps none of
+                # its docs: their sums are below thr on their own)
+                if has_sub:
+                    _take_off(rem4, rbm[i], rsub[i])
+                    for y in range(SUB_BLOCKS):
+                        rem4[y] = max(rem4[y], np.float32(0.0))
+                else:
+                    rem4[0] = max(rem4[0] - rbm[i], np.float32(0.0))
                 keep = 0
                 for c in range(nca):
                     o = cands[c]
                     cands[keep] = o
-                    keep += (acc[o] + rem) * slack >= thr
+                    keep += (acc[o] + rem4[(o * nsub) >> bshift]) * slack >= thr
                 nca = keep
             filled = False
             for c in range(nca):
@@ -1613,8 +1758,8 @@ def _blockmax_segment(
                 if not filled:  # every term's run in this block, then verified, before the scores read them
                     for y in range(nq):
                         if stamp[y] != oi:
-                            _block_run(y, oi, b, oi < nh, hslot, hbmc, cp, pe, cq, pair_block, pair_cnt, pair_max,
-                                       q_w, f16, row, rbm, stamp)
+                            _block_run(y, oi, b, oi < nh, hslot, hbmc, hsub, cp, pe, cq, pair_block, pair_cnt,
+                                       pair_max, pair_sub, q_w, f16, row, rbm, rsub, stamp)
                     bad = _check_block(chk, row, lazy)
                     if bad >= 0:
                         state[7] = bad

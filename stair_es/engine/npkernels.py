@@ -24,6 +24,23 @@ F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
 F16_TABLE[~np.isfinite(F16_TABLE)] = 0.0
 F16_TABLE.flags.writeable = False
 
+# Sub-block bounds (segment format 2). Each block is cut into SUB_BLOCKS sub-blocks of equal size
+# (64 documents in a 256-document block; a document at block offset o is in sub-block
+# (o * SUB_BLOCKS) >> bshift). Per (term, block) pair one byte holds a 2-bit code per sub-block
+# (bits 2s, 2s + 1): 0 = no posting of the term there, else the smallest of SUB_LEVELS[1:] (times
+# the block maximum) that is at least the term's maximum in the sub-block, i.e. rounded up, so
+# every bound stays an upper bound. With the scale benchmark's idf queries a (term, block) pair
+# usually holds one to three postings of a rare heavy term, so most of its sub-blocks hold none:
+# a sub-block's bound is far below its block's, and block-max opens 2.4x fewer blocks at 10M
+# documents (docs/scale.md, "Sub-block bounds"). 1/2 and 3/4 were the best two middle levels
+# measured (docs/engine.md, "Postings and precision"); 4 sub-blocks of 2 bits keep the cost at
+# one byte per pair (~0.28 bytes per posting).
+SUB_BLOCKS = 4
+SUB_LEVELS = np.array([0.0, 0.5, 0.75, 1.0], np.float32)
+# per code byte: the level of each sub-block (float32, for the kernels' bound pass)
+SUB_FRACTIONS = SUB_LEVELS[(np.arange(256)[:, None] >> (2 * np.arange(SUB_BLOCKS))[None, :]) & 3].astype(np.float32)
+SUB_FRACTIONS.flags.writeable = False
+
 STRATEGY_AUTO = 0
 STRATEGY_BLOCKMAX = 1
 STRATEGY_TAAT = 2
@@ -206,6 +223,27 @@ def check_pack_csr(indptr, indices, weights, vocab_size, special, w_max, out, d0
     bits = w.astype(np.float16).view(np.uint16)
     out[lo:hi] = bits
     return 0, -1, int(np.count_nonzero(bits == 0))
+
+
+def block_subs(pair_cnt, pair_max, post_off, post_w, bshift) -> np.ndarray:
+    """Per (term, block) pair, the sub-block code byte (see :data:`SUB_BLOCKS`) of its postings,
+    as the numba kernel (identical bytes). Pairs are in posting order: pair p's postings follow
+    those of pairs 0 .. p - 1."""
+    n = pair_cnt.size
+    if n == 0:
+        return np.zeros(0, np.uint8)
+    cnt = np.asarray(pair_cnt, np.int64) + 1
+    sub = (np.asarray(post_off, np.int64) * SUB_BLOCKS) >> bshift
+    key = np.repeat(np.arange(n, dtype=np.int64) * SUB_BLOCKS, cnt) + sub  # ascending: offsets ascend in a pair
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    # positive fp16 bit patterns order like their values
+    smax = np.maximum.reduceat(np.asarray(post_w, np.uint16), starts)
+    x = F16_TABLE[smax]
+    m = F16_TABLE[np.asarray(pair_max, np.uint16)][key[starts] // SUB_BLOCKS]
+    # m * 0.5 and m * 0.75 are exact in float32 (m has 11 significant bits): exact comparisons
+    code = np.where(x > m * SUB_LEVELS[2], 3, np.where(x > m * SUB_LEVELS[1], 2, 1)).astype(np.int64)
+    out = np.bincount(key[starts] // SUB_BLOCKS, weights=code << (2 * (key[starts] % SUB_BLOCKS)), minlength=n)
+    return out.astype(np.uint8)
 
 
 def build_postings(indptr, indices, wbits, n_docs, key_base, n_keys, bshift) -> tuple:

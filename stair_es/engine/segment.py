@@ -26,7 +26,11 @@ from . import npkernels as NP
 from .npkernels import F16_TABLE, K
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
-SEGMENT_FORMAT = 1
+# 2 (2026-11-26): adds ``pair_sub``, one byte of sub-block bounds per (term, block) pair (see
+# npkernels.SUB_BLOCKS). Format 1 segments are still read and searched exactly, with block bounds
+# only; `index optimize` rewrites them.
+SEGMENT_FORMAT = 2
+_NO_SUBS = np.zeros(0, np.uint8)  # what a format 1 segment gives the kernels for pair_sub
 MAX_SEGMENT_DOCS = 1 << 24  # uint16 block numbers x 256-doc blocks
 
 
@@ -222,6 +226,7 @@ class Segment:
         self.pair_block = arrays["pair_block"]
         self.pair_cnt = arrays["pair_cnt"]
         self.pair_max = arrays["pair_max"]
+        self.pair_sub = arrays.get("pair_sub", _NO_SUBS)
         self.post_off = arrays["post_off"]
         self.post_w = arrays["post_w"]
         self.seq = arrays["seq"]
@@ -237,7 +242,7 @@ class Segment:
         self._chk: tuple | None = None  # see kernel_check
         self._table_layout: tuple | None = None  # see verify_term_tables
         self.checksummed: bool | None = None
-        self.outdated = False  # written in an older container format (set by open)
+        self.outdated = False  # written in an older container or segment format (set by open)
 
     @classmethod
     def open(cls, path: Path, *, verify: bool | None = None) -> "Segment":
@@ -251,8 +256,10 @@ class Segment:
         verify = verify if verify is not None else verify_on_open()
         c = read_container(path, verify=verify)
         seg = cls(path, c.arrays, c.meta, offsets=c.offsets, verifier=c.verifier)
-        # an older container (no footer, one whole-file CRC, or larger chunks): `optimize` rewrites it
-        seg.outdated = c.footer.kind != "chunks" or c.footer.shift != CHUNK_SHIFT
+        # an older container (no footer, one whole-file CRC, or larger chunks) or segment format (no
+        # sub-block bounds): `optimize` rewrites it
+        seg.outdated = (c.footer.kind != "chunks" or c.footer.shift != CHUNK_SHIFT
+                        or int(c.meta.get("format", 1)) < SEGMENT_FORMAT)
         if c.footer.kind == "chunks":
             seg.checksummed = True if verify else None
             seg.verify_arrays(("keys", "post_ptr", "pair_ptr"))
@@ -298,10 +305,14 @@ class Segment:
             return
         p0, p1 = self.pair_ptr[js], self.pair_ptr[js + 1]
         q0, q1 = self.post_ptr[js], self.post_ptr[js + 1]
-        parts = [self._elem_ranges(n, p0, p1) for n in ("pair_block", "pair_cnt", "pair_max")]
+        parts = [self._elem_ranges(n, p0, p1) for n in self._table_names()]
         parts += [self._elem_ranges(n, q0, q1) for n in ("post_off", "post_w")]
         v.verify_ranges(np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts]))
         self._terms_ok[js] = True
+
+    def _table_names(self) -> tuple[str, ...]:
+        """The per-(term, block) arrays of this segment (its block tables)."""
+        return ("pair_block", "pair_cnt", "pair_max") + (("pair_sub",) if "pair_sub" in self.a else ())
 
     def verify_term_tables(self, js: np.ndarray) -> None:
         """Verify the block tables (``pair_*``) of terms ``js``: what a kernel reads of a term before
@@ -311,7 +322,7 @@ class Segment:
             return
         if self._tables_ok is None:
             self._tables_ok = np.zeros(self.keys.size, bool)
-            names = ("pair_block", "pair_cnt", "pair_max")
+            names = self._table_names()
             base = np.array([[self.offsets[n]] for n in names], np.int64)
             item = np.array([[self.a[n].itemsize] for n in names], np.int64)
             self._table_layout = (base, item, np.hstack([base, item]))
@@ -447,7 +458,8 @@ class Segment:
             problems.append("term postings pointers")
         if not ptr_ok(self.pair_ptr, n_pairs):
             problems.append("term block pointers")
-        if self.post_off.size != n_post or self.pair_cnt.size != n_pairs or self.pair_max.size != n_pairs:
+        if (self.post_off.size != n_post or self.pair_cnt.size != n_pairs or self.pair_max.size != n_pairs
+                or ("pair_sub" in a and self.pair_sub.size != n_pairs)):
             problems.append("postings array sizes")
         elif full and n_pairs and int(self.pair_cnt.sum(dtype=np.int64)) + n_pairs != n_post:
             problems.append("block posting counts")
@@ -718,6 +730,8 @@ def _field_postings(indptr, ids, wb, n: int, key_base: int, bshift: int, threads
 def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
     n = batch.n_docs
     keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
+    # sub-block bounds from the built postings (new or merged alike): a pass over the postings
+    psub = NP.build_kernel("block_subs", int(po.size))(pc, pm, po, pw, bshift)
     if batch.id_hash is not None:
         sorted_hashes, order = batch.id_hash, batch.id_order
     else:
@@ -733,6 +747,7 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Seg
         "pair_block": pb,
         "pair_cnt": pc,
         "pair_max": pm,
+        "pair_sub": psub,
         "post_off": po,
         "post_w": pw,
         "seq": batch.seq.astype(np.uint64),

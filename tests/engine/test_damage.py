@@ -167,6 +167,7 @@ CASES = {
     "flip block numbers": _flip_in("pair_block", 1),
     "flip block counts": _flip_in("pair_cnt", 0),
     "flip block max": _flip_in("pair_max", 2),
+    "flip sub-block bounds": _flip_in("pair_sub", 0),
     "flip doc ids": _flip_in("id_blob", 0),
     "flip segment header": lambda p: _flip(_segments(p)[0], 40),
     "flip segment magic": lambda p: _flip(_segments(p)[1], 2),
@@ -578,7 +579,7 @@ def _kernel_index(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("where", ["pair_block", "pair_cnt", "pair_max", "id_offs", "id_blob", "cap_present",
+@pytest.mark.parametrize("where", ["pair_block", "pair_cnt", "pair_max", "pair_sub", "id_offs", "id_blob", "cap_present",
                                    "cap_offs", "cap_blob", "src_offs", "m.n.v", "m.tag.ptr", "m.tag.codes"])
 def test_compiled_verification_of_block_tables_and_hits_names_the_file(tmp_path, where):
     """With numba loaded, a search verifies its terms' block tables and its hits' stored fields in
@@ -617,6 +618,7 @@ def test_compiled_verification_of_block_tables_and_hits_names_the_file(tmp_path,
             "pair_block": s.offsets["pair_block"] + item("pair_block") * p0,
             "pair_cnt": s.offsets["pair_cnt"] + p0,
             "pair_max": s.offsets["pair_max"] + item("pair_max") * p0 + 1,
+            "pair_sub": s.offsets["pair_sub"] + p0,
             "id_offs": s.offsets["id_offs"] + 8 * d_cap,
             "id_blob": s.offsets["id_blob"] + int(a["id_offs"][d_cap]),
             "cap_present": s.offsets["cap_present"] + d_cap,

@@ -33,6 +33,34 @@ def test_build_postings_twin_is_identical(n_docs, bshift, key_base):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("n_docs,bshift", [(0, 8), (1, 8), (257, 8), (2000, 8), (700, 4), (300, 2), (50, 1)])
+def test_block_subs_twin_is_identical_and_every_bound_is_safe(n_docs, bshift):
+    """The sub-block codes (segment format 2) of the numpy and numba kernels are the same bytes,
+    and each is an upper bound: code 0 exactly where a sub-block holds no posting of the term,
+    else level x block max >= the term's maximum in the sub-block (blocks of 1 doc, blocks smaller
+    than 4 sub-blocks and uneven last blocks included)."""
+    rng = np.random.default_rng(n_docs * 10 + bshift)
+    indptr, ids, w = _csr(rng, n_docs)
+    _, _, _, pb, pc, pm, po, pw = NB.build_postings(indptr, ids, w, n_docs, 0, 30522, bshift)
+    a = NP.block_subs(pc, pm, po, pw, bshift)
+    b = NB.block_subs(pc, pm, po, pw, bshift)
+    assert a.dtype == b.dtype == np.uint8 and a.size == pc.size
+    np.testing.assert_array_equal(a, b)
+    q = 0
+    for p in range(pc.size):
+        c = int(pc[p]) + 1
+        sub = (po[q:q + c].astype(np.int64) * NP.SUB_BLOCKS) >> bshift
+        wmax = NP.F16_TABLE[pw[q:q + c]]
+        bmax = NP.F16_TABLE[pm[p]]
+        for y in range(NP.SUB_BLOCKS):
+            code = (int(a[p]) >> (2 * y)) & 3
+            here = sub == y
+            assert (code == 0) == (not here.any())
+            if here.any():
+                assert wmax[here].max() <= NP.SUB_LEVELS[code] * bmax
+        q += c
+
+
 def test_check_pack_csr_twin_reports_the_same_first_problem():
     rng = np.random.default_rng(7)
     special = np.zeros(30522, bool)

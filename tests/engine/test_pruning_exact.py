@@ -206,3 +206,111 @@ def test_one_query_on_several_threads_over_one_segment_gives_the_same_hits(tmp_p
             got = ix.search(req, threads=threads)
             assert [(h.id, h.score) for h in got.hits] == want, f"query {qi}, {threads} threads"
     ix.close()
+
+
+def _as_format_1(seg_file) -> None:
+    """Rewrite a segment file as segment format 1 wrote it: the same arrays without the sub-block
+    codes (``pair_sub``)."""
+    from stair_es.engine.storage import read_container, write_arrays
+
+    c = read_container(seg_file)
+    arrays = {n: np.array(a) for n, a in c.arrays.items() if n != "pair_sub"}  # copies: the file is replaced
+    write_arrays(seg_file, arrays, {**c.meta, "format": 1})
+
+
+def test_format_1_segments_are_searched_exactly_and_optimize_upgrades_them(tmp_path, monkeypatch):
+    """Segments written before sub-block bounds (format 1) are still searched exactly, with block
+    bounds only, alone or next to format 2 ones, on one thread or several; the sub-block bounds
+    open fewer blocks for the same hits; `optimize` rewrites format 1 segments with them."""
+    from stair_es.engine import index as index_mod
+    from stair_es.engine.segment import SEGMENT_FORMAT
+
+    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # small segments: share them out among threads anyway
+    rng = np.random.default_rng(31)
+    path = tmp_path / "ix"
+    ix = EngineIndex.create(path, IndexSchema(fields={"price": "number"}, sparse_fields=("image",)))
+    n_seg, per = 3, 3000
+    dense = np.zeros((n_seg * per, TOKENS.max() + 1), np.float32)
+    price = rng.integers(0, 100, n_seg * per)
+    for s in range(n_seg):
+        indptr, ids, ws, scale = corpus(rng, per, "idf")
+        ix.add_arrays([f"d{s * per + i}" for i in range(per)], {"image": (indptr, ids, ws)},
+                      [{"price": float(x)} for x in price[s * per:(s + 1) * per]])
+        for i in range(per):
+            dense[s * per + i, ids[indptr[i]:indptr[i + 1]]] = f16(ws[indptr[i]:indptr[i + 1]])
+    gone = [int(i) for i in rng.choice(n_seg * per, 300, replace=False)]
+    ix.delete([f"d{i}" for i in gone])
+    live = np.ones(n_seg * per, bool)
+    live[gone] = False
+    p = 1.0 / np.arange(1, TOKENS.size + 1) ** 0.7
+    p /= p.sum()
+    queries = []
+    for qi in range(40):
+        ranks = np.sort(rng.choice(TOKENS.size, size=int(rng.integers(1, 41)), replace=False, p=p))
+        qw = (np.log1p(rng.lognormal(size=ranks.size)) * scale[ranks] + 0.01).astype(np.float32)
+        flt, allow = ((None, np.ones(live.size, bool)) if qi % 2 else (Range("price", gte=20, lt=60), (price >= 20) & (price < 60)))
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(TOKENS[ranks], qw))], top_k=10, filter=flt)
+        queries.append((req, brute(dense, live, allow, TOKENS[ranks], qw, 10)))
+    toks = np.flatnonzero(~VOCAB.special_mask)[1000:6000]  # 5,000 tokens, 400 of them in the corpus
+    qw = rng.uniform(0.01, 1.0, toks.size).astype(np.float32)
+    queries.append((SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=10),
+                    brute(dense, live, np.ones(live.size, bool), toks[np.isin(toks, TOKENS)], qw[np.isin(toks, TOKENS)], 10)))
+    ix.close()
+
+    def check(ix):
+        """Every query as brute force, with block-max on 1 and 2 threads; blocks scored on 1 thread."""
+        ix.strategy, ix.numpy_max_postings = "blockmax", 0
+        scored = 0
+        for qi, (req, want) in enumerate(queries):
+            for threads in (1, 2):
+                got = ix.search(req, threads=threads)
+                assert [(h.id, h.score) for h in got.hits] == want, f"query {qi}, {threads} threads"
+                if threads == 1:
+                    scored += int(ix.last_search_stats[3])
+        return scored
+
+    with EngineIndex.open(path) as ix:
+        assert [s.seg.outdated for s in ix._segs] == [False] * n_seg
+        scored_new = check(ix)
+    files = sorted(path.glob("seg-*.seg"))
+    for f in files[:2]:
+        _as_format_1(f)
+    with EngineIndex.open(path) as ix:  # two format 1 segments beside a format 2 one
+        assert [s.seg.outdated for s in ix._segs] == [True, True, False]
+        assert [s.seg.pair_sub.size > 0 for s in ix._segs] == [False, False, True]
+        check(ix)
+    for f in files[2:]:
+        _as_format_1(f)
+    with EngineIndex.open(path) as ix:
+        assert check(ix) > scored_new  # the same hits, more blocks opened without sub-block bounds
+    with EngineIndex.open(path, writable=True) as ix:
+        ix.optimize()
+        (s,) = ix._segs
+        assert not s.seg.outdated and s.seg.meta["format"] == SEGMENT_FORMAT
+        assert s.seg.pair_sub.size == s.seg.pair_cnt.size > 0
+        check(ix)
+
+
+@pytest.mark.parametrize("bshift,n_docs", [(8, 257), (8, 1), (2, 9), (1, 5)])
+def test_sub_block_bounds_at_the_edges(tmp_path, bshift, n_docs):
+    """A last block of one document, a one-document segment, and blocks of 4 or 2 documents
+    (a sub-block of one document, or none): block-max with sub-block bounds is exact."""
+    rng = np.random.default_rng(bshift * 1000 + n_docs)
+    indptr, ids, ws, _ = corpus(rng, n_docs, "idf")
+    ix = EngineIndex.create(tmp_path / "ix", IndexSchema(fields={}, sparse_fields=("image",)), bshift=bshift)
+    ix.add_arrays([f"d{i}" for i in range(n_docs)], {"image": (indptr, ids, ws)})
+    assert ix._segs[0].seg.pair_sub.size == ix._segs[0].seg.pair_cnt.size
+    dense = np.zeros((n_docs, TOKENS.max() + 1), np.float32)
+    for i in range(n_docs):
+        dense[i, ids[indptr[i]:indptr[i + 1]]] = f16(ws[indptr[i]:indptr[i + 1]])
+    everyone = np.ones(n_docs, bool)
+    ix.strategy, ix.numpy_max_postings = "blockmax", 0
+    for qi in range(30):
+        toks = np.sort(rng.choice(TOKENS[:120], size=int(rng.integers(1, 30)), replace=False))
+        qw = rng.uniform(0.05, 2.0, toks.size).astype(np.float32)
+        k = int(rng.choice([1, 3, 10]))
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(toks, qw))], top_k=k)
+        for head in (64, 1):
+            ix.head_blocks = head
+            assert [(h.id, h.score) for h in ix.search(req).hits] == brute(dense, everyone, everyone, toks, qw, k)
+    ix.close()
