@@ -680,8 +680,9 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
 
     ``postings`` (as returned by ``kernels.build_postings``/``merge_postings``) replaces
     ``batch.vectors`` when given (segment merges). ``threads``: threads that build the postings
-    of a field of more than :data:`THREADED_BUILD_MIN` postings (default: the machine's cores,
-    at most :data:`BUILD_THREADS_MAX`); the arrays are the same whatever the number.
+    of a field, and the sub-block codes of a segment, of more than :data:`THREADED_BUILD_MIN`
+    postings (default: the machine's cores, at most :data:`BUILD_THREADS_MAX`); the arrays are
+    the same whatever the number.
     """
     n = batch.n_docs
     if n > segment_capacity(bshift):
@@ -691,7 +692,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
     elif threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     if postings is not None:
-        return _write_segment(path, name, batch, fields, bshift, postings, sync_dir)
+        return _write_segment(path, name, batch, fields, bshift, postings, sync_dir, threads)
     parts = []
     for fi, f in enumerate(fields):
         if f in batch.vectors:
@@ -714,7 +715,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
         post_ptr, pair_ptr = np.concatenate(post_ptr_l), np.concatenate(pair_ptr_l)
         pb, pc, pm, po, pw = (np.concatenate([p[i] for p in nonempty]) for i in range(3, 8))
         p = (keys, post_ptr, pair_ptr, pb, pc, pm, po, pw)
-    return _write_segment(path, name, batch, fields, bshift, p, sync_dir)
+    return _write_segment(path, name, batch, fields, bshift, p, sync_dir, threads)
 
 
 def _field_postings(indptr, ids, wb, n: int, key_base: int, bshift: int, threads: int) -> tuple:
@@ -727,11 +728,14 @@ def _field_postings(indptr, ids, wb, n: int, key_base: int, bshift: int, threads
     return NP.build_kernel("build_postings", nnz)(*args)
 
 
-def _write_segment(path, name, batch, fields, bshift, postings, sync_dir) -> Segment:
+def _write_segment(path, name, batch, fields, bshift, postings, sync_dir, threads: int = 1) -> Segment:
     n = batch.n_docs
     keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = postings
     # sub-block bounds from the built postings (new or merged alike): a pass over the postings
-    psub = NP.build_kernel("block_subs", int(po.size))(pc, pm, po, pw, bshift)
+    if po.size > THREADED_BUILD_MIN:
+        psub = K.block_subs_threaded(pair_ptr, post_ptr, pc, pm, po, pw, bshift, threads)
+    else:
+        psub = NP.build_kernel("block_subs", int(po.size))(pc, pm, po, pw, bshift)
     if batch.id_hash is not None:
         sorted_hashes, order = batch.id_hash, batch.id_order
     else:

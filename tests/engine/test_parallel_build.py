@@ -93,6 +93,21 @@ def test_threaded_build_rejects_more_documents_than_a_segment_holds():
         K.build_postings_threaded(indptr, np.zeros(0, np.int32), np.zeros(0, np.uint16), (1 << 24) + 1, 0, VOCAB_SIZE, 8, 2)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("bshift", [8, 4, 1])
+def test_threaded_sub_block_codes_equal_the_serial_kernel(threads, bshift):
+    """The segment's sub-block codes (format 2) computed on threads, in chunks of whole terms,
+    are the serial kernel's bytes; a field without postings gives none."""
+    rng = np.random.default_rng(threads * 10 + bshift)
+    for lens in (rng.integers(0, 80, 900), np.zeros(5, np.int64), [0, 3000, 0, 1]):
+        indptr, ids, w = csr(rng, lens, vocab=3000)
+        keys, post_ptr, pair_ptr, pb, pc, pm, po, pw = K.build_postings(indptr, ids, w, len(lens), 0, VOCAB_SIZE, bshift)
+        want = K.block_subs(pc, pm, po, pw, bshift)
+        got = K.block_subs_threaded(pair_ptr, post_ptr, pc, pm, po, pw, bshift, threads)
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, want)
+
+
 def _index(path, monkeypatch, threads, data, threaded=True):
     """An index of two sparse fields (so the second's keys start at VOCAB_SIZE) from ``data``
     (one add_arrays call per element), its segments built on ``threads`` threads."""
@@ -120,7 +135,7 @@ def test_an_index_built_on_threads_answers_as_one_built_on_one(tmp_path, monkeyp
     one = _index(tmp_path / "one", monkeypatch, 1, data)
     three = _index(tmp_path / "three", monkeypatch, 3, data)
     for a, b, c in zip(serial._segs, one._segs, three._segs):
-        for name in ARRAYS:
+        for name in ARRAYS + ("pair_sub",):
             np.testing.assert_array_equal(getattr(a.seg, name), getattr(b.seg, name), err_msg=name)
             np.testing.assert_array_equal(getattr(a.seg, name), getattr(c.seg, name), err_msg=name)
     for qi in range(40):
