@@ -647,15 +647,18 @@ class Segment:
                 return np.diff(c["ptr"]) > 0
             if isinstance(flt, Range):
                 v = c["v"]
-                m = v != DATE_MISSING if ftype == "date" else ~np.isnan(v)
-                if flt.gt is not None:
-                    m &= v > flt.gt
-                if flt.gte is not None:
-                    m &= v >= flt.gte
-                if flt.lt is not None:
-                    m &= v < flt.lt
-                if flt.lte is not None:
-                    m &= v <= flt.lte
+                # a bound never admits a missing value (NaN compares false; a missing date is the
+                # lowest int64, below any lower bound), so the column is read once per bound: at
+                # 10M documents these passes are memory-bound (8 bytes a document)
+                bounds = [(np.greater, flt.gt), (np.greater_equal, flt.gte), (np.less, flt.lt), (np.less_equal, flt.lte)]
+                bounds = [(op, x) for op, x in bounds if x is not None]
+                if ftype == "date" and flt.gt is None and (flt.gte is None or flt.gte <= DATE_MISSING):
+                    bounds.insert(0, (np.not_equal, DATE_MISSING))
+                if not bounds:
+                    return ~np.isnan(v)
+                m = bounds[0][0](v, bounds[0][1])
+                for op, x in bounds[1:]:
+                    m &= op(v, x)
                 return m
             values: list[Any] = []
             for v in ([flt.value] if isinstance(flt, Term) else list(flt.values)):
