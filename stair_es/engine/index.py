@@ -577,9 +577,7 @@ class EngineIndex:
         n = len(ids)
         if n == 0:
             return 0
-        _check_ids(ids)
-        hashed = _HashedIds.of(ids)
-        hashed.refuse_duplicates(ids)
+        hashed = _HashedIds.checked(ids)
         clean = {f: self._checked_vectors(f, ids, *v) for f, v in vectors.items()}
         fields = dict(self.schema.fields)
         cols: dict = {}
@@ -1066,24 +1064,6 @@ class EngineIndex:
         }
 
 
-def _check_ids(ids: list[str]) -> None:
-    """``add_arrays``' ids: non-empty strings of at most 512 characters, without newlines, valid
-    Unicode (uniqueness: :meth:`_HashedIds.refuse_duplicates`). A few passes in C for a million ids; the slow loop only to name a bad one."""
-    n = len(ids)
-    ok = all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512
-    if ok:
-        joined = "\n".join(ids)
-        try:
-            ok = joined.count("\n") == n - 1 and bool(joined.encode("utf-8"))
-        except UnicodeEncodeError:
-            ok = False
-    if not ok:
-        for i in ids:
-            if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
-                raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
-            check_text(i, "a document id")
-
-
 @dataclass
 class _HashedIds:
     """A batch's ids packed (blob, offsets) and hashed (fnv1a64), with the order that sorts the
@@ -1102,13 +1082,30 @@ class _HashedIds:
         order = np.argsort(hashes, kind="stable")
         return cls(blob, offs, order, hashes[order])
 
-    def refuse_duplicates(self, ids: list[str]) -> None:
-        """InvalidInputError naming an id given twice (equal hashes are compared as strings)."""
-        sh = self.sorted_hashes
+    @classmethod
+    def checked(cls, ids: list[str]) -> "_HashedIds":
+        """:meth:`of` for ``add_arrays``' ids, refusing (InvalidInputError naming one) any that is
+        not a non-empty string of at most 512 characters without newlines and valid Unicode, or
+        that is given twice. A few passes in C for a million ids: packing them is the newline and
+        Unicode check, equal sorted hashes (compared as strings) the duplicate check; the slow
+        loop runs only to name a bad id."""
+        h = None
+        if all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512:
+            try:
+                h = cls.of(ids)
+            except ValueError:  # a newline, or a lone surrogate (UnicodeEncodeError)
+                pass
+        if h is None:
+            for i in ids:
+                if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
+                    raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
+                check_text(i, "a document id")
+        sh = h.sorted_hashes
         for i in np.flatnonzero(sh[1:] == sh[:-1]).tolist():
-            a, b = ids[self.order[i]], ids[self.order[i + 1]]
+            a, b = ids[h.order[i]], ids[h.order[i + 1]]
             if a == b:
                 raise InvalidInputError(f"add_arrays needs unique ids within one call; {a!r} is given twice")
+        return h
 
 
 def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
