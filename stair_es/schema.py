@@ -224,7 +224,7 @@ class IndexSchema:
             raise InvalidInputError(f"metadata field {name!r} starts with '_': Elasticsearch and OpenSearch reserve such "
                                     "names for their own fields (_id, _source, _routing...); rename it")
 
-    def normalize_column(self, name: str, values: Any, *, infer: bool = True, nan_missing: bool = True) -> tuple[str | None, Any]:
+    def normalize_column(self, name: str, values: Any, *, nan_missing: bool = True) -> tuple[str | None, Any]:
         """Validate one metadata field's values for a batch of documents, one value (or None)
         per document: the columnar twin of :meth:`normalize_metadata`, for bulk ingest.
 
@@ -235,7 +235,7 @@ class IndexSchema:
         normalised values, where a float NaN is missing too (pandas' marker in object and string
         columns) unless ``nan_missing`` is false (values from per-document dicts, where a NaN is
         refused as in :meth:`normalize_metadata`). A bad value raises :class:`ColumnValueError`
-        naming its row.
+        naming its row. A field the schema does not have yet takes the type of its values.
         """
         self.check_metadata_name(name)
         ftype = self.fields.get(name)
@@ -274,8 +274,6 @@ class IndexSchema:
             first = next((v for v in vals if v is not None), None)
             if first is None:
                 return None, vals
-            if not infer:
-                raise UnknownFieldError(f"unknown metadata field {name!r}; declare it when creating the index")
             try:
                 ftype = infer_type(first)
             except InvalidInputError as e:
