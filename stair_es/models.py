@@ -1,0 +1,597 @@
+"""The stair-es model store: pretrained models fetched once and carried into air-gapped machines.
+
+A search engineer with internet runs ``stair-es models pull ID``; an encoder given
+``model=ID`` then finds the files with :func:`resolve_model`, and an index records
+:func:`model_record` so that a query encoded with another model is refused. A cluster with
+no internet gets the model carried in: ``models export ID DIR`` on a machine that has it,
+``models import DIR`` on the machine that needs it.
+
+The store
+---------
+``$STAIR_ES_MODEL_STORE`` or ``<data home>/_models/store`` (data home: ``$STAIR_ES_HOME`` or
+``~/.local/share/stair-es``). One folder per model id and revision,
+``<org>--<name>/<revision>/``, holding the snapshot's files and ``stair-es-model.json``: the
+id, the revision (the hub commit when known), the requested revision, the encoder kind, every
+file with its sha256 and size, and when and how the entry got there.
+
+An entry is never used half-written: a pull or an import fills a temporary folder inside the
+store (``.tmp-*``), checks every file, writes ``stair-es-model.json`` last and renames the
+folder into place (one atomic rename). A per-id lock (``filelock``) keeps two processes from
+installing the same model at once; an interrupted pull leaves only a ``.tmp-*`` folder, which
+lookups never read and the next pull of that id removes. The files themselves are downloaded
+by ``huggingface_hub.snapshot_download`` into the Hugging Face cache, which resumes partial
+downloads, then hard-linked (copied across file systems) into the store.
+
+Bundles
+-------
+``export`` writes a folder (or a ``.tar``/``.tar.gz``) with ``MANIFEST.json`` (sha256 and size
+of every file), ``model/`` (the store entry) and ``cache/`` (what the model's encoder derives
+from it and needs at run time without torch: ONNX towers, a vocabulary matrix, tokenizer
+files, as listed by the encoder's ``artifacts()``; they live in
+:func:`stair_es.encoders.runtime.model_cache_dir`, keyed by the weights' sha256). ``import``
+unpacks into a temporary folder, checks every file against the manifest *before* installing
+anything (links, absolute paths and ``..`` in a tarball are refused), then moves ``cache/``
+into the model cache and the entry into the store.
+
+This module knows where models live and how they travel; it must not know what any model
+computes (the encoders do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import quote
+
+from .errors import InvalidInputError, MissingDependencyError, ModelError
+
+log = logging.getLogger(__name__)
+
+ENTRY_FILE = "stair-es-model.json"
+MANIFEST_FILE = "MANIFEST.json"
+ENTRY_FORMAT = "stair-es-model"
+BUNDLE_FORMAT = "stair-es-model-bundle"
+FORMAT_VERSION = 1
+
+#: Files a model folder is identified by (weights, configs, tokenizer and vocabulary files).
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".txt", ".model", ".npy", ".npz", ".yaml", ".yml")
+#: What a pull downloads from a repository the catalog does not describe (no TF, Flax, ONNX or
+#: Rust copies of the weights: the encoders load PyTorch/safetensors weights).
+DEFAULT_PATTERNS = ("*.json", "*.txt", "*.model", "*.safetensors", "*.bin", "*.pt", "*.pth", "*.npy", "*.npz",
+                    "*.yaml", "*.yml", "*.md")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_NOT_WEIGHTS = ("tf_model", "flax_model", "rust_model", "model.onnx", "openvino", "coreml")
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+
+
+# --- the catalog ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A model stair_es knows how to use.
+
+    ``revision`` is the revision a pull asks for unless ``--revision`` says otherwise. These
+    machines cannot reach the hub to read commit hashes, so it is ``"main"``; the commit a
+    pull actually got is recorded in the store entry (and in every index built with it).
+    """
+
+    id: str
+    kind: str
+    title: str
+    purpose: str
+    size: str
+    licence: str
+    revision: str = "main"
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    url: str = ""
+
+
+CATALOG: tuple[CatalogEntry, ...] = (
+    CatalogEntry(
+        id="vsearch/vdr-cross-modal",
+        kind="vdr",
+        title="VDR cross-modal (Zhou et al., ICLR 2024)",
+        purpose="photos: image and text towers trained to give weights over the BERT vocabulary; the strongest "
+                "route to photo search without training",
+        size="~0.9 GB",
+        licence="MIT (VDR repository; check the model card)",
+        url="https://huggingface.co/vsearch/vdr-cross-modal",
+    ),
+    CatalogEntry(
+        id="openai/clip-vit-base-patch32",
+        kind="clip-vocab",
+        title="CLIP ViT-B/32 (OpenAI)",
+        purpose="photos, zero-shot: CLIP scores each image against a fixed vocabulary of words; fast (ViT-B/32)",
+        size="~0.6 GB",
+        licence="MIT (model card: research use)",
+        patterns=("*.json", "*.txt", "model.safetensors"),
+        url="https://huggingface.co/openai/clip-vit-base-patch32",
+    ),
+    CatalogEntry(
+        id="google/siglip-base-patch16-224",
+        kind="clip-vocab",
+        title="SigLIP base patch16 224 (Google)",
+        purpose="photos, zero-shot: like CLIP with a sigmoid loss; usually better zero-shot words than CLIP B/32, "
+                "slower per image",
+        size="~0.8 GB",
+        licence="Apache-2.0",
+        patterns=("*.json", "*.txt", "*.model", "model.safetensors"),
+        url="https://huggingface.co/google/siglip-base-patch16-224",
+    ),
+)
+
+
+def catalog_entry(model_id: str) -> CatalogEntry | None:
+    for entry in CATALOG:
+        if entry.id.lower() == model_id.lower():
+            return entry
+    return None
+
+
+# --- where things live -------------------------------------------------------------------------
+def data_home() -> Path:
+    home = os.environ.get("STAIR_ES_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".local" / "share" / "stair-es"
+
+
+def store_dir() -> Path:
+    """``$STAIR_ES_MODEL_STORE`` or ``<data home>/_models/store``."""
+    env = os.environ.get("STAIR_ES_MODEL_STORE")
+    return Path(env).expanduser() if env else data_home() / "_models" / "store"
+
+
+def offline() -> bool:
+    """Whether the user asked for no network (``HF_HUB_OFFLINE`` or ``STAIR_ES_OFFLINE``)."""
+    for var in ("STAIR_ES_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return True
+    return False
+
+
+def check_id(model_id: str) -> str:
+    model_id = model_id.strip()
+    if not _ID.match(model_id) or ".." in model_id or "--" in model_id:
+        raise InvalidInputError(f"{model_id!r} is not a model id: give ORG/NAME as on the Hugging Face hub "
+                                "(see `stair-es models list`) or a local folder")
+    return model_id
+
+
+def check_revision(revision: str) -> str:
+    revision = revision.strip()
+    if not _REVISION.match(revision) or ".." in revision:
+        raise InvalidInputError(f"{revision!r} is not a revision: give a branch, tag or commit hash")
+    return revision
+
+
+def split_model(model: str) -> tuple[str, str | None]:
+    """``"ORG/NAME@REV"`` -> ``("ORG/NAME", "REV")``; no ``@`` -> revision None."""
+    model_id, at, revision = model.partition("@")
+    return check_id(model_id), (check_revision(revision) if at else None)
+
+
+def _id_dir(model_id: str) -> Path:
+    return store_dir() / model_id.replace("/", "--")
+
+
+def _rev_dir_name(revision: str) -> str:
+    return quote(revision, safe="")
+
+
+# --- reading entries ---------------------------------------------------------------------------
+@dataclass
+class StoreEntry:
+    """One installed model (a folder of the store and its ``stair-es-model.json``)."""
+
+    folder: Path
+    meta: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return self.meta["id"]
+
+    @property
+    def revision(self) -> str:
+        return self.meta["revision"]
+
+    @property
+    def kind(self) -> str | None:
+        return self.meta.get("kind")
+
+    @property
+    def size(self) -> int:
+        return int(sum(f["size"] for f in self.meta["files"].values()))
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "revision": self.revision, "sha256": self.meta["sha256"]}
+
+
+def _read_entry_meta(folder: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((folder / ENTRY_FILE).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(meta, dict) and meta.get("format") == ENTRY_FORMAT and isinstance(meta.get("id"), str)
+            and isinstance(meta.get("revision"), str) and isinstance(meta.get("files"), dict)
+            and isinstance(meta.get("sha256"), str)):
+        return None
+    return meta
+
+
+def entries(model_id: str | None = None) -> list[StoreEntry]:
+    """Installed entries (of one id, or all), newest install first. Temporary folders never count."""
+    root = store_dir()
+    if model_id is not None:
+        id_dirs = [_id_dir(model_id)]
+    else:
+        try:
+            id_dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        except OSError:
+            return []
+    found = []
+    for id_dir in id_dirs:
+        try:
+            rev_dirs = [p for p in id_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        except OSError:
+            continue
+        for folder in rev_dirs:
+            meta = _read_entry_meta(folder)
+            if meta is not None and (model_id is None or meta["id"].lower() == model_id.lower()):
+                found.append(StoreEntry(folder, meta))
+    found.sort(key=lambda e: str(e.meta.get("installed", {}).get("at", "")), reverse=True)
+    return found
+
+
+def find_entry(model_id: str, revision: str | None = None) -> StoreEntry | None:
+    """The installed entry of ``model_id`` at ``revision`` (a commit, a prefix of one of at least
+    7 characters, or the branch/tag it was pulled as); without a revision, the newest install."""
+    for entry in entries(model_id):
+        if revision is None:
+            return entry
+        commit = entry.revision
+        if revision in (commit, entry.meta.get("requested_revision")):
+            return entry
+        if len(revision) >= 7 and _HEX40.match(commit) and commit.startswith(revision):
+            return entry
+    return None
+
+
+def _check_present(entry: StoreEntry) -> None:
+    """Cheap check before use: every recorded file is there with its recorded size."""
+    for rel, info in entry.meta["files"].items():
+        path = entry.folder / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = -1
+        if size != info["size"]:
+            raise ModelError(f"model {entry.id} in the store is damaged ({rel} is missing or has another size); "
+                             f"run `stair-es models rm {entry.id}` and pull or import it again")
+
+
+# --- the contract the encoders call -------------------------------------------------------
+def resolve_model(model: str, *, kind: str | None = None) -> Path:
+    """The local folder of ``model``: a folder as given; an id (``ORG/NAME`` or ``ORG/NAME@REV``)
+    from the store; otherwise, unless offline, pulled into the store first.
+
+    Offline (``HF_HUB_OFFLINE=1``, ``STAIR_ES_OFFLINE=1``) or with the hub unreachable, a model
+    already in the Hugging Face cache is still taken from there; anything else raises a
+    :class:`ModelError` saying how to carry the model in.
+    """
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise InvalidInputError("model must be a hub id (see `stair-es models list`) or a local folder")
+    text = str(model).strip()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or text.startswith((".", "/", "~")) or os.sep + os.sep in text or text.count("/") > 1:
+        raise ModelError(f"model folder not found: {text} (give a folder with the model's files, or a hub id; "
+                         "see `stair-es models list`)")
+    model_id, revision = split_model(text)
+    entry = find_entry(model_id, revision)
+    if entry is None:
+        entry = pull(model_id, revision=revision, kind=kind, local_only=offline())
+    _check_present(entry)
+    return entry.folder
+
+
+def model_record(folder: Path) -> dict[str, Any]:
+    """What an index config records about the model in ``folder``.
+
+    A store entry: ``{"id", "revision", "sha256"}`` (``sha256`` identifies every file of the
+    entry, see :func:`files_digest`). Any other folder: ``{"id": <the folder as given>,
+    "weights": <first 16 hex of runtime.weights_digest(the model files)>}``.
+    """
+    folder = Path(folder)
+    meta = _read_entry_meta(folder)
+    if meta is not None:
+        return {"id": meta["id"], "revision": meta["revision"], "sha256": meta["sha256"]}
+    from .encoders.runtime import weights_digest
+
+    files = model_files(folder)
+    if not files:
+        raise ModelError(f"{folder} holds no model files ({', '.join(MODEL_FILE_SUFFIXES)}); give the model's folder")
+    return {"id": str(folder), "weights": weights_digest(files)[:16]}
+
+
+def model_files(folder: Path) -> list[Path]:
+    """The files that identify a plain model folder (top level, by suffix)."""
+    try:
+        return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in MODEL_FILE_SUFFIXES)
+    except OSError:
+        raise ModelError(f"model folder not found or unreadable: {folder}") from None
+
+
+def files_digest(files: dict[str, dict[str, Any]]) -> str:
+    """One sha256 over ``{relative path: {"sha256"...}}`` (order-independent; the same formula
+    as ``runtime.weights_digest`` for top-level files)."""
+    parts = sorted(f"{rel}:{info['sha256']}" for rel, info in files.items())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def carry_hint(model_id: str) -> str:
+    return (f"on a machine with internet run `stair-es models pull {model_id}` and "
+            f"`stair-es models export {model_id} DIR`, then `stair-es models import DIR` here")
+
+
+# --- hashing and copying -------------------------------------------------------------------------
+Progress = Callable[[int], None]
+
+
+def _hash_file(path: Path, progress: Progress | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def _copy_hashing(src: Path, dst: Path, progress: Progress | None = None) -> str:
+    """Copy ``src`` to ``dst`` and return the sha256 of what was written."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        for chunk in iter(lambda: fi.read(_CHUNK), b""):
+            h.update(chunk)
+            fo.write(chunk)
+            if progress:
+                progress(len(chunk))
+        fo.flush()
+        os.fsync(fo.fileno())
+    return h.hexdigest()
+
+
+def _link_or_copy(src: Path, dst: Path, progress: Progress | None = None) -> str:
+    """Hard-link ``src`` at ``dst`` (same file system) or copy it; return its sha256."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        return _copy_hashing(src, dst, progress)
+    return _hash_file(dst, progress)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _walk_files(folder: Path) -> Iterator[tuple[str, Path]]:
+    """(posix relative path, path) of every file under ``folder`` (symlinks followed), sorted;
+    hidden folders (``.cache`` of the hub client, ``.git``) are skipped."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            yield path.relative_to(folder).as_posix(), path
+
+
+class _Lock:
+    """The per-id install lock (tells the user when it has to wait for another process)."""
+
+    def __init__(self, model_id: str):
+        from filelock import FileLock
+
+        locks = store_dir() / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        self.model_id = model_id
+        self.lock = FileLock(str(locks / f"{model_id.replace('/', '--')}.lock"))
+
+    def __enter__(self) -> "_Lock":
+        from filelock import Timeout
+
+        try:
+            self.lock.acquire(timeout=1)
+        except Timeout:
+            log.warning("waiting for another stair-es process installing %s", self.model_id)
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def _tmp_dir(model_id: str, what: str) -> Path:
+    root = store_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f".tmp-{what}-{model_id.replace('/', '--')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return folder
+
+
+def _clear_stale(model_id: str) -> None:
+    """Remove temporary folders an interrupted pull/import of ``model_id`` left (call under its lock)."""
+    prefix = model_id.replace("/", "--")
+    for what in ("pull", "import"):
+        for stale in store_dir().glob(f".tmp-{what}-{prefix}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _commit_entry(staged: Path, meta: dict[str, Any]) -> StoreEntry:
+    """Write ``stair-es-model.json`` into the staged folder and rename it into place (under the lock).
+    An entry already installed at that revision with the same files is kept."""
+    target = _id_dir(meta["id"]) / _rev_dir_name(meta["revision"])
+    (staged / ENTRY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", "utf-8")
+    existing = _read_entry_meta(target)
+    if existing is not None and existing["sha256"] == meta["sha256"]:
+        shutil.rmtree(staged, ignore_errors=True)
+        return StoreEntry(target, existing)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # a damaged or different entry at this revision: replace it whole
+        old = target.with_name(f".old-{target.name}-{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+        os.rename(staged, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staged, target)
+    return StoreEntry(target, meta)
+
+
+# --- pull ---------------------------------------------------------------------------------------------
+def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_only: bool) -> Path:
+    """``huggingface_hub.snapshot_download`` into the Hugging Face cache (which resumes partial files)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise MissingDependencyError(f"pulling {model_id!r} from the Hugging Face hub", "encoders",
+                                     "huggingface-hub") from None
+    try:
+        return Path(snapshot_download(model_id, revision=revision, allow_patterns=list(patterns),
+                                      local_files_only=local_only))
+    except Exception as e:  # the hub client raises many types
+        raise ModelError(_download_failure(model_id, e, local_only)) from None
+
+
+def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
+    name = type(e).__name__
+    if name in ("RepositoryNotFoundError", "GatedRepoError"):
+        return (f"the hub has no model {model_id!r} this machine may read (check the id, or for a gated model "
+                "log in with `hf auth login`)")
+    if name == "RevisionNotFoundError":
+        return f"the hub has no such revision of {model_id!r}; check --revision"
+    why = "offline (HF_HUB_OFFLINE/STAIR_ES_OFFLINE is set)" if local_only else "the hub cannot be reached"
+    return f"cannot get model {model_id}: {why}; {carry_hint(model_id)}"
+
+
+def pull(model_id: str, *, revision: str | None = None, kind: str | None = None, local_only: bool = False,
+         progress: bool = False) -> StoreEntry:
+    """Download ``model_id`` once into the store (or return the entry already there).
+
+    ``local_only``: take the files only from the Hugging Face cache (offline).
+    """
+    model_id = check_id(model_id)
+    known = catalog_entry(model_id)
+    if known is not None:
+        model_id = known.id
+    requested = check_revision(revision) if revision else (known.revision if known else "main")
+    kind = kind or (known.kind if known else None)
+    existing = find_entry(model_id, revision)
+    if existing is not None:
+        return existing
+    snapshot = _snapshot(model_id, requested, known.patterns if known else DEFAULT_PATTERNS, local_only=local_only)
+    commit = snapshot.name if _HEX40.match(snapshot.name) else requested
+    with _Lock(model_id):
+        existing = find_entry(model_id, revision)  # another process may have finished meanwhile
+        if existing is not None:
+            return existing
+        _clear_stale(model_id)
+        staged = _tmp_dir(model_id, "pull")
+        try:
+            files = _stage_snapshot(snapshot, staged, model_id, progress)
+            source = "huggingface-cache" if local_only else "huggingface-hub"
+            meta = _entry_meta(model_id, commit, requested, kind, files, {"how": "pull", "from": source, "at": _now()})
+            return _commit_entry(staged, meta)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+
+
+def _stage_snapshot(snapshot: Path, staged: Path, model_id: str, progress: bool) -> dict[str, dict[str, Any]]:
+    listing = [(rel, p) for rel, p in _walk_files(snapshot) if not any(rel.startswith(x) for x in _NOT_WEIGHTS)]
+    if not listing:
+        raise ModelError(f"the snapshot of {model_id} holds no files; check the id and --revision")
+    if not any(rel.endswith(_WEIGHT_SUFFIXES) for rel, _ in listing):
+        # the hub client links each file into a snapshot once it is complete, so an interrupted
+        # download leaves a snapshot without (all) its weights: never install that
+        raise ModelError(f"the downloaded snapshot of {model_id} has no weight files (an interrupted download?); "
+                         f"run `stair-es models pull {model_id}` with internet to complete it")
+    files: dict[str, dict[str, Any]] = {}
+    with _bar(sum(p.stat().st_size for _, p in listing), f"storing {model_id}", progress) as bar:
+        for rel, src in listing:
+            real = Path(os.path.realpath(src))
+            dst = staged / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            digest = _link_or_copy(real, dst, bar.update)
+            # the hub names large (LFS) files' blobs by their sha256: a mismatch is a damaged download
+            if _HEX64.match(real.name) and real.name != digest:
+                raise ModelError(f"{rel} of {model_id} in the Hugging Face cache does not match its checksum; "
+                                 f"delete it from the cache (`hf cache delete`) and pull again")
+            files[rel] = {"sha256": digest, "size": dst.stat().st_size}
+    return files
+
+
+def _entry_meta(model_id: str, revision: str, requested: str, kind: str | None, files: dict[str, dict[str, Any]],
+                installed: dict[str, Any], pulled: dict[str, Any] | None = None) -> dict[str, Any]:
+    from . import __version__
+
+    installed = {**installed, "stair_es": __version__}
+    return {
+        "format": ENTRY_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "id": model_id,
+        "revision": revision,
+        "requested_revision": requested,
+        "kind": kind,
+        "files": files,
+        "sha256": files_digest(files),
+        "size": int(sum(f["size"] for f in files.values())),
+        "pulled": pulled or installed,
+        "installed": installed,
+    }
+
+
+def remove(model_id: str, revision: str | None = None) -> list[StoreEntry]:
+    """Remove an id's entries (one revision, or all of them); returns what was removed."""
+    model_id = check_id(model_id)
+    gone = [e for e in entries(model_id) if revision is None or find_entry(model_id, revision) == e]
+    if not gone:
+        raise ModelError(f"model {model_id}{'@' + revision if revision else ''} is not in the store "
+                         "(see `stair-es models list`)")
+    with _Lock(model_id):
+        for entry in gone:
+            trash = entry.folder.with_name(f".old-{entry.folder.name}-{uuid.uuid4().hex[:8]}")
+            os.rename(entry.folder, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+    return gone
+
+
+class _NoBar:
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from .encoders.base import tqdm_class
+
+    return tqdm_class()(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
