@@ -220,3 +220,227 @@ def test_a_damaged_store_entry_is_not_used(hub, home):
     (entry.folder / "model.safetensors").write_bytes(b"short")
     with pytest.raises(ModelError, match="damaged"):
         models.resolve_model("acme/tiny")
+
+
+# --- export / import ---------------------------------------------------------------------------------
+class ArtifactEncoder:
+    """Stands in for vdr/clip-vocab: derives one file per model, keyed by the weights' sha256."""
+
+    def __init__(self, model: str, **kw):
+        self.folder = Path(model)
+
+    def key(self) -> str:
+        from stair_es.encoders.runtime import weights_digest
+
+        return weights_digest(sorted(self.folder.glob("*.safetensors")))[:20]
+
+    def artifacts(self) -> list[Path]:
+        from stair_es.encoders.runtime import model_cache_dir
+
+        path = model_cache_dir() / f"fake-tower-{self.key()}.onnx"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"onnx graph for " + self.key().encode())
+        return [path]
+
+
+@pytest.fixture
+def fake_kind(monkeypatch):
+    from stair_es.encoders import base
+
+    monkeypatch.setitem(base._BUILTIN, "fake-artifacts", ArtifactEncoder)
+    return "fake-artifacts"
+
+
+def move_home(monkeypatch, tmp_path, name: str) -> Path:
+    """Switch to another, empty data home (the air-gapped machine)."""
+    h = tmp_path / name
+    monkeypatch.setenv("STAIR_ES_HOME", str(h))
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(h / "_models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return h
+
+
+@pytest.mark.parametrize("form", ["folder", "tar.gz", "tar"])
+def test_export_then_import_in_an_empty_home_resolves_offline(hub, home, fake_kind, tmp_path, monkeypatch, form):
+    hub.add("acme/tiny", TINY)
+    entry = models.pull("acme/tiny", kind=fake_kind)
+    record = models.model_record(entry.folder)
+    dest = tmp_path / "carry" / ("bundle" if form == "folder" else f"bundle.{form}")
+    dest.parent.mkdir()
+    manifest = models.export("acme/tiny", dest)
+    assert Path(manifest["path"]) == dest and dest.exists()
+    assert manifest["id"] == "acme/tiny" and manifest["revision"] == COMMIT
+    cache_files = [r for r in manifest["files"] if r.startswith("cache/")]
+    assert len(cache_files) == 1 and cache_files[0].startswith("cache/fake-tower-")
+    assert manifest["files"]["model/model.safetensors"]["sha256"] == sha(TINY["model.safetensors"])
+
+    other = move_home(monkeypatch, tmp_path, "airgapped")
+    shutil.rmtree(hub.cache)  # the other machine has no hub cache either
+    hub.reachable = False
+    with pytest.raises(ModelError, match="models import DIR"):
+        models.resolve_model("acme/tiny")
+    installed = models.import_bundle(dest)
+    assert installed.folder.is_relative_to(other)
+    folder = models.resolve_model("acme/tiny")
+    assert folder == installed.folder
+    assert models.model_record(folder) == record
+    assert installed.meta["installed"]["how"] == "import" and installed.meta["pulled"]["how"] == "pull"
+    # the derived file is back in the model cache under the same key, where the encoder looks
+    enc = ArtifactEncoder(str(folder))
+    derived = other / "_models" / cache_files[0][len("cache/"):]
+    assert derived.read_bytes() == b"onnx graph for " + enc.key().encode()
+    assert enc.artifacts() == [derived]
+    assert not list((other / "_models" / "store").glob(".tmp-*"))
+    # importing again is harmless
+    assert models.import_bundle(dest).folder == folder
+
+
+def test_export_refuses_an_existing_destination_and_a_model_not_in_the_store(hub, home, tmp_path):
+    hub.add("acme/tiny", TINY)
+    models.pull("acme/tiny")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(InvalidInputError, match="already exists"):
+        models.export("acme/tiny", tmp_path / "full")
+    with pytest.raises(ModelError, match="not in the store; run `stair-es models pull acme/other`"):
+        models.export("acme/other", tmp_path / "b")
+
+
+def test_export_refuses_a_damaged_store_entry(hub, home, tmp_path):
+    hub.add("acme/tiny", TINY)
+    entry = models.pull("acme/tiny")
+    data = bytearray((entry.folder / "model.safetensors").read_bytes())
+    data[10] ^= 1
+    (entry.folder / "model.safetensors").unlink()  # the store's copy may be a hard link to the hub cache
+    (entry.folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="model.safetensors of model acme/tiny in the store does not match"):
+        models.export("acme/tiny", tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def _bundle(hub, home, tmp_path, fake_kind, name="b.tar") -> Path:
+    hub.add("acme/tiny", TINY)
+    models.pull("acme/tiny", kind=fake_kind)
+    return Path(models.export("acme/tiny", tmp_path / name)["path"])
+
+
+def _nothing_installed(h: Path) -> None:
+    store = h / "_models" / "store"
+    assert models.entries() == []
+    assert not list(store.glob(".tmp-*")) and not list(store.glob("*/*"))
+    assert not list((h / "_models").glob("fake-tower-*"))
+
+
+def test_a_damaged_tarball_gives_a_checksum_error_naming_the_file_and_installs_nothing(hub, home, fake_kind, tmp_path,
+                                                                                        monkeypatch):
+    import tarfile
+
+    bundle = _bundle(hub, home, tmp_path, fake_kind)
+    # flip one byte inside the weights (a plain tar: the member's data sits at a known offset)
+    with tarfile.open(bundle) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith("model/model.safetensors"))
+    raw = bytearray(bundle.read_bytes())
+    raw[member.offset_data + 100] ^= 0xFF
+    bundle.write_bytes(bytes(raw))
+    other = move_home(monkeypatch, tmp_path, "airgapped")
+    with pytest.raises(ModelError, match=r"model/model.safetensors in .* does not match its checksum.*nothing was installed"):
+        models.import_bundle(bundle)
+    _nothing_installed(other)
+
+
+def test_a_truncated_tarball_installs_nothing(hub, home, fake_kind, tmp_path, monkeypatch):
+    bundle = _bundle(hub, home, tmp_path, fake_kind, "b.tar.gz")
+    bundle.write_bytes(bundle.read_bytes()[: bundle.stat().st_size // 2])
+    other = move_home(monkeypatch, tmp_path, "airgapped")
+    with pytest.raises(ModelError):
+        models.import_bundle(bundle)
+    _nothing_installed(other)
+
+
+def test_a_damaged_folder_bundle_installs_nothing(hub, home, fake_kind, tmp_path, monkeypatch):
+    bundle = _bundle(hub, home, tmp_path, fake_kind, "folder")
+    cache_file = next((bundle / "cache").iterdir())
+    cache_file.write_bytes(b"tampered")
+    other = move_home(monkeypatch, tmp_path, "airgapped")
+    with pytest.raises(ModelError, match=f"cache/{cache_file.name} in .* does not match its checksum"):
+        models.import_bundle(bundle)
+    _nothing_installed(other)
+
+
+def _tar_with(path: Path, manifest_files: dict, extra) -> Path:
+    import io
+    import tarfile
+
+    manifest = {"format": models.BUNDLE_FORMAT, "format_version": 1, "id": "acme/tiny", "revision": COMMIT,
+                "files": manifest_files}
+    with tarfile.open(path, "w") as t:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo("b/MANIFEST.json")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+        extra(t)
+    return path
+
+
+@pytest.mark.parametrize("evil", ["../escape.txt", "/etc/evil", "b/../../escape.txt", "link", "hardlink"])
+def test_a_tarball_with_traversal_absolute_paths_or_links_is_refused(home, no_network, tmp_path, evil):
+    import io
+    import tarfile
+
+    def extra(t):
+        if evil in ("link", "hardlink"):
+            info = tarfile.TarInfo("b/model/config.json")
+            info.type = tarfile.SYMTYPE if evil == "link" else tarfile.LNKTYPE
+            info.linkname = "/etc/passwd"
+            t.addfile(info)
+        else:
+            info = tarfile.TarInfo(evil)
+            info.size = 4
+            t.addfile(info, io.BytesIO(b"evil"))
+
+    bundle = _tar_with(tmp_path / "evil.tar", {"model/stair-es-model.json": {"sha256": "0" * 64, "size": 1}}, extra)
+    with pytest.raises(ModelError, match="unsafe path|link or special file"):
+        models.import_bundle(bundle)
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path.parent / "escape.txt").exists()
+    assert models.entries() == []
+
+
+def test_a_manifest_listing_an_unsafe_path_is_refused(home, no_network, tmp_path):
+    bundle = _tar_with(tmp_path / "evil.tar", {"model/stair-es-model.json": {"sha256": "0" * 64, "size": 1},
+                                               "cache/../../x": {"sha256": "0" * 64, "size": 1}}, lambda t: None)
+    with pytest.raises(ModelError, match="unsafe path"):
+        models.import_bundle(bundle)
+
+
+def test_something_that_is_not_a_bundle_is_named(home, no_network, tmp_path):
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(ModelError, match="not a readable tarball"):
+        models.import_bundle(tmp_path / "junk.tar")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ModelError, match="not a stair-es model bundle"):
+        models.import_bundle(tmp_path / "folder")
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        models.import_bundle(tmp_path / "missing")
+
+
+def test_list_shows_the_catalog_and_what_is_in_the_store(hub, home):
+    rows = {r["id"]: r for r in models.listing()}
+    assert {"vsearch/vdr-cross-modal", "openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"} <= set(rows)
+    assert rows["vsearch/vdr-cross-modal"]["kind"] == "vdr"
+    assert rows["google/siglip-base-patch16-224"]["kind"] == "clip-vocab"
+    assert all(r["download_size"] and r["licence"] and r["revision"] for r in rows.values())
+    assert not any(r["in_store"] for r in rows.values())
+    hub.add("acme/tiny", TINY)
+    models.pull("acme/tiny", kind="vdr")
+    rows = {r["id"]: r for r in models.listing()}
+    assert rows["acme/tiny"]["in_store"] and rows["acme/tiny"]["installed"][0]["revision"] == COMMIT
+
+
+def test_rm_removes_an_entry(hub, home):
+    hub.add("acme/tiny", TINY)
+    models.pull("acme/tiny")
+    assert [e.id for e in models.remove("acme/tiny")] == ["acme/tiny"]
+    assert models.find_entry("acme/tiny") is None
+    with pytest.raises(ModelError, match="not in the store"):
+        models.remove("acme/tiny")
