@@ -221,7 +221,8 @@ def parse_jsonl_ratings(path: str | Path) -> Ratings:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            out.errors.append(Problem(f"not JSON ({e.msg} at column {e.colno})", n, file))
+            hint = "; TREC qrels ('QID 0 DOCID GRADE') need the query texts: --queries FILE" if len(text.split()) == 4 else ""
+            out.errors.append(Problem(f"not JSON ({e.msg} at column {e.colno}){hint}", n, file))
             continue
         if not isinstance(obj, dict):
             out.errors.append(Problem('not a JSON object like {"query": "two dogs", "relevant": {"doc-id": 1}}', n, file))
@@ -337,15 +338,13 @@ def parse_trec(qrels_path: str | Path, queries_path: str | Path) -> Ratings:
 
 
 def read_ratings(path: str | Path, queries: str | Path | None = None) -> Ratings:
-    """Read a ratings file: JSONL (one query a line) or, with ``queries``, TREC qrels."""
+    """Read a ratings file: JSONL (one query a line) or, with ``queries``, TREC qrels (a line of
+    qrels read as JSONL is reported as not JSON, with a hint to give ``queries``)."""
     if queries is not None:
         if _looks_like_jsonl(path):
             raise InvalidInputError(f"{path} is JSONL ratings, which carry their own query texts: --queries is for "
                                     "TREC qrels ('QID 0 DOCID GRADE' lines)")
         return parse_trec(path, queries)
-    if not _looks_like_jsonl(path):
-        raise InvalidInputError(f"{path} is not JSONL ratings; if it is TREC qrels ('QID 0 DOCID GRADE'), give the "
-                                "query texts with --queries FILE ('QID<TAB>text' lines or JSONL {\"id\", \"query\"})")
     return parse_jsonl_ratings(path)
 
 
@@ -418,6 +417,8 @@ class QueryConfig:
     force: bool = False
     label: str = "A"
 
+    DEFAULT_SUMMARY = "search's defaults"
+
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"label": self.label, "encoder": self.encoder or "(recorded in the index)"}
         if self.encoder_options:
@@ -433,7 +434,7 @@ class QueryConfig:
         parts += [f"{k}={v}" for k, v in self.encoder_options.items()]
         parts += [f"{k.replace('_', '-')}={getattr(self, k)}" for k in
                   ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand") if getattr(self, k) is not None]
-        return " ".join(parts) or "as stair-es search"
+        return " ".join(parts) or self.DEFAULT_SUMMARY
 
     def spec(self, query: RatedQuery, top_k: int, encoder_name: str | None = None):
         """The :class:`stair_es.search.QuerySpec` that ``stair-es search QUERY --where ...`` would build."""
