@@ -36,8 +36,8 @@ def _entry_json(entry: store.StoreEntry) -> dict:
 
 \b
 With internet:      stair-es models pull vsearch/vdr-cross-modal
-                    stair-es models export vsearch/vdr-cross-modal vdr.tar.gz
-Without internet:   stair-es models import vdr.tar.gz
+                    stair-es models export vsearch/vdr-cross-modal vdr.tar
+Without internet:   stair-es models import vdr.tar
                     stair-es ingest ... --encoder vdr --model vsearch/vdr-cross-modal
 
 Encoders given --model ID find it in the store; an ID that is not there is pulled on first use
@@ -85,7 +85,8 @@ def pull_cmd(model_id: str, revision: str | None, kind: str | None, as_json: boo
 @models_group.command("export")
 @click.argument("model", metavar="ID")
 @click.argument("dest", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("--tar", is_flag=True, help="Write a .tar.gz (also chosen by a DIR ending in .tar, .tar.gz or .tgz).")
+@click.option("--tar", is_flag=True, help="Write DIR.tar (a DIR ending in .tar, .tar.gz or .tgz also makes a tarball; "
+              "weights barely compress, so .tar.gz mostly costs time).")
 @click.option("--weights-only", is_flag=True,
               help="Leave out the derived files (ONNX towers, vocabulary matrix); the other machine then needs torch.")
 @json_option

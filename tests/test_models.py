@@ -444,3 +444,25 @@ def test_rm_removes_an_entry(hub, home):
     assert models.find_entry("acme/tiny") is None
     with pytest.raises(ModelError, match="not in the store"):
         models.remove("acme/tiny")
+
+
+def test_two_concurrent_pulls_install_one_entry(hub, home):
+    import threading
+
+    hub.add("acme/tiny", TINY)
+    results, errors = [], []
+
+    def go():
+        try:
+            results.append(models.pull("acme/tiny").folder)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(results)) == 1
+    assert len(models.entries("acme/tiny")) == 1
+    assert not list((home / "_models" / "store").glob(".tmp-*"))

@@ -39,10 +39,10 @@ def test_pull_export_import_rm_round_trip(hub, home, fake_kind, tmp_path, monkey
     assert r.exit_code == 0 and "all 3 files match" in r.output
     r = cli("models", "export", "acme/tiny", str(tmp_path / "bundle"), "--tar")
     assert r.exit_code == 0, r.output
-    assert "1 derived" in r.output and "stair-es models import bundle.tar.gz" in r.output
+    assert "1 derived" in r.output and "stair-es models import bundle.tar" in r.output
 
     move_home(monkeypatch, tmp_path, "airgapped")
-    r = cli("models", "import", str(tmp_path / "bundle.tar.gz"), "--json")
+    r = cli("models", "import", str(tmp_path / "bundle.tar"), "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["installed"]["how"] == "import"
     listed = {m["id"]: m for m in json.loads(cli("models", "list", "--json").output)["models"]}
