@@ -507,7 +507,7 @@ def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[str]
     try:
         yield name
     finally:
-        encoder_registry._BUILTIN.pop(name, None)  # no public unregister; the name was ours alone
+        getattr(encoder_registry, "_BUILTIN", {}).pop(name, None)  # no public unregister; the name was ours alone
 
 
 @dataclass
