@@ -466,3 +466,45 @@ def test_two_concurrent_pulls_install_one_entry(hub, home):
     assert not errors and len(set(results)) == 1
     assert len(models.entries("acme/tiny")) == 1
     assert not list((home / "_models" / "store").glob(".tmp-*"))
+
+
+def _hf_cache(root: Path, repo_id: str, files: dict[str, bytes]) -> Path:
+    """A Hugging Face hub cache as the real client lays it out (refs, snapshots linking to blobs)."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snap = repo / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for name, data in files.items():
+        blob = repo / "blobs" / sha(data)
+        blob.write_bytes(data)
+        (snap / name).symlink_to(Path("..") / ".." / "blobs" / sha(data))
+    return root
+
+
+def test_offline_a_model_in_the_hugging_face_cache_is_taken_by_the_real_client(home, no_network, tmp_path, monkeypatch):
+    hf = pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
+
+    files = {k: v for k, v in TINY.items() if k != "tf_model.h5"}
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_hf_cache(tmp_path / "hf", "acme/tiny", files)))
+    assert hf.snapshot_download.__module__.startswith("huggingface_hub")  # the real client, not a fake
+    folder = models.resolve_model("acme/tiny", kind="vdr")
+    entry = models.find_entry("acme/tiny")
+    assert entry.folder == folder and entry.revision == COMMIT and entry.meta["pulled"]["from"] == "huggingface-cache"
+    assert (folder / "model.safetensors").read_bytes() == TINY["model.safetensors"]
+    assert not (folder / "model.safetensors").is_symlink()
+
+
+def test_a_damaged_blob_in_the_hugging_face_cache_is_not_installed(home, no_network, tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
+
+    files = {k: v for k, v in TINY.items() if k != "tf_model.h5"}
+    root = _hf_cache(tmp_path / "hf", "acme/tiny", files)
+    (root / "models--acme--tiny" / "blobs" / sha(TINY["model.safetensors"])).write_bytes(b"truncated")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    with pytest.raises(ModelError, match="model.safetensors of acme/tiny in the Hugging Face cache does not match"):
+        models.resolve_model("acme/tiny")
+    assert models.entries() == []
