@@ -77,7 +77,7 @@ def build_request(
 
 
 #: Encoders whose recorded config carries versions checked at query time (``QuerySpec.force``).
-VERSIONED_ENCODERS = ("default", "imagenet", "grounded")
+VERSIONED_ENCODERS = ("default", "imagenet", "grounded", "clip-vocab")
 
 
 @dataclass
