@@ -119,10 +119,17 @@ def _encode_queries(kind: str, texts: list[str], image_dense: np.ndarray, defaul
         enc, weights = get_encoder("grounded"), (idf if kind == "grounded-idf" else None)
     else:
         enc, weights = get_encoder("bow"), (idf if kind == "bow-idf" else None)
+    # what `stair-es search` gives the encoder: the index's document frequencies (grounding)
+    stats = None
+    if getattr(enc, "uses_index_stats", False):
+        from stair_es.encoders.grounding import IndexStats
+
+        stats = IndexStats(np.count_nonzero(image_dense > 0, axis=0), image_dense.shape[0])
     vecs = []
     for t in texts:
         try:
-            vecs.append(enc.encode_texts([t], idf=weights)[0])
+            vecs.append(enc.encode_texts([t], idf=weights, index_stats=stats)[0] if stats is not None
+                        else enc.encode_texts([t], idf=weights)[0])
         except StairError:  # nothing searchable in the text: it finds nothing
             vecs.append(None)
     q = _dense(vecs)

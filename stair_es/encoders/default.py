@@ -76,6 +76,7 @@ class DefaultEncoder(Encoder):
         ocr_images: str = "drawings",
         ocr: str | None = None,
         query_idf: bool = True,
+        grounding: Any = "on",
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -102,13 +103,14 @@ class DefaultEncoder(Encoder):
         self.text_encoder: Encoder
         if text == "splade":
             # SPLADE x the index's IDF won on every evaluation set (docs/encoders.md)
-            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf)
+            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf,
+                                              grounding=grounding)
         elif text == "grounded":
             from .grounded import GroundedQueryEncoder
 
-            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab)
+            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab, grounding=grounding)
         else:
-            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
+            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=grounding)
         self.device = device
         from .colour import ColourSource
 
@@ -158,6 +160,11 @@ class DefaultEncoder(Encoder):
     def uses_idf(self) -> bool:
         return self.text_encoder.uses_idf
 
+    @property
+    def uses_index_stats(self) -> bool:
+        """Query words are grounded on the index's tokens (stair_es/encoders/grounding.py)."""
+        return getattr(self.text_encoder, "uses_index_stats", False)
+
     def config(self) -> dict[str, Any]:
         img = self.image_encoder.config()
         cfg: dict[str, Any] = {
@@ -179,6 +186,10 @@ class DefaultEncoder(Encoder):
         if self.text == "splade":
             cfg["text_model"] = self.text_model
             cfg["query_idf"] = self.text_encoder.uses_idf
+        # query-side (stored vectors do not depend on it): the map version, or "off"
+        from .grounding import map_version
+
+        cfg["grounding"] = map_version() if self.uses_index_stats else "off"
         for part in ("image", "text"):
             digest = self.weights_digest(part)
             if digest is not None:
@@ -310,5 +321,13 @@ class DefaultEncoder(Encoder):
         batch_size: int = 32,
         progress: bool = False,
         idf: np.ndarray | None = None,
+        index_stats: Any = None,
     ) -> list[SparseVector]:
-        return self.text_encoder.encode_texts(texts, batch_size=batch_size, progress=progress, idf=idf)
+        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                      index_stats=index_stats)]
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                       idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
+        """Query vectors with their grounding steps (``stair_es.encoders.grounding.EncodedQuery``)."""
+        return self.text_encoder.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                index_stats=index_stats)
