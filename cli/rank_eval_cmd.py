@@ -50,12 +50,15 @@ def _config_options(f):
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Evaluate only the first N rated queries.")
 @click.option("--show", type=click.IntRange(min=0), default=20, show_default=True, metavar="N",
               help="Queries listed in the table, worst (or, with a comparison, most changed) first; --json lists all.")
+@click.option("--explain", "explain_words", is_flag=True,
+              help="Under the table, how each listed query's words became tokens (grounding on the index's words, "
+                   "as `stair-es search --explain` shows; --json always has it).")
 @_config_options
 @encoder_options(default=None)
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_option
 @backend_options
-def rank_eval(index, ratings, queries_path, top_k, limit, show, caption_weight, image_weight, query_top_k, min_weight,
+def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, caption_weight, image_weight, query_top_k, min_weight,
               expand, force, compare_encoder, compare_model, compare_opts, compare_caption_weight, compare_image_weight,
               compare_expand, encoder, model, encoder_opts, progress, as_json, backend) -> None:
     """Evaluate INDEX's ranking on rated queries: P@1, P@5, MRR@10, nDCG@10, R@5, R@10.
@@ -117,14 +120,14 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, caption_weight, 
         if as_json:
             echo_json(result.to_dict())
         else:
-            _print_comparison(result, show)
+            _print_comparison(result, show, explain_words)
     else:
         result = evaluate(backend, index, queries, config_a, top_k=top_k, progress=show_bar, problems=rated)
         evaluated, errors = len(result.results), result.errors
         if as_json:
             echo_json(result.to_dict())
         else:
-            _print_evaluation(result, show)
+            _print_evaluation(result, show, explain_words)
     if not evaluated:
         raise InvalidInputError(_nothing_evaluated(ratings, errors))
 
@@ -179,7 +182,24 @@ def _print_problems(errors, warnings) -> None:
             click.echo(f"  {p}")
 
 
-def _print_evaluation(ev, show: int) -> None:
+def _print_grounding(labelled) -> None:
+    """``labelled``: (query, [(label, QueryResult)]) for each listed query."""
+    blocks = [(q, [(label, r) for label, r in runs if r.grounding]) for q, runs in labelled]
+    blocks = [(q, runs) for q, runs in blocks if runs]
+    if not blocks:
+        click.echo("")
+        click.echo("(the query encoder reports no word grounding)")
+        return
+    click.echo("")
+    click.echo("how the query words became tokens:")
+    for q, runs in blocks:
+        click.echo(f"  {q.query!r}")
+        for label, r in runs:
+            for step in r.grounding:
+                click.echo(f"    {label}{step.get('explain') or step}")
+
+
+def _print_evaluation(ev, show: int, explain_words: bool = False) -> None:
     n = len(ev.results)
     click.echo(f"{ev.index}: {n} quer{'y' if n == 1 else 'ies'} evaluated, top {ev.top_k} hits each, run as "
                f"`stair-es search` runs them{_with(ev.config)}")
@@ -192,6 +212,8 @@ def _print_evaluation(ev, show: int) -> None:
         rows = [(_rank(r), r.metrics["nDCG@10"], r.query.query + _where_note(r), _fmt_tokens(r), _fmt_hits(r))
                 for r in worst]
         click.echo(table(rows, ["1st rel", "nDCG@10", "query", "query tokens", f"top {SHOWN_HITS} hits"], max_width=56))
+        if explain_words:
+            _print_grounding([(r.query, [("", r)]) for r in worst])
     for note in ev.notes:
         click.echo(f"note: {note}")
     _print_problems(ev.errors, ev.warnings)
@@ -206,7 +228,7 @@ def _where_note(r) -> str:
     return f" [{' '.join(r.query.where)}]" if r.query.where else ""
 
 
-def _print_comparison(cmp, show: int) -> None:
+def _print_comparison(cmp, show: int, explain_words: bool = False) -> None:
     a, b = cmp.a, cmp.b
     n = len(a.results)
     click.echo(f"{a.index}: {n} quer{'y' if n == 1 else 'ies'} evaluated under two configurations, top {a.top_k} hits each")
@@ -223,6 +245,8 @@ def _print_comparison(cmp, show: int) -> None:
                  _fmt_tokens(ra), _fmt_tokens(rb)) for ra, rb in changed]
         click.echo(table(rows, ["A 1st rel", "B 1st rel", "A nDCG@10", "B nDCG@10", "query", "A query tokens",
                                 "B query tokens"], max_width=44))
+        if explain_words:
+            _print_grounding([(ra.query, [("A: ", ra), ("B: ", rb)]) for ra, rb in changed])
     for note in a.notes:
         click.echo(f"note: {note}")
     _print_problems(a.errors, a.warnings)

@@ -529,6 +529,8 @@ class QueryResult:
     query_tokens: dict[str, float]
     metrics: dict[str, float]
     missing: list[str] = field(default_factory=list)  # relevant ids the index does not hold
+    #: what each query word became when the encoder grounds words on the index (``SearchRequest.grounding``)
+    grounding: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def first_relevant_rank(self) -> int | None:
@@ -542,6 +544,8 @@ class QueryResult:
             d["where"] = list(self.query.where)
         if self.missing:
             d["relevant_not_in_index"] = self.missing
+        if self.grounding:
+            d["grounding"] = self.grounding
         return d
 
 
@@ -609,7 +613,7 @@ _GLOBAL_ERRORS = (EncoderVersionError, UnknownNameError)
 
 def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryConfig, top_k: int, bar: Any,
          notes: list[str]) -> dict[str, Any]:
-    """query id -> (SearchResult, query vector) or the InvalidInputError that query raised."""
+    """query id -> (SearchResult, query vector, grounding steps) or the InvalidInputError that query raised."""
     from .search import make_request
 
     out: dict[str, Any] = {}
@@ -623,7 +627,7 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
             except InvalidInputError as e:  # a bad "where", a query with no searchable tokens...
                 out[q.id] = e
             else:
-                out[q.id] = (result, qvec)
+                out[q.id] = (result, qvec, list(getattr(request, "grounding", None) or []))
                 for n in [*request.notes, *result.notes]:
                     if n not in notes:
                         notes.append(n)
@@ -636,9 +640,9 @@ def _results(queries: Sequence[RatedQuery], runs: Mapping[str, Any], missing: Ma
     scores = score_rankings({q.id: q.ratings for q in queries}, rankings)
     out = []
     for q in queries:
-        result, qvec = runs[q.id]
+        result, qvec, grounding = runs[q.id]
         top = [Hit(h.id, float(h.score), q.grade(h.id)) for h in result.hits]
-        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], missing.get(q.id) or []))
+        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], missing.get(q.id) or [], grounding))
     return out
 
 

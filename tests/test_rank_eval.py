@@ -412,3 +412,22 @@ def test_the_command_in_a_separate_process(home, tmp_path):
     p = subprocess.run([sys.executable, "-m", "stair_es.cli.main", "rank-eval", "pets",
                         str(write(tmp_path / "bad.jsonl", ["nope"]))], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and "bad.jsonl:1: not JSON" in p.stdout and p.stderr.startswith("Error: no query could be")
+
+
+def test_explain_shows_how_each_listed_query_became_tokens(rank_eval, home, tmp_path):
+    from stair_es.search import QuerySpec, make_request
+
+    backend = EmbeddedBackend(home)
+    request, _ = make_request(backend, "pets", QuerySpec(text="red car"))
+    backend.close()
+    steps = getattr(request, "grounding", None)
+    if not steps:
+        pytest.skip("this query encoder reports no word grounding")
+    ratings = write(tmp_path / "r.jsonl", RATINGS)
+    out = json.loads(rank_eval("pets", ratings, "--json").stdout)
+    assert next(q for q in out["queries"] if q["id"] == "line-3")["grounding"] == steps
+    r = rank_eval("pets", ratings, "--explain")
+    assert "how the query words became tokens:" in r.output
+    assert all(f"    {s['explain']}" in r.output for s in steps)
+    r = rank_eval("pets", ratings, "--explain", "--compare-caption-weight", "0")
+    assert all(f"    A: {s['explain']}" in r.output and f"    B: {s['explain']}" in r.output for s in steps)
