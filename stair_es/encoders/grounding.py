@@ -268,8 +268,10 @@ def _whole_id(word: str, vocab: Vocabulary) -> int | None:
 
 
 def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Iterable[str], *,
-               max_relatives: int = MAX_RELATIVES, ratio: float = RELATIVE_RATIO) -> QueryPlan:
+               max_relatives: int | None = None, ratio: float | None = None) -> QueryPlan:
     """Decide, per query word, how it is searched on an index holding ``stats`` (module docstring)."""
+    max_relatives = MAX_RELATIVES if max_relatives is None else max_relatives
+    ratio = RELATIVE_RATIO if ratio is None else ratio
     present = stats.present
     stop = frozenset(stopwords)
     words = [w for w in basic_tokenize(text) if any(ch.isalnum() for ch in w) and w not in stop]
