@@ -431,3 +431,41 @@ def test_explain_shows_how_each_listed_query_became_tokens(rank_eval, home, tmp_
     assert all(f"    {s['explain']}" in r.output for s in steps)
     r = rank_eval("pets", ratings, "--explain", "--compare-caption-weight", "0")
     assert all(f"    A: {s['explain']}" in r.output and f"    B: {s['explain']}" in r.output for s in steps)
+
+
+@pytest.mark.parametrize("flavor", ["elasticsearch", "opensearch"])
+def test_on_a_cluster_the_figures_hold_and_the_index_is_scanned_once_per_run(flavor, tmp_path, monkeypatch):
+    """The fake node of tests/backends (9-bit stored weights, as the engines): same figures as the
+    embedded engine; the IDF scan (a full read of a cluster index) happens once, not per query."""
+    pytest.importorskip("elasticsearch" if flavor == "elasticsearch" else "opensearchpy")
+    from backends.fake_cluster import FakeCluster
+
+    from stair_es.backends._cluster import ClusterBackend
+    from stair_es.backends.base import get_backend
+
+    scans = []
+    real = ClusterBackend.doc_freqs
+    monkeypatch.setattr(ClusterBackend, "doc_freqs", lambda self, *a: scans.append(a) or real(self, *a))
+    for k in ("STAIR_ES_URL", "STAIR_ES_API_KEY", "STAIR_ES_USERNAME", "STAIR_ES_PASSWORD", "STAIR_ES_BEARER_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    ratings = write(tmp_path / "r.jsonl", [*RATINGS, {"query": "boat", "relevant": {"boat-photo": 1}, "id": "boat"}])
+    with FakeCluster(flavor) as node:
+        backend = get_backend(flavor, urls=node.url)
+        backend.create_index("pets", IndexSchema(fields={"kind": "keyword"}, encoder={"name": "bow"}))
+        docs = [Document(i, {"image": SparseVector.from_token_map(im),
+                             **({"caption": SparseVector.from_token_map(cap)} if cap else {})}, {"kind": kind})
+                for i, (im, cap, kind) in DOCS.items()]
+        assert not backend.ingest("pets", docs).failures
+        backend.close()
+        args = ["rank-eval", "pets", str(ratings), "--json", "--backend", flavor, "--url", node.url]
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert len(scans) == 1
+        r = CliRunner().invoke(cli, [*args, "--compare-caption-weight", "0"])
+        assert r.exit_code == 0, r.output
+        assert len(scans) == 2
+    by_id = {q["id"]: q["metrics"] for q in out["queries"]}
+    assert by_id["line-1"] == approx(DOG) and by_id["cats"] == approx(CAT) and by_id["line-3"] == approx(CAR)
+    assert [w["line"] for w in out["warnings"]] == [3]
+    assert json.loads(r.stdout)["queries"][0]["id"] == "boat"
