@@ -61,6 +61,7 @@ class Item:
     id: str
     query: str
     load: Callable[[], Image.Image]
+    file: Path | None = None  # the image file on disk, when it is one (the photos set)
 
 
 def _apt_install(package: str, marker: Path) -> None:
@@ -378,7 +379,8 @@ def photos_set(limit: int | None = None, seed: int = 0, manifest_path: Path = PH
                 big += max(Image.open(io.BytesIO(data)).size) > PHOTO_MAX_SIDE
             except Exception:  # noqa: BLE001 - decoding errors surface when the item is loaded
                 pass
-        items.append(Item(src.id, "", (lambda s=src: _downsize(_decode(s.read(), s.path)))))
+        usable = src.file if src.file is not None and not src.path.endswith(".npz") else None
+        items.append(Item(src.id, "", (lambda s=src: _downsize(_decode(s.read(), s.path))), usable))
     if big:
         notes.append(f"{big} photos larger than {PHOTO_MAX_SIDE} px downsized to {PHOTO_MAX_SIDE} px on the long side")
     items = _sample(items, limit, seed)
@@ -393,6 +395,34 @@ def photos_set(limit: int | None = None, seed: int = 0, manifest_path: Path = PH
     if not items or not queries:
         raise SetUnavailable("no photo of the set could be had: " + "; ".join(notes[:5]))
     return QuerySet("photos", items, queries, notes)
+
+
+def export_ratings(qs: QuerySet, folder: Path) -> tuple[Path, int, int]:
+    """Write ``qs`` as a folder catalog plus ``ratings.jsonl`` for ``stair-es ingest`` and
+    ``stair-es rank-eval``: each photo as a symlink to its file (a PNG copy when it has no file
+    of its own: inside a wheel's zip, or an array), named ``ID.EXT`` -- the document id a
+    folder ingest gives it -- and one ratings line per query. Returns (ratings path, photos, queries)."""
+    folder = Path(folder).expanduser().resolve()
+    repo = Path(__file__).resolve().parents[2]
+    if folder == repo or repo in folder.parents:
+        raise ValueError(f"{folder} is inside the repository {repo}: export the photos elsewhere (e.g. /tmp/photos)")
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "ratings.jsonl").exists() or any(folder.iterdir()):
+        raise ValueError(f"{folder} is not empty: give a new or empty folder")
+    names: dict[str, str] = {}
+    for it in qs.items:
+        if it.file is not None and it.file.suffix.lower() in (".jpg", ".jpeg", ".png", ".gif"):
+            name = it.id + it.file.suffix.lower()
+            (folder / name).symlink_to(it.file.resolve())
+        else:
+            name = it.id + ".png"
+            it.load().save(folder / name)
+        names[it.id] = name
+    with open(folder / "ratings.jsonl", "w", encoding="utf-8") as f:
+        for q in qs.queries:
+            rel = {names[k]: g for k, g in q.relevant.items() if k in names}
+            f.write(json.dumps({"id": q.id, "query": q.text, "relevant": rel}, ensure_ascii=False) + "\n")
+    return folder / "ratings.jsonl", len(names), len(qs.queries)
 
 
 def load_query_set(name: str, limit: int | None = None, seed: int = 0) -> QuerySet:
