@@ -469,3 +469,33 @@ def test_on_a_cluster_the_figures_hold_and_the_index_is_scanned_once_per_run(fla
     assert by_id["line-1"] == approx(DOG) and by_id["cats"] == approx(CAT) and by_id["line-3"] == approx(CAR)
     assert [w["line"] for w in out["warnings"]] == [3]
     assert json.loads(r.stdout)["queries"][0]["id"] == "boat"
+
+
+class VersionedBow(BagOfWordsEncoder):
+    """bow whose index records a map version this installation does not have (as the default encoder's token map)."""
+
+    name = "versioned-bow"
+
+    def __init__(self, *, token_map: str = "v2", allow_version_mismatch: bool = False, **kw):
+        from stair_es.encoders.base import check_recorded_version
+
+        super().__init__(**kw)
+        check_recorded_version("token map", token_map, "v2", allow_version_mismatch, "vectors are not comparable")
+
+
+register_encoder("versioned-bow", VersionedBow)
+
+
+def test_an_index_from_another_encoder_version_stops_the_run_unless_forced(tmp_path, monkeypatch):
+    import stair_es.search
+
+    monkeypatch.setattr(stair_es.search, "VERSIONED_ENCODERS", (*stair_es.search.VERSIONED_ENCODERS, "versioned-bow"))
+    home = tmp_path / "home"
+    build(home, encoder={"name": "versioned-bow", "token_map": "v1"})
+    ratings = write(tmp_path / "r.jsonl", RATINGS)
+    r = CliRunner().invoke(cli, ["rank-eval", "pets", str(ratings), "--home", str(home)])
+    assert r.exit_code == 2 and "token map 'v1'" in r.output and "--force" in r.output
+    assert r.output.count("Error:") == 1  # once, not once per query
+    r = CliRunner().invoke(cli, ["rank-eval", "pets", str(ratings), "--force", "--json", "--home", str(home)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["metrics"] == approx(MEAN)
