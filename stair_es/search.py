@@ -93,7 +93,7 @@ def build_request(
 
 
 #: Encoders whose recorded config carries versions checked at query time (``QuerySpec.force``).
-VERSIONED_ENCODERS = ("default", "imagenet", "grounded", "clip-vocab")
+VERSIONED_ENCODERS = ("default", "imagenet", "grounded", "clip-vocab", "vdr")
 
 
 @dataclass

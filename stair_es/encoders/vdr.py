@@ -71,7 +71,6 @@ RESTRICTED_SHA256 = "1696edb6abd04373aaad512ab257440d155d02383cc5e2f7856ca7055b3
 RESTRICTED_SIZE = 27623
 _FIRST_WORD_ID = 999  # "!": everything before it is padding, [unused*] and the special tokens
 WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 #: Saved by transformers < 4.31 as a persistent buffer of BERT's embeddings: not a weight.
 _IGNORED_KEYS = ("encoder_q.bert_model.embeddings.position_ids",)
 
@@ -142,37 +141,16 @@ class VdrConfig:
 # --- resolving and reading a checkpoint --------------------------------------------------------
 def resolve_folder(model: str) -> Path:
     """The local folder of ``model``: a folder, an id in the stair-es model store, or a hub id
-    (downloaded once, as ``stair-es models pull`` does)."""
-    try:
-        from ..models import resolve_model
-    except ImportError:
-        resolve_model = None
-    if resolve_model is not None:
-        return Path(resolve_model(model, kind="vdr"))
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or model.startswith((".", "/", "~")):
-        raise ModelError(f"model folder not found: {model} (give a VDR checkpoint folder or a hub id)")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise MissingDependencyError(f"loading {model!r} from the Hugging Face hub", "encoders", "huggingface_hub") from None
-    try:
-        return Path(snapshot_download(model, allow_patterns=["config.json", *WEIGHT_FILES, *TOKENIZER_FILES]))
-    except Exception as e:  # the hub client raises many types; all mean "cannot get the files"
-        raise ModelError(
-            f"cannot get {model!r} from the Hugging Face hub ({first_line(e)}): on a machine with internet run "
-            f"`stair-es models pull {model}` and `stair-es models export {model} DIR`, then `stair-es models import DIR` here"
-        ) from None
+    (pulled into the store once; offline, a ModelError saying how to carry the model in)."""
+    from ..models import resolve_model
+
+    return Path(resolve_model(model, kind="vdr"))
 
 
-def model_record(folder: Path, model: str, digest: str) -> dict[str, Any]:
-    """What the index records about the model (the store's record when there is one)."""
-    try:
-        from ..models import model_record as store_record
-    except ImportError:
-        return {"id": model, "weights": digest[:16]}
+def model_record(folder: Path) -> dict[str, Any]:
+    """What the index records about the model (id + revision + sha256 for a store entry)."""
+    from ..models import model_record as store_record
+
     return dict(store_record(folder))
 
 
@@ -473,7 +451,7 @@ class VdrEncoder(Encoder):
         files = [weight_file(folder, self.model), folder / "config.json"]
         digest = weights_digest(files)
         info = {"folder": folder, "config": cfg, "files": files, "digest": digest, "weights": digest[:16],
-                "record": model_record(folder, self.model, digest)}
+                "record": model_record(folder)}
         if self._recorded_weights is not None and self._recorded_weights != info["weights"] and not self.allow_version_mismatch:
             was = (self._recorded_record or {}).get("id", "another model")
             raise EncoderVersionError(
@@ -665,7 +643,10 @@ class VdrEncoder(Encoder):
 
     def config(self) -> dict[str, Any]:
         info = self.model_info()
-        cfg: dict[str, Any] = {"name": self.name, "model": self.model, "weights": info["weights"],
+        # a folder is recorded as an absolute path: the index is searched from any directory
+        local = Path(self.model).expanduser()
+        model = str(local.resolve()) if local.is_dir() else self.model
+        cfg: dict[str, Any] = {"name": self.name, "model": model, "weights": info["weights"],
                                "model_record": info["record"]}
         if self.top_k:
             cfg["top_k"] = self.top_k

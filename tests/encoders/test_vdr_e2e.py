@@ -1,0 +1,72 @@
+"""vdr end to end through the CLI on the tiny reference checkpoint: ingest a folder, search it,
+refuse another model; a hub id with no network says how to carry the model in."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vdr_tiny"
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    folder = tmp_path / "shapes"
+    folder.mkdir()
+    for png in FIXTURE.glob("*.png"):
+        shutil.copy(png, folder / png.name)
+    (folder / "red_square.txt").write_text("a red square")
+    return folder
+
+
+def test_ingest_search_and_refuse_another_model(run, catalog, tmp_path):
+    model = tmp_path / "vdr_tiny"
+    shutil.copytree(FIXTURE, model)
+    out = _json(run("ingest", "shapes", str(catalog), "--encoder", "vdr", "--model", str(model), "--json"))
+    assert out["summary"]["ok"] == 4 and out["summary"]["failed"] == 0
+    info = _json(run("index", "stats", "shapes", "--json"))
+    recorded = info["schema"]["encoder"]
+    assert recorded["name"] == "vdr" and recorded["model"] == str(model.resolve()) and len(recorded["weights"]) == 16
+    # every image got the checkpoint's top-k (48) tokens
+    doc = _json(run("get", "shapes", "noise.png", "--json"))
+    assert doc["nnz"]["image"] == 48
+    # a text query is encoded by the recorded model (text tower) and finds images
+    hits = _json(run("search", "shapes", "a red square", "--json"))
+    assert hits["hits"], hits
+    # query by example: the same picture comes first (its own vector is its best match)
+    hits = _json(run("search", "shapes", "--image", str(catalog / "blue_circle.png"), "--json"))
+    assert hits["hits"][0]["id"] == "blue_circle.png"
+    # other weights are refused with the way out, unless --force
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE, other)
+    import torch
+
+    state = torch.load(other / "pytorch_model.bin", weights_only=True)
+    state["encoder_q.ln.bias"] = state["encoder_q.ln.bias"] + 0.05
+    torch.save(state, other / "pytorch_model.bin")
+    refused = run("search", "shapes", "a red square", "--model", str(other))
+    assert refused.exit_code != 0 and "--force" in refused.output and "vdr" in refused.output
+    forced = run("search", "shapes", "a red square", "--model", str(other), "--force", "--json")
+    assert forced.exit_code == 0, forced.output
+
+
+def test_hub_id_offline_says_how_to_carry_it_in(run, monkeypatch, tmp_path):
+    monkeypatch.setenv("STAIR_ES_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("STAIR_ES_MODEL_STORE", str(tmp_path / "store"))
+    result = run("encode", "--text", "a red square", "--encoder", "vdr", "--model", "vsearch/vdr-cross-modal")
+    assert result.exit_code != 0
+    assert "models pull vsearch/vdr-cross-modal" in result.output and "models import" in result.output
