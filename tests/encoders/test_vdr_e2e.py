@@ -70,3 +70,52 @@ def test_hub_id_offline_says_how_to_carry_it_in(run, monkeypatch, tmp_path):
     result = run("encode", "--text", "a red square", "--encoder", "vdr", "--model", "vsearch/vdr-cross-modal")
     assert result.exit_code != 0
     assert "models pull vsearch/vdr-cross-modal" in result.output and "models import" in result.output
+
+
+def _hf_cache(root: Path, commit: str) -> Path:
+    """The fixture as the Hugging Face client caches a hub repository (refs, snapshots -> blobs)."""
+    import hashlib
+
+    repo = root / "models--vsearch--vdr-cross-modal"
+    snap = repo / "snapshots" / commit
+    for d in (repo / "refs", snap, repo / "blobs"):
+        d.mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for name in ("config.json", "pytorch_model.bin", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        data = (FIXTURE / name).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / digest).write_bytes(data)
+        (snap / name).symlink_to(Path("..") / ".." / "blobs" / digest)
+    return root
+
+
+@pytest.mark.slow
+def test_export_then_import_ingest_and_search_with_no_network_and_no_torch(tmp_path, catalog):
+    """Machine A has the model (here: in its Hugging Face cache) and exports it; machine B,
+    offline, imports the bundle, ingests and searches; its search imports neither torch nor
+    transformers."""
+    import os
+    import subprocess
+    import sys
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("STAIR_ES_", "HF_"))}
+    base.update(HF_HUB_OFFLINE="1", STAIR_ES_OFFLINE="1")
+    driver = ("import json, sys\nfrom stair_es.cli.main import cli\n"
+              "try:\n    cli(sys.argv[1:], standalone_mode=False)\n"
+              "finally:\n    print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))\n")
+
+    def stair(env: dict, *args: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", driver, *args], capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    a = {**base, "STAIR_ES_HOME": str(tmp_path / "A"), "HF_HUB_CACHE": str(_hf_cache(tmp_path / "hf", commit))}
+    stair(a, "models", "pull", "vsearch/vdr-cross-modal")
+    stair(a, "models", "export", "vsearch/vdr-cross-modal", str(tmp_path / "vdr.tar"))
+    b = {**base, "STAIR_ES_HOME": str(tmp_path / "B"), "HF_HOME": str(tmp_path / "B-hf")}
+    stair(b, "models", "import", str(tmp_path / "vdr.tar"))
+    assert len(list((tmp_path / "B" / "_models").glob("vdr-*.onnx"))) == 2
+    stair(b, "ingest", "shapes", str(catalog), "--encoder", "vdr", "--model", "vsearch/vdr-cross-modal")
+    imported = stair(b, "search", "shapes", "a red square", "--json")
+    assert imported == {"torch": False, "transformers": False}
