@@ -161,12 +161,25 @@ def _fmt_hits(result) -> str:
 
 
 def _fmt_tokens(result) -> str:
-    return " ".join(f"{t}:{w:.2f}" for t, w in list(result.query_tokens.items())[:SHOWN_TOKENS])
+    """The strongest query tokens, then (``+``) the strongest tokens --expand added."""
+    added = sorted(result.expanded_tokens, key=lambda e: -e.get("weight", 0))[:3]
+    own = [f"{t}:{w:.2f}" for t, w in list(result.query_tokens.items())[:SHOWN_TOKENS - len(added)]]
+    return " ".join(own + [f"+{e['token']}:{e['weight']:.2f}" for e in added])
 
 
 def _rank(result) -> str:
     r = result.first_relevant_rank
     return str(r) if r else "none"
+
+
+def _print_notes(common, results) -> None:
+    """Notes every query's search gave, then how many queries have notes of their own."""
+    for note in common:
+        click.echo(f"note: {note}")
+    own = {r.query.id for r in results if set(r.notes) - set(common)}
+    if own:
+        click.echo(f"note: {len(own)} quer{'y has' if len(own) == 1 else 'ies have'} notes of their own "
+                   "(`--json` lists them per query)")
 
 
 def _print_problems(errors, warnings) -> None:
@@ -214,8 +227,7 @@ def _print_evaluation(ev, show: int, explain_words: bool = False) -> None:
         click.echo(table(rows, ["1st rel", "nDCG@10", "query", "query tokens", f"top {SHOWN_HITS} hits"], max_width=56))
         if explain_words:
             _print_grounding([(r.query, [("", r)]) for r in worst])
-    for note in ev.notes:
-        click.echo(f"note: {note}")
+    _print_notes(ev.notes, ev.results)
     _print_problems(ev.errors, ev.warnings)
 
 
@@ -237,16 +249,20 @@ def _print_comparison(cmp, show: int, explain_words: bool = False) -> None:
     rows = [(k, _fmt(a.metrics[k]), _fmt(b.metrics[k]),
              "-" if cmp.delta[k] is None else f"{cmp.delta[k]:+.4f}") for k in a.metrics]
     click.echo(table(rows, ["metric", "A", "B", "B - A"]))
-    changed = cmp.changed_first()[:show]
+    differ = [p for p in cmp.changed_first() if cmp.ranked_differently(p)]
+    changed = differ[:show]
+    if n and not differ:
+        click.echo("")
+        click.echo("no query is ranked differently under B")
     if changed:
         click.echo("")
-        click.echo(f"queries that changed most first ({len(changed)} of {n}; 1st rel = rank of the first relevant hit):")
+        click.echo(f"queries ranked differently, most changed first ({len(changed)} shown of {len(differ)} changed, "
+                   f"{n} evaluated; 1st rel = rank of the first relevant hit):")
         rows = [(_rank(ra), _rank(rb), ra.metrics["nDCG@10"], rb.metrics["nDCG@10"], ra.query.query + _where_note(ra),
                  _fmt_tokens(ra), _fmt_tokens(rb)) for ra, rb in changed]
         click.echo(table(rows, ["A 1st rel", "B 1st rel", "A nDCG@10", "B nDCG@10", "query", "A query tokens",
                                 "B query tokens"], max_width=44))
         if explain_words:
             _print_grounding([(ra.query, [("A: ", ra), ("B: ", rb)]) for ra, rb in changed])
-    for note in a.notes:
-        click.echo(f"note: {note}")
+    _print_notes([*a.notes, *(x for x in b.notes if x not in a.notes)], [*a.results, *b.results])
     _print_problems(a.errors, a.warnings)

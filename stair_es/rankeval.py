@@ -531,6 +531,10 @@ class QueryResult:
     missing: list[str] = field(default_factory=list)  # relevant ids the index does not hold
     #: what each query word became when the encoder grounds words on the index (``SearchRequest.grounding``)
     grounding: list[dict[str, Any]] = field(default_factory=list)
+    #: the search's notes (IDF unavailable, no expansion for a word...)
+    notes: list[str] = field(default_factory=list)
+    #: tokens added by ``expand`` (``SearchRequest.expansion``: token, weight, the query token it came from...)
+    expanded_tokens: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def first_relevant_rank(self) -> int | None:
@@ -546,6 +550,10 @@ class QueryResult:
             d["relevant_not_in_index"] = self.missing
         if self.grounding:
             d["grounding"] = self.grounding
+        if self.expanded_tokens:
+            d["expanded_tokens"] = self.expanded_tokens
+        if self.notes:
+            d["notes"] = self.notes
         return d
 
 
@@ -566,7 +574,15 @@ class Evaluation:
     results: list[QueryResult]
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        """The notes every evaluated query's search gave (e.g. IDF the backend cannot report);
+        a query's own notes are in its result."""
+        if not self.results:
+            return []
+        common = set(self.results[0].notes).intersection(*(r.notes for r in self.results[1:]))
+        return [n for n in self.results[0].notes if n in common]
 
     def worst_first(self) -> list[QueryResult]:
         return sorted(self.results, key=_badness)
@@ -611,9 +627,10 @@ def _missing_warnings(queries: Sequence[RatedQuery], missing: Mapping[str, list[
 _GLOBAL_ERRORS = (EncoderVersionError, UnknownNameError)
 
 
-def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryConfig, top_k: int, bar: Any,
-         notes: list[str]) -> dict[str, Any]:
-    """query id -> (SearchResult, query vector, grounding steps) or the InvalidInputError that query raised."""
+def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryConfig, top_k: int,
+         bar: Any) -> dict[str, Any]:
+    """query id -> (SearchResult, query vector, {grounding, notes, expanded_tokens}) or the InvalidInputError
+    that query raised."""
     from .search import make_request
 
     out: dict[str, Any] = {}
@@ -627,10 +644,10 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
             except InvalidInputError as e:  # a bad "where", a query with no searchable tokens...
                 out[q.id] = e
             else:
-                out[q.id] = (result, qvec, list(getattr(request, "grounding", None) or []))
-                for n in [*request.notes, *result.notes]:
-                    if n not in notes:
-                        notes.append(n)
+                notes = list(dict.fromkeys([*request.notes, *result.notes]))
+                extra = {"grounding": list(getattr(request, "grounding", None) or []), "notes": notes,
+                         "expanded_tokens": list((getattr(request, "expansion", None) or {}).values())}
+                out[q.id] = (result, qvec, extra)
             bar.update(1)
     return out
 
@@ -640,9 +657,9 @@ def _results(queries: Sequence[RatedQuery], runs: Mapping[str, Any], missing: Ma
     scores = score_rankings({q.id: q.ratings for q in queries}, rankings)
     out = []
     for q in queries:
-        result, qvec, grounding = runs[q.id]
+        result, qvec, extra = runs[q.id]
         top = [Hit(h.id, float(h.score), q.grade(h.id)) for h in result.hits]
-        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], missing.get(q.id) or [], grounding))
+        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], missing.get(q.id) or [], **extra))
     return out
 
 
@@ -669,14 +686,13 @@ def evaluate(backend: Any, index: str, queries: Sequence[RatedQuery], config: Qu
     warnings = list(problems.warnings) if problems else []
     missing = _missing_relevant(cached, index, queries)
     warnings.extend(_missing_warnings(queries, missing))
-    notes: list[str] = []
     with _progress(len(queries), progress) as bar:
-        runs = _run(cached, index, queries, config, top_k, bar, notes)
+        runs = _run(cached, index, queries, config, top_k, bar)
     ok = [q for q in queries if not isinstance(runs[q.id], Exception)]
     errors.extend(Problem(str(runs[q.id]), q.line, q.file, q.id) for q in queries if q not in ok)
     results = _results(ok, runs, missing)
     return Evaluation(index, config, top_k, mean_metrics([r.metrics for r in results]), results,
-                      _by_line(errors), _by_line(warnings), notes)
+                      _by_line(errors), _by_line(warnings))
 
 
 def _by_line(problems: list[Problem]) -> list[Problem]:
@@ -702,6 +718,11 @@ class Comparison:
 
         return sorted(self.pairs(), key=change)
 
+    @staticmethod
+    def ranked_differently(pair: tuple[QueryResult, QueryResult]) -> bool:
+        """Whether the two configurations returned different hits or orders for the query."""
+        return [h.id for h in pair[0].top] != [h.id for h in pair[1].top]
+
     @property
     def delta(self) -> dict[str, float | None]:
         return {k: (None if self.a.metrics[k] is None else self.b.metrics[k] - self.a.metrics[k]) for k in METRICS}
@@ -713,6 +734,7 @@ class Comparison:
             da, db = ra.to_dict(), rb.to_dict()
             common = {k: da[k] for k in ("query", "id", "line", "relevant", "where", "relevant_not_in_index") if k in da}
             drop = set(common)
+            common["ranked_differently"] = self.ranked_differently((ra, rb))
             queries.append({**common, a: {k: v for k, v in da.items() if k not in drop},
                             b: {k: v for k, v in db.items() if k not in drop}})
         return {"index": self.a.index, "top_k": self.a.top_k,
@@ -737,9 +759,8 @@ def compare(backend: Any, index: str, queries: Sequence[RatedQuery], config_a: Q
     warnings = list(problems.warnings) if problems else []
     missing = _missing_relevant(cached, index, queries)
     warnings.extend(_missing_warnings(queries, missing))
-    notes: list[str] = []
     with _progress(2 * len(queries), progress) as bar:
-        runs = [_run(cached, index, queries, c, top_k, bar, notes) for c in (config_a, config_b)]
+        runs = [_run(cached, index, queries, c, top_k, bar) for c in (config_a, config_b)]
     ok = []
     for q in queries:
         failed = [(c, r[q.id]) for c, r in zip((config_a, config_b), runs) if isinstance(r[q.id], Exception)]
@@ -753,5 +774,5 @@ def compare(backend: Any, index: str, queries: Sequence[RatedQuery], config_a: Q
     for c, r in zip((config_a, config_b), runs):
         results = _results(ok, r, missing)
         evals.append(Evaluation(index, c, top_k, mean_metrics([x.metrics for x in results]), results, errors,
-                                warnings, notes))
+                                warnings))
     return Comparison(*evals)

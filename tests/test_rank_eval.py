@@ -263,6 +263,10 @@ def test_compare_runs_two_configurations_side_by_side(rank_eval, tmp_path):
     assert any(line.split() == ["P@1", "0.7500", "0.5000", "-0.2500"] for line in lines)
     row = next(line for line in lines if "boat" in line and "0." in line)
     assert row.split()[:2] == ["1", "2"]
+    assert "1 shown of 1 changed, 4 evaluated" in table.output  # only the boat query is ranked differently
+    assert [q["ranked_differently"] for q in out["queries"]] == [True, False, False, False]
+    same = rank_eval("pets", ratings, "--compare-image-weight", "2")  # every score doubles: same order
+    assert same.exit_code == 0 and "no query is ranked differently under B" in same.output
 
 
 def test_compare_with_encoder_options_and_a_second_encoder(rank_eval, tmp_path):
@@ -429,8 +433,14 @@ def test_explain_shows_how_each_listed_query_became_tokens(rank_eval, home, tmp_
     r = rank_eval("pets", ratings, "--explain")
     assert "how the query words became tokens:" in r.output
     assert all(f"    {s['explain']}" in r.output for s in steps)
+    # with a comparison, the queries ranked differently (here only "boat") are listed, A's and B's steps
+    backend = EmbeddedBackend(home)
+    request, _ = make_request(backend, "pets", QuerySpec(text="boat"))
+    backend.close()
+    ratings = write(tmp_path / "r.jsonl", [*RATINGS, {"query": "boat", "relevant": {"boat-photo": 1}}])
     r = rank_eval("pets", ratings, "--explain", "--compare-caption-weight", "0")
-    assert all(f"    A: {s['explain']}" in r.output and f"    B: {s['explain']}" in r.output for s in steps)
+    assert all(f"    A: {s['explain']}" in r.output and f"    B: {s['explain']}" in r.output for s in request.grounding)
+    assert "'red car'" not in r.output.split("how the query words became tokens:")[1]
 
 
 @pytest.mark.parametrize("flavor", ["elasticsearch", "opensearch"])
