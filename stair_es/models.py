@@ -39,6 +39,7 @@ computes (the encoders do).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import json
@@ -515,7 +516,8 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
     existing = find_entry(model_id, revision)
     if existing is not None:
         return existing
-    snapshot = _snapshot(model_id, requested, known.patterns if known else DEFAULT_PATTERNS, local_only=local_only)
+    patterns = known.patterns if known else DEFAULT_PATTERNS
+    snapshot = _snapshot(model_id, requested, patterns, local_only=local_only)
     commit = snapshot.name if _HEX40.match(snapshot.name) else requested
     with _Lock(model_id):
         existing = find_entry(model_id, revision)  # another process may have finished meanwhile
@@ -524,7 +526,7 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
         _clear_stale(model_id)
         staged = _tmp_dir(model_id, "pull")
         try:
-            files = _stage_snapshot(snapshot, staged, model_id, progress)
+            files = _stage_snapshot(snapshot, staged, model_id, progress, patterns)
             source = "huggingface-cache" if local_only else "huggingface-hub"
             meta = _entry_meta(model_id, commit, requested, kind, files, {"how": "pull", "from": source, "at": _now()})
             return _commit_entry(staged, meta)
@@ -533,8 +535,13 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
             raise
 
 
-def _stage_snapshot(snapshot: Path, staged: Path, model_id: str, progress: bool) -> dict[str, dict[str, Any]]:
-    listing = [(rel, p) for rel, p in _walk_files(snapshot) if not any(rel.startswith(x) for x in _NOT_WEIGHTS)]
+def _stage_snapshot(snapshot: Path, staged: Path, model_id: str, progress: bool,
+                    patterns: Iterable[str] = DEFAULT_PATTERNS) -> dict[str, dict[str, Any]]:
+    # a snapshot folder of the hub cache may also hold files an earlier download with other
+    # patterns fetched: take only what this pull asked for
+    patterns = list(patterns)
+    listing = [(rel, p) for rel, p in _walk_files(snapshot)
+               if any(fnmatch.fnmatch(rel, pat) for pat in patterns) and not any(rel.startswith(x) for x in _NOT_WEIGHTS)]
     if not listing:
         raise ModelError(f"the snapshot of {model_id} holds no files; check the id and --revision")
     if not any(rel.endswith(_WEIGHT_SUFFIXES) for rel, _ in listing):

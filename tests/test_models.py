@@ -488,6 +488,7 @@ def test_offline_a_model_in_the_hugging_face_cache_is_taken_by_the_real_client(h
     from huggingface_hub import constants
 
     files = {k: v for k, v in TINY.items() if k != "tf_model.h5"}
+    files["photo.png"] = b"an earlier full download left this"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_hf_cache(tmp_path / "hf", "acme/tiny", files)))
     assert hf.snapshot_download.__module__.startswith("huggingface_hub")  # the real client, not a fake
     folder = models.resolve_model("acme/tiny", kind="vdr")
@@ -495,6 +496,7 @@ def test_offline_a_model_in_the_hugging_face_cache_is_taken_by_the_real_client(h
     assert entry.folder == folder and entry.revision == COMMIT and entry.meta["pulled"]["from"] == "huggingface-cache"
     assert (folder / "model.safetensors").read_bytes() == TINY["model.safetensors"]
     assert not (folder / "model.safetensors").is_symlink()
+    assert sorted(entry.meta["files"]) == ["config.json", "model.safetensors", "vocab.txt"]  # not photo.png
 
 
 def test_a_damaged_blob_in_the_hugging_face_cache_is_not_installed(home, no_network, tmp_path, monkeypatch):
