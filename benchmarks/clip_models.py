@@ -110,8 +110,32 @@ def make_clip(folder: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     return folder
 
 
-def make_siglip(folder: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """A random ``SiglipModel`` checkpoint with tokenizer and image processor in ``folder``."""
+def _siglip_spm_tokenizer(folder: Path, max_length: int) -> int:
+    """A SentencePiece ``spiece.model`` trained here on a few prompts, saved by transformers'
+    ``SiglipTokenizer`` as SigLIP's hub checkpoints ship it (no ``tokenizer.json``). Needs
+    ``sentencepiece``."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import SiglipTokenizer
+
+    words = "a photo of the dog cat red blue sofa beach close up green car on".split()
+    sentences = [" ".join(words[i:] + words[:i]) for i in range(len(words))] * 20
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model, vocab_size=60, model_type="unigram",
+                                   pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+                                   unk_piece="<unk>", minloglevel=2, hard_vocab_limit=False)
+    src = folder / ".spiece-src.model"
+    src.write_bytes(model.getvalue())
+    tok = SiglipTokenizer(str(src), model_max_length=max_length)
+    tok.save_pretrained(folder)
+    src.unlink()
+    return len(tok)
+
+
+def make_siglip(folder: str | Path, size: str = "tiny", seed: int = 0, tokenizer: str = "fast") -> Path:
+    """A random ``SiglipModel`` checkpoint with tokenizer and image processor in ``folder``;
+    ``tokenizer="spm"`` saves a SentencePiece tokenizer (no ``tokenizer.json``) instead."""
     import torch
     from transformers import SiglipConfig, SiglipModel
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
@@ -120,13 +144,13 @@ def make_siglip(folder: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     d = _dims(size)
     max_length = 16 if size == "tiny" else 64
-    n_tokens = _siglip_tokenizer(folder, max_length)
+    n_tokens = _siglip_spm_tokenizer(folder, max_length) if tokenizer == "spm" else _siglip_tokenizer(folder, max_length)
     torch.manual_seed(seed)
     width = d["width"]
     cfg = SiglipConfig(
         text_config=dict(vocab_size=n_tokens, hidden_size=width, intermediate_size=d["mlp"], num_hidden_layers=d["layers"],
                          num_attention_heads=d["heads"], max_position_embeddings=max_length, projection_size=width,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None),
+                         pad_token_id=1 if tokenizer == "spm" else 0, eos_token_id=1, bos_token_id=None),
         vision_config=dict(image_size=d["image"], patch_size=d["patch"], hidden_size=width, intermediate_size=d["mlp"],
                            num_hidden_layers=d["layers"], num_attention_heads=d["heads"]),
     )

@@ -167,16 +167,21 @@ class _TextTokenizer:
     """The model's ``tokenizer.json`` through HF ``tokenizers``, padded as the family needs:
     CLIP to the longest text of a batch (with an attention mask; its causal text tower pools at
     the first end-of-text token, so padding changes nothing), SigLIP always to its maximum
-    length (it was trained so and pools the last position)."""
+    length (it was trained so and pools the last position).
+
+    A checkpoint with no ``tokenizer.json`` (SigLIP's hub checkpoints ship only a SentencePiece
+    ``spiece.model``) is tokenised by transformers' own tokenizer for it (``AutoTokenizer``;
+    needs ``sentencepiece``): then a query imports transformers, though still not torch.
+    """
 
     def __init__(self, folder: Path, family: str, max_length: int, model: str):
+        self.family = family
+        self.max_length = int(max_length)
+        self.slow: Any = None
         file = folder / "tokenizer.json"
         if not file.is_file():
-            raise ModelError(
-                f"model {model!r} has no tokenizer.json (fast tokenizer) in {folder}; stair_es tokenises CLIP/SigLIP "
-                "queries with it. Save the model's tokenizer with transformers (AutoTokenizer.from_pretrained(...)."
-                "save_pretrained(folder)) or use a checkpoint that ships one"
-            )
+            self.slow = self._load_slow(folder, model)
+            return
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -185,11 +190,24 @@ class _TextTokenizer:
             self.tok = Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises its own Exception subclass
             raise ModelError(f"cannot read the tokenizer of {model!r} ({file}): {first_line(e)}") from None
-        self.family = family
-        self.max_length = int(max_length)
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=self.max_length)
         self.pad_id = self._pad_id(folder)
+
+    def _load_slow(self, folder: Path, model: str) -> Any:
+        if not any((folder / n).is_file() for n in ("spiece.model", "tokenizer_config.json", "vocab.json")):
+            raise ModelError(f"model {model!r} has no tokenizer (tokenizer.json, or spiece.model / vocab.json with "
+                             f"tokenizer_config.json) in {folder}; give the checkpoint folder with its tokenizer files")
+        try:
+            import transformers
+        except ImportError:
+            raise MissingDependencyError(f"the tokenizer of {model!r} (no tokenizer.json)", "encoders", "transformers") from None
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as e:  # transformers names the missing package (sentencepiece, protobuf)
+            raise MissingDependencyError(f"the tokenizer of {model!r} ({first_line(e)})", "encoders", "sentencepiece protobuf") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(f"cannot load the tokenizer of {model!r} from {folder}: {first_line(e)}") from None
 
     def _pad_id(self, folder: Path) -> int:
         pad = None
@@ -210,6 +228,13 @@ class _TextTokenizer:
         return 0
 
     def __call__(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        if self.slow is not None:
+            padding = "max_length" if self.family == "siglip" else True
+            enc = self.slow(list(texts), padding=padding, truncation=True, max_length=self.max_length, return_tensors="np")
+            ids = np.asarray(enc["input_ids"], np.int64)
+            if self.family == "siglip":
+                return {"input_ids": ids}
+            return {"input_ids": ids, "attention_mask": np.asarray(enc["attention_mask"], np.int64)}
         seqs = [e.ids for e in self.tok.encode_batch(list(texts))]
         width = self.max_length if self.family == "siglip" else max(len(s) for s in seqs)
         ids = np.full((len(seqs), width), self.pad_id, np.int64)

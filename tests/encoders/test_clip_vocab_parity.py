@@ -39,12 +39,34 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
+def siglip_spm(tmp_path_factory) -> Path:
+    pytest.importorskip("sentencepiece", reason="SigLIP's SentencePiece tokenizer needs sentencepiece")
+    return make_siglip(tmp_path_factory.mktemp("siglip-spm") / "siglip", tokenizer="spm", seed=1)
+
+
+@pytest.fixture(scope="module")
 def images() -> list[Image.Image]:
     rng = np.random.default_rng(7)
     sizes = [(40, 64), (64, 40), (32, 32), (20, 90), (300, 200)]  # wide, tall, exact, smaller than the crop, large
     out = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
     out.append(out[0].convert("L"))  # a grey picture is converted to RGB
     return out
+
+
+def test_sentencepiece_siglip_parity(siglip_spm, images):
+    """A SigLIP checkpoint with only spiece.model (as on the hub) is tokenised by transformers'
+    SiglipTokenizer: same ids, and the same embeddings through ONNX Runtime."""
+    assert not (siglip_spm / "tokenizer.json").exists() and (siglip_spm / "spiece.model").exists()
+    model, processor, tokenizer = _reference(siglip_spm, "siglip")
+    enc = get_encoder("clip-vocab", model=str(siglip_spm), runtime="onnx")
+    texts = ["A red Dog, on the beach!", "photo"]
+    inputs = _ref_text_inputs(tokenizer, "siglip", texts, model.config.text_config.max_position_embeddings)
+    assert np.array_equal(enc._text_tokenizer()(texts)["input_ids"], inputs["input_ids"].numpy())
+    with torch.no_grad():
+        ref_txt = _features(model.get_text_features(**inputs))
+        ref_img = _features(model.get_image_features(pixel_values=torch.from_numpy(_ref_pixels(processor, images))))
+    assert float(np.abs(enc.text_embeddings(texts) - ref_txt).max()) <= TOL
+    assert float(np.abs(enc.image_embeddings(images) - ref_img).max()) <= TOL
 
 
 def _reference(folder: Path, family: str):
