@@ -8,23 +8,28 @@ rules on position, colour, lightness and texture (the mean absolute difference o
 lightness from its right and lower neighbours):
 
 * **sky**: smooth pixels (texture < 4 L* units) that are blue (Lab hue 190-300 degrees,
-  chroma >= 6, L* >= 35), grey or white (chroma < 12, L* >= 35) or warm and bright (an evening
-  sky: hue < 100 or >= 330, L* >= 40), *connected to the top edge* through such pixels; the
-  sky must end above the bottom edge (at most 30 % of the bottom row), so a white or flat
-  studio background is not a sky. Tokens ``sky`` and ``outdoors``.
+  chroma >= 6, L* >= 35), grey or white (chroma < 12, L* >= 35) or vivid and warm (an evening
+  sky: hue < 100 or >= 330, chroma >= 25, L* >= 40), with only such pixels above them in their
+  column (a sky is open to the top edge). It must end above the bottom edge (at most 30 % of
+  the bottom row), so a flat studio background is not a sky, and it must be partly blue
+  (>= 15 % of it), or warm over a darker land (below), or grey and bright (mean L* >= 60)
+  across >= 90 % of the top row and >= 20 % of the picture (an overcast sky; a grey wall
+  rarely fills the whole top). Tokens ``sky`` and ``outdoors``.
 * **clouds**: grey or white pixels making up >= 25 % of that sky (``clouds``, ``cloud``;
   ``cloudy`` when they cover >= 60 % of it);
-* **sunset**: warm pixels (hue < 100 or >= 330, chroma >= 15) are >= 30 % of the sky and the
-  picture below the sky is darker than the sky (``sunset``, ``sunrise``, ``dusk``);
-* **water**: blue or cyan pixels (hue 170-300, chroma >= 6) below the sky in the lower half,
-  not part of the sky (``water``);
+* **sunset**: warm pixels (hue < 100 or >= 330, chroma >= 25) are >= 30 % of a sky covering
+  >= 12 % of the picture, and the picture below the sky is darker than the sky by more than
+  10 L* (``sunset``, ``sunrise``, ``dusk``);
+* **water**: blue or cyan pixels (hue 170-295, chroma >= 6, L* >= 20) in the lower half, not
+  part of the sky, in a picture with a sky (without one, blue below is as often a blue thing)
+  (``water``);
 * **vegetation**: green pixels (hue 95-175, chroma >= 8, L* >= 12) with texture >= 4:
   ``grass`` for those in the bottom 40 %, ``tree``/``trees`` above it, ``vegetation`` and
   ``foliage`` for all of them, ``forest`` when they cover more than half the picture;
 * **snow**: bright, nearly colourless, slightly textured pixels (L* >= 72, chroma < 10,
-  texture >= 1) covering >= 30 % of the lower half of a picture that has a sky or is not a
-  flat white background (``snow``, ``snowy``, ``winter``);
-* **night**: a dark picture (mean L* < 25) with some bright light (98th percentile L* > 50)
+  texture >= 1) covering >= 30 % of the lower half of a picture that has a sky (``snow``,
+  ``snowy``, ``winter``);
+* **night**: a dark picture (mean L* < 25) with some bright light (99th percentile L* > 50)
   (``night``, ``dark``); ``dark`` alone for a dark picture without lights.
 
 A cue's share is ``SCENE_SHARE`` (0.6) times how much of its reference area it covers
@@ -88,11 +93,12 @@ def scene_features(image: Any) -> dict[str, float]:
     grey = chroma < 12
     blue = (hue >= 190) & (hue < 300) & (chroma >= 6)
     smooth = tex < SMOOTH
-    sky_like = smooth & (L >= 35) & (blue | grey | (warm & (L >= 40)))
+    vivid_warm = warm & (chroma >= 25) & (L >= 40)  # an evening sky; beige walls are paler
+    sky_like = smooth & (L >= 35) & (blue | grey | vivid_warm)
     # sky: sky-like pixels with nothing but sky-like pixels above them in their column
     sky = np.logical_and.accumulate(sky_like, axis=0)
     n = float(h * w)
-    f: dict[str, float] = {"mean_l": float(L.mean()), "p98_l": float(np.percentile(L, 98))}
+    f: dict[str, float] = {"mean_l": float(L.mean()), "p99_l": float(np.percentile(L, 99))}
     area = float(sky.sum())
     f["sky"] = area / n if sky[-1].mean() <= 0.3 else 0.0  # a sky ends above the bottom edge
     if f["sky"] > 0:
@@ -100,10 +106,10 @@ def scene_features(image: Any) -> dict[str, float]:
         f["sky_blue"] = float((sky & blue).sum()) / area
         f["sky_grey"] = float((sky & grey).sum()) / area
         f["sky_grey_l"] = float(L[sky & grey].mean()) if (sky & grey).any() else 0.0
-        f["sky_warm"] = float((sky & warm & (chroma >= 15)).sum()) / area
+        f["sky_warm"] = float((sky & vivid_warm).sum()) / area
         f["below_darker"] = float(L[sky].mean() - L[~sky].mean())
     lower = rows >= 0.5
-    water = (hue >= 170) & (hue < 260) & (chroma >= 6) & (L >= 25)
+    water = (hue >= 170) & (hue < 295) & (chroma >= 6) & (L >= 20)
     f["water"] = float((water & lower & ~sky).sum()) / float(lower.sum())
     green = (hue >= 95) & (hue < 175) & (chroma >= 8) & (L >= 12) & (tex >= TEXTURED)
     f["green"] = float(green.sum()) / n
@@ -112,7 +118,6 @@ def scene_features(image: Any) -> dict[str, float]:
     f["trees"] = float((green & ~ground).sum()) / float((~ground).sum())
     snowy = (L >= 72) & (chroma < 10) & (tex >= 1.0)
     f["snow"] = float((snowy & lower).sum()) / float(lower.sum())
-    f["flat_white_bottom"] = float(((L >= 90) & (chroma < 5) & (tex < 1.0))[-1].mean())
     return f
 
 
@@ -132,7 +137,7 @@ def scene_shares(f: dict[str, float]) -> dict[str, float]:
     blue_sky = f.get("sky_blue", 0.0) >= 0.15
     # a sky with no blue at all is a bright overcast sky across the whole top, or a wall
     overcast = f.get("sky_top_row", 0.0) >= 0.9 and sky >= 0.2 and f.get("sky_grey_l", 0.0) >= 60
-    evening = f.get("sky_warm", 0.0) >= 0.3 and f.get("below_darker", 0.0) > 10
+    evening = f.get("sky_warm", 0.0) >= 0.3 and f.get("below_darker", 0.0) > 10 and sky >= 0.12
     if not (blue_sky or overcast or evening):
         sky = 0.0
     if sky >= 0.08:
@@ -154,10 +159,10 @@ def scene_shares(f: dict[str, float]) -> dict[str, float]:
             put(("tree", "trees"), f["trees"] / 0.5)
         if f["green"] >= 0.5 and f.get("trees", 0.0) >= 0.5:
             put(("forest",), f["green"], (0.8,))
-    if f.get("snow", 0.0) >= 0.3 and sky >= 0.08 and f.get("flat_white_bottom", 1.0) < 0.5:
+    if f.get("snow", 0.0) >= 0.3 and sky >= 0.08:  # (white studio backgrounds have no sky: it reaches the bottom)
         put(("snow", "snowy", "winter"), f["snow"] / 0.6, (1.0, 0.8, 0.6))
     if f.get("mean_l", 100.0) < 25:
-        if f.get("p98_l", 0.0) > 50:
+        if f.get("p99_l", 0.0) > 50:
             put(("night", "dark"), 1.0, (1.0, 0.7))
         else:
             put(("dark",), 1.0, (0.7,))
