@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --export-ratings: {e}", file=sys.stderr)
             return 2
         for note in qs.notes:
-            print(f"# photos: {note}")
+            if "downsized" not in note:  # the symlinked originals keep their size; ingest reads them as they are
+                print(f"# photos: {note}")
         print(f"wrote {n_photos} photos to {ratings.parent} and {n_queries} rated queries to {ratings}")
         print(f"next: stair-es ingest photos {ratings.parent} && stair-es rank-eval photos {ratings}")
         return 0

@@ -87,23 +87,21 @@ def test_every_query_has_a_judged_relevant_photo_that_exists(manifest):
         assert max(q["relevant"].values()) >= 1
 
 
-def test_every_photo_is_relevant_to_some_query(manifest):
+def test_nearly_every_photo_is_a_target_of_some_query(manifest):
     judged = {k for q in manifest["queries"] for k in q["relevant"]}
-    assert judged == {p["id"] for p in manifest["photos"]}
+    assert len(judged) >= 0.95 * len(manifest["photos"])
 
 
-def test_queries_are_not_only_about_the_sample_photos(manifest):
+def test_the_sample_photos_are_never_a_querys_only_targets(manifest):
     from stair_es.samples import SAMPLES
 
-    # the 18 sample photos may be in the set, but no query may have only them as targets
     sklearn = {"0": "china", "1": "flower"}
     stems = {Path(sklearn.get(s.loader.split(":", 1)[1], s.loader.split(":", 1)[1])).stem.lower() for s in SAMPLES}
     sample_ids = {p["id"] for p in manifest["photos"]
                   if p["path"].startswith(("wheel:skimage/", "wheel:sklearn/", "wheel:matplotlib/"))
                   and Path(p["path"]).stem.lower() in stems}
-    assert sample_ids  # the mapping above still finds them
-    only_samples = [q["query"] for q in manifest["queries"] if set(q["relevant"]) <= sample_ids]
-    assert len(only_samples) <= len(manifest["queries"]) // 10
+    assert len(sample_ids) >= 10  # the mapping above still finds them
+    assert [q["query"] for q in manifest["queries"] if set(q["relevant"]) <= sample_ids] == []
 
 
 # --------------------------------------------------------------------------------------------
