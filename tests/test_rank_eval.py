@@ -26,7 +26,6 @@ from click.testing import CliRunner
 
 from stair_es.backends.embedded import EmbeddedBackend
 from stair_es.cli.main import cli
-from stair_es.encoders.base import register_encoder
 from stair_es.encoders.text import BagOfWordsEncoder
 from stair_es.rankeval import QueryConfig
 from stair_es.schema import Document, IndexSchema
@@ -54,6 +53,7 @@ DOCS = {  # id: (image tokens, caption tokens, kind)
     "boat-drawing": ({"boat": 1.0}, None, "drawing"),
 }
 
+
 class DropBow(BagOfWordsEncoder):
     """bow with extra stopwords given as one option (``drop=car,the``), as a user's plugin might take them."""
 
@@ -65,7 +65,17 @@ class DropBow(BagOfWordsEncoder):
         self.stopwords = self.stopwords | {w for w in str(drop).split(",") if w}
 
 
-register_encoder("drop-bow", DropBow)
+class VersionedBow(BagOfWordsEncoder):
+    """bow whose index records a map version this installation does not have (as the default encoder's token map)."""
+
+    name = "versioned-bow"
+
+    def __init__(self, *, token_map: str = "v2", allow_version_mismatch: bool = False, **kw):
+        from stair_es.encoders.base import check_recorded_version
+
+        super().__init__(**kw)
+        check_recorded_version("token map", token_map, "v2", allow_version_mismatch, "vectors are not comparable")
+
 
 RATINGS = [
     {"query": "dog", "relevant": {"dog-park": 2, "puppy": 1}},
@@ -91,6 +101,15 @@ def build(home: Path, name: str = "pets", encoder: dict | None = None) -> None:
 def write(path: Path, lines) -> Path:
     path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines), encoding="utf-8")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _test_encoders(monkeypatch):
+    """This file's encoders, registered for its tests only."""
+    from stair_es.encoders import base
+
+    monkeypatch.setitem(base._BUILTIN, "drop-bow", DropBow)
+    monkeypatch.setitem(base._BUILTIN, "versioned-bow", VersionedBow)
 
 
 @pytest.fixture
@@ -385,8 +404,9 @@ def test_missing_ir_measures_names_the_eval_extra(rank_eval, tmp_path, monkeypat
     assert r.exit_code == 3 and "stair-es[eval]" in r.output and "ir-measures" in r.output
 
 
-def test_the_query_encoder_is_built_once_per_run_and_leaves_no_registry_name(home, tmp_path):
-    from stair_es.encoders.base import list_encoders, register_encoder
+def test_the_query_encoder_is_built_once_per_run_and_leaves_no_registry_name(home, tmp_path, monkeypatch):
+    from stair_es.encoders import base
+    from stair_es.encoders.base import list_encoders
     from stair_es.encoders.text import BagOfWordsEncoder
     from stair_es.rankeval import evaluate, read_ratings
 
@@ -397,7 +417,7 @@ def test_the_query_encoder_is_built_once_per_run_and_leaves_no_registry_name(hom
             super().__init__(**kw)
             built.append(self)
 
-    register_encoder("counting-bow", CountingBow)
+    monkeypatch.setitem(base._BUILTIN, "counting-bow", CountingBow)
     backend = EmbeddedBackend(home)
     rated = read_ratings(write(tmp_path / "r.jsonl", RATINGS))
     ev = evaluate(backend, "pets", rated.queries, QueryConfig(encoder="counting-bow"))
@@ -479,21 +499,6 @@ def test_on_a_cluster_the_figures_hold_and_the_index_is_scanned_once_per_run(fla
     assert by_id["line-1"] == approx(DOG) and by_id["cats"] == approx(CAT) and by_id["line-3"] == approx(CAR)
     assert [w["line"] for w in out["warnings"]] == [3]
     assert json.loads(r.stdout)["queries"][0]["id"] == "boat"
-
-
-class VersionedBow(BagOfWordsEncoder):
-    """bow whose index records a map version this installation does not have (as the default encoder's token map)."""
-
-    name = "versioned-bow"
-
-    def __init__(self, *, token_map: str = "v2", allow_version_mismatch: bool = False, **kw):
-        from stair_es.encoders.base import check_recorded_version
-
-        super().__init__(**kw)
-        check_recorded_version("token map", token_map, "v2", allow_version_mismatch, "vectors are not comparable")
-
-
-register_encoder("versioned-bow", VersionedBow)
 
 
 def test_an_index_from_another_encoder_version_stops_the_run_unless_forced(tmp_path, monkeypatch):
