@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from .errors import EncoderVersionError, InvalidInputError, MissingDependencyError, UnknownNameError
+from .errors import (BackendError, ConnectionFailedError, EncoderVersionError, InvalidInputError,
+                     MissingDependencyError, UnknownNameError)
 
 #: The reported metrics and the ir-measures measure behind each (RR@10 is reported as MRR@10,
 #: its mean over queries).
@@ -623,8 +624,9 @@ def _missing_warnings(queries: Sequence[RatedQuery], missing: Mapping[str, list[
     return out
 
 
-#: Errors that no query could escape (wrong encoder, version, name): raised, not reported per line.
-_GLOBAL_ERRORS = (EncoderVersionError, UnknownNameError)
+#: Errors that no query could escape (wrong encoder, version, name; a cluster that cannot be
+#: reached): raised, not reported per line. Other input and backend errors belong to their query.
+_GLOBAL_ERRORS = (EncoderVersionError, UnknownNameError, ConnectionFailedError)
 
 
 def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryConfig, top_k: int,
@@ -641,7 +643,7 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
                 result = backend.search(index, request)
             except _GLOBAL_ERRORS:
                 raise
-            except InvalidInputError as e:  # a bad "where", a query with no searchable tokens...
+            except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...
                 out[q.id] = e
             else:
                 notes = list(dict.fromkeys([*request.notes, *result.notes]))

@@ -514,3 +514,30 @@ def test_an_index_from_another_encoder_version_stops_the_run_unless_forced(tmp_p
     r = CliRunner().invoke(cli, ["rank-eval", "pets", str(ratings), "--force", "--json", "--home", str(home)])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["metrics"] == approx(MEAN)
+
+
+def test_a_search_the_cluster_refuses_is_reported_for_its_query_and_the_rest_evaluated(tmp_path, monkeypatch):
+    pytest.importorskip("elasticsearch")
+    from backends.fake_cluster import FakeCluster, Faults
+
+    from stair_es.backends.base import get_backend
+
+    for k in ("STAIR_ES_URL", "STAIR_ES_API_KEY", "STAIR_ES_USERNAME", "STAIR_ES_PASSWORD", "STAIR_ES_BEARER_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    ratings = write(tmp_path / "r.jsonl", RATINGS)
+    with FakeCluster("elasticsearch") as node:
+        backend = get_backend("elasticsearch", urls=node.url)
+        backend.create_index("pets", IndexSchema(fields={"kind": "keyword"}, encoder={"name": "bow"}))
+        assert not backend.ingest("pets", [Document(i, {"image": SparseVector.from_token_map(im)}, {"kind": kind})
+                                           for i, (im, _, kind) in DOCS.items()]).failures
+        backend.close()
+        node.faults = Faults(search_status={400: 1.0}, max_faulty_requests=1)  # the next search is refused
+        r = CliRunner().invoke(cli, ["rank-eval", "pets", str(ratings), "--json", "--backend", "elasticsearch",
+                                     "--url", node.url])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["evaluated"] == 2 and [e["line"] for e in out["errors"]] == [1]
+    assert [q["id"] for q in out["queries"]] == ["cats", "line-3"]
+    r = CliRunner().invoke(cli, ["rank-eval", "pets", str(ratings), "--backend", "elasticsearch", "--url",
+                                 "http://127.0.0.1:9", "--timeout", "2"])
+    assert r.exit_code == 5 and r.output.count("Error:") == 1  # an unreachable cluster stops the run once
