@@ -603,7 +603,7 @@ def _check_top_k(top_k: int) -> None:
 
 
 def _missing_relevant(backend: Any, index: str, queries: Sequence[RatedQuery]) -> dict[str, list[str]]:
-    """Per query id, its rated-relevant documents that the index does not hold."""
+    """Per query id, its rated documents (any grade) that the index does not hold."""
     wanted = {d for q in queries for d in q.ratings}
     present = backend.existing_ids(index, sorted(wanted)) if wanted else set()
     return {q.id: sorted(d for d in q.ratings if d not in present) for q in queries}
@@ -616,10 +616,13 @@ def _missing_warnings(queries: Sequence[RatedQuery], missing: Mapping[str, list[
         if not ids:
             continue
         rel = [d for d in ids if q.ratings[d] >= 1]
-        shown = ", ".join(repr(d) for d in ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        listed = rel or ids
+        shown = ", ".join(repr(d) for d in listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
         what = (f"{len(rel)} rated-relevant document(s) are not in the index ({shown}): counted as relevant but "
                 "unretrievable (recall and nDCG cannot reach 1)" if rel else
                 f"{len(ids)} document(s) rated non-relevant are not in the index ({shown}): no effect on the metrics")
+        if rel and len(ids) > len(rel):
+            what += f"; {len(ids) - len(rel)} more rated non-relevant are not in it either"
         out.append(Problem(what, q.line, q.file, q.id, kind="warning"))
     return out
 
@@ -661,7 +664,8 @@ def _results(queries: Sequence[RatedQuery], runs: Mapping[str, Any], missing: Ma
     for q in queries:
         result, qvec, extra = runs[q.id]
         top = [Hit(h.id, float(h.score), q.grade(h.id)) for h in result.hits]
-        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], missing.get(q.id) or [], **extra))
+        gone = [d for d in missing.get(q.id) or [] if q.ratings[d] >= 1]
+        out.append(QueryResult(q, top, qvec.to_token_map(20), scores[q.id], gone, **extra))
     return out
 
 

@@ -145,7 +145,7 @@ def test_metrics_of_the_three_query_example_are_the_ones_worked_by_hand(rank_eva
     assert set(dog["query_tokens"]) == {"dog"} and set(car["query_tokens"]) == {"red", "car"}
     # the line's "where" filtered exactly as `search --where` does: red-car is a drawing
     assert [h["id"] for h in car["top"]] == ["blue-car"]
-    assert car["relevant_not_in_index"] == ["ghost"]
+    assert car["relevant_not_in_index"] == ["ghost"] and "relevant_not_in_index" not in dog
     assert [w["line"] for w in out["warnings"]] == [3] and "ghost" in out["warnings"][0]["warning"]
     assert all(set(h) == {"id", "score", "grade"} for q in out["queries"] for h in q["top"])
 
@@ -188,7 +188,7 @@ def test_bad_lines_are_reported_with_their_line_numbers_and_the_rest_is_evaluate
         "# a comment",                                                # 10 skipped
         {"query": "cat", "ratings": [{"_id": "cat-sofa", "rating": 1}], "id": "es"},  # 11 ok (ES style)
         {"query": "cat", "relevant": ["cat-sofa"], "id": "es"},       # 12 id used on line 11
-        {"query": "cat", "relevant": ["cat-sofa"], "wheres": ["kind=photo"]},  # 13 ok, typo warned
+        {"query": "cat", "relevant": {"cat-sofa": 1, "gone": 0}, "wheres": ["kind=photo"]},  # 13 ok, typo warned
         [1, 2],                                                       # 14 not an object
     ]
     r = rank_eval("pets", write(tmp_path / "r.jsonl", lines), "--json")
@@ -207,6 +207,9 @@ def test_bad_lines_are_reported_with_their_line_numbers_and_the_rest_is_evaluate
     assert "already used on line 11" in errors[12]
     assert "not a JSON object" in errors[14]
     assert any(w["line"] == 13 and "wheres" in w["warning"] for w in out["warnings"])
+    assert any(w["line"] == 13 and "rated non-relevant are not in the index ('gone'): no effect" in w["warning"]
+               for w in out["warnings"])
+    assert "relevant_not_in_index" not in out["queries"][2]
     assert out["metrics"]["P@1"] == pytest.approx((0 + 1 + 1) / 3)
     table = rank_eval("pets", tmp_path / "r.jsonl")
     assert table.exit_code == 0 and "not evaluated (9):" in table.output and "r.jsonl:4: the grade of 'cat-sofa'" in table.output
