@@ -91,8 +91,9 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, c
       stair-es rank-eval photos ratings.jsonl --encoder-option text=bow --compare-encoder-option text=splade
 
     Any --compare-* option runs a second configuration (B) beside the first (A, the options
-    above) on the same queries: the table shows both metric columns and each query's first
-    relevant rank under A and B, the queries that changed most first.
+    above) on the same queries: the table shows both metric columns, then the queries ranked
+    differently, most changed first, with their first relevant rank under A and B. Details,
+    the tie rule and how this maps to _rank_eval: docs/rank-eval.md.
     """
     from stair_es.rankeval import QueryConfig, compare, evaluate, read_ratings
 
