@@ -111,6 +111,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
                 "route to photo search without training",
         size="~0.9 GB",
         licence="MIT (VDR repository; check the model card)",
+        patterns=("*.json", "*.txt", "*.safetensors", "*.bin"),
         url="https://huggingface.co/vsearch/vdr-cross-modal",
     ),
     CatalogEntry(
@@ -120,7 +121,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         purpose="photos, zero-shot: CLIP scores each image against a fixed vocabulary of words; fast (ViT-B/32)",
         size="~0.6 GB",
         licence="MIT (model card: research use)",
-        patterns=("*.json", "*.txt", "model.safetensors"),
+        patterns=("*.json", "*.txt", "*.safetensors", "*.bin"),
         url="https://huggingface.co/openai/clip-vit-base-patch32",
     ),
     CatalogEntry(
@@ -131,7 +132,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
                 "slower per image",
         size="~0.8 GB",
         licence="Apache-2.0",
-        patterns=("*.json", "*.txt", "*.model", "model.safetensors"),
+        patterns=("*.json", "*.txt", "*.model", "*.safetensors", "*.bin"),
         url="https://huggingface.co/google/siglip-base-patch16-224",
     ),
 )
@@ -490,6 +491,21 @@ def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_on
         raise ModelError(_download_failure(model_id, e, local_only)) from None
 
 
+def _prefer_safetensors(model_id: str, revision: str, patterns: list[str]) -> list[str]:
+    """Leave out pickled ``.bin`` weights when the repository also has safetensors (many hub
+    repositories carry both: the same weights twice). Best effort: when the listing fails, the
+    download that follows reports the problem."""
+    try:
+        from huggingface_hub import list_repo_files
+
+        files = list_repo_files(model_id, revision=revision)
+    except Exception:  # noqa: BLE001 - no listing: download with the patterns as they are
+        return patterns
+    if any(f.endswith(".safetensors") for f in files):
+        return [p for p in patterns if not p.endswith(".bin")]
+    return patterns
+
+
 def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
     name = type(e).__name__
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
@@ -516,7 +532,9 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
     existing = find_entry(model_id, revision)
     if existing is not None:
         return existing
-    patterns = known.patterns if known else DEFAULT_PATTERNS
+    patterns = list(known.patterns if known else DEFAULT_PATTERNS)
+    if not local_only:
+        patterns = _prefer_safetensors(model_id, requested, patterns)
     snapshot = _snapshot(model_id, requested, patterns, local_only=local_only)
     commit = snapshot.name if _HEX40.match(snapshot.name) else requested
     with _Lock(model_id):

@@ -39,6 +39,12 @@ class FakeHub:
             (folder / name).write_bytes(data)
         return folder
 
+    def list_repo_files(self, repo_id, *, revision=None, **kw):
+        if not self.reachable:
+            raise OSError("no connection")
+        src = self.root / repo_id.replace("/", "--")
+        return sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+
     def snapshot_download(self, repo_id, *, revision=None, allow_patterns=None, local_files_only=False, **kw):
         self.calls.append({"repo_id": repo_id, "revision": revision, "allow_patterns": allow_patterns,
                            "local_files_only": local_files_only})
@@ -92,6 +98,7 @@ def hub(tmp_path, monkeypatch, no_network, home):
 
     fake = FakeHub(tmp_path / "hub", tmp_path / "hf-cache")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake.snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", fake.list_repo_files)
     # pulls are what a user with internet runs: online for the fake hub, the sockets stay guarded
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     return fake
@@ -183,11 +190,14 @@ def test_resolve_model_pulls_once_when_online(hub, home):
     assert len(hub.calls) == 1
 
 
-def test_catalog_models_pull_their_own_file_patterns(hub, home):
-    hub.add("openai/clip-vit-base-patch32", {"config.json": b"{}", "model.safetensors": b"w", "pytorch_model.bin": b"w"})
+def test_pickled_weights_are_left_out_when_the_repository_has_safetensors(hub, home):
+    hub.add("openai/clip-vit-base-patch32", {"config.json": b"{}", "model.safetensors": b"w", "pytorch_model.bin": b"w",
+                                             "flax_model.msgpack": b"w", "tf_model.h5": b"w"})
     entry = models.pull("openai/clip-vit-base-patch32")
     assert entry.kind == "clip-vocab"
     assert sorted(entry.meta["files"]) == ["config.json", "model.safetensors"]
+    hub.add("vsearch/vdr-cross-modal", {"config.json": b"{}", "pytorch_model.bin": b"w"})  # .bin only: taken
+    assert sorted(models.pull("vsearch/vdr-cross-modal").meta["files"]) == ["config.json", "pytorch_model.bin"]
 
 
 def test_an_interrupted_pull_leaves_no_usable_entry_and_a_rerun_completes(hub, home, monkeypatch):
