@@ -68,13 +68,16 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("model_id", metavar="ID")
 @click.option("--revision", help="Branch, tag or commit to pull (default: the catalog's pinned revision, else main).")
 @click.option("--encoder", "kind", help="Encoder the model is for, for ids not in the catalog (e.g. vdr, clip-vocab).")
+@click.option("--refresh", is_flag=True,
+              help="Ask the hub what the revision (a branch such as main) points at now and pull that commit if it "
+                   "is new (the revisions already in the store stay; indices record the one they were built with).")
 @json_option
-def pull_cmd(model_id: str, revision: str | None, kind: str | None, as_json: bool) -> None:
+def pull_cmd(model_id: str, revision: str | None, kind: str | None, refresh: bool, as_json: bool) -> None:
     """Download model ID from the Hugging Face hub once into the store (sha256 of every file
     recorded). An interrupted pull resumes when run again. A gated model needs `hf auth login`
     (or HF_TOKEN) first."""
-    entry = store.pull(model_id, revision=revision, kind=kind, progress=stderr_is_tty() and not as_json,
-                       local_only=store.offline())
+    entry = store.pull(model_id, revision=revision, kind=kind, refresh=refresh,
+                       progress=stderr_is_tty() and not as_json, local_only=store.offline())
     if as_json:
         echo_json(_entry_json(entry))
         return

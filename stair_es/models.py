@@ -186,8 +186,13 @@ def split_model(model: str) -> tuple[str, str | None]:
     return check_id(model_id), (check_revision(revision) if at else None)
 
 
+def _slug(model_id: str) -> str:
+    """A model id as a folder name (hub ids are case-insensitive)."""
+    return model_id.lower().replace("/", "--")
+
+
 def _id_dir(model_id: str) -> Path:
-    return store_dir() / model_id.replace("/", "--")
+    return store_dir() / _slug(model_id)
 
 
 def _rev_dir_name(revision: str) -> str:
@@ -388,7 +393,9 @@ def _link_or_copy(src: Path, dst: Path, progress: Progress | None = None) -> str
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """UTC, to the microsecond (entries installed within one second still sort newest first)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
 
 def _walk_files(folder: Path) -> Iterator[tuple[str, Path]]:
@@ -410,7 +417,7 @@ class _Lock:
         locks = store_dir() / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
         self.model_id = model_id
-        self.lock = FileLock(str(locks / f"{model_id.replace('/', '--')}.lock"))
+        self.lock = FileLock(str(locks / f"{_slug(model_id)}.lock"))
 
     def __enter__(self) -> "_Lock":
         from filelock import Timeout
@@ -429,7 +436,7 @@ class _Lock:
 def _tmp_dir(model_id: str, what: str) -> Path:
     root = store_dir()
     root.mkdir(parents=True, exist_ok=True)
-    folder = root / f".tmp-{what}-{model_id.replace('/', '--')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder = root / f".tmp-{what}-{_slug(model_id)}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     folder.mkdir()
     return folder
 
@@ -438,7 +445,7 @@ def _clear_stale(model_id: str) -> None:
     """Remove temporary folders an interrupted pull of ``model_id`` (call under its lock) or an
     interrupted import (by a process no longer running) left behind."""
     root = store_dir()
-    for stale in root.glob(f".tmp-pull-{model_id.replace('/', '--')}-*"):
+    for stale in root.glob(f".tmp-pull-{_slug(model_id)}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     for stale in root.glob(".tmp-import-*"):
         match = re.match(r"^\.tmp-import-.*-(\d+)-[0-9a-f]{8}$", stale.name)
@@ -518,10 +525,12 @@ def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
 
 
 def pull(model_id: str, *, revision: str | None = None, kind: str | None = None, local_only: bool = False,
-         progress: bool = False) -> StoreEntry:
+         refresh: bool = False, progress: bool = False) -> StoreEntry:
     """Download ``model_id`` once into the store (or return the entry already there).
 
-    ``local_only``: take the files only from the Hugging Face cache (offline).
+    ``local_only``: take the files only from the Hugging Face cache (offline). ``refresh``: ask
+    the hub what ``revision`` (a branch such as ``main``) points at now, and install that
+    commit if the store does not have it yet.
     """
     model_id = check_id(model_id)
     known = catalog_entry(model_id)
@@ -529,7 +538,7 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
         model_id = known.id
     requested = check_revision(revision) if revision else (known.revision if known else "main")
     kind = kind or (known.kind if known else None)
-    existing = find_entry(model_id, revision)
+    existing = None if refresh else find_entry(model_id, revision)
     if existing is not None:
         return existing
     patterns = list(known.patterns if known else DEFAULT_PATTERNS)
@@ -538,7 +547,7 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
     snapshot = _snapshot(model_id, requested, patterns, local_only=local_only)
     commit = snapshot.name if _HEX40.match(snapshot.name) else requested
     with _Lock(model_id):
-        existing = find_entry(model_id, revision)  # another process may have finished meanwhile
+        existing = find_entry(model_id, commit)  # already there, or another process finished meanwhile
         if existing is not None:
             return existing
         _clear_stale(model_id)

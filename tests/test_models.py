@@ -31,6 +31,7 @@ class FakeHub:
         self.reachable = True
         self.calls: list[dict] = []
         self.fail_after: int | None = None  # raise after copying this many files (an interrupted download)
+        self.commit = COMMIT  # what the branch points at
 
     def add(self, repo_id: str, files: dict[str, bytes]) -> Path:
         folder = self.root / repo_id.replace("/", "--")
@@ -48,7 +49,7 @@ class FakeHub:
     def snapshot_download(self, repo_id, *, revision=None, allow_patterns=None, local_files_only=False, **kw):
         self.calls.append({"repo_id": repo_id, "revision": revision, "allow_patterns": allow_patterns,
                            "local_files_only": local_files_only})
-        target = self.cache / repo_id.replace("/", "--") / "snapshots" / COMMIT
+        target = self.cache / repo_id.replace("/", "--") / "snapshots" / self.commit
         if local_files_only or not self.reachable:
             if target.is_dir():
                 return str(target)
@@ -520,3 +521,15 @@ def test_a_damaged_blob_in_the_hugging_face_cache_is_not_installed(home, no_netw
     with pytest.raises(ModelError, match="model.safetensors of acme/tiny in the Hugging Face cache does not match"):
         models.resolve_model("acme/tiny")
     assert models.entries() == []
+
+
+def test_refresh_installs_a_new_commit_beside_the_old_one(hub, home, monkeypatch):
+    hub.add("acme/tiny", TINY)
+    old = models.pull("acme/tiny")
+    hub.commit = "f" * 40  # the branch moved on the hub
+    assert models.pull("acme/tiny").folder == old.folder  # without --refresh: what the store has
+    new = models.pull("acme/tiny", refresh=True)
+    assert new.revision == "f" * 40 and new.folder != old.folder
+    assert models.resolve_model("acme/tiny") == new.folder  # the newest install by default
+    assert models.resolve_model(f"acme/tiny@{COMMIT}") == old.folder  # an index pinned to the old one finds it
+    assert models.resolve_model("ACME/Tiny") == new.folder  # ids are case-insensitive
