@@ -769,6 +769,9 @@ def export(model: str, dest: Path | str, *, tar: bool = False, weights_only: boo
     members: list[tuple[str, Path]] = [(f"model/{rel}", entry.folder / rel) for rel in sorted(entry.meta["files"])]
     members.append((f"model/{ENTRY_FILE}", entry.folder / ENTRY_FILE))
     members += [(f"cache/{p.resolve().relative_to(cache).as_posix()}", p) for p in artifacts]
+    for rel, _ in members:
+        if _bundle_path(rel) != rel:
+            raise ModelError(f"the {entry.kind} encoder listed a file that cannot travel in a bundle: {rel}")
     files: dict[str, dict[str, Any]] = {}
     total = sum(p.stat().st_size for _, p in members)
     manifest = {
@@ -831,6 +834,10 @@ def _bundle_path(rel: str) -> str | None:
     if p.is_absolute() or any(part in ("", ".", "..") for part in p.parts) or p.parts[0] not in ("model", "cache"):
         return None
     if len(p.parts) < 2:
+        return None
+    # derived files go into the model cache, which also holds the store and the weights-digest
+    # book: a bundle may add cache files, never write into those
+    if p.parts[0] == "cache" and (p.parts[1] in ("store", "weights-digests.json") or any(x.startswith(".") for x in p.parts)):
         return None
     return p.as_posix()
 
@@ -920,6 +927,8 @@ def _stage_tar(source: Path, staged: Path, progress: bool) -> dict[str, Any]:
         total = sum(int(i["size"]) for i in manifest["files"].values())
         with _bar(total, "checking bundle", progress) as bar:
             for full, rel in sorted(listed.items()):
+                if names[full].size != manifest["files"][rel]["size"]:
+                    raise _checksum_error(source, rel)
                 dst = staged / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 h = hashlib.sha256()

@@ -417,9 +417,11 @@ def test_a_tarball_with_traversal_absolute_paths_or_links_is_refused(home, no_ne
     assert models.entries() == []
 
 
-def test_a_manifest_listing_an_unsafe_path_is_refused(home, no_network, tmp_path):
+@pytest.mark.parametrize("listed", ["cache/../../x", "cache/store/acme--x/main/config.json", "cache/weights-digests.json",
+                                    "cache/.hidden", "other/x", "model"])
+def test_a_manifest_listing_an_unsafe_path_is_refused(home, no_network, tmp_path, listed):
     bundle = _tar_with(tmp_path / "evil.tar", {"model/stair-es-model.json": {"sha256": "0" * 64, "size": 1},
-                                               "cache/../../x": {"sha256": "0" * 64, "size": 1}}, lambda t: None)
+                                               listed: {"sha256": "0" * 64, "size": 1}}, lambda t: None)
     with pytest.raises(ModelError, match="unsafe path"):
         models.import_bundle(bundle)
 
@@ -533,3 +535,18 @@ def test_refresh_installs_a_new_commit_beside_the_old_one(hub, home, monkeypatch
     assert models.resolve_model("acme/tiny") == new.folder  # the newest install by default
     assert models.resolve_model(f"acme/tiny@{COMMIT}") == old.folder  # an index pinned to the old one finds it
     assert models.resolve_model("ACME/Tiny") == new.folder  # ids are case-insensitive
+
+
+def test_a_member_larger_than_its_manifest_size_is_not_extracted(home, no_network, tmp_path):
+    import io
+    import tarfile
+
+    def extra(t):
+        info = tarfile.TarInfo("b/model/stair-es-model.json")
+        info.size = 1 << 20
+        t.addfile(info, io.BytesIO(b"\0" * (1 << 20)))
+
+    bundle = _tar_with(tmp_path / "big.tar", {"model/stair-es-model.json": {"sha256": "0" * 64, "size": 1}}, extra)
+    with pytest.raises(ModelError, match="does not match its checksum"):
+        models.import_bundle(bundle)
+    assert not list((home / "_models" / "store").glob(".tmp-*"))
