@@ -1,6 +1,7 @@
 """Image encoding speed of the pretrained-model encoders beside the default EfficientNet-Lite0.
 
     python benchmarks/pretrained_bench.py --rows lite0,vdr      # 64 photos, 3 runs (default: every row)
+    python benchmarks/pretrained_bench.py --rows vdr-text       # one text query at a time (5 queries x runs)
     python benchmarks/pretrained_bench.py --rows vdr,lite0 --images 32 --runs 5 --out report.json
 
 The hub cannot be reached from the machines that build stair_es, so the pretrained rows run
@@ -13,8 +14,8 @@ The figure is the median over ``--runs`` runs of images per second (min and max 
 The report carries the git commit, the machine and its load average (a shared machine: the
 figures move with what else runs).
 
-A new encoder is one entry in :data:`ROWS`: a name, what it is, and a function that returns
-the encoder given the work folder.
+A new encoder is one entry in :data:`ROWS` (images/s) or :data:`TEXT_ROWS` (ms per text
+query): a name, what it is, and a function that returns the encoder given the work folder.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ VDR_B32 = {  # vsearch/vdr-cross-modal's image tower (the reference defaults: Vi
     # the text tower does not take part in image encoding: a small one keeps the file at ~0.45 GB
     "encoder_q": {"type": "vdr_crossmodal_text", "max_len": 32, "topk": 768, "hidden_size": 64, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 64},
+}
+
+
+VDR_TEXT_BASE = {  # vsearch/vdr-cross-modal's text tower (bert-base, max_len 128 as in the reference's config)
+    "encoder_p": {"type": "vdr_crossmodal_image", "resolution": 64, "patch_size": 32, "width": 32, "layers": 1,
+                  "heads": 2, "topk": 768},
+    "encoder_q": {"type": "vdr_crossmodal_text", "max_len": 128, "topk": 768},
 }
 
 
@@ -112,6 +120,18 @@ def _clip_vocab(family: str):
     return make
 
 
+def _vdr_text(work: Path):
+    from stair_es.encoders.vdr import VdrEncoder
+
+    return VdrEncoder(str(make_vdr(work / "vdr-bert-base-random", VDR_TEXT_BASE)), runtime="onnx")
+
+
+#: Rows timed on one text query at a time (the latency a search pays to encode its query).
+TEXT_ROWS: tuple[Row, ...] = (
+    Row("vdr-text", "vdr: VDR cross-modal text tower, bert-base over 128 positions, random weights of the released size",
+        _vdr_text),
+)
+
 ROWS: tuple[Row, ...] = (
     Row("lite0", "imagenet encoder: EfficientNet-Lite0 ImageNet classes as words (the default encoder's base)", _lite0),
     Row("default", "default encoder: Lite0 + colours + clip-art head + OCR", _default),
@@ -146,9 +166,29 @@ def time_row(row: Row, work: Path, images: list, batch: int, runs: int) -> dict[
             "runtime": getattr(enc, "runtime_in_use", "onnx") if row.name != "default" else "onnx"}
 
 
+QUERIES = ("a dog on a beach", "a red car parked on a street at night", "two children playing football in a park",
+           "a bowl of soup", "an old man reading a newspaper on a bench")
+
+
+def time_text_row(row: Row, work: Path, runs: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    enc = row.make(work)
+    enc.encode_texts(["warm up"])  # loads, exports if needed
+    setup = time.perf_counter() - started
+    times = []
+    for _ in range(runs):
+        for q in QUERIES:
+            t0 = time.perf_counter()
+            enc.encode_texts([q])
+            times.append(time.perf_counter() - t0)
+    return {"row": row.name, "what": row.what, "queries": len(times), "ms_median": round(1000 * statistics.median(times), 1),
+            "ms_min": round(1000 * min(times), 1), "ms_max": round(1000 * max(times), 1), "setup_s": round(setup, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(r.name for r in ROWS), help=f"comma-separated, of: {', '.join(r.name for r in ROWS)}")
+    names = [r.name for r in ROWS + TEXT_ROWS]
+    p.add_argument("--rows", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}")
     p.add_argument("--images", type=int, default=64, help="photos per run (sample photos cycled)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--runs", type=int, default=3)
@@ -159,9 +199,9 @@ def main() -> None:
 
     work = args.work or (model_cache_dir() / "bench")
     wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = set(wanted) - {r.name for r in ROWS}
+    unknown = set(wanted) - set(names)
     if unknown:
-        p.error(f"unknown rows {sorted(unknown)}; known: {', '.join(r.name for r in ROWS)}")
+        p.error(f"unknown rows {sorted(unknown)}; known: {', '.join(names)}")
     photos = sample_photos()
     images = []
     for i in range(args.images):
@@ -173,16 +213,25 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
                     "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
         "rows": [],
+        "text_rows": [],
     }
-    print(f"# pretrained encoders, image speed  commit {report['commit']}  {report['machine']}")
-    print(f"{'row':<8} {'images/s (median)':>18} {'min':>7} {'max':>7} {'tokens':>7} {'setup s':>8}  what")
-    for row in ROWS:
-        if row.name not in wanted:
-            continue
+    print(f"# pretrained encoders  commit {report['commit']}  {report['machine']}")
+    image_rows = [r for r in ROWS if r.name in wanted]
+    if image_rows:
+        print(f"{'row':<8} {'images/s (median)':>18} {'min':>7} {'max':>7} {'tokens':>7} {'setup s':>8}  what")
+    for row in image_rows:
         result = time_row(row, work, images, args.batch, args.runs)
         report["rows"].append(result)
         print(f"{row.name:<8} {result['images_per_s_median']:>18} {result['images_per_s_min']:>7} "
               f"{result['images_per_s_max']:>7} {result['median_tokens']:>7} {result['setup_s']:>8}  {row.what}", flush=True)
+    text_rows = [r for r in TEXT_ROWS if r.name in wanted]
+    if text_rows:
+        print(f"\n{'row':<8} {'ms per query (median)':>22} {'min':>7} {'max':>7} {'setup s':>8}  what")
+    for row in text_rows:
+        result = time_text_row(row, work, args.runs)
+        report["text_rows"].append(result)
+        print(f"{row.name:<8} {result['ms_median']:>22} {result['ms_min']:>7} {result['ms_max']:>7} {result['setup_s']:>8}  "
+              f"{row.what}", flush=True)
     report["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
