@@ -124,13 +124,20 @@ def test_import_ingest_search_and_serve_with_the_network_disabled(tmp_path, monk
     from stair_es.serve.service import ServeConfig
 
     config = ServeConfig(backend="embedded", backend_options={"home": str(airgapped)}, encoder="clip-vocab",
-                         encoder_options={"model": "acme/tiny-clip"}, default_index="photos")
+                         encoder_options={"model": "acme/tiny-clip"}, default_index="photos", image_roots=[str(photos)])
     with TestClient(create_app(config)) as client:
         r = client.post("/v1/search", json={"index": "photos", "text": "a cup of coffee", "top_k": 2})
         assert r.status_code == 200, r.text
         assert r.json()["hits"][0]["id"] == "coffee.jpg"
-        r = client.post("/v1/encode", json={"inputs": [{"text": "a cat"}]})
+        r = client.post("/v1/encode", json={"inputs": [{"text": "a cat"}, {"image": {"path": "chelsea.jpg"}}]})
         assert r.status_code == 200, r.text
+        assert all(res["tokens"] for res in r.json()["results"])
+        # the Elasticsearch and OpenSearch inference endpoints encode with it too
+        r = client.post("/v1/elasticsearch/sparse_embedding", json={"input": ["chelsea.jpg"], "input_type": "image"})
+        assert r.status_code == 200, r.text
+        assert r.json()["result"]["sparse_embeddings"][0]["embedding"]
+        r = client.post("/v1/opensearch/sparse_encoding", json=["a cup of coffee"])
+        assert r.status_code == 200 and r.json()[0], r.text
 
     # search and ingest in a process that cannot import torch or transformers (nor reach a network)
     code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
