@@ -989,6 +989,10 @@ def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
             shutil.move(str(staged / rel), str(tmp))
             os.replace(tmp, target)
+        if manifest.get("stair_es") != _version() and any(r.startswith("cache/") for r in manifest["files"]):
+            log.warning("%s was exported by stair_es %s and this is %s: if the encoder's export format changed "
+                        "in between, it makes its derived files again on first use (needs torch)",
+                        source.name, manifest.get("stair_es"), _version())
         meta = dict(meta)
         meta["installed"] = {"how": "import", "from": source.name, "at": _now(), "stair_es": _version()}
         with _Lock(meta["id"]):
