@@ -71,8 +71,9 @@ RESTRICTED_SHA256 = "1696edb6abd04373aaad512ab257440d155d02383cc5e2f7856ca7055b3
 RESTRICTED_SIZE = 27623
 _FIRST_WORD_ID = 999  # "!": everything before it is padding, [unused*] and the special tokens
 WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
-#: Saved by transformers < 4.31 as a persistent buffer of BERT's embeddings: not a weight.
-_IGNORED_KEYS = ("encoder_q.bert_model.embeddings.position_ids",)
+#: Index buffers of BERT's embeddings that older transformers saved with the weights (persistent
+#: buffers before 4.31): constants, not weights, so their presence is not a mismatch.
+_IGNORED_KEYS = ("encoder_q.bert_model.embeddings.position_ids", "encoder_q.bert_model.embeddings.token_type_ids")
 
 
 def restricted_ids(vocab: Vocabulary | None = None) -> np.ndarray:
