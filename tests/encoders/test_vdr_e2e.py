@@ -119,3 +119,30 @@ def test_export_then_import_ingest_and_search_with_no_network_and_no_torch(tmp_p
     stair(b, "ingest", "shapes", str(catalog), "--encoder", "vdr", "--model", "vsearch/vdr-cross-modal")
     imported = stair(b, "search", "shapes", "a red square", "--json")
     assert imported == {"torch": False, "transformers": False}
+
+
+def test_serve_encodes_and_searches_with_vdr(run, catalog, tmp_path):
+    """`stair-es serve` with the vdr encoder: /v1/encode gives the model's tokens, /v1/search
+    encodes the query with the index's recorded vdr model."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
+    from fastapi.testclient import TestClient
+
+    from stair_es.serve.app import create_app
+    from stair_es.serve.service import ServeConfig
+
+    _json(run("ingest", "shapes", str(catalog), "--encoder", "vdr", "--model", str(FIXTURE), "--json"))
+    home = next(p for p in tmp_path.iterdir() if p.name == "home")
+    cfg = ServeConfig(backend="embedded", backend_options={"home": str(home)}, encoder="vdr",
+                      encoder_options={"model": str(FIXTURE)}, image_roots=[str(catalog)], default_index="shapes")
+    with TestClient(create_app(cfg)) as client:
+        r = client.post("/v1/encode", json={"inputs": [{"text": "a red square"}, {"image": {"path": "noise.png"}}]})
+        assert r.status_code == 200, r.text
+        text, image = r.json()["results"]
+        assert text["kind"] == "text" and {"red", "square"} <= set(text["tokens"])  # a text keeps its own words
+        assert image["kind"] == "image" and len(image["tokens"]) == 48  # the checkpoint's top-k
+        r = client.post("/v1/search", json={"text": "a red square", "top_k": 4})
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/search", json={"image": {"path": "blue_circle.png"}, "top_k": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["hits"][0]["id"] == "blue_circle.png"
