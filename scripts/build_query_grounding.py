@@ -14,7 +14,8 @@ script writes, for every noun and adjective lemma of WordNet 3.0 (multiword ones
 * ``h`` hypernyms (``@``, ``@i``), walked up to :data:`MAX_UP` levels, stopping at WordNet's
   uninformative top (``entity``, ``object``, ``organism``...); share
   ``max(0.3, 0.8 - 0.07 (d - 1))`` at distance ``d``;
-* ``o`` hyponyms (``~``, ``~i``) one and two levels down, share 0.6 / 0.45;
+* ``o`` hyponyms (``~``, ``~i``) of the two most frequent senses, one and two levels down, each
+  hyponym's first name only, share 0.6 / 0.45;
 * ``p`` holonyms (what it is a part, member or substance of), share 0.55;
 * ``m`` meronyms (its parts, members, substances), share 0.5;
 * ``a`` for adjectives: similar adjectives (``&``), pertainyms (``\\``: ``aerial`` -> ``air``) and
@@ -58,8 +59,9 @@ from build_imagenet_tokens import STOP_SYNSETS, ensure_wordnet  # noqa: E402
 from stair_es.encoders.text import DEFAULT_STOPWORDS  # noqa: E402
 from stair_es.vocab import default_vocabulary  # noqa: E402
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 MAX_SENSES = 4
+HYPONYM_SENSES = 2
 SENSE_DECAY = 0.8
 MAX_UP = 10
 MAX_RELATIVES = 16
@@ -224,16 +226,16 @@ class Builder:
                             for lem in up.lemmas[:2]:
                                 add(self.token(lem), "h", d + 1, hypernym_share(d + 1) * f)
                             queue.append((target, d + 1))
-                # hyponyms, two levels
-                level = [off]
+                # hyponyms, two levels, of the two most frequent senses, each kind's first
+                # (most common) name only: slang and rare senses ("man" -> "cat", "bull") are noise
+                level = [off] if rank < HYPONYM_SENSES else []
                 for d in (1, 2):
                     nxt = []
                     for cur in level:
                         for sym, target, tpos, _ in self.data[("n", cur)].ptrs:
                             if sym in ("~", "~i") and tpos == "n":
                                 nxt.append(target)
-                                for lem in self.data[("n", target)].lemmas[:2]:
-                                    add(self.token(lem), "o", d, SHARES[f"o{d}"] * f)
+                                add(self.token(self.data[("n", target)].lemmas[0]), "o", d, SHARES[f"o{d}"] * f)
                     level = nxt[:200]
                 for sym, target, tpos, _ in syn.ptrs:
                     if tpos == "n" and (sym in HOLONYM or sym in MERONYM):
@@ -264,7 +266,7 @@ def build(wordnet: Path) -> tuple[bytes, str, int]:
     b = Builder(wordnet)
     body = b.lines()
     exceptions = {k: v.replace("_", " ") for k, v in sorted(read_exceptions(wordnet).items())}
-    params = (f"min={MIN_SHARE} senses={MAX_SENSES} decay={SENSE_DECAY} up={MAX_UP} max={MAX_RELATIVES} gloss={GLOSS_WORDS} "
+    params = (f"min={MIN_SHARE} senses={MAX_SENSES} hyposenses={HYPONYM_SENSES} decay={SENSE_DECAY} up={MAX_UP} max={MAX_RELATIVES} gloss={GLOSS_WORDS} "
               f"shares={sorted(SHARES.items())} script={SCRIPT_VERSION}")
     digest = hashlib.sha256(("\n".join(body) + json.dumps(exceptions) + params).encode()).hexdigest()[:8]
     version = f"wordnet3.0-qg-v{SCRIPT_VERSION}-{digest}"

@@ -18,6 +18,9 @@ planned here (:func:`plan_query`):
   best relatives that the index holds -- synonyms, hypernyms, hyponyms, holonyms, meronyms,
   related adjectives, words of the definition -- each with a *share* that falls with the
   WordNet distance (``giraffe`` -> ``mammal`` via hypernym, distance 3, share 0.66);
+* **split**: a word neither the vocabulary nor WordNet knows that is several whole words
+  written together (``blueman`` -> ``blue`` + ``man``, the fewest parts of 3+ letters) is
+  searched as those words (each kept or grounded as above);
 * **not found**: no relative is in the index: a whole-token word is kept (it matches nothing),
   a split word's fragments are dropped.
 
@@ -54,8 +57,14 @@ MAX_RELATIVES = 3
 #: a relative is kept only if its share is at least this fraction of the best one's
 RELATIVE_RATIO = 0.6
 #: SPLADE expansion tokens weigh at most this fraction of the query's strongest own word
-EXPANSION_CAP = 0.5
+EXPANSION_CAP = 0.1
 GROUNDING_CHOICES = ("on", "off")
+#: relations never used for grounding (names as in the map's header)
+SKIP_RELATIONS: frozenset[str] = frozenset()
+#: hyponyms further down than this are not used (a query word names the kind, not a rare sub-kind)
+MAX_HYPONYM_DISTANCE = 2
+#: a word's relatives share the best one's mass (see plan_query)
+SPREAD = True
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,8 @@ class GroundingStep:
     dropped: list[str] = field(default_factory=list)
     #: token -> final query weight, filled in by the encoder
     weights: dict[str, float] = field(default_factory=dict)
+    #: for ``split``: the whole words the word was written as
+    parts: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.action == "kept":
@@ -225,6 +236,16 @@ class GroundingStep:
         frag = f" (its WordPiece fragments {' '.join(self.dropped)} are not searched)" if self.dropped else ""
         if self.action == "not found":
             return f"word {self.word!r} is not in this index and WordNet gives no relative it holds{frag}"
+        if self.action == "split":
+            parts = []
+            for tok in self.tokens:
+                if tok in self.via:
+                    rel, dist, lemma = self.via[tok]
+                    parts.append(f"{lemma!r} -> {rel} {tok!r} (distance {dist}) -> token {self._fmt(tok)}")
+                else:
+                    parts.append(f"token {self._fmt(tok)}")
+            return (f"word {self.word!r} is not in this index nor in WordNet: read as the words "
+                    f"{' + '.join(self.parts)}: " + "; ".join(parts) + frag)
         parts = []
         for tok in self.tokens:
             rel, dist, lemma = self.via[tok]
@@ -237,7 +258,7 @@ class GroundingStep:
         return tok if w is None else f"{tok} {w:.2f}"
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"word": self.word, "action": self.action,
+        d: dict[str, Any] = {"word": self.word, "action": self.action, **({"parts": self.parts} if self.parts else {}),
                              "tokens": [{"token": t, "share": round(s, 3),
                                          **({"weight": round(self.weights[t], 4)} if t in self.weights else {}),
                                          **({"relation": self.via[t][0], "distance": self.via[t][1],
@@ -265,6 +286,25 @@ def _whole_id(word: str, vocab: Vocabulary) -> int | None:
         if i is not None and not vocab.is_special(i):
             return i
     return None
+
+
+def compound_parts(word: str, vocab: Vocabulary, min_len: int = 3) -> list[str] | None:
+    """``word`` as the fewest whole-token words of at least ``min_len`` letters written
+    together (``blueman`` -> blue + man), or None. Dynamic programming over split points."""
+    if not word.isalpha() or len(word) < 2 * min_len:
+        return None
+    n = len(word)
+    best: list[list[str] | None] = [None] * (n + 1)
+    best[0] = []
+    for end in range(min_len, n + 1):
+        for start in range(0, end - min_len + 1):
+            prev = best[start]
+            if prev is None or (best[end] is not None and len(best[end]) <= len(prev) + 1):
+                continue
+            if _whole_id(word[start:end], vocab) is not None:
+                best[end] = prev + [word[start:end]]
+    parts = best[n]
+    return parts if parts and 2 <= len(parts) <= 3 else None
 
 
 def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Iterable[str], *,
@@ -299,7 +339,9 @@ def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Itera
         for lemma in lemmas:
             for r in the_map().relatives(lemma):
                 i = vocab.get(r.word)
-                if i is None or not present[i]:
+                if i is None or not present[i] or r.relation in SKIP_RELATIONS:
+                    continue
+                if r.relation == "hyponym" and r.distance > MAX_HYPONYM_DISTANCE:
                     continue
                 if r.word not in best or r.share > best[r.word][0]:
                     best[r.word] = (r.share, r, lemma)
@@ -308,8 +350,11 @@ def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Itera
             top = ranked[0][0]
             ranked = [x for x in ranked if x[0] >= ratio * top][:max_relatives]
         step = GroundingStep(label, "grounded" if ranked else "not found")
+        # One word is one concept: its relatives share the mass of the best one
+        # (x best / sum), so a word grounded on three tokens does not outweigh a word kept as one.
+        spread = ranked[0][0] / sum(x[0] for x in ranked) if ranked and SPREAD else 1.0
         for share, r, lemma in ranked:
-            step.tokens[r.word] = share
+            step.tokens[r.word] = share * spread
             step.via[r.word] = (r.relation, r.distance, lemma)
         return step
 
@@ -365,8 +410,29 @@ def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Itera
             step.dropped = fragments(w)
             steps.append(step)
             continue
-        step = ground(w, the_map().lemmas(w)) if w.isalpha() else GroundingStep(w, "not found")
+        # the word's own entry if WordNet has one, else its first base form that it has
+        # ("gander" is a lemma: never also read as "gand" + "-er")
+        forms = [f for f in the_map().lemmas(w) if f in the_map()][:1] if w.isalpha() else []
+        step = ground(w, forms) if forms else GroundingStep(w, "not found")
         step.dropped = fragments(w)
+        # only for words WordNet does not know: "dandelion" is never "dan" + "del" + "ion"
+        parts = compound_parts(w, vocab) if not forms and step.dropped else None
+        if parts:  # "blueman", "fruitcollection": words written together are searched as those words
+            step.action = "split"
+            step.parts = parts
+            for part in parts:
+                k = held(part)
+                if k is not None:
+                    own.add(k)
+                    step.tokens[part] = 1.0
+                else:
+                    sub = ground(part, [f for f in the_map().lemmas(part) if f in the_map()][:1])
+                    for tok, share in sub.tokens.items():
+                        if tok not in step.tokens:
+                            step.tokens[tok] = share
+                            step.via[tok] = sub.via[tok]
+            if not step.tokens:
+                step.action = "not found"
         if step.action == "not found" and not step.dropped:
             k = _whole_id(w, vocab)
             if k is not None:
@@ -394,16 +460,9 @@ def apply_plan(weights: dict[int, float], plan: QueryPlan, vocab: Vocabulary, pr
     else 1). A token keeps its largest weight."""
     out = {i: w for i, w in weights.items() if i not in plan.drop_ids and w > 0}
     own_w = [out[i] for i in plan.own_ids if i in out]
-    ref = max(own_w) if own_w else None
-    for i in list(out):
-        if i in plan.own_ids:
-            continue
-        if (restrict_expansions and not present[i]) or vocab.tokens[i].startswith("##"):
-            del out[i]
-        elif expansion_cap is not None and ref is not None:
-            out[i] = min(out[i], expansion_cap * ref)
-    for step in plan.steps:
-        if step.action not in ("grounded", "lemma"):
+    bases: dict[int, float] = {}  # step index -> the weight of the word it grounds
+    for n, step in enumerate(plan.steps):
+        if step.action not in ("grounded", "lemma", "split"):
             continue
         base = base_weight
         if base is None:
@@ -411,8 +470,19 @@ def apply_plan(weights: dict[int, float], plan: QueryPlan, vocab: Vocabulary, pr
             own_whole = _whole_id(step.word, vocab)
             if own_whole is not None:
                 frag.append(weights.get(own_whole, 0.0))
-            base = max(frag, default=0.0) or ref or 1.0
-        for tok, share in step.tokens.items():
+            base = max(frag, default=0.0) or (max(own_w) if own_w else 0.0) or 1.0
+        bases[n] = base
+    # the cap is relative to the query's strongest word, kept or grounded
+    ref = max(own_w + list(bases.values())) if own_w or bases else None
+    for i in list(out):
+        if i in plan.own_ids:
+            continue
+        if (restrict_expansions and not present[i]) or vocab.tokens[i].startswith("##"):
+            del out[i]
+        elif expansion_cap is not None and ref is not None:
+            out[i] = min(out[i], expansion_cap * ref)
+    for n, base in bases.items():
+        for tok, share in plan.steps[n].tokens.items():
             i = vocab.get(tok)
             if i is None:
                 continue

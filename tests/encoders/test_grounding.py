@@ -198,3 +198,24 @@ def test_cli_search_and_encode_show_every_grounding_step(tmp_path):
     res = run(cli, ["encode", "a giraffe", "--index", "ix", "--home", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "grounding: word 'giraffe'" in res.output and "mammal" in res.output
+
+
+def test_words_written_together_are_searched_as_those_words_only_when_wordnet_does_not_know_them():
+    from stair_es.encoders.grounding import compound_parts
+
+    assert compound_parts("blueman", VOCAB) == ["blue", "man"]
+    q = BagOfWordsEncoder().encode_query("BlueMan", index_stats=stats_of("blue", "man"))
+    assert q.grounding[0].action == "split" and q.grounding[0].parts == ["blue", "man"]
+    assert set(q.vector.to_token_map()) == {"blue", "man"} and "blue + man" in q.grounding[0].describe()
+    # dandelion is a WordNet word: never read as dan + del + ion
+    q = BagOfWordsEncoder().encode_query("dandelion car", index_stats=stats_of("car", "dan"))
+    assert q.grounding[0].action == "not found" and "dan" not in q.vector.to_token_map()
+
+
+def test_expansions_of_a_query_of_grounded_words_only_are_capped_too():
+    st = stats_of("mammal", "coffee")
+    plan = plan_query("giraffe", VOCAB, st, DEFAULT_STOPWORDS)
+    raw = {VOCAB.id("gi"): 2.0, VOCAB.id("coffee"): 1.5}
+    out = apply_plan(raw, plan, VOCAB, st.present, expansion_cap=0.1)
+    assert out[VOCAB.id("coffee")] == pytest.approx(0.2)  # 0.1 x the grounded word's weight
+    assert out[VOCAB.id("mammal")] > out[VOCAB.id("coffee")]
