@@ -167,7 +167,8 @@ def test_a_missing_debian_package_without_root_says_what_to_install(tmp_path, mo
     monkeypatch.setattr(sets_mod, "CACHE", tmp_path / "cache")
     path = _tiny_manifest(tmp_path)
     doc = json.loads(path.read_text())
-    doc["photos"][0]["path"] = "/usr/share/no-such-package-here/photo.jpg"
+    for i, p in enumerate(doc["photos"]):
+        p["path"] = f"/usr/share/no-such-package-here/photo{i}.jpg"
     path.write_text(json.dumps(doc))
     with pytest.raises(SetUnavailable, match="apt-get install made-here"):
         photos_set(manifest_path=path)
@@ -201,6 +202,16 @@ def test_an_item_without_a_file_is_exported_as_png(tmp_path):
     ratings, _, _ = export_ratings(qs, tmp_path / "e")
     assert Image.open(tmp_path / "e" / "arr.png").size == (8, 8)
     assert json.loads(ratings.read_text())["relevant"] == {"arr.png": 2}
+
+
+def test_a_photo_missing_from_an_installed_package_is_reported_not_fatal(tmp_path):
+    path = _tiny_manifest(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["photos"][1]["path"] = str(tmp_path / "gone.png")  # the package is there (red.png), this photo is not
+    path.write_text(json.dumps(doc))
+    qs = photos_set(manifest_path=path)
+    assert [it.id for it in qs.items] == ["red"]
+    assert any("blue" in n and "cannot be read" in n for n in qs.notes)
 
 
 # --------------------------------------------------------------------------------------------
