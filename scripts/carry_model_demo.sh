@@ -79,6 +79,7 @@ show "$STAIR" models import carry/tiny-clip.tar
 show "$STAIR" models list
 show "$STAIR" ingest photos photos/ --encoder clip-vocab --model acme/tiny-clip --no-progress
 show "$STAIR" search photos "a cup of coffee" --top-k 3
+show "$STAIR" search photos --image photos/rocket.jpg --top-k 3
 echo "\\$ stair-es index stats photos --json | grep -A4 model_record"
 "$STAIR" index stats photos --json | grep -A4 '"model_record"'
 echo "\\$ # the same search in a Python that cannot import torch or transformers"
