@@ -237,9 +237,11 @@ def _deb_root(package: str, paths: list[str]) -> Path:
     if any((unpacked / p.lstrip("/")).exists() for p in paths):
         return unpacked
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise SetUnavailable(f"{marker} is missing and this machine has no apt-get/dpkg-deb: install the Debian package {package}")
+        raise SetUnavailable(f"{marker} is missing and this machine has no apt-get/dpkg-deb: "
+                             f"install the Debian package {package}")
     if os.geteuid() != 0:
-        raise SetUnavailable(f"{marker} is missing: install the Debian package {package} (apt-get install {package}), or run as root")
+        raise SetUnavailable(f"{marker} is missing: install the Debian package {package} "
+                             f"(apt-get install {package}), or run as root")
     dl = CACHE / "debs" / "_downloads"
     dl.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["apt-get", "download", "-q", package], cwd=dl, capture_output=True, text=True)
