@@ -307,11 +307,13 @@ def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], def
 
 
 def _git_commit() -> str:
+    """The commit under test: git's HEAD beside this file, else ``$STAIR_ES_BENCH_COMMIT`` (for a
+    ``git archive`` of an older commit, which has no .git), else "unknown"."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()
     except Exception:
-        return "unknown"
+        return os.environ.get("STAIR_ES_BENCH_COMMIT", "").strip() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

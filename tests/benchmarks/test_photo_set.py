@@ -235,6 +235,14 @@ def test_graded_metrics_by_hand():
     assert m["ndcg10"] == pytest.approx((1 + 1 / np.log2(5) + q2) / 3, abs=1e-4)
 
 
+def test_without_ir_measures_ndcg_is_none_and_the_rest_is_measured(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ir_measures", None)  # import fails as if not installed
+    m = query_set_metrics(np.array([[1.0, 0.0]]), [{0: 2}])
+    assert m["ndcg10"] is None and m["p1"] == 1.0
+
+
 class _ColourEncoder:
     """Image -> the token of its dominant colour; text -> its own words' tokens."""
 
