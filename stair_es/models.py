@@ -442,10 +442,10 @@ def _tmp_dir(model_id: str, what: str) -> Path:
 
 
 def _clear_stale(model_id: str) -> None:
-    """Remove temporary folders an interrupted pull of ``model_id`` (call under its lock) or an
-    interrupted import (by a process no longer running) left behind."""
+    """Remove temporary folders an interrupted pull, replacement or removal of ``model_id`` (call
+    under its lock) or an interrupted import (by a process no longer running) left behind."""
     root = store_dir()
-    for stale in root.glob(f".tmp-pull-{_slug(model_id)}-*"):
+    for stale in [*root.glob(f".tmp-pull-{_slug(model_id)}-*"), *_id_dir(model_id).glob(".old-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     for stale in root.glob(".tmp-import-*"):
         match = re.match(r"^\.tmp-import-.*-(\d+)-[0-9a-f]{8}$", stale.name)
