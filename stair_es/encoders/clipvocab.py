@@ -627,7 +627,10 @@ class ClipVocabEncoder(Encoder):
         for spec in self.tower_specs().values():
             tower = load_tower(spec)
             paths += [tower.path, tower.path.with_suffix(".json")]
-        self.vocabulary_matrix(progress=True)
+        import sys
+
+        # a bar only on a terminal: `models export` piped to a log gets the one log line instead
+        self.vocabulary_matrix(progress=sys.stderr.isatty())
         paths += [self.matrix_path(), self.matrix_path().with_suffix(".json")]
         return paths
 
