@@ -92,6 +92,7 @@ class DefaultEncoder(Encoder):
         ocr_images: str = "drawings",
         ocr: str | None = None,
         scene: str | None = None,
+        people: str | None = None,
         query_idf: bool = True,
         grounding: Any = "on",
         vocab: Vocabulary | None = None,
@@ -158,10 +159,19 @@ class DefaultEncoder(Encoder):
             check_recorded_version("the scene token source", scene, self.scene.version, allow_version_mismatch,
                                    "image vectors from the two are not comparable")
         self.people = None
+        self._people_version_error: EncoderVersionError | None = None
         if "people" in self.sources:
             from .people import PeopleSource
 
             self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
+            # an index built before the source was versioned records no ``people`` (its image weights
+            # digest says the config is a recorded one): that was people-v1
+            recorded_people = people if people is not None or image_weights is None else "people-v1"
+            try:
+                check_recorded_version("the people token source", recorded_people, self.people.version,
+                                       allow_version_mismatch, "image vectors from the two are not comparable")
+            except EncoderVersionError as e:
+                self._people_version_error = e  # text queries never read pictures: only image encoding is refused
         self.ocr = None
         self._ocr_version_error: EncoderVersionError | None = None
         if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
@@ -211,6 +221,8 @@ class DefaultEncoder(Encoder):
             cfg["ocr_images"] = self.ocr.images
         if self.scene is not None:
             cfg["scene"] = self.scene.version
+        if self.people is not None:
+            cfg["people"] = self.people.version
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
@@ -272,7 +284,8 @@ class DefaultEncoder(Encoder):
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
-        if self.clipart is not None or self.ocr is not None or self.scene is not None:  # one drawing score serves all
+        if self.clipart is not None or self.ocr is not None or self.scene is not None or self.people is not None:
+            # one drawing score serves all
             from .clipart import drawing_gate, drawing_score
 
             scores = [drawing_score(im) for im in chunk]
@@ -285,7 +298,7 @@ class DefaultEncoder(Encoder):
             if self.scene is not None:
                 sides[i]["scene"] = self.scene.encode(small, scores[i] if scores is not None else None)
             if self.people is not None:
-                sides[i]["people"] = self.people.encode(im)
+                sides[i]["people"] = self.people.encode(im, scores[i] if scores is not None else None)
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
             for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
@@ -308,6 +321,8 @@ class DefaultEncoder(Encoder):
         self.image_encoder.check_version()  # an index built with another token map: text queries only
         if self._ocr_version_error is not None:
             raise self._ocr_version_error
+        if self._people_version_error is not None:
+            raise self._people_version_error
         chunks = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
         if not chunks:
             return

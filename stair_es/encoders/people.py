@@ -2,18 +2,27 @@
 
 ImageNet has no class for a person, so a portrait is otherwise described by its clothes. This
 source runs OpenCV's frontal-face Haar cascade (shipped inside ``opencv-python-headless``, no
-download) on a grey copy of the picture at most 320 px wide, and emits:
+download) on a grey copy of the picture at most 160 px on its long side (``scaleFactor`` 1.1,
+``minNeighbors`` 4; the cascade's 24 px window then finds faces of about a sixth of the
+picture's height and larger), and emits:
 
 * ``face`` and ``person`` (share 0.7 and 0.8) when at least one face is found;
 * ``people`` (0.8) when two or more are found, ``group`` (0.5) from three;
 * ``portrait`` when the largest face covers at least 4 % of the picture (share up to 0.8,
   growing with its size).
 
-Weights follow the image encoder's scale, ``w = log(1 + 10 * share)``. It takes about
-20-70 ms per image on one core, which is why the default encoder leaves it off: enable it
-with ``sources=["imagenet", "colour", "people"]`` (``--encoder-option
-sources=imagenet,colour,people``). Needs the ``people`` extra (``pip install
-'stair-es[people]'``; OpenCV 4.x, whose Python bindings carry the cascade classifier).
+Pictures that look drawn (flat-pixel share >= ``max_flat``, the clip-art source's drawing
+score, which the default encoder computes once per picture) get no words: the cascade takes
+cartoon eyes and mouths for faces. Weights follow the image encoder's scale,
+``w = log(1 + 10 * share)``. Version ``people-v2`` (recorded in the index config); v1 ran the
+cascade at 320 px (``minNeighbors`` 6) on every picture, 4x the work for the same photos P@1.
+
+It takes about 8 ms of CPU per camera photo (the cascade alone, one thread), still about a
+fifth of the rest of the image side, which is why the default encoder leaves it off (figures:
+docs/encoders.md, "People"): enable it with ``sources=["imagenet", "colour", "clipart", "ocr",
+"people"]`` (``--encoder-option sources=imagenet,colour,clipart,ocr,people``). Needs the
+``people`` extra (``pip install 'stair-es[people]'``; OpenCV 4.x, whose Python bindings carry
+the cascade classifier).
 
 This module must not know about indices, backends or other token sources.
 """
@@ -31,9 +40,12 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
 
+#: recorded in an index's config: v2 = the cascade at 160 px (scaleFactor 1.1, minNeighbors 4)
+#: with no faces on pictures that look drawn; v1 (unrecorded) ran it at 320 px on every picture
+VERSION = "people-v2"
 PEOPLE_TOKENS: tuple[str, ...] = ("person", "face", "people", "group", "portrait")
 SCALE = 10.0
-_SIDE = 320
+_SIDE = 160
 _CASCADE = "haarcascade_frontalface_default.xml"
 
 
@@ -50,19 +62,27 @@ class PeopleSource:
 
     name = "people"
     tokens = PEOPLE_TOKENS
+    version = VERSION
 
-    def __init__(self, *, min_neighbors: int = 6, vocab: Vocabulary | None = None):
+    def __init__(self, *, min_neighbors: int = 4, side: int = _SIDE, scale_factor: float = 1.1, min_size: int = 24,
+                 cascade: str = _CASCADE, max_flat: float = 0.45, vocab: Vocabulary | None = None):
         if not opencv_available():
             raise MissingDependencyError("the people token source (face detection)", "people", "'opencv-python-headless<5'")
         import cv2
 
         self.min_neighbors = int(min_neighbors)
+        self.max_flat = float(max_flat)
+        self.side = int(side)
+        self.scale_factor = float(scale_factor)
+        self.min_size = int(min_size)
         self.vocab = vocab or default_vocabulary()
-        self._path = os.path.join(cv2.data.haarcascades, _CASCADE)
+        self.cascade = cascade
+        self._path = os.path.join(cv2.data.haarcascades, cascade)
         self._local = threading.local()  # a CascadeClassifier is not safe to share between threads
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "version": 1, "min_neighbors": self.min_neighbors}
+        return {"name": self.name, "version": self.version, "side": self.side, "scale_factor": self.scale_factor,
+                "min_neighbors": self.min_neighbors, "min_size": self.min_size, "cascade": self.cascade}
 
     def _detector(self):
         det = getattr(self._local, "det", None)
@@ -80,15 +100,24 @@ class PeopleSource:
         """(face boxes ``(x, y, w, h)``, pixel count) of the downscaled grey picture they were found in."""
         from PIL import Image
 
-        grey = image.convert("L")
-        if max(grey.size) > _SIDE:
-            grey = grey.copy()
-            grey.thumbnail((_SIDE, _SIDE), Image.Resampling.BILINEAR)
-        arr = np.asarray(grey, dtype=np.uint8)
-        found = self._detector().detectMultiScale(arr, scaleFactor=1.1, minNeighbors=self.min_neighbors, minSize=(24, 24))
+        small = image
+        if max(small.size) > self.side:  # shrink before the grey conversion: far fewer pixels to convert
+            small = small.copy()
+            small.thumbnail((self.side, self.side), Image.Resampling.BILINEAR)
+        arr = np.asarray(small.convert("L"), dtype=np.uint8)
+        found = self._detector().detectMultiScale(arr, scaleFactor=self.scale_factor, minNeighbors=self.min_neighbors,
+                                                  minSize=(self.min_size, self.min_size))
         return [tuple(int(v) for v in box) for box in found], arr.size
 
-    def shares(self, image: Any) -> dict[str, float]:
+    def shares(self, image: Any, flat: float | None = None) -> dict[str, float]:
+        """Person token -> share for one PIL image; ``flat`` is its drawing score when known.
+        Pictures that look drawn get none: the cascade finds faces in cartoon eyes and mouths."""
+        if flat is None:
+            from .clipart import drawing_score
+
+            flat = drawing_score(image)
+        if flat >= self.max_flat:
+            return {}
         boxes, area = self.faces(image)
         if not boxes:
             return {}
@@ -102,5 +131,5 @@ class PeopleSource:
             out["portrait"] = min(0.8, 0.4 + 2.0 * largest)
         return out
 
-    def encode(self, image: Any) -> SparseVector:
-        return shares_vector(self.shares(image), self.vocab, SCALE)
+    def encode(self, image: Any, flat: float | None = None) -> SparseVector:
+        return shares_vector(self.shares(image, flat), self.vocab, SCALE)

@@ -143,6 +143,53 @@ def test_people_source_finds_faces_in_portraits_and_not_in_objects(photos):
         assert detail["hopper"]["people"].weight("portrait") > 0
     assert detail["coffee"]["people"].nnz == 0 and detail["chelsea"]["people"].nnz == 0
     assert enc.token_sources("person") == ["imagenet", "people"]
+    assert enc.config()["people"] == "people-v2"
+
+
+def _needs_opencv():
+    pytest.importorskip("cv2", reason="needs the 'people' extra")
+    from stair_es.encoders.people import opencv_available
+
+    if not opencv_available():
+        pytest.skip("this OpenCV has no CascadeClassifier (install opencv-python-headless<5)")
+
+
+def test_people_source_finds_no_faces_in_drawings(photos):
+    _needs_opencv()
+    from stair_es.encoders.clipart import drawing_score
+    from stair_es.encoders.people import PeopleSource
+
+    # the astronaut in 4 flat colours: the cascade still finds her face, but the picture looks
+    # drawn (as cartoon stamps do, whose eyes and mouths the cascade takes for faces)
+    poster = photos["astronaut"].quantize(4).convert("RGB")
+    src = PeopleSource()
+    assert drawing_score(poster) >= src.max_flat
+    assert src.shares(poster, flat=0.0)["face"] > 0  # the cascade alone
+    assert src.shares(poster) == {}  # the drawing gate
+    assert src.shares(photos["astronaut"], flat=0.9) == {}  # a drawing score given by the caller is used as is
+    assert src.shares(photos["astronaut"])["face"] > 0
+    enc = DefaultEncoder(text="bow", sources="imagenet,colour,people")
+    assert [d["people"].nnz > 0 for d in enc.encode_images_detailed([poster, photos["astronaut"]])] == [False, True]
+
+
+def test_people_source_version_is_recorded_and_checked(photos):
+    _needs_opencv()
+    from stair_es.errors import EncoderVersionError
+
+    cfg = DefaultEncoder(text="bow", sources="imagenet,colour,people").config()
+    cfg.pop("name")
+    assert DefaultEncoder(**cfg).config() == {**cfg, "name": "default"}
+    # an index built with people-v1 (320 px cascade, recorded no version) keeps answering text queries,
+    # while encoding an image for it is refused with the reason
+    old = {k: v for k, v in cfg.items() if k != "people"}
+    enc = DefaultEncoder(**old)
+    assert enc.encode_texts(["a face"])[0].weight("face") > 0
+    with pytest.raises(EncoderVersionError, match="people token source 'people-v1'.*people-v2.*--force"):
+        enc.encode_images([photos["astronaut"]])
+    forced = DefaultEncoder(**old, allow_version_mismatch=True)
+    assert forced.encode_images([photos["astronaut"]])[0].weight("face") > 0
+    with pytest.raises(EncoderVersionError, match="people-v0"):
+        DefaultEncoder(**{**cfg, "people": "people-v0"}).encode_images([photos["astronaut"]])
 
 
 def test_people_source_without_opencv_names_the_extra(monkeypatch):
