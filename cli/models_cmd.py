@@ -38,7 +38,7 @@ def _entry_json(entry: store.StoreEntry) -> dict:
 With internet:      stair-es models pull vsearch/vdr-cross-modal
                     stair-es models export vsearch/vdr-cross-modal vdr.tar
 Without internet:   stair-es models import vdr.tar
-                    stair-es ingest ... --encoder vdr --model vsearch/vdr-cross-modal
+                    stair-es ingest photos ./photos --encoder vdr --model vsearch/vdr-cross-modal
 
 Encoders given --model ID find it in the store; an ID that is not there is pulled on first use
 unless HF_HUB_OFFLINE=1 or STAIR_ES_OFFLINE=1. {_WHERE}""")
