@@ -4,6 +4,6 @@
 :mod:`stair_es.engine.index` for the on-disk layout, durability and score precision.
 """
 
-from .index import FORMAT_VERSION, EngineIndex, check_index
+from .index import FORMAT_VERSION, EngineIndex, Snapshot, check_index
 
-__all__ = ["EngineIndex", "FORMAT_VERSION", "check_index"]
+__all__ = ["EngineIndex", "FORMAT_VERSION", "Snapshot", "check_index"]

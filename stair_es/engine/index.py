@@ -102,11 +102,72 @@ class _SegState:
     def live(self) -> int:
         return self.seg.n_docs - self.n_deleted
 
+    def mark_deleted(self, deleted: np.ndarray, del_file: str) -> None:
+        """This state's new tombstones (bool per document) and the file holding them."""
+        self.deleted, self.del_file, self.n_deleted = deleted, del_file, int(deleted.sum())
+        self._live_u8 = None
+
     def live_mask(self) -> np.ndarray:
         """uint8 per doc (1 = not deleted), cached: searches on an index with deletes reuse it."""
         if self._live_u8 is None:
             self._live_u8 = (~self.deleted).view(np.uint8)
         return self._live_u8
+
+
+SegmentState = _SegState  # what a Snapshot lists: ``seg`` (postings, columns, stored fields), ``deleted``, ``live``
+
+
+def _locate_in(segs: Sequence[_SegState], ids: Sequence[str], hashed: "_HashedIds | None" = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(segment position, local doc) of each live id among ``segs``; -1/-1 when absent."""
+    seg_of = np.full(len(ids), -1, np.int64)
+    doc_of = np.full(len(ids), -1, np.int64)
+    if not segs:
+        return seg_of, doc_of
+    h = hashed or _HashedIds.of(list(ids))
+    order = h.order
+    by_hash, ids_by_hash = h.sorted_hashes, [ids[i] for i in order]
+    for si, s in enumerate(segs):
+        d = np.empty(len(ids), np.int64)
+        d[order] = s.seg.lookup(by_hash, ids_by_hash)
+        hit = d >= 0
+        if s.deleted is not None:
+            hit &= ~s.deleted[np.maximum(d, 0)]
+        seg_of[hit] = si
+        doc_of[hit] = d[hit]
+    return seg_of, doc_of
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One commit of an index as its handle has loaded it: what sidecar indexes (dense vectors,
+    BM25) read to stay keyed to the engine's documents. Each segment state gives ``seg`` (a
+    :class:`~stair_es.engine.segment.Segment`: postings, metadata columns, stored fields),
+    ``deleted`` (bool per document or None) and ``live`` (its live document count). Read only:
+    a snapshot never changes, whatever the index commits afterwards."""
+
+    generation: int
+    checksum: int  # the manifest's checksum: (generation, checksum) names one commit
+    next_seq: int  # the insertion number the next added document will get
+    segments: tuple[_SegState, ...]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.generation, self.checksum)
+
+    @property
+    def live(self) -> int:
+        """Live documents in the commit."""
+        return sum(s.live for s in self.segments)
+
+    def live_docs(self, position: int) -> np.ndarray:
+        """The local numbers of the live documents of segment ``position``."""
+        s = self.segments[position]
+        return np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+
+    def locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(segment position, local doc) of each live id; -1/-1 when absent."""
+        return _locate_in(self.segments, list(ids))
 
 
 _SEG_NAME = re.compile(r"^seg-(\d{6,})$")
@@ -428,7 +489,7 @@ class EngineIndex:
             if p.name.startswith(TMP_PREFIX) or p.name.startswith("seg-"):
                 p.unlink(missing_ok=True)
 
-    def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int, *, obsolete: Sequence[str] = ()) -> None:
+    def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int) -> None:
         m = dict(self._manifest)
         m["generation"] = int(m["generation"]) + 1
         m["schema"] = schema.to_dict()
@@ -451,7 +512,7 @@ class EngineIndex:
         keep = _files_of(m) | _files_of(self._manifest)
         self._manifest, self._segs, self.schema = m, segs, schema
         self._sig = self._stat_sig()
-        for f in (prev_files - keep) | (set(obsolete) - keep):
+        for f in prev_files - keep:
             (self.path / f).unlink(missing_ok=True)
 
     def _new_segment_name(self) -> str:
@@ -469,22 +530,13 @@ class EngineIndex:
     # --- id lookup ----------------------------------------------------------------------------------
     def _locate(self, ids: Sequence[str], hashed: _HashedIds | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
-        seg_of = np.full(len(ids), -1, np.int64)
-        doc_of = np.full(len(ids), -1, np.int64)
-        if not self._segs:
-            return seg_of, doc_of
-        h = hashed or _HashedIds.of(list(ids))
-        order = h.order
-        by_hash, ids_by_hash = h.sorted_hashes, [ids[i] for i in order]
-        for si, s in enumerate(self._segs):
-            d = np.empty(len(ids), np.int64)
-            d[order] = s.seg.lookup(by_hash, ids_by_hash)
-            hit = d >= 0
-            if s.deleted is not None:
-                hit &= ~s.deleted[np.maximum(d, 0)]
-            seg_of[hit] = si
-            doc_of[hit] = d[hit]
-        return seg_of, doc_of
+        return _locate_in(self._segs, ids, hashed)
+
+    def snapshot(self) -> Snapshot:
+        """The commit this handle has loaded (call :meth:`refresh` first for the newest)."""
+        m = self._manifest
+        return Snapshot(int(m.get("generation", 0)), int(m.get("checksum", 0) or 0), int(m.get("next_seq", 0)),
+                        tuple(self._segs))
 
     def contains(self, ids: Sequence[str]) -> set[str]:
         self.refresh()
@@ -660,8 +712,7 @@ class EngineIndex:
         deleted[docs] = True
         name = f"{s.seg.name}.del.{gen}"
         atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
-        s.deleted, s.del_file, s.n_deleted = deleted, name, int(deleted.sum())
-        s._live_u8 = None
+        s.mark_deleted(deleted, name)
 
     @_writes
     def delete(self, ids: Sequence[str]) -> list[ItemResult]:

@@ -22,6 +22,7 @@ import numpy as np
 from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
 from ..schema import IndexSchema, format_date
 from ..vocab import VOCAB_SIZE, Vocabulary
+from . import checksum
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
@@ -198,11 +199,9 @@ def take_columns(cols: dict[str, tuple[str, dict[str, np.ndarray]]], rows: np.nd
 def _compiled_verifier():
     """The numba kernels module when it is loaded with its compiled CRC-32 (else None: verify
     with numpy and Python, never importing numba for it)."""
-    from . import storage
-
-    if storage.RANGE_VERIFIER is None:
+    if checksum.range_verifier() is None:
         return None
-    from . import kernels
+    from . import kernels  # loaded already: it registered the verifier
 
     return kernels
 
@@ -346,10 +345,8 @@ class Segment:
         read it (``kernels.check_run``), or None when there is nothing to verify that way (no
         chunked checksums, verification off, or no compiled CRC-32: then verify whole terms
         with :meth:`verify_terms` before searching)."""
-        from . import storage
-
         v = self.verifier
-        if v is None or storage.RANGE_VERIFIER is None or not v.content:
+        if v is None or checksum.range_verifier() is None or not v.content:
             return None
         if self._chk is None or self._chk[0] is not v:  # built once per verifier (the same arrays)
             self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
