@@ -476,17 +476,30 @@ class EngineIndex:
         return True
 
     def _clean_unreferenced(self) -> None:
-        """Remove temporary files and segment files no valid manifest (current or previous) references."""
-        keep = {MANIFEST, PREV_MANIFEST, LOCK} | _files_of(self._manifest)
+        """At a writable open: remove temporary files and segment files no valid manifest (current
+        or previous) references."""
         prev = _read_valid_manifest(self.path / PREV_MANIFEST, self.path)
-        if prev is not None:
-            keep |= _files_of(prev)
-        elif (self.path / PREV_MANIFEST).exists():
+        if prev is None and (self.path / PREV_MANIFEST).exists():
             return  # an unreadable previous commit: delete nothing it might reference
+        self._delete_unreferenced(_files_of(self._manifest) | _files_of(prev or {}), every_tmp=True)
+
+    def _delete_unreferenced(self, keep: set[str], *, every_tmp: bool = False) -> None:
+        """Remove the index's files that neither the current nor the previous commit references
+        (``keep``), as Lucene's IndexFileDeleter does: segments and tombstones only older commits
+        used, and whatever a writer killed or failing between writing its files and committing
+        left behind. Only the writer (it holds the lock) makes such files, and it has none in
+        flight here, so nothing a commit needs can go. A reader still on an older commit keeps
+        the files it has open (mapped files outlive their names); one loading a commit that went
+        meanwhile retries with the newer commit. Temporary files: only the engine's own
+        (``.tmp-seg-``, ``.tmp-manifest``) unless ``every_tmp`` (at open), as a reader process may
+        be writing a statistics file of its own in the folder at any time."""
+        keep = keep | {MANIFEST, PREV_MANIFEST, LOCK}
+        mine = (f"{TMP_PREFIX}seg-", f"{TMP_PREFIX}manifest")
         for p in self.path.iterdir():
-            if p.name in keep or not p.is_file():
+            name = p.name
+            if name in keep or not (name.startswith("seg-") or name.startswith(TMP_PREFIX if every_tmp else mine)):
                 continue
-            if p.name.startswith(TMP_PREFIX) or p.name.startswith("seg-"):
+            if p.is_file():
                 p.unlink(missing_ok=True)
 
     def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int) -> None:
@@ -503,8 +516,8 @@ class EngineIndex:
         m["next_segment"] = self._manifest["next_segment"]
         m["checksum"] = manifest_checksum(m)
         # Write-once: the commit being replaced becomes the previous generation, and neither its
-        # files nor the new ones are deleted; only what the generation before it alone used goes.
-        prev_files = _files_of(_read_valid_manifest(self.path / PREV_MANIFEST, self.path) or {})
+        # files nor the new ones are deleted; what the generations before it alone used goes, and
+        # so does anything a killed or failed writer left (no manifest references it).
         prev = dict(self._manifest)  # its next_segment may have moved on since it was loaded: re-checksum
         prev["checksum"] = manifest_checksum(prev)
         atomic_write_json(self.path / PREV_MANIFEST, prev)
@@ -512,8 +525,7 @@ class EngineIndex:
         keep = _files_of(m) | _files_of(self._manifest)
         self._manifest, self._segs, self.schema = m, segs, schema
         self._sig = self._stat_sig()
-        for f in prev_files - keep:
-            (self.path / f).unlink(missing_ok=True)
+        self._delete_unreferenced(keep)
 
     def _new_segment_name(self) -> str:
         n = int(self._manifest["next_segment"])
