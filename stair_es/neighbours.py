@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import DamagedIndexError, InvalidInputError, UnsupportedError
+from .errors import DamagedIndexError, InvalidInputError, UnsupportedError  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
 from .sparse import SparseVector
 from .vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 
