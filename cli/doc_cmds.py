@@ -56,22 +56,36 @@ def delete(index, doc_ids, as_json, backend) -> None:
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--text", "force_text", is_flag=True, help="Treat every input as text, even if a file has that name.")
 @click.option("--top-k", default=20, show_default=True, help="Tokens to show per input.")
+@click.option("--index", "query_index", metavar="INDEX",
+              help="Encode texts as queries on INDEX (its IDF, and its words: a word the index lacks is grounded on "
+                   "WordNet relatives it holds; each step is shown). The encoder is then the index's unless --encoder "
+                   "is given.")
 @encoder_options(default="default")
 @json_option
-def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> None:
+@backend_options
+def encode(inputs, force_text, top_k, query_index, encoder, model, encoder_opts, as_json, backend) -> None:
     """Show the top tokens of images (file paths) or texts.
 
     \b
       stair-es encode photo.jpg
       stair-es encode "a dog on the beach"
+      stair-es encode "a giraffe" --index photos     # as a query on photos, with its grounding steps
     """
     from stair_es.images import load_image
 
-    enc = get_encoder(encoder, **encoder_kwargs(model, encoder_opts))
+    if query_index:
+        from stair_es.search import query_encoder
+
+        schema = backend.index_info(query_index).schema
+        recorded = (schema.encoder or {}).get("name")
+        named = encoder if (encoder != "default" or not recorded or recorded == "precomputed") else None
+        enc = query_encoder(schema, named, **encoder_kwargs(model, encoder_opts))
+    else:
+        enc = get_encoder(encoder, **encoder_kwargs(model, encoder_opts))
     out = []
     for item in inputs:
         looks_like_image = Path(item).suffix.lower() in IMAGE_EXTENSIONS and " " not in item
-        sources = None
+        sources = grounding = None
         if not force_text and (Path(item).is_file() or looks_like_image):
             image = load_image(item)  # a missing file is an ImageError, not text
             vec = enc.encode_images([image])[0]
@@ -81,9 +95,20 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
         else:
             if not item.strip():
                 raise InvalidInputError("empty text")
-            vec = enc.encode_texts([item])[0]
+            if query_index:  # as a query on that index: its IDF and words, each grounding step kept
+                from stair_es.search import encode_query_text
+
+                grounding, notes = [], []
+                vec = encode_query_text(enc, item, backend, query_index, notes=notes, grounding=grounding)
+                grounding += [{"note": n} for n in notes]
+            else:
+                vec = enc.encode_texts([item])[0]
+            if hasattr(enc, "explain_text"):  # e.g. clip-vocab: the text's own words vs its projection
+                sources = enc.explain_text(item)
             kind = "text"
         out.append({"input": item, "kind": kind, "nnz": vec.nnz, "tokens": vec.to_token_map(top_k)})
+        if kind == "text" and grounding is not None:
+            out[-1]["grounding"] = grounding
         if sources is not None:
             out[-1]["sources"] = sources
     if as_json:
@@ -97,6 +122,8 @@ def encode(inputs, force_text, top_k, encoder, model, encoder_opts, as_json) -> 
             click.echo(table(rows, ["token", "weight", "source"]))
         else:
             click.echo(table([(t, w) for t, w in o["tokens"].items()], ["token", "weight"]))
+        for step in o.get("grounding", []):
+            click.echo(f"grounding: {step['explain']}" if "explain" in step else f"note: {step['note']}")
 
 
 @click.group("encoders", invoke_without_command=True)

@@ -23,11 +23,13 @@ LAZY_COMMANDS = {
     "search": "stair_es.cli.search_cmds:search",
     "explain": "stair_es.cli.search_cmds:explain",
     "neighbours": "stair_es.cli.neighbours_cmd:neighbours",
+    "rank-eval": "stair_es.cli.rank_eval_cmd:rank_eval",
     "get": "stair_es.cli.doc_cmds:get",
     "delete": "stair_es.cli.doc_cmds:delete",
     "encode": "stair_es.cli.doc_cmds:encode",
     "encoders": "stair_es.cli.doc_cmds:encoders",
     "demo": "stair_es.cli.demo:demo",
+    "models": "stair_es.cli.models_cmd:models_group",
 }
 
 

@@ -158,6 +158,7 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
     if as_json:
         data = result.to_dict()
         data["query_tokens"] = qvec.to_token_map(50)
+        data["grounding"] = request.grounding
         if request.expansion:
             data["expanded_tokens"] = list(request.expansion.values())
         for h in data["hits"]:
@@ -169,6 +170,7 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
         return
     shown = [(t, w) for t, w in request.clauses[0].vector.top(12 + len(request.expansion)) if t not in request.expansion]
     click.echo(f"query tokens: {_fmt_tokens(shown[:12])}")
+    _print_grounding(request.grounding, every_word=explain_hits)
     if request.expansion:
         click.echo(f"expanded tokens: {_fmt_expansion(request.expansion)}")
     for n in result.notes:
@@ -246,6 +248,7 @@ def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion,
     source_of = _token_sources(backend.index_info(index).schema)
     if as_json:
         data = exp.to_dict()
+        data["grounding"] = request.grounding
         if fused is not None:
             data["hybrid"] = fused
         for c in data.get("contributions", []):
@@ -262,7 +265,16 @@ def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion,
                  else f"not in the fused top {fused['window']}")
         parts = "; ".join(f"{r}: {fmt(v)}" for r, v in fused["retrievers"].items())
         click.echo(f"hybrid: {where}; {parts}")
+    _print_grounding(request.grounding, every_word=True)
     _print_explanation(exp, limit=limit, source_of=source_of, expansion=request.expansion)
+
+
+def _print_grounding(grounding: list, every_word: bool) -> None:
+    """How the query's words became tokens on this index (stair_es.encoders.grounding): the
+    words the index lacks always, every word with --explain."""
+    for step in grounding:
+        if every_word or step.get("action") != "kept":
+            click.echo(f"grounding: {step['explain']}")
 
 
 def _is_expanded(field: str, token: str, expansion: dict) -> bool:

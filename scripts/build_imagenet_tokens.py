@@ -2,6 +2,7 @@
 """Generate the ImageNet-1k class -> WordPiece token map of the ``imagenet`` encoder from WordNet 3.0.
 
     python scripts/build_imagenet_tokens.py                       # writes stair_es/encoders/configs/imagenet_wordnet.json
+    python scripts/build_imagenet_tokens.py --query-expansion     # and wordnet_query_expansion.json (grounded queries)
     python scripts/build_imagenet_tokens.py --wordnet /usr/share/wordnet --synsets imagenet_synsets.txt --out map.json
 
 ImageNet-1k classes are WordNet 3.0 noun synsets (``n02085620`` = offset 02085620 in
@@ -11,10 +12,21 @@ probability each token receives:
 * **names**: the cleaned class name (open_clip's, shipped in
   ``stair_es/data/imagenet_classnames.json``) and the synset's WordNet lemmas. In a name the
   head noun gets 1.0 and modifiers 0.6 (``great white shark``: ``shark`` 1.0, ``great`` 0.6);
-  a parenthesised gloss counts half; the WordPiece pieces of one word share its weight
-  (``goldfish`` -> ``gold`` 0.5, ``##fish`` 0.5), as the ``bow`` query encoder splits a query
-  word. WordNet lemmas (synonyms) count :data:`SYNONYM_FACTOR` and add only words that are
-  one whole BERT token (Latin names such as *Tinca tinca* would add noise pieces).
+  a parenthesised gloss counts half. **Only words that are one whole BERT token are kept**
+  (a hyphenated compound counts as one word: ``drop-off``): the WordPiece fragments of a
+  longer word (``tabby`` -> ``tab ##by``, ``Egyptian Mau`` -> ``ma ##u``) would match unrelated
+  fragments of queries, so such a word is carried by its WordNet relatives instead. WordNet
+  lemmas (synonyms) count :data:`SYNONYM_FACTOR` (Latin names such as *Tinca tinca* add
+  nothing: they are not whole tokens).
+* **a head carried by a relative**: when no name of the class keeps its head noun (``goldfish``,
+  ``Egyptian Mau``, ``espresso`` are not whole tokens), the class's nearest whole-token
+  relative takes the head's share :data:`HEAD_SHARE`: the heads of its synonyms
+  (``Egyptian cat`` -> ``cat``) or else the words of the nearest hypernym level that gives any
+  (``goldfish`` -> ``fish``, ``espresso`` -> ``coffee``). (Script version 1 kept the fragments,
+  each with the word's weight divided among them.)
+  When every relative is one of WordNet's category words that are otherwise skipped
+  (``toaster``, ``syringe``, ``salt shaker``), the nearest of them carries the head
+  (``appliances``, ``instrument``, ``container``) rather than leaving the class without a token.
 * **hypernyms**: walking up the ``@`` (hypernym) and ``@i`` (instance) pointers, the first
   :data:`LEMMAS_PER_HYPERNYM` lemmas of each ancestor synset, head noun only, kept only when
   that word is one whole BERT token (``beagle`` -> ``hound``, ``dog``, ``canine``,
@@ -68,7 +80,7 @@ from stair_es.encoders.imagenet import (  # noqa: E402
 )
 from stair_es.vocab import basic_tokenize, default_vocabulary  # noqa: E402
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 SYNONYM_FACTOR = 0.8
 LEMMAS_PER_HYPERNYM = 2
 HYPERNYM_FIRST = 0.85
@@ -87,7 +99,11 @@ arthropod mollusk gastropod passerine oscine diapsid anapsid archosaur saurian u
 artiodactyl perissodactyl odontoceti cetacean teleost ganoid elasmobranch selachian
 commodity instrument implement device equipment container structure covering conveyance
 creation product way system medium article being object part solid organ goods good nutrient
-individual produce java matter entity whole mammalian unit element piece thing form kind type""".split())
+individual produce java matter entity whole mammalian unit element piece thing form kind type
+construction cover covering mechanism constraint restraint obstruction formation establishment articles
+elevation apparatus lodging housing""".split())
+# (Version 2 added the last two lines: WordNet's category words for buildings, landforms and
+# gadgets -- "construction" was on 59 classes, "cover" on 34 -- which nobody types.)
 
 
 def ensure_wordnet(folder: Path) -> Path:
@@ -159,6 +175,11 @@ def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
     return out
 
 
+def _join_hyphens(text: str) -> str:
+    """``drop-off`` -> ``dropoff``: a hyphenated compound is one word (a token only if BERT has it)."""
+    return re.sub(r"(?<=\w)-(?=\w)", "", text)
+
+
 class Builder:
     def __init__(self) -> None:
         self.vocab = default_vocabulary()
@@ -169,22 +190,30 @@ class Builder:
             return None
         return pieces
 
-    def name_shares(self, name: str, factor: float, out: dict[str, float], whole_words_only: bool = False) -> None:
-        """Head noun 1.0, modifiers 0.6, pieces of a word share it (see the module docstring)."""
+    def name_shares(self, name: str, factor: float, out: dict[str, float], skip_jargon: bool = False) -> list[str]:
+        """Head noun 1.0, modifiers 0.6, whole-token words only (see the module docstring).
+        Returns the head nouns kept (of full alternatives, not of glosses)."""
+        heads = []
         # the encoder's own name rules (head noun, modifiers, glosses, "X of Y"), one implementation
         for text, f in _split_names(name):
-            for word, word_share in _word_shares(text.replace("_", " ")):
+            for word, word_share in _word_shares(_join_hyphens(text.replace("_", " "))):
                 pieces = self._pieces(word)
-                if pieces is None or (whole_words_only and (len(pieces) > 1 or word in SKIP_WORDS)):
+                if pieces is None or len(pieces) > 1 or (skip_jargon and word in SKIP_WORDS):
                     continue
-                share = word_share * f * factor / len(pieces)
-                for p in pieces:
-                    out[p] = max(out.get(p, 0.0), round(share, 4))
+                out[word] = max(out.get(word, 0.0), round(word_share * f * factor, 4))
+                if word_share == HEAD_SHARE and f == 1.0:
+                    heads.append(word)
+        return heads
 
-    def hypernym_shares(self, offset: str, wn: dict, out: dict[str, float]) -> list[str]:
+    def hypernym_shares(self, offset: str, wn: dict, out: dict[str, float], first_share: float | None = None,
+                        skip: frozenset[str] = SKIP_WORDS) -> list[str]:
+        """The hypernym chain's head nouns with decaying shares; ``first_share`` (when given) is
+        the share of the nearest level that gives any word (a class whose own head is no token);
+        words in ``skip`` are passed through."""
         seen = {offset}
         frontier = [offset]
         path: list[str] = []
+        level: list[tuple[str, float]] = []  # this depth's words: one share for the whole level
         for depth in range(1, MAX_DEPTH + 1):
             nxt = []
             for off in frontier:
@@ -197,19 +226,24 @@ class Builder:
                         continue
                     nxt.append(h)
                     share = max(HYPERNYM_FLOOR, HYPERNYM_FIRST - HYPERNYM_STEP * (depth - 1))
+                    if first_share is not None and not path:
+                        share = max(share, first_share)
                     for lemma in lemmas[:LEMMAS_PER_HYPERNYM]:
-                        words = [w for w in basic_tokenize(lemma.replace("_", " ")) if w.isalnum()]
-                        words = [w for w in words if w not in NAME_STOPWORDS]
-                        if not words:
+                        # the head noun by the class-name rules: "drug of abuse" -> drug (v1 took the last word)
+                        heads = [w for w, sh in _word_shares(lemma.replace("_", " ")) if sh == HEAD_SHARE]
+                        if not heads:
                             continue
-                        head = words[-1]
-                        if head in SKIP_WORDS or head not in self.vocab:
+                        head = heads[0]
+                        if head in skip or head not in self.vocab:
                             continue
                         if self.vocab.is_special(self.vocab.id(head)):
                             continue
-                        if share > out.get(head, 0.0):
-                            out[head] = round(share, 4)
-                        path.append(head)
+                        level.append((head, share))
+            for head, share in level:
+                if share > out.get(head, 0.0):
+                    out[head] = round(share, 4)
+                path.append(head)
+            level = []
             frontier = nxt
             if not frontier:
                 break
@@ -300,12 +334,20 @@ def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
         if offset not in wn:
             sys.exit(f"class {idx} {wnid} ({cname}) is not a WordNet 3.0 noun synset")
         tokens: dict[str, float] = {}
-        b.name_shares(cname, 1.0, tokens)
+        head_kept = bool(b.name_shares(cname, 1.0, tokens))
         lemmas = wn[offset][0]
+        synonym_heads: list[str] = []
         for lemma in lemmas:
-            # Synonyms add only whole-token words: Latin names (Tinca tinca) split into noise pieces.
-            b.name_shares(lemma.replace("_", " "), SYNONYM_FACTOR, tokens, whole_words_only=True)
-        b.hypernym_shares(offset, wn, tokens)
+            synonym_heads += b.name_shares(lemma.replace("_", " "), SYNONYM_FACTOR, tokens, skip_jargon=True)
+        if not head_kept and synonym_heads:  # "Egyptian Mau" -> its synonym "Egyptian cat" carries the head
+            for w in synonym_heads:
+                tokens[w] = HEAD_SHARE
+            head_kept = True
+        b.hypernym_shares(offset, wn, tokens, first_share=None if head_kept else HEAD_SHARE)
+        if not head_kept and max(tokens.values(), default=0.0) < HEAD_SHARE:
+            # every relative is a category word (toaster, syringe, salt shaker: "device",
+            # "container"...): the nearest one still says more than nothing
+            b.hypernym_shares(offset, wn, tokens, first_share=HEAD_SHARE, skip=frozenset())
         ordered = dict(sorted(tokens.items(), key=lambda kv: (-kv[1], kv[0])))
         classes.append({"index": idx, "wnid": wnid, "name": cname, "lemmas": [w.replace("_", " ") for w in lemmas],
                         "tokens": ordered})
@@ -313,6 +355,7 @@ def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
         "script_version": SCRIPT_VERSION, "head_share": HEAD_SHARE, "modifier_share": MODIFIER_SHARE,
         "gloss_factor": GLOSS_FACTOR, "synonym_factor": SYNONYM_FACTOR, "lemmas_per_hypernym": LEMMAS_PER_HYPERNYM,
         "hypernym_first": HYPERNYM_FIRST, "hypernym_step": HYPERNYM_STEP, "hypernym_floor": HYPERNYM_FLOOR,
+        "whole_words_only": True, "head_from_relative": True,
         "max_depth": MAX_DEPTH, "stop_synsets": sorted(STOP_SYNSETS), "skip_words": sorted(SKIP_WORDS),
     }
     content = json.dumps([c["tokens"] for c in classes], sort_keys=True).encode()
@@ -353,6 +396,8 @@ def main() -> None:
     ap.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="folder with data.noun")
     ap.add_argument("--synsets", type=Path, help="file with the 1000 wnids in class order (default: from the timm wheel)")
     ap.add_argument("--out", type=Path, default=ROOT / "stair_es" / "encoders" / "configs" / "imagenet_wordnet.json")
+    ap.add_argument("--query-expansion", action="store_true",
+                    help="also regenerate wordnet_query_expansion.json (the grounded query encoder's map) beside --out")
     args = ap.parse_args()
     wordnet = ensure_wordnet(args.wordnet)
     synsets = fetch_synsets(args.synsets)
@@ -364,6 +409,10 @@ def main() -> None:
     os.replace(tmp, args.out)
     n_tokens = sum(len(c["tokens"]) for c in data["classes"])
     print(f"wrote {args.out}: {len(data['classes'])} classes, {n_tokens} class-token shares, version {data['version']}")
+    if not args.query_expansion:
+        print("left configs/wordnet_query_expansion.json (the grounded query encoder's map) as it is: "
+              "--query-expansion regenerates it from this map (a new version: grounded indexes record it)")
+        return
     qx = build_query_expansion(wordnet, synsets, data)
     out = args.out.with_name("wordnet_query_expansion.json")
     tmp = out.with_suffix(".tmp")

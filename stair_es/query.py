@@ -265,6 +265,8 @@ class SearchRequest:
     notes: list[str] = field(default_factory=list)
     #: tokens added by co-occurrence expansion (``stair_es.neighbours``), by token: shown apart from the query's own
     expansion: dict[str, Any] = field(default_factory=dict)
+    #: how each query word was grounded on the index's tokens (``stair_es.encoders.grounding``), for explain
+    grounding: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > 10_000:

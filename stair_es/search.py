@@ -43,22 +43,38 @@ def query_encoder(schema: IndexSchema, name: str | None = None, **options: Any) 
 
 def encode_query_text(
     encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image",
-    notes: list[str] | None = None,
+    notes: list[str] | None = None, grounding: list[dict[str, Any]] | None = None,
 ) -> SparseVector:
-    """Encode a query; encoders that weight by IDF get the index's. When the backend cannot
-    report document frequencies, the query is encoded without IDF and ``notes`` says so."""
+    """Encode a query for ``index``. Encoders that weight by IDF get the index's; encoders that
+    ground query words on the index's tokens (``encoder.uses_index_stats``: the text encoders of
+    ``stair_es.encoders.text``) get its document frequencies as an
+    :class:`~stair_es.encoders.grounding.IndexStats`, and ``grounding`` receives one dict per
+    query word saying what it became. When the backend cannot report document frequencies,
+    the query is encoded without IDF and without grounding, and ``notes`` says so."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the query text is empty")
-    weights = None
-    if backend is not None and index is not None and encoder.uses_idf:
+    weights = stats = None
+    wants_stats = bool(getattr(encoder, "uses_index_stats", False))
+    if backend is not None and index is not None and (encoder.uses_idf or wants_stats):
         try:
             df, n = backend.doc_freqs(index, field)
-            weights = idf(df, n)
         except NotImplementedError:
-            weights = None
             if notes is not None:
-                notes.append(f"the {encoder.name} query encoder weights tokens by IDF, but this backend cannot report "
-                             "document frequencies: the query was encoded without IDF")
+                missing = " and ".join(x for x, on in (("without IDF", encoder.uses_idf),
+                                                        ("without grounding its words on the index's", wants_stats)) if on)
+                notes.append(f"the {encoder.name} query encoder uses the index's document frequencies, but this backend "
+                             f"cannot report them: the query was encoded {missing}")
+        else:
+            weights = idf(df, n) if encoder.uses_idf else None
+            if wants_stats:
+                from .encoders.grounding import IndexStats
+
+                stats = IndexStats(df, n, field)
+    if wants_stats and hasattr(encoder, "encode_queries"):
+        encoded = encoder.encode_queries([text], idf=weights, index_stats=stats)[0]
+        if grounding is not None:
+            grounding.extend(step.to_dict() for step in encoded.grounding)
+        return encoded.vector
     return encoder.encode_texts([text], idf=weights)[0]
 
 
@@ -77,7 +93,7 @@ def build_request(
 
 
 #: Encoders whose recorded config carries versions checked at query time (``QuerySpec.force``).
-VERSIONED_ENCODERS = ("default", "imagenet", "grounded")
+VERSIONED_ENCODERS = ("default", "imagenet", "grounded", "clip-vocab", "vdr")
 
 
 @dataclass
@@ -128,6 +144,7 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     if len(given) > 1:
         raise InvalidInputError("give one query: a text, a token map (--tokens) or an example image (--image)")
     notes: list[str] = []
+    grounding: list[dict[str, Any]] = []
 
     def encoder() -> Encoder:
         options = dict(spec.encoder_options)
@@ -155,7 +172,7 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     else:
         if not spec.text:
             raise InvalidInputError("give a query text, a token map with --tokens, or an example image with --image")
-        qvec = encode_query_text(encoder(), spec.text, backend, index, field="image", notes=notes)
+        qvec = encode_query_text(encoder(), spec.text, backend, index, field="image", notes=notes, grounding=grounding)
     filters: list[Filter | None] = [parse_where(w) for w in spec.wheres]
     if spec.requires:
         wl = [word_filter(w, spec.token_field) for w in spec.requires]
@@ -182,4 +199,5 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
                             query_top_k=spec.query_top_k, query_min_weight=spec.min_weight)
     request.notes.extend(notes)
     request.expansion = {t: e.to_dict() for t, e in expansion.items()}
+    request.grounding = grounding
     return request.prepared(schema), qvec

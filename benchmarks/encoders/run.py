@@ -1,15 +1,20 @@
 """Text -> image retrieval quality of the offline encoders on public sets.
 
     python -m benchmarks.encoders.run                                  # all sets, default encoder
+    python -m benchmarks.encoders.run --sets photos,samples --query default   # a quick look
+    python -m benchmarks.encoders.run --export-ratings /tmp/photos     # the photos set as a folder + ratings.jsonl
     python -m benchmarks.encoders.run --sets samples,tuxpaint --limit 300 --out benchmarks/results/encoders/after.json
     python benchmarks/encoders/run.py ...                              # same, without the repository on sys.path:
                                                                        # measures whichever stair_es is installed
 
 For every set, each item's image is encoded by the image side of the ``default`` encoder
-(or ``--image-encoder NAME``) and each item's own description is the query. Queries are
-scored against every image of the set by the sparse dot product -- what every backend
-computes -- and ranked with **ties counted against the query** (an image scoring the same
-as the right one is ranked before it). Items sharing the same description are all relevant.
+(or ``--image-encoder NAME``). In the item sets (samples, tuxpaint, openclipart) each item's
+own description is a query and items sharing the same description are all relevant; the
+``photos`` set has its own queries, written by a person looking at the photos, with graded
+relevant sets (2 = clearly what was asked, 1 = acceptable). Queries are scored against every
+image of the set by the sparse dot product -- what every backend computes -- and ranked with
+**ties counted against the query** (an image scoring the same as a relevant one is ranked
+before it).
 
 Query encoders compared (``--query`` to choose):
 
@@ -33,9 +38,13 @@ are measured on the same halves. ``--expand-split transductive`` instead counts 
 set, whose captions are the queries themselves (optimistic: the query's own caption is in
 the statistics).
 
-Metrics: P@1, MRR, R@5, and images/s of the image encoder (PIL image in, vector out; the
-set's own loading and rasterising is not counted). Each report carries the git commit,
-the stair_es version under test and machine info.
+Metrics, every set in one table: P@1 (a relevant image first), MRR (1 / rank of the first
+relevant image), nDCG@10 (graded; computed by ir-measures on the tie-broken ranking, ``pip
+install 'stair-es[eval]'``), R@5 (a relevant image in the top 5: success at 5, as this harness
+has always counted it -- not recall), the median rank of the first relevant image, and
+images/s of the image encoder (PIL image in, vector out; the set's own loading and
+rasterising is not counted). The photos set also reports P@1 per query category. Each report
+carries the git commit, the stair_es version under test and machine info.
 """
 
 from __future__ import annotations
@@ -53,9 +62,9 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a file: import the sets module beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from sets import SETS, SetUnavailable  # type: ignore[no-redef]
+    from sets import QUERY_SETS, SETS, QuerySet, SetUnavailable, export_ratings, load_query_set  # type: ignore[no-redef]
 else:
-    from .sets import SETS, SetUnavailable
+    from .sets import QUERY_SETS, SETS, QuerySet, SetUnavailable, export_ratings, load_query_set
 
 QUERY_ENCODERS = ("default", "splade", "bow", "bow-idf", "splade-idf", "grounded", "grounded-idf", "splade+grounded")
 
@@ -84,6 +93,40 @@ def query_ranks(scores: np.ndarray, relevant: list[np.ndarray]) -> np.ndarray:
         ahead = np.count_nonzero(row >= best) - np.count_nonzero(row[rel] >= best)
         ranks.append(1 + int(ahead))
     return np.asarray(ranks, dtype=np.float64)
+
+
+def graded_ranking(row: np.ndarray, grades: dict[int, int]) -> np.ndarray:
+    """Image indices in ranked order, ties broken against the query: among equal scores the
+    non-relevant images come first, then the relevant ones from the lowest grade up."""
+    g = np.zeros(row.shape[0], np.int64)
+    for i, grade in grades.items():
+        g[i] = grade
+    return np.lexsort((g, -row))
+
+
+def ndcg_at_10(scores: np.ndarray, grades: list[dict[int, int]]) -> float | None:
+    """Mean nDCG@10 over the queries (ir-measures, trec_eval's definition) of the tie-broken
+    rankings; ``None`` when ir-measures is not installed."""
+    try:
+        import ir_measures
+        from ir_measures import nDCG
+    except ImportError:
+        return None
+    qrels, run = [], []
+    for qi, gr in enumerate(grades):
+        qid = str(qi)
+        qrels.extend(ir_measures.Qrel(qid, str(d), int(g)) for d, g in gr.items())
+        order = graded_ranking(scores[qi], gr)[:10]
+        run.extend(ir_measures.ScoredDoc(qid, str(int(d)), float(10 - r)) for r, d in enumerate(order))
+    return float(ir_measures.calc_aggregate([nDCG @ 10], qrels, run)[nDCG @ 10])
+
+
+def query_set_metrics(scores: np.ndarray, grades: list[dict[int, int]]) -> dict[str, float | None]:
+    """P@1, MRR, R@5, median rank (ties against the query) and nDCG@10 of a (queries x
+    images) score matrix; ``grades[i]`` maps the images relevant to query ``i`` to their grade."""
+    m: dict[str, float | None] = dict(rank_metrics(scores, [np.asarray(sorted(g)) for g in grades]))
+    m["ndcg10"] = ndcg_at_10(scores, grades)
+    return m
 
 
 def _dense(vectors) -> np.ndarray:
@@ -119,10 +162,17 @@ def _encode_queries(kind: str, texts: list[str], image_dense: np.ndarray, defaul
         enc, weights = get_encoder("grounded"), (idf if kind == "grounded-idf" else None)
     else:
         enc, weights = get_encoder("bow"), (idf if kind == "bow-idf" else None)
+    # what `stair-es search` gives the encoder: the index's document frequencies (grounding)
+    stats = None
+    if getattr(enc, "uses_index_stats", False):
+        from stair_es.encoders.grounding import IndexStats
+
+        stats = IndexStats(np.count_nonzero(image_dense > 0, axis=0), image_dense.shape[0])
     vecs = []
     for t in texts:
         try:
-            vecs.append(enc.encode_texts([t], idf=weights)[0])
+            vecs.append(enc.encode_texts([t], idf=weights, index_stats=stats)[0] if stats is not None
+                        else enc.encode_texts([t], idf=weights)[0])
         except StairError:  # nothing searchable in the text: it finds nothing
             vecs.append(None)
     q = _dense(vecs)
@@ -192,40 +242,67 @@ def _expansion_rows(q: np.ndarray, img: np.ndarray, vecs, texts: list[str], rel_
     return base, exp
 
 
-def evaluate_set(name: str, items, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
+def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
                  expand: dict | None = None) -> list[dict]:
     images, kept = [], []
-    for it in items:
+    for it in qs.items:
         try:
             images.append(it.load())
             kept.append(it)
         except Exception as e:  # noqa: BLE001 - a file the set's own decoder cannot read: counted, not fatal
             print(f"# {name}: skipped {it.id}: cannot load it ({type(e).__name__}: {e})", file=sys.stderr)
-    items = kept
-    texts = [it.query for it in items]
+    index = {it.id: i for i, it in enumerate(kept)}
+    rated = []
+    for q in qs.queries:
+        g = {index[k]: v for k, v in q.relevant.items() if k in index}
+        if g:
+            rated.append((q, g))
+        else:
+            print(f"# {name}: query {q.id} {q.text!r} left out: none of its relevant images could be loaded", file=sys.stderr)
+    texts = [q.text for q, _ in rated]
+    grades = [g for _, g in rated]
     image_encoder.encode_images(images[: min(4, len(images))], batch_size=batch_size)  # warm-up / export
     t = time.perf_counter()
     vecs = image_encoder.encode_images(images, batch_size=batch_size)
     ips = len(images) / max(time.perf_counter() - t, 1e-9)
     img = _dense(vecs)
-    rel = _relevance(texts)
+    # query expansion needs the items' own descriptions (the PPMI statistics come from them)
+    one_per_item = len(rated) == len(kept) and all(it.query for it in kept) and \
+        all(q.id == it.id for (q, _), it in zip(rated, kept))
+    if expand and not one_per_item:
+        print(f"# {name}: --expand skipped: its images have no descriptions to draw co-occurrence statistics from",
+              file=sys.stderr)
     rows = []
     for q in queries:
         qd = _encode_queries(q, texts, img, default_encoder)
-        common = {"images_per_s": round(ips, 1), "mean_image_nnz": round(float(np.mean([v.nnz for v in vecs])), 1)}
-        if expand:
+        common = {"n_queries": len(texts), "images_per_s": round(ips, 1),
+                  "mean_image_nnz": round(float(np.mean([v.nnz for v in vecs])), 1)}
+        if expand and one_per_item:
+            item_texts = [it.query for it in kept]
+            rel = _relevance(item_texts)
             for split in expand["splits"]:
                 for i, n in enumerate(expand["ns"]):
                     one = {"n": n, "split": split, "weight": expand["weight"], "min_count": expand["min_count"]}
-                    base, exp = _expansion_rows(qd, img, vecs, texts, rel, one)
+                    base, exp = _expansion_rows(qd, img, vecs, item_texts, rel, one)
                     if i == 0:
-                        rows.append({"set": name, "n": len(items), "query_encoder": q, "split": split,
+                        rows.append({"set": name, "n": len(kept), "query_encoder": q, "split": split,
                                      **{k: round(v, 4) for k, v in base.items()}, **common})
-                    rows.append({"set": name, "n": len(items), "query_encoder": f"{q}+x{n}", "split": split,
+                    rows.append({"set": name, "n": len(kept), "query_encoder": f"{q}+x{n}", "split": split,
                                  "expand": one, **{k: round(v, 4) for k, v in exp.items()}, **common})
             continue
-        m = rank_metrics(qd @ img.T, rel)
-        rows.append({"set": name, "n": len(items), "query_encoder": q, **{k: round(v, 4) for k, v in m.items()}, **common})
+        scores = qd @ img.T
+        m = query_set_metrics(scores, grades)
+        row = {"set": name, "n": len(kept), "query_encoder": q,
+               **{k: (round(v, 4) if v is not None else None) for k, v in m.items()}, **common}
+        cats = sorted({qq.category for qq, _ in rated if qq.category})
+        if cats:
+            ranks = query_ranks(scores, [np.asarray(sorted(g)) for g in grades])
+            row["p1_by_category"] = {c: {"n": int(sum(qq.category == c for qq, _ in rated)),
+                                         "p1": round(float(np.mean([r == 1 for (qq, _), r in zip(rated, ranks)
+                                                                    if qq.category == c])), 4)}
+                                     for c in cats}
+            row["misses"] = [{"query": qq.text, "rank": int(r)} for (qq, _), r in zip(rated, ranks) if r > 1]
+        rows.append(row)
     return rows
 
 
@@ -239,7 +316,7 @@ def _git_commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, from {', '.join(SETS)}")
+    ap.add_argument("--sets", default=",".join(QUERY_SETS), help=f"comma-separated, from {', '.join(QUERY_SETS)}")
     ap.add_argument("--limit", type=int, default=400, help="items per set (fixed-seed sample of larger sets)")
     ap.add_argument("--query", default=",".join(QUERY_ENCODERS), help=f"query encoders, from {', '.join(QUERY_ENCODERS)}")
     ap.add_argument("--image-encoder", default="default", help="registry name of the image encoder")
@@ -253,7 +330,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expand-min-count", type=int, default=2, help="--expand-min-count of stair-es search")
     ap.add_argument("--label", default="", help="a name for this run in the report (e.g. before / after)")
     ap.add_argument("--out", type=Path, help="write the report as JSON here")
+    ap.add_argument("--export-ratings", type=Path, metavar="DIR",
+                    help="write the photos set to DIR (a new folder outside the repository) as a folder catalog "
+                         "(symlinks to the photos) plus DIR/ratings.jsonl, then exit: run `stair-es ingest photos DIR` "
+                         "and `stair-es rank-eval photos DIR/ratings.jsonl` on it")
     args = ap.parse_args(argv)
+
+    if args.export_ratings:
+        try:
+            qs = load_query_set("photos")
+            ratings, n_photos, n_queries = export_ratings(qs, args.export_ratings)
+        except (SetUnavailable, ValueError, OSError) as e:
+            print(f"error: --export-ratings: {e}", file=sys.stderr)
+            return 2
+        for note in qs.notes:
+            if "downsized" not in note:  # the symlinked originals keep their size; ingest reads them as they are
+                print(f"# photos: {note}")
+        print(f"wrote {n_photos} photos to {ratings.parent} and {n_queries} rated queries to {ratings}")
+        print(f"next: stair-es ingest photos {ratings.parent} && stair-es rank-eval photos {ratings}")
+        return 0
 
     import stair_es
     from stair_es.encoders import get_encoder
@@ -279,30 +374,45 @@ def main(argv: list[str] | None = None) -> int:
         "image_encoder": image_encoder.config(), "default_encoder": default_encoder.config(),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
-        "results": [], "skipped": {},
+        "results": [], "skipped": {}, "notes": {},
     }
     print(f"# encoder eval {args.label}  commit {report['commit']}  stair_es from {report['stair_es']}")
     print(f"# image encoder {report['image_encoder']}")
-    header = f"{'set':<12} {'n':>4} {'query':<16} {'P@1':>6} {'MRR':>6} {'R@5':>6} {'med.rank':>8} {'img/s':>7} {'nnz':>5}"
+    header = (f"{'set':<12} {'images':>6} {'queries':>7} {'query':<16} {'P@1':>6} {'MRR':>6} {'nDCG@10':>7} {'R@5':>6} "
+              f"{'med.rank':>8} {'img/s':>7} {'nnz':>5}")
     if args.expand:
         header += "  P@1/MRR of queries with a description no other item has (n)"
     print(header)
-    for name in [s for s in args.sets.split(",") if s]:
-        if name not in SETS:
-            ap.error(f"unknown set {name!r}; choose from {', '.join(SETS)}")
+    names = [s for s in args.sets.split(",") if s]
+    for name in names:
+        if name not in QUERY_SETS:
+            ap.error(f"unknown set {name!r}; choose from {', '.join(QUERY_SETS)}")
+    for name in names:
         try:
-            items = SETS[name](limit=args.limit)
+            qs = load_query_set(name, limit=args.limit)
         except SetUnavailable as e:
             print(f"{name:<12} skipped: {e}")
             report["skipped"][name] = str(e)
             continue
+        if qs.notes:
+            report["notes"][name] = qs.notes
+            for note in qs.notes:
+                print(f"# {name}: {note}")
         expand = ({"ns": [int(x) for x in args.expand.split(",") if x], "splits": args.expand_split.split(","),
                    "weight": args.expand_weight, "min_count": args.expand_min_count} if args.expand else None)
-        for row in evaluate_set(name, items, image_encoder, queries, default_encoder, expand=expand):
+        for row in evaluate_set(name, qs, image_encoder, queries, default_encoder, expand=expand):
             report["results"].append(row)
-            print(f"{row['set']:<12} {row['n']:>4} {row['query_encoder'] + ' ' + row.get('split', '')[:5]:<16} {row['p1']:>6.3f} {row['mrr']:>6.3f} "
-                  f"{row['r5']:>6.3f} {row['median_rank']:>8.1f} {row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}"
+            ndcg = f"{row['ndcg10']:>7.3f}" if row.get("ndcg10") is not None else f"{'n/a':>7}"
+            print(f"{row['set']:<12} {row['n']:>6} {row['n_queries']:>7} {row['query_encoder'] + ' ' + row.get('split', '')[:5]:<16} "
+                  f"{row['p1']:>6.3f} {row['mrr']:>6.3f} {ndcg} {row['r5']:>6.3f} {row['median_rank']:>8.1f} "
+                  f"{row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}"
                   + (f"  {row['p1_unique']:.3f} / {row['mrr_unique']:.3f} ({row['n_unique']})" if "n_unique" in row else ""))
+    if any(r.get("ndcg10", 0) is None for r in report["results"]):
+        print("# nDCG@10 n/a: ir-measures is not installed (pip install 'stair-es[eval]')")
+    for row in report["results"]:
+        if "p1_by_category" in row:
+            cats = "  ".join(f"{c} {v['p1']:.2f} ({v['n']})" for c, v in row["p1_by_category"].items())
+            print(f"# {row['set']} {row['query_encoder']}: P@1 by query category: {cats}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -74,6 +74,8 @@ _BUILTIN: dict[str, str] = {
     "grounded": "stair_es.encoders.grounded:GroundedQueryEncoder",
     "splade": "stair_es.encoders.text:SpladeEncoder",
     "stair": "stair_es.stair.encoder:StairEncoder",
+    "vdr": "stair_es.encoders.vdr:VdrEncoder",
+    "clip-vocab": "stair_es.encoders.clipvocab:ClipVocabEncoder",
 }
 
 

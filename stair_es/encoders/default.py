@@ -26,7 +26,7 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene")
 #: the sources every install of the ``encoders`` extra can run
 BASE_SOURCES = ("imagenet", "colour", "clipart")
 
@@ -52,6 +52,19 @@ def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVecto
                                     vocab, drop_special=True)
 
 
+def _small_copy(image: Any) -> Any:
+    """The 64 px area-averaged copy both the colour and the scene source read (made once)."""
+    from PIL import Image
+
+    from .colour import _SIDE
+
+    img = image if image.mode == "RGB" else image.convert("RGB")
+    if max(img.size) > _SIDE:
+        img = img.copy()
+        img.thumbnail((_SIDE, _SIDE), Image.Resampling.BOX)
+    return img
+
+
 class DefaultEncoder(Encoder):
     name = "default"
     modalities = frozenset({"image", "text"})
@@ -64,6 +77,9 @@ class DefaultEncoder(Encoder):
         image_model: str = "lite0",
         top_classes: int = 20,
         min_weight: float = 0.05,
+        temperature: float = 1.0,
+        class_mass: float = 0.99,
+        label_scale: float = 10.0,
         device: str = "cpu",
         runtime: str | None = None,
         image_precision: str = "fp32",
@@ -75,7 +91,9 @@ class DefaultEncoder(Encoder):
         clipart_head: str | None = None,
         ocr_images: str = "drawings",
         ocr: str | None = None,
+        scene: str | None = None,
         query_idf: bool = True,
+        grounding: Any = "on",
         vocab: Vocabulary | None = None,
         name: str | None = None,
     ):
@@ -96,19 +114,21 @@ class DefaultEncoder(Encoder):
         self.text = text
         self.text_model = text_model
         self.image_encoder = ImageNetLabelEncoder(
-            image_model, top_classes=top_classes, min_weight=min_weight, device=device, runtime=runtime,
+            image_model, top_classes=top_classes, min_weight=min_weight, temperature=temperature, class_mass=class_mass,
+            scale=label_scale, device=device, runtime=runtime,
             precision=image_precision, token_map=token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
         )
         self.text_encoder: Encoder
         if text == "splade":
             # SPLADE x the index's IDF won on every evaluation set (docs/encoders.md)
-            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf)
+            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf,
+                                              grounding=grounding)
         elif text == "grounded":
             from .grounded import GroundedQueryEncoder
 
-            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab)
+            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab, grounding=grounding)
         else:
-            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab)
+            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=grounding)
         self.device = device
         from .colour import ColourSource
 
@@ -130,6 +150,13 @@ class DefaultEncoder(Encoder):
             self.clipart = ClipartSource(vocab=self.vocab)
             check_recorded_version("the clipart token head", clipart_head, self.clipart.version,
                                    allow_version_mismatch, "image vectors from the two are not comparable")
+        self.scene = None
+        if "scene" in self.sources:  # sky, clouds, water, vegetation, snow, night from pixel statistics
+            from .scene import SceneSource
+
+            self.scene = SceneSource(vocab=self.vocab)
+            check_recorded_version("the scene token source", scene, self.scene.version, allow_version_mismatch,
+                                   "image vectors from the two are not comparable")
         self.people = None
         if "people" in self.sources:
             from .people import PeopleSource
@@ -158,6 +185,11 @@ class DefaultEncoder(Encoder):
     def uses_idf(self) -> bool:
         return self.text_encoder.uses_idf
 
+    @property
+    def uses_index_stats(self) -> bool:
+        """Query words are grounded on the index's tokens (stair_es/encoders/grounding.py)."""
+        return getattr(self.text_encoder, "uses_index_stats", False)
+
     def config(self) -> dict[str, Any]:
         img = self.image_encoder.config()
         cfg: dict[str, Any] = {
@@ -166,6 +198,9 @@ class DefaultEncoder(Encoder):
             "image_model": img["model"],
             "top_classes": img["top_classes"],
             "min_weight": img["min_weight"],
+            "temperature": img["temperature"],
+            "class_mass": img["class_mass"],
+            "label_scale": img["scale"],
             "token_map": img["token_map"],
             "sources": list(self.sources),
         }
@@ -174,11 +209,17 @@ class DefaultEncoder(Encoder):
         if self.ocr is not None:
             cfg["ocr"] = self.ocr.version
             cfg["ocr_images"] = self.ocr.images
+        if self.scene is not None:
+            cfg["scene"] = self.scene.version
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
             cfg["text_model"] = self.text_model
             cfg["query_idf"] = self.text_encoder.uses_idf
+        # query-side (stored vectors do not depend on it): the map version, or "off"
+        from .grounding import map_version
+
+        cfg["grounding"] = map_version() if self.uses_index_stats else "off"
         for part in ("image", "text"):
             digest = self.weights_digest(part)
             if digest is not None:
@@ -230,18 +271,21 @@ class DefaultEncoder(Encoder):
         pictures OCR failed on (index in the chunk -> reason)."""
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
-        for i, im in enumerate(chunk):
-            if self.colour is not None:
-                sides[i]["colour"] = self.colour.encode(im)
-            if self.people is not None:
-                sides[i]["people"] = self.people.encode(im)
         gates = scores = None
-        if self.clipart is not None or self.ocr is not None:  # one drawing score per picture serves both
+        if self.clipart is not None or self.ocr is not None or self.scene is not None:  # one drawing score serves all
             from .clipart import drawing_gate, drawing_score
 
             scores = [drawing_score(im) for im in chunk]
             if self.clipart is not None:
                 gates = np.array([drawing_gate(im, sc) for im, sc in zip(chunk, scores)], dtype=np.float32)
+        for i, im in enumerate(chunk):
+            small = _small_copy(im) if self.colour is not None and self.scene is not None else im
+            if self.colour is not None:
+                sides[i]["colour"] = self.colour.encode(small)
+            if self.scene is not None:
+                sides[i]["scene"] = self.scene.encode(small, scores[i] if scores is not None else None)
+            if self.people is not None:
+                sides[i]["people"] = self.people.encode(im)
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
             for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
@@ -261,6 +305,7 @@ class DefaultEncoder(Encoder):
         images = list(images)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
+        self.image_encoder.check_version()  # an index built with another token map: text queries only
         if self._ocr_version_error is not None:
             raise self._ocr_version_error
         chunks = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
@@ -297,6 +342,8 @@ class DefaultEncoder(Encoder):
             out.append("colour")
         if self.clipart is not None and token in self.clipart.tokens:
             out.append("clipart")
+        if self.scene is not None and token in self.scene.tokens:
+            out.append("scene")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
         if self.ocr is not None and self.ocr.can_read(token):
@@ -310,5 +357,13 @@ class DefaultEncoder(Encoder):
         batch_size: int = 32,
         progress: bool = False,
         idf: np.ndarray | None = None,
+        index_stats: Any = None,
     ) -> list[SparseVector]:
-        return self.text_encoder.encode_texts(texts, batch_size=batch_size, progress=progress, idf=idf)
+        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                      index_stats=index_stats)]
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                       idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
+        """Query vectors with their grounding steps (``stair_es.encoders.grounding.EncodedQuery``)."""
+        return self.text_encoder.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                index_stats=index_stats)

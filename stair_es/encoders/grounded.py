@@ -107,12 +107,16 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
                     out[word].setdefault(base, 1.0)  # "puppies" -> "puppy" itself too
         return out
 
-    def encode_text(self, text: str, idf: np.ndarray | None = None) -> SparseVector:
+    def encode_query(self, text: str, idf: np.ndarray | None = None, index_stats: Any = None):
+        from .grounding import EncodedQuery, finish_steps
+
         idf_arr = _check_idf(idf, self.vocab)
         weights: dict[int, float] = {}
+        steps: list = []
         try:
-            own = super().encode_text(text, idf_arr)
-            weights.update(zip(own.ids.tolist(), own.weights.tolist()))
+            own = super().encode_query(text, idf_arr, index_stats)
+            weights.update(zip(own.vector.ids.tolist(), own.vector.weights.tolist()))
+            steps = own.grounding
         except EmptyQueryError:
             own = None
         if self.expansion > 0:
@@ -131,5 +135,10 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
                 "or words that occur in no document)"
             )
         ids = np.fromiter(weights.keys(), np.int64, len(weights))
-        return SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
-                                        drop_special=True)
+        vec = SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
+                                       drop_special=True)
+        if steps:
+            from types import SimpleNamespace
+
+            finish_steps(SimpleNamespace(steps=steps), dict(zip(vec.ids.tolist(), vec.weights.tolist())), self.vocab)
+        return EncodedQuery(vec, steps)

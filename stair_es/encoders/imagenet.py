@@ -73,7 +73,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError, MissingDependencyError, ModelError
+from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
@@ -85,6 +85,8 @@ PRECISIONS = ("fp32", "int8")
 #: Names the int8 calibration set (part of the int8 tower's cache key, see
 #: :func:`calibration_id`): bump when :func:`calibration_images` changes.
 CALIBRATION_ID = "pkg-photos-not-samples-v1"
+#: the token map version of ``hypernyms=False`` (class names alone, whole-token words only)
+NAMES_ONLY_MAP = "classnames-v2"
 HEAD_SHARE = 1.0
 MODIFIER_SHARE = 0.6
 GLOSS_FACTOR = 0.5
@@ -130,10 +132,10 @@ def _word_shares(name: str) -> list[tuple[str, float]]:
     return [(words[i], HEAD_SHARE if i == head else MODIFIER_SHARE) for i in content]
 
 
-def _add_word(shares: dict[int, float], vocab: Vocabulary, word: str, share: float) -> None:
+def _add_word(shares: dict[int, float], vocab: Vocabulary, word: str, share: float, whole_words: bool) -> None:
     pieces = [p for p in vocab.wordpiece(word) if p in vocab]
     ids = [vocab.id(p) for p in pieces if not vocab.is_special(vocab.id(p))]
-    if not ids or len(ids) != len(pieces):
+    if not ids or len(ids) != len(pieces) or (whole_words and len(ids) > 1):
         return
     each = share / len(ids)
     for i in ids:
@@ -141,21 +143,25 @@ def _add_word(shares: dict[int, float], vocab: Vocabulary, word: str, share: flo
 
 
 def class_token_shares(
-    classnames: Sequence[str], vocab: Vocabulary, hypernyms: dict[str, Any] | None = None
+    classnames: Sequence[str], vocab: Vocabulary, hypernyms: dict[str, Any] | None = None, *, whole_words: bool = True
 ) -> list[dict[int, float]]:
-    """Per class, ``{token id: share}`` as described in the module docstring."""
+    """Per class, ``{token id: share}`` from the class names alone (``hypernyms=False``).
+
+    Only words that are one whole token are kept (``whole_words=True``, the names-only table
+    ``classnames-v2``); ``whole_words=False`` is the older ``classnames-v1`` table, where the
+    WordPiece pieces of a longer word share its weight (``goldfish`` -> ``gold``, ``##fish``)."""
     table: list[dict[int, float]] = []
     for cname in classnames:
         shares: dict[int, float] = {}
         for name, factor in _split_names(cname):
             for word, share in _word_shares(name):
-                _add_word(shares, vocab, word, share * factor)
+                _add_word(shares, vocab, word, share * factor, whole_words)
         table.append(shares)
     for word, spec in (hypernyms or {}).items():
         for first, last in spec["classes"]:
             for c in range(int(first), int(last) + 1):
                 for piece_word in basic_tokenize(word):
-                    _add_word(table[c], vocab, piece_word, float(spec["share"]))
+                    _add_word(table[c], vocab, piece_word, float(spec["share"]), whole_words)
     return table
 
 
@@ -303,6 +309,7 @@ class ImageNetLabelEncoder(Encoder):
         class_mass: float = 0.99,
         min_weight: float = 0.05,
         scale: float = 10.0,
+        temperature: float = 1.0,
         hypernyms: bool = True,
         weights: str | None = None,
         device: str = "cpu",
@@ -331,6 +338,9 @@ class ImageNetLabelEncoder(Encoder):
             raise InvalidInputError(f"class_mass must lie in (0, 1], got {class_mass!r}")
         if min_weight < 0 or scale <= 0:
             raise InvalidInputError("min_weight must be >= 0 and scale > 0")
+        if not (isinstance(temperature, (int, float)) and 0.25 <= temperature <= 10):
+            raise InvalidInputError(f"temperature must be a number from 0.25 to 10 (1 = the classifier's own "
+                                    f"probabilities), got {temperature!r}")
         if self.vocab.digest != default_vocabulary().digest:
             raise InvalidInputError("the imagenet encoder only supports the bert-base-uncased vocabulary")
         self.model = model
@@ -340,14 +350,21 @@ class ImageNetLabelEncoder(Encoder):
         self.class_mass = float(class_mass)
         self.min_weight = float(min_weight)
         self.scale = float(scale)
+        self.temperature = float(temperature)
         self.hypernyms = bool(hypernyms)
         self.weights = weights
         self.device = device
         self.classnames = imagenet_classnames()
         self._shares: list[dict[int, float]] | None = None  # built on first use (a text query never needs it)
-        self.token_map = wordnet_token_map()["version"] if hypernyms else "classnames-v1"
-        check_recorded_version("the ImageNet token map", token_map, self.token_map, allow_version_mismatch,
-                               "image vectors from the two are not comparable")
+        self.token_map = wordnet_token_map()["version"] if hypernyms else NAMES_ONLY_MAP
+        #: an index built with another token map: its text queries are unaffected (they never read the
+        #: map), but an image encoded here would not be comparable, so encoding one raises this
+        self.version_error: EncoderVersionError | None = None
+        try:
+            check_recorded_version("the ImageNet token map", token_map, self.token_map, allow_version_mismatch,
+                                   "image vectors from the two are not comparable")
+        except EncoderVersionError as e:
+            self.version_error = e
         self._net = None
         self._tower: Any = None  # an OnnxTower, False once PyTorch was chosen, None before the choice
 
@@ -356,7 +373,7 @@ class ImageNetLabelEncoder(Encoder):
         """Per ImageNet class, ``{token id: share}``."""
         if self._shares is None:
             self._shares = (wordnet_class_shares(self.vocab) if self.hypernyms
-                            else class_token_shares(self.classnames, self.vocab))
+                            else class_token_shares(self.classnames, self.vocab, whole_words=True))
         return self._shares
 
     @cached_property
@@ -372,6 +389,7 @@ class ImageNetLabelEncoder(Encoder):
             "class_mass": self.class_mass,
             "min_weight": self.min_weight,
             "scale": self.scale,
+            "temperature": self.temperature,
             "hypernyms": self.hypernyms,
             "token_map": self.token_map,
         }
@@ -472,15 +490,25 @@ class ImageNetLabelEncoder(Encoder):
             result.append([(self.classnames[i], float(p[i])) for i in order])
         return result
 
+    def check_version(self) -> None:
+        """Raise the recorded token map's EncoderVersionError, if any, before an image is encoded."""
+        if self.version_error is not None:
+            raise self.version_error
+
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        self.check_version()
         probs = self.class_probabilities(images, batch_size=batch_size, progress=progress)
         return [self.vector_from_probabilities(p) for p in probs]
 
     def vector_from_probabilities(self, probs: np.ndarray) -> SparseVector:
         """The sparse vector for one image's 1,000 class probabilities (see module docstring)."""
+        self.check_version()
         probs = np.asarray(probs, dtype=np.float64).ravel()
         if probs.size != len(self._table_arrays):
             raise InvalidInputError(f"expected {len(self._table_arrays)} class probabilities, got {probs.size}")
+        if self.temperature != 1.0:  # softmax(logits / T), from the probabilities
+            probs = np.power(np.clip(probs, 0.0, None), 1.0 / self.temperature)
+            probs /= max(probs.sum(), 1e-300)
         order = np.argsort(-probs, kind="stable")[: self.top_classes]
         cum = np.cumsum(probs[order])
         n = int(np.searchsorted(cum, self.class_mass * cum[-1] if cum.size else 0.0) + 1)

@@ -100,8 +100,14 @@ class BagOfWordsEncoder(Encoder):
         k1: float = BOW_K1,
         vocab: Vocabulary | None = None,
         name: str | None = None,
+        grounding: Any = "on",
     ):
         super().__init__(vocab, name=name)
+        from .grounding import parse_grounding
+
+        # Query words the index lacks are searched through their WordNet relatives it holds
+        # (stair_es/encoders/grounding.py) when the caller passes index_stats.
+        self.grounding = parse_grounding(grounding)
         if not k1 > 0:
             raise InvalidInputError(f"k1 must be > 0, got {k1!r}")
         self.k1 = float(k1)
@@ -114,11 +120,18 @@ class BagOfWordsEncoder(Encoder):
         cfg: dict[str, Any] = {"name": self.name, "k1": self.k1}
         if self._custom_stopwords:
             cfg["stopwords"] = sorted(self.stopwords)
+        if not self.grounding:
+            cfg["grounding"] = "off"
         return cfg
 
     @property
     def uses_idf(self) -> bool:
         return True
+
+    @property
+    def uses_index_stats(self) -> bool:
+        """Whether queries are grounded on the index's tokens (then callers pass ``index_stats``)."""
+        return self.grounding
 
     def counts(self, text: str) -> dict[int, float]:
         """Fractional token counts of ``text`` (before saturation and idf)."""
@@ -135,24 +148,36 @@ class BagOfWordsEncoder(Encoder):
                 counts[i] = counts.get(i, 0.0) + 1.0 / len(ids)
         return counts
 
-    def encode_text(self, text: str, idf: np.ndarray | None = None) -> SparseVector:
+    def encode_text(self, text: str, idf: np.ndarray | None = None, index_stats: Any = None) -> SparseVector:
+        return self.encode_query(text, idf, index_stats).vector
+
+    def encode_query(self, text: str, idf: np.ndarray | None = None, index_stats: Any = None):
+        """The query vector and its grounding steps (:class:`~stair_es.encoders.grounding.EncodedQuery`)."""
+        from .grounding import EncodedQuery, apply_plan, check_stats, finish_steps, plan_query
+
         idf_arr = _check_idf(idf, self.vocab)
+        stats = check_stats(index_stats, self.vocab) if self.grounding else None
         counts = self.counts(text)
         if not counts:
             raise EmptyQueryError(
                 f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)"
             )
-        ids = np.fromiter(counts.keys(), np.int64, len(counts))
-        c = np.fromiter(counts.values(), np.float64, len(counts))
-        w = c * (self.k1 + 1.0) / (c + self.k1)
+        weights = {i: c * (self.k1 + 1.0) / (c + self.k1) for i, c in counts.items()}
+        plan = None
+        if stats is not None:
+            plan = plan_query(text, self.vocab, stats, self.stopwords)
+            weights = apply_plan(weights, plan, self.vocab, stats.present, base_weight=1.0)
+        ids = np.fromiter(weights.keys(), np.int64, len(weights))
+        w = np.fromiter(weights.values(), np.float64, len(weights))
         if idf_arr is not None:
             w = w * idf_arr[ids]
         vec = SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
         if vec.nnz == 0:
-            raise EmptyQueryError(
-                f"the text {text[:60]!r} has no searchable tokens: none of its tokens occurs in the index (idf 0)"
-            )
-        return vec
+            why = ("none of its words or their WordNet relatives occurs in the index" if plan is not None
+                   else "none of its tokens occurs in the index (idf 0)")
+            raise EmptyQueryError(f"the text {text[:60]!r} has no searchable tokens: {why}")
+        steps = finish_steps(plan, dict(zip(vec.ids.tolist(), vec.weights.tolist())), self.vocab) if plan else []
+        return EncodedQuery(vec, steps)
 
     def encode_texts(
         self,
@@ -161,13 +186,20 @@ class BagOfWordsEncoder(Encoder):
         batch_size: int = 32,
         progress: bool = False,
         idf: np.ndarray | None = None,
+        index_stats: Any = None,
     ) -> list[SparseVector]:
+        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                      index_stats=index_stats)]
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                       idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
+        """Like :meth:`encode_texts`, with each query's grounding steps (``EncodedQuery``)."""
         texts = _check_texts(texts)
         idf_arr = _check_idf(idf, self.vocab)
         out = []
         with progress_bar(len(texts), "encoding texts", progress) as bar:
             for t in texts:
-                out.append(self.encode_text(t, idf_arr))
+                out.append(self.encode_query(t, idf_arr, index_stats))
                 bar.update(1)
         return out
 
@@ -313,9 +345,22 @@ class SpladeEncoder(Encoder):
         drop_stopwords: bool = True,
         runtime: str | None = None,
         idf: bool = False,
+        grounding: Any = "on",
+        expansion_cap: float | None = None,
     ):
         super().__init__(vocab, name=name)
+        from .grounding import EXPANSION_CAP, parse_grounding
         from .runtime import runtime_choice
+
+        # With index_stats (stair-es search passes them): query words the index lacks are
+        # grounded on WordNet relatives it holds, split words are never searched as their
+        # fragments, and expansion tokens are restricted to the index and capped at
+        # expansion_cap x the query's strongest own word (stair_es/encoders/grounding.py).
+        self.grounding = parse_grounding(grounding)
+        if expansion_cap is not None and not (isinstance(expansion_cap, (int, float)) and expansion_cap >= 0):
+            raise InvalidInputError(f"expansion_cap must be a number >= 0, got {expansion_cap!r}")
+        self._cap_given = expansion_cap is not None
+        self.expansion_cap = float(expansion_cap) if expansion_cap is not None else EXPANSION_CAP
 
         self.runtime = runtime_choice(runtime)
         if not isinstance(model, str) or not model:
@@ -352,11 +397,20 @@ class SpladeEncoder(Encoder):
             cfg["drop_stopwords"] = False
         if self.idf:
             cfg["idf"] = True
+        if not self.grounding:
+            cfg["grounding"] = "off"
+        if self._cap_given:
+            cfg["expansion_cap"] = self.expansion_cap
         return cfg
 
     @property
     def uses_idf(self) -> bool:
         return self.idf
+
+    @property
+    def uses_index_stats(self) -> bool:
+        """Whether queries are grounded on the index's tokens (then callers pass ``index_stats``)."""
+        return self.grounding
 
     def load(self) -> tuple[Any, Any]:
         """Load tokenizer and model now (otherwise on first use); raises ModelError / MissingDependencyError.
@@ -408,12 +462,35 @@ class SpladeEncoder(Encoder):
         batch_size: int = 32,
         progress: bool = False,
         idf: np.ndarray | None = None,
+        index_stats: Any = None,
     ) -> list[SparseVector]:
+        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                      index_stats=index_stats)]
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                       idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
+        """Like :meth:`encode_texts`, with each query's grounding steps (``EncodedQuery``)."""
+        from .grounding import EncodedQuery, apply_plan, check_stats, finish_steps, plan_query
+
         idf_arr = _check_idf(idf, self.vocab) if self.idf else None
+        stats = check_stats(index_stats, self.vocab) if self.grounding else None
+        texts = _check_texts(texts)
         vectors = self._encode(texts, batch_size, progress)
-        if idf_arr is None:
-            return vectors
-        return [SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab) for v in vectors]
+        out = []
+        for text, v in zip(texts, vectors):
+            plan = None
+            if stats is not None:
+                plan = plan_query(text, self.vocab, stats, DEFAULT_STOPWORDS)
+                grounded = apply_plan(dict(zip(v.ids.tolist(), v.weights.tolist())), plan, self.vocab, stats.present,
+                                      expansion_cap=self.expansion_cap)
+                ids = np.fromiter(grounded.keys(), np.int64, len(grounded))
+                v = SparseVector.from_arrays(ids, np.fromiter(grounded.values(), np.float64, len(grounded)), self.vocab,
+                                             drop_special=True)
+            if idf_arr is not None:
+                v = SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab)
+            steps = finish_steps(plan, dict(zip(v.ids.tolist(), v.weights.tolist())), self.vocab) if plan else []
+            out.append(EncodedQuery(v, steps))
+        return out
 
     def _encode(self, texts: Sequence[str], batch_size: int, progress: bool) -> list[SparseVector]:
         texts = _check_texts(texts)

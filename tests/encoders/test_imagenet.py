@@ -29,8 +29,11 @@ def test_head_noun_counts_more_than_modifiers():
     assert _shares("great white shark") == {"great": 0.6, "white": 0.6, "shark": 1.0}
 
 
-def test_pieces_of_one_word_share_its_weight():
-    assert _shares("goldfish") == {"gold": 0.5, "##fish": 0.5}
+def test_only_whole_word_tokens_no_fragments():
+    # "goldfish" is gold ##fish in WordPiece: its fragments would match "gold" or any ##fish word
+    assert _shares("goldfish") == {}
+    (old,) = class_token_shares(["goldfish"], V, whole_words=False)  # the classnames-v1 table kept them
+    assert {V.token(i) for i in old} == {"gold", "##fish"}
 
 
 def test_gloss_counts_half_and_of_phrases():
@@ -39,8 +42,8 @@ def test_gloss_counts_half_and_of_phrases():
 
 
 def test_alternatives_and_stopwords():
-    assert _shares("baluster / handrail") == {"bal": 0.3333, "##ust": 0.3333, "##er": 0.3333, "hand": 0.5, "##rail": 0.5}
-    assert _shares("red wolf or maned wolf") == {"red": 0.6, "wolf": 1.0, "mane": 0.3, "##d": 0.3}
+    assert _shares("baluster / handrail") == {}
+    assert _shares("red wolf or maned wolf") == {"red": 0.6, "wolf": 1.0}
     assert "s" not in _shares("potter's wheel")
 
 
@@ -61,6 +64,8 @@ def test_wordnet_map_is_complete_and_versioned():
         assert c["wnid"].startswith("n") and c["tokens"]
         for tok, share in c["tokens"].items():
             assert tok in V and not V.is_special(V.id(tok)) and 0 < share <= 1
+        assert not tok.startswith("##")  # whole words only (map version 2)
+    assert data["parameters"]["whole_words_only"] is True
     assert ImageNetLabelEncoder.__init__.__defaults__ is not None  # (constructor stays cheap: no model loaded)
     assert get_encoder("imagenet").config()["token_map"] == data["version"]
 
@@ -79,11 +84,30 @@ def test_wordnet_hypernyms_say_what_a_class_is():
         assert not {"entity", "object", "whole", "artifact", "organism", "being"} & set(_wordnet_shares(c))
 
 
+def test_a_class_whose_name_is_no_token_is_carried_by_its_relatives():
+    # tabby -> tab ##by, Egyptian Mau -> ma ##u, goldfish, espresso: their relatives carry them
+    assert _wordnet_shares("Egyptian Mau")["cat"] == 1.0
+    assert _wordnet_shares("goldfish")["fish"] == 1.0
+    assert _wordnet_shares("espresso")["coffee"] == 1.0
+    fragments = {"tab", "ma", "gold", "es", "##by", "##u", "##fish", "##o"}
+    for c in ("tabby cat", "Egyptian Mau", "goldfish", "espresso"):
+        assert not fragments & set(_wordnet_shares(c)), c
+    # every class keeps at least one token at the head's share
+    from stair_es.encoders.imagenet import wordnet_class_shares
+
+    assert all(t and max(t.values()) == 1.0 for t in wordnet_class_shares(V))
+
+
 def test_an_index_built_with_another_token_map_is_refused_clearly():
     from stair_es.errors import EncoderVersionError
 
+    old = ImageNetLabelEncoder(token_map="wordnet3.0-v0-old")  # text queries of such an index still work...
     with pytest.raises(EncoderVersionError, match="ImageNet token map 'wordnet3.0-v0-old'.*--force"):
-        ImageNetLabelEncoder(token_map="wordnet3.0-v0-old")
+        old.vector_from_probabilities(np.full(1000, 1e-3))  # ...but its image vectors are not comparable
+    default_old = get_encoder("default", text="bow", token_map="wordnet3.0-v0-old")
+    assert default_old.encode_texts(["a cat"])[0].weight("cat") > 0
+    with pytest.raises(EncoderVersionError, match="--force"):
+        default_old.encode_images([__import__("PIL.Image").Image.new("RGB", (32, 32))])
     assert ImageNetLabelEncoder(token_map="wordnet3.0-v0-old", allow_version_mismatch=True).token_map != "wordnet3.0-v0-old"
     cfg = get_encoder("default", text="bow").config()
     assert get_encoder(**cfg).config() == cfg
@@ -91,7 +115,7 @@ def test_an_index_built_with_another_token_map_is_refused_clearly():
 
 def test_names_only_table_without_hypernyms():
     enc = ImageNetLabelEncoder(hypernyms=False)
-    assert enc.config()["token_map"] == "classnames-v1"
+    assert enc.config()["token_map"] == "classnames-v2"
     beagle = [n.lower() for n in enc.classnames].index("beagle")
     assert V.id("dog") not in enc._table[beagle]
 
@@ -117,12 +141,26 @@ def test_top_classes_and_min_weight_prune():
     p = np.full(1000, 0.5 / 999)
     p[enc.classnames.index("goldfish")] = 0.5
     vec = enc.vector_from_probabilities(p)
-    assert set(vec.to_token_map()) == {"gold", "##fish", "fish", "animal"}
+    assert set(vec.to_token_map()) == {"fish", "animal"}
     assert ImageNetLabelEncoder(min_weight=5.0).vector_from_probabilities(p).nnz == 0
 
 
+def test_temperature_spreads_the_weight_over_more_classes_and_is_recorded():
+    enc1, enc2 = ImageNetLabelEncoder(), ImageNetLabelEncoder(temperature=2.0)
+    names = enc1.classnames
+    p = np.full(1000, 1e-12)
+    p[names.index("Beagle")], p[names.index("tabby cat")] = 0.9, 0.1
+    v1, v2 = enc1.vector_from_probabilities(p), enc2.vector_from_probabilities(p)
+    assert v2.weight("cat") > v1.weight("cat") and v2.weight("hound") < v1.weight("hound")
+    assert enc1.config()["temperature"] == 1.0 and enc2.config()["temperature"] == 2.0
+    assert get_encoder(**enc2.config()).config() == enc2.config()
+    cfg = get_encoder("default", text="bow", temperature=2.0).config()
+    assert cfg["temperature"] == 2.0 and get_encoder(**cfg).config() == cfg
+
+
 @pytest.mark.parametrize(
-    "opts", [{"model": "lite9"}, {"top_classes": 0}, {"class_mass": 0}, {"min_weight": -1}, {"scale": 0}]
+    "opts", [{"model": "lite9"}, {"top_classes": 0}, {"class_mass": 0}, {"min_weight": -1}, {"scale": 0},
+             {"temperature": 0}, {"temperature": "warm"}]
 )
 def test_bad_options(opts):
     with pytest.raises(InvalidInputError):
@@ -171,7 +209,8 @@ def test_real_photo_tokens(imagenet_encoder, photos):
     cat, coffee = imagenet_encoder.encode_images([photos["chelsea"], photos["coffee"]], batch_size=2)
     cat_tokens = [t for t, _ in cat.top(5)]
     assert cat_tokens[0] == "cat"
-    assert {"coffee", "cup", "es"} <= set(coffee.to_token_map())
+    assert {"coffee", "cup", "drink"} <= set(coffee.to_token_map())
+    assert not {"es", "##press", "##o", "tab", "##by", "ma", "##u"} & (set(cat.to_token_map()) | set(coffee.to_token_map()))
     for vec in (cat, coffee):
         assert np.all(vec.weights > 0) and np.all(vec.weights <= math.log1p(10) + 1e-6)
         assert not V.special_mask[vec.ids].any()

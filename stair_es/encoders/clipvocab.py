@@ -1,0 +1,756 @@
+"""``clip-vocab``: grounded sparse words from any CLIP or SigLIP model, zero-shot.
+
+A CLIP-style model puts images and texts in one embedding space. Embed a fixed vocabulary
+of words once ("a photo of a {word}." and a few more templates), and an image's cosine
+similarity to every word says which words describe it (SpLiCE, Bhalla et al., NeurIPS 2024:
+a few dozen concept words keep much of CLIP's zero-shot accuracy). The words are whole
+BERT uncased tokens, so each is one token id and the result is an ordinary
+:class:`~stair_es.sparse.SparseVector` that any backend indexes.
+
+The vocabulary
+    ``configs/clip_vocab.json`` (``scripts/build_clip_vocab.py``): the 10,979 whole-word BERT
+    tokens (ASCII letters, >= 3 long, not stopwords) that are lower-case WordNet 3.0 noun or
+    adjective lemmas. A word's text embedding is the normalised mean of its templates'
+    normalised embeddings (:data:`DEFAULT_TEMPLATES`). The ``V x d`` matrix is computed once per
+    model (batched, with a progress bar) and cached in ``model_cache_dir()`` as
+    ``clipvocab-matrix-KEY.npy`` (+ ``.json``), the key hashing the weights' sha256, the
+    vocabulary version and the templates.
+
+Calibration (images and the projection of a query)
+    ``s = T e`` (cosine of the unit embedding ``e`` with every word), ``z = (s - mean(s)) /
+    std(s)`` over the vocabulary *for that input*, then ``w = log1p(max(z - threshold, 0))``
+    (``threshold`` 2.0: only words more than two standard deviations above the image's own
+    mean similarity count; ``log1p`` keeps the rare very high z from dominating a dot
+    product), the ``top_k`` (32) largest, and ``min_weight``. Z-scoring per input makes the
+    weights comparable across models with very different cosine ranges (CLIP's sit near
+    0.2-0.3, SigLIP's near 0), so no per-model temperature is needed.
+
+Texts
+    A query gets its own whole-word tokens (the ``bow`` encoder: count saturation, the
+    index's IDF when given) *and* the projection of its text embedding onto the vocabulary
+    (same calibration; ``projection`` scales it, 0 turns it off); a token in both keeps the
+    larger weight. :meth:`ClipVocabEncoder.explain_text` says which token came from which.
+
+Runtime
+    Both towers are exported to ONNX through :mod:`stair_es.encoders.runtime` (checked against
+    PyTorch at export, cached by the weights' sha256); images are preprocessed with PIL and
+    numpy as the model's ``preprocessor_config.json`` says (the same steps as transformers'
+    PIL image processors) and texts tokenised with the model's ``tokenizer.json`` through HF
+    ``tokenizers``. Once the towers and the matrix are cached, neither torch nor
+    transformers is imported.
+
+This module must not know about indices or backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import EmptyQueryError, EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary
+from .base import Encoder, progress_bar, read_packaged_map
+from .runtime import first_line
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATES: tuple[str, ...] = ("a photo of a {}.", "a photo of the {}.", "a close-up photo of a {}.", "{}")
+DEFAULT_TOP_K = 32
+DEFAULT_THRESHOLD = 2.0
+FAMILIES = ("clip", "siglip")
+#: Bump when the way the vocabulary matrix is computed changes (same inputs, other numbers).
+MATRIX_VERSION = 1
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+#: How many vocabulary matrices this process computed (a cache hit computes none); tests read it.
+MATRIX_COMPUTATIONS = 0
+_LOCK = threading.Lock()
+_MATRICES: dict[str, np.ndarray] = {}
+
+
+def load_word_list() -> tuple[str, list[str]]:
+    """(version, words) of the shipped vocabulary."""
+    data = read_packaged_map("clip_vocab.json", "the clip-vocab word list")
+    return str(data["version"]), list(data["words"])
+
+
+def _resolve_folder(model: str) -> Path:
+    """The local folder of ``model`` (a folder, an id in the model store, or a hub id pulled once)."""
+    try:
+        from ..models import resolve_model
+    except ImportError:  # pragma: no cover - the store is part of stair_es
+        path = Path(model).expanduser()
+        if path.is_dir():
+            return path
+        raise ModelError(f"model folder not found: {model}") from None
+    return Path(resolve_model(model, kind="clip-vocab"))
+
+
+def _model_record(folder: Path) -> dict[str, Any]:
+    from ..models import model_record
+
+    return model_record(folder)
+
+
+class _Preprocess:
+    """The image steps of transformers' PIL image processors for CLIP and SigLIP, in numpy:
+    RGB, resize (shortest edge, or to height x width) with the configured PIL filter, centre
+    crop, rescale in float64 then float32, normalise in float32; CHW."""
+
+    def __init__(self, cfg: dict[str, Any], family: str, image_size: int):
+        clip = family == "clip"
+        size = cfg.get("size", {"shortest_edge": image_size} if clip else {"height": image_size, "width": image_size})
+        if isinstance(size, int):
+            size = {"shortest_edge": size} if clip else {"height": size, "width": size}
+        self.size = dict(size)
+        self.do_resize = bool(cfg.get("do_resize", True))
+        self.resample = int(cfg.get("resample", 3))  # PIL.Image.BICUBIC
+        self.do_center_crop = bool(cfg.get("do_center_crop", clip))
+        crop = cfg.get("crop_size", {"height": image_size, "width": image_size})
+        if isinstance(crop, int):
+            crop = {"height": crop, "width": crop}
+        self.crop = (int(crop["height"]), int(crop["width"]))
+        self.do_rescale = bool(cfg.get("do_rescale", True))
+        self.rescale_factor = float(cfg.get("rescale_factor", 1 / 255))
+        self.do_normalize = bool(cfg.get("do_normalize", True))
+        self.mean = np.array(cfg.get("image_mean", _CLIP_MEAN if clip else (0.5, 0.5, 0.5)), np.float32)
+        self.std = np.array(cfg.get("image_std", _CLIP_STD if clip else (0.5, 0.5, 0.5)), np.float32)
+        if "shortest_edge" not in self.size and not ("height" in self.size and "width" in self.size):
+            raise ModelError(f"unsupported image size in preprocessor_config.json: {size}")
+
+    @property
+    def min_side(self) -> int:
+        return int(self.size.get("shortest_edge") or min(self.size["height"], self.size["width"]))
+
+    def __call__(self, image: Any) -> np.ndarray:
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        if self.do_resize:
+            w, h = image.size
+            if "shortest_edge" in self.size:
+                s = int(self.size["shortest_edge"])
+                short, long = (w, h) if w <= h else (h, w)
+                new_long = int(s * long / short)
+                new_h, new_w = (new_long, s) if w <= h else (s, new_long)
+            else:
+                new_h, new_w = int(self.size["height"]), int(self.size["width"])
+            image = image.resize((new_w, new_h), resample=self.resample)
+        arr = np.asarray(image).transpose(2, 0, 1)
+        if self.do_center_crop:
+            ch, cw = self.crop
+            h, w = arr.shape[1:]
+            if ch > h or cw > w:  # as transformers: pad with zeros to the crop size, centred
+                big = np.zeros((3, max(h, ch), max(w, cw)), arr.dtype)
+                top, left = -(-(big.shape[1] - h) // 2), -(-(big.shape[2] - w) // 2)
+                big[:, top : top + h, left : left + w] = arr
+                arr, h, w = big, big.shape[1], big.shape[2]
+            top, left = (h - ch) // 2, (w - cw) // 2
+            arr = arr[:, top : top + ch, left : left + cw]
+        x = (arr.astype(np.float64) * self.rescale_factor).astype(np.float32) if self.do_rescale else arr.astype(np.float32)
+        if self.do_normalize:
+            x = ((x.T - self.mean) / self.std).T
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+class _TextTokenizer:
+    """The model's ``tokenizer.json`` through HF ``tokenizers``, padded as the family needs:
+    CLIP to the longest text of a batch (with an attention mask; its causal text tower pools at
+    the first end-of-text token, so padding changes nothing), SigLIP always to its maximum
+    length (it was trained so and pools the last position).
+
+    A checkpoint with no ``tokenizer.json`` (SigLIP's hub checkpoints ship only a SentencePiece
+    ``spiece.model``) is tokenised by transformers' own tokenizer for it (``AutoTokenizer``;
+    needs ``sentencepiece``): then a query imports transformers, though still not torch.
+    """
+
+    def __init__(self, folder: Path, family: str, max_length: int, model: str):
+        self.family = family
+        self.max_length = int(max_length)
+        self.slow: Any = None
+        file = folder / "tokenizer.json"
+        if not file.is_file():
+            self.slow = self._load_slow(folder, model)
+            return
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise MissingDependencyError("the clip-vocab encoder", "encoders", "tokenizers") from None
+        try:
+            self.tok = Tokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises its own Exception subclass
+            raise ModelError(f"cannot read the tokenizer of {model!r} ({file}): {first_line(e)}") from None
+        self.tok.no_padding()
+        self.tok.enable_truncation(max_length=self.max_length)
+        self.pad_id = self._pad_id(folder)
+
+    def _load_slow(self, folder: Path, model: str) -> Any:
+        if not any((folder / n).is_file() for n in ("spiece.model", "tokenizer_config.json", "vocab.json")):
+            raise ModelError(f"model {model!r} has no tokenizer (tokenizer.json, or spiece.model / vocab.json with "
+                             f"tokenizer_config.json) in {folder}; give the checkpoint folder with its tokenizer files")
+        try:
+            import transformers
+        except ImportError:
+            raise MissingDependencyError(f"the tokenizer of {model!r} (no tokenizer.json)", "encoders", "transformers") from None
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except ImportError as e:  # transformers names the missing package (sentencepiece, protobuf)
+            raise MissingDependencyError(f"the tokenizer of {model!r} ({first_line(e)})", "encoders", "sentencepiece protobuf") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(f"cannot load the tokenizer of {model!r} from {folder}: {first_line(e)}") from None
+
+    def _pad_id(self, folder: Path) -> int:
+        pad = None
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            try:
+                data = json.loads((folder / name).read_text("utf-8"))
+            except (OSError, ValueError):
+                continue
+            value = data.get("pad_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                pad = value
+                break
+        for candidate in (pad, "<pad>", "<|endoftext|>", "</s>"):
+            if candidate is not None and self.tok.token_to_id(candidate) is not None:
+                return int(self.tok.token_to_id(candidate))
+        return 0
+
+    def __call__(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        if self.slow is not None:
+            padding = "max_length" if self.family == "siglip" else True
+            enc = self.slow(list(texts), padding=padding, truncation=True, max_length=self.max_length, return_tensors="np")
+            ids = np.asarray(enc["input_ids"], np.int64)
+            if self.family == "siglip":
+                return {"input_ids": ids}
+            return {"input_ids": ids, "attention_mask": np.asarray(enc["attention_mask"], np.int64)}
+        seqs = [e.ids for e in self.tok.encode_batch(list(texts))]
+        width = self.max_length if self.family == "siglip" else max(len(s) for s in seqs)
+        ids = np.full((len(seqs), width), self.pad_id, np.int64)
+        mask = np.zeros((len(seqs), width), np.int64)
+        for r, s in enumerate(seqs):
+            ids[r, : len(s)] = s
+            mask[r, : len(s)] = 1
+        if self.family == "siglip":
+            return {"input_ids": ids}
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(n, 1e-12)
+
+
+def calibrate(sims: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndarray:
+    """Cosine similarities to every vocabulary word (one row per input) -> word weights:
+    z-scored per row, ``log1p(max(z - threshold, 0))`` (see the module docstring)."""
+    s = np.asarray(sims, np.float64)
+    mean = s.mean(axis=-1, keepdims=True)
+    std = s.std(axis=-1, keepdims=True)
+    z = (s - mean) / np.maximum(std, 1e-12)
+    return np.log1p(np.maximum(z - threshold, 0.0))
+
+
+class ClipVocabEncoder(Encoder):
+    """Zero-shot sparse words from a CLIP or SigLIP checkpoint (see the module docstring)."""
+
+    name = "clip-vocab"
+    modalities = frozenset({"image", "text"})
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        min_weight: float = 0.0,
+        threshold: float = DEFAULT_THRESHOLD,
+        templates: Sequence[str] | None = None,
+        projection: float = 1.0,
+        words: bool = True,
+        k1: float = 1.2,
+        runtime: str | None = None,
+        weights: str | None = None,
+        model_record: dict[str, Any] | None = None,
+        vocabulary: str | None = None,
+        allow_version_mismatch: bool = False,
+        vocab: Vocabulary | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(vocab, name=name)
+        from .runtime import runtime_choice
+        from .text import BagOfWordsEncoder
+
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidInputError(
+                "the clip-vocab encoder needs a CLIP or SigLIP model: --model ID (e.g. openai/clip-vit-base-patch32, "
+                "see `stair-es models list`) or a local folder"
+            )
+        if not (isinstance(top_k, int) and top_k >= 1):
+            raise InvalidInputError(f"top_k must be a whole number >= 1, got {top_k!r}")
+        if not (min_weight >= 0 and np.isfinite(min_weight)):
+            raise InvalidInputError(f"min_weight must be >= 0, got {min_weight!r}")
+        if not np.isfinite(threshold):
+            raise InvalidInputError(f"threshold must be a number (standard deviations), got {threshold!r}")
+        if not (projection >= 0 and np.isfinite(projection)):
+            raise InvalidInputError(f"projection must be >= 0 (0 turns the query's projection off), got {projection!r}")
+        tpl = tuple(templates) if templates is not None else DEFAULT_TEMPLATES
+        if isinstance(templates, str) or not tpl or any(not isinstance(t, str) or t.count("{}") != 1 for t in tpl):
+            raise InvalidInputError('templates must be a list of prompts each holding one "{}" for the word, e.g. "a photo of a {}."')
+        if not (words or projection > 0):
+            raise InvalidInputError("a query needs its own words (words=true) or the projection (projection > 0)")
+        self.model = model.strip()
+        self.top_k = top_k
+        self.min_weight = float(min_weight)
+        self.threshold = float(threshold)
+        self.templates = tpl
+        self.projection = float(projection)
+        self.words = bool(words)
+        self.runtime = runtime_choice(runtime)
+        self.allow_version_mismatch = bool(allow_version_mismatch)
+        self._recorded_weights = weights
+        self._recorded_record = model_record
+        self.vocabulary_version, self.word_list = load_word_list()
+        if vocabulary is not None and vocabulary != self.vocabulary_version and not allow_version_mismatch:
+            raise EncoderVersionError(
+                f"the index was built with the clip-vocab word list {vocabulary!r}, but this stair_es has "
+                f"{self.vocabulary_version!r}: image words from the two differ. Re-ingest the catalog into a new index, "
+                "install the stair_es version that built it, or pass --force to search it anyway"
+            )
+        ids = [self.vocab.get(w) for w in self.word_list]
+        if any(i is None for i in ids):
+            raise ModelError("the clip-vocab word list holds words outside the BERT vocabulary; reinstall stair-es")
+        self.word_ids = np.array(ids, np.int64)
+        self._bow = BagOfWordsEncoder(vocab=self.vocab, k1=k1)
+        self.k1 = float(k1)
+        self._folder: Path | None = None
+        self._info: dict[str, Any] | None = None
+        self._torch_model: Any = None
+        self._towers: dict[str, Any] = {}
+        self._tokenizer: _TextTokenizer | None = None
+        self._preprocess: _Preprocess | None = None
+        self._matrix: np.ndarray | None = None
+
+    # --- the model --------------------------------------------------------------------------
+    def _model_info(self) -> dict[str, Any]:
+        """Folder, family, weight files and digest, record; checks the recorded model once."""
+        if self._info is not None:
+            return self._info
+        folder = _resolve_folder(self.model)
+        try:
+            cfg = json.loads((folder / "config.json").read_text("utf-8"))
+        except (OSError, ValueError) as e:
+            raise ModelError(f"model {self.model!r}: cannot read config.json in {folder} ({first_line(e)}); "
+                             "give a CLIP or SigLIP checkpoint folder") from None
+        family = cfg.get("model_type")
+        if family not in FAMILIES:
+            raise ModelError(f"model {self.model!r} is a {family!r} model; the clip-vocab encoder takes a full CLIP or "
+                             f"SigLIP checkpoint (model_type {' or '.join(FAMILIES)}) with both towers")
+        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin")
+                       and not p.name.startswith(("tf_", "flax_")))
+        if not files:
+            raise ModelError(f"model {self.model!r}: no weights (.safetensors or .bin) in {folder}")
+        from .runtime import weights_digest
+
+        weight_files = files + [folder / "config.json"]
+        digest = weights_digest(weight_files)
+        text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+        info = {
+            "folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
+            "weights": digest[:16], "record": _model_record(folder),
+            "image_size": int(vision_cfg.get("image_size", 224)),
+            "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64)),
+        }
+        if self._recorded_weights is not None and self._recorded_weights != info["weights"] and not self.allow_version_mismatch:
+            was = (self._recorded_record or {}).get("id", "another model")
+            raise EncoderVersionError(
+                f"the index was built with the clip-vocab model {was!r} (weights {self._recorded_weights}), but "
+                f"{self.model!r} has weights {info['weights']}: its words are not comparable. Search with the model "
+                "the index was built with, re-ingest into a new index, or pass --force to search it anyway"
+            )
+        self._info = info
+        self._folder = folder
+        return info
+
+    @property
+    def image_min_side(self) -> int | None:  # type: ignore[override]
+        try:
+            return self._image_preprocess().min_side
+        except ModelError:
+            return None
+
+    def _image_preprocess(self) -> _Preprocess:
+        if self._preprocess is None:
+            info = self._model_info()
+            try:
+                cfg = json.loads((info["folder"] / "preprocessor_config.json").read_text("utf-8"))
+            except OSError:
+                cfg = {}
+            except ValueError as e:
+                raise ModelError(f"model {self.model!r}: preprocessor_config.json is not valid JSON ({e})") from None
+            self._preprocess = _Preprocess(cfg, info["family"], info["image_size"])
+        return self._preprocess
+
+    def _text_tokenizer(self) -> _TextTokenizer:
+        if self._tokenizer is None:
+            info = self._model_info()
+            self._tokenizer = _TextTokenizer(info["folder"], info["family"], info["max_length"], self.model)
+        return self._tokenizer
+
+    def torch_model(self) -> Any:
+        """The transformers ``CLIPModel`` / ``SiglipModel`` (only for export and runtime='torch')."""
+        if self._torch_model is None:
+            info = self._model_info()
+            try:
+                import torch  # noqa: F401
+                import transformers
+            except ImportError:
+                raise MissingDependencyError("exporting a CLIP/SigLIP model (first use)", "encoders", "transformers torch") from None
+            cls = transformers.CLIPModel if info["family"] == "clip" else transformers.SiglipModel
+            hf_logging = getattr(transformers.utils, "logging", None)
+            bar_was_on = bool(hf_logging and hf_logging.is_progress_bar_enabled())
+            if bar_was_on:
+                hf_logging.disable_progress_bar()  # library code must not draw on the user's terminal
+            try:
+                model, loading = cls.from_pretrained(str(info["folder"]), output_loading_info=True)
+            except (OSError, ValueError, KeyError, RuntimeError) as e:
+                raise ModelError(f"cannot load {info['family']} model {self.model!r}: {first_line(e)}") from None
+            finally:
+                if bar_was_on:
+                    hf_logging.enable_progress_bar()
+            bad = {k: v for k, v in loading.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+            if bad:
+                parts = [f"{k.replace('_', ' ')}: {', '.join(map(str, list(v)[:5]))}{' ...' if len(v) > 5 else ''}"
+                         for k, v in bad.items()]
+                raise ModelError(f"model {self.model!r} does not match the {info['family']} architecture of its config "
+                                 f"({'; '.join(parts)}); give an unmodified CLIP or SigLIP checkpoint")
+            self._torch_model = model.eval()
+        return self._torch_model
+
+    # --- ONNX towers ------------------------------------------------------------------------
+    def tower_specs(self) -> dict[str, Any]:
+        from .runtime import TowerSpec
+
+        info = self._model_info()
+        family, size = info["family"], info["image_size"]
+        enc = self
+
+        def image_module() -> Any:
+            import torch
+
+            model = enc.torch_model()
+
+            class ImageTower(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.m = model
+
+                def forward(self, pixel_values: Any) -> Any:
+                    return _features(self.m.get_image_features(pixel_values=pixel_values))
+
+            return ImageTower().eval()
+
+        def text_module() -> Any:
+            import torch
+
+            model = enc.torch_model()
+
+            class TextTower(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.m = model
+
+                def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
+                    return _features(self.m.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
+
+            return TextTower().eval()
+
+        def image_sample() -> dict[str, np.ndarray]:
+            return {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)}
+
+        def text_sample() -> dict[str, np.ndarray]:
+            return enc._text_tokenizer()(["a photo of a dog.", "red"])
+
+        text_inputs = ["input_ids"] if family == "siglip" else ["input_ids", "attention_mask"]
+        axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}, "embeddings": {0: "batch"}}
+        kind = f"clipvocab-{family}"
+        return {
+            "image": TowerSpec(kind=f"{kind}-image", weight_files=info["weight_files"], build=image_module, sample=image_sample,
+                               input_names=["pixel_values"], output_names=["embeddings"],
+                               dynamic_axes={"pixel_values": {0: "batch"}, "embeddings": {0: "batch"}}, tolerance=1e-4,
+                               parallel=True),
+            "text": TowerSpec(kind=f"{kind}-text", weight_files=info["weight_files"], build=text_module, sample=text_sample,
+                              input_names=text_inputs, output_names=["embeddings"],
+                              dynamic_axes={k: v for k, v in axes.items() if k in text_inputs or k == "embeddings"},
+                              tolerance=1e-4),
+        }
+
+    def onnx_spec(self):
+        """The image tower's export spec (``stair-es encoders export --encoder clip-vocab``)."""
+        return self.tower_specs()["image"]
+
+    def _tower(self, which: str) -> Any:
+        if which not in self._towers:
+            from .runtime import resolve_tower
+
+            tower = resolve_tower(self.tower_specs()[which], self.runtime)
+            self._towers[which] = tower if tower is not None else False
+        return self._towers[which]
+
+    # --- embeddings -------------------------------------------------------------------------
+    def image_embeddings(self, images: Sequence[Any], *, batch_size: int = 16) -> np.ndarray:
+        """Raw (unnormalised) image features, as transformers' ``get_image_features`` gives them."""
+        prep = self._image_preprocess()
+        out = []
+        for i in range(0, len(images), batch_size):
+            pixels = np.stack([prep(im) for im in images[i : i + batch_size]])
+            out.append(self._run("image", {"pixel_values": pixels}))
+        return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+    def text_embeddings(self, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
+        """Raw (unnormalised) text features, as transformers' ``get_text_features`` gives them."""
+        tok = self._text_tokenizer()
+        out = []
+        for i in range(0, len(texts), batch_size):
+            out.append(self._run("text", tok(texts[i : i + batch_size])))
+        return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+    def _run(self, which: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        tower = self._tower(which)
+        if tower:
+            run = tower.run_parallel if which == "image" else tower.run
+            return np.asarray(run(feeds)[0], np.float32)
+        import torch
+
+        model = self.torch_model()
+        with torch.no_grad():
+            if which == "image":
+                got = model.get_image_features(pixel_values=torch.from_numpy(feeds["pixel_values"]))
+            else:
+                got = model.get_text_features(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+        return _features(got).float().numpy()
+
+    # --- the vocabulary matrix --------------------------------------------------------------
+    def matrix_key(self) -> str:
+        info = self._model_info()
+        parts = [info["digest"], self.vocabulary_version, json.dumps(list(self.templates)), f"matrix{MATRIX_VERSION}"]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+    def matrix_path(self) -> Path:
+        from .runtime import model_cache_dir
+
+        return model_cache_dir() / f"clipvocab-matrix-{self.matrix_key()}.npy"
+
+    def vocabulary_matrix(self, *, progress: bool = False) -> np.ndarray:
+        """The ``V x d`` unit text embeddings of the word list, computed once per model and cached."""
+        if self._matrix is not None:
+            return self._matrix
+        path = self.matrix_path()
+        with _LOCK:
+            cached = _MATRICES.get(str(path))
+        if cached is None:
+            cached = _read_matrix(path, len(self.word_list))
+        if cached is None:
+            cached = self._compute_matrix(path, progress)
+        with _LOCK:
+            _MATRICES[str(path)] = cached
+        self._matrix = cached
+        return cached
+
+    def _compute_matrix(self, path: Path, progress: bool) -> np.ndarray:
+        global MATRIX_COMPUTATIONS
+        from .runtime import file_sha256
+
+        started = time.perf_counter()
+        words, templates = self.word_list, self.templates
+        prompts = [t.format(w) for w in words for t in templates]
+        # similar lengths batch together (less padding); results go back to their rows
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        emb: np.ndarray | None = None
+        batch = 128
+        log.info("clip-vocab: embedding %d words x %d templates with %s (once per model)", len(words), len(templates), self.model)
+        with progress_bar(len(prompts), "clip-vocab: embedding the vocabulary (once per model)", progress) as bar:
+            for i in range(0, len(order), batch):
+                idx = order[i : i + batch]
+                got = _unit(self.text_embeddings([prompts[j] for j in idx], batch_size=batch))
+                if emb is None:
+                    emb = np.zeros((len(prompts), got.shape[1]), np.float32)
+                emb[idx] = got
+                bar.update(len(idx))
+        assert emb is not None
+        matrix = _unit(emb.reshape(len(words), len(templates), -1).mean(axis=1)).astype(np.float32)
+        with _LOCK:
+            MATRIX_COMPUTATIONS += 1
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=".clipvocab-matrix-", suffix=".npy.tmp", dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+            with open(tmp, "wb") as f:  # a file object: np.save would add ".npy" to a name
+                np.save(f, matrix, allow_pickle=False)
+            meta = {"kind": "clipvocab-matrix", "npy_sha256": file_sha256(tmp), "model": self.model,
+                    "weights_sha256": self._model_info()["digest"], "vocabulary": self.vocabulary_version,
+                    "templates": list(templates), "shape": list(matrix.shape), "matrix_version": MATRIX_VERSION,
+                    "seconds": round(time.perf_counter() - started, 3)}
+            meta_tmp = tmp.with_name(tmp.name + ".json")
+            meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+            os.replace(tmp, path)
+            os.replace(meta_tmp, path.with_suffix(".json"))
+        except OSError as e:  # a read-only cache only costs computing it again next time
+            log.warning("clip-vocab: cannot cache the vocabulary matrix in %s (%s); it will be computed again next time",
+                        path.parent, e.strerror or e)
+        return matrix
+
+    # --- artifacts (models export) ----------------------------------------------------------
+    def artifacts(self) -> list[Path]:
+        """Make sure every file the encoder needs at run time without torch is in the model
+        cache (both ONNX towers with their sidecars, the vocabulary matrix with its sidecar)
+        and return their paths (``stair-es models export`` bundles them)."""
+        from .runtime import load_tower
+
+        paths: list[Path] = []
+        for spec in self.tower_specs().values():
+            tower = load_tower(spec)
+            paths += [tower.path, tower.path.with_suffix(".json")]
+        self.vocabulary_matrix(progress=True)
+        paths += [self.matrix_path(), self.matrix_path().with_suffix(".json")]
+        return paths
+
+    def load(self) -> "ClipVocabEncoder":
+        """Load the towers and the vocabulary matrix now (otherwise on first use)."""
+        self._model_info()
+        self._tower("image")
+        self._tower("text")
+        self.vocabulary_matrix()
+        return self
+
+    # --- encoding ---------------------------------------------------------------------------
+    def _word_vector(self, weights: np.ndarray) -> SparseVector:
+        w = np.asarray(weights, np.float64)
+        if self.top_k < w.size:
+            keep = np.argpartition(-w, self.top_k - 1)[: self.top_k]
+        else:
+            keep = np.arange(w.size)
+        keep = keep[(w[keep] > 0) & (w[keep] >= self.min_weight)]
+        return SparseVector.from_arrays(self.word_ids[keep], w[keep], self.vocab)
+
+    def project(self, embeddings: np.ndarray) -> list[SparseVector]:
+        """Raw embeddings (image or text) -> calibrated top-k word vectors."""
+        sims = _unit(embeddings) @ self.vocabulary_matrix().T
+        return [self._word_vector(row) for row in calibrate(sims, self.threshold)]
+
+    def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
+        if isinstance(images, (str, bytes)) or not hasattr(images, "__len__"):
+            raise InvalidInputError("encode_images takes a list of PIL images")
+        self.vocabulary_matrix(progress=progress)
+        out: list[SparseVector] = []
+        with progress_bar(len(images), "encoding images", progress) as bar:
+            for i in range(0, len(images), batch_size):
+                chunk = list(images[i : i + batch_size])
+                out.extend(self.project(self.image_embeddings(chunk, batch_size=batch_size)))
+                bar.update(len(chunk))
+        return out
+
+    @property
+    def uses_idf(self) -> bool:
+        return self.words
+
+    def explain_text(self, text: str, idf: np.ndarray | None = None) -> dict[str, dict[str, float]]:
+        """Which query tokens come from the text's own words and which from the projection of
+        its embedding onto the vocabulary: ``{"words": {token: w}, "projection": {token: w}}``
+        (a token in both keeps the larger weight in the query vector)."""
+        parts = self._text_parts([text], idf)[0]
+        return {k: {self.vocab.token(int(i)): float(w) for i, w in zip(v.ids, v.weights)} for k, v in parts.items()}
+
+    def _text_parts(self, texts: list[str], idf: np.ndarray | None, batch_size: int = 32,
+                    progress: bool = False) -> list[dict[str, SparseVector]]:
+        from .text import _check_idf, _check_texts
+
+        texts = _check_texts(texts)
+        idf_arr = _check_idf(idf, self.vocab)
+        projected: list[SparseVector] = [SparseVector.empty(self.vocab)] * len(texts)
+        if self.projection > 0 and texts:
+            self.vocabulary_matrix(progress=progress)
+            projected = []
+            for i in range(0, len(texts), batch_size):
+                for v in self.project(self.text_embeddings(texts[i : i + batch_size], batch_size=batch_size)):
+                    projected.append(SparseVector.from_arrays(v.ids, v.weights * self.projection, self.vocab))
+        out = []
+        for text, proj in zip(texts, projected):
+            own = SparseVector.empty(self.vocab)
+            if self.words:
+                try:
+                    own = self._bow.encode_text(text, idf_arr)
+                except EmptyQueryError:
+                    own = SparseVector.empty(self.vocab)
+            out.append({"words": own, "projection": proj})
+        return out
+
+    def encode_texts(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                     idf: np.ndarray | None = None) -> list[SparseVector]:
+        parts = self._text_parts(list(texts) if not isinstance(texts, str) else texts, idf, batch_size, progress)  # type: ignore[arg-type]
+        out = []
+        with progress_bar(len(parts), "encoding texts", progress) as bar:
+            for text, p in zip(texts, parts):
+                own, proj = p["words"], p["projection"]
+                vec = SparseVector.from_arrays(np.concatenate([own.ids, proj.ids]), np.concatenate([own.weights, proj.weights]),
+                                               self.vocab)
+                if vec.nnz == 0:
+                    raise EmptyQueryError(f"the text {text[:60]!r} has no searchable tokens")
+                out.append(vec)
+                bar.update(1)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        info = self._model_info()
+        cfg: dict[str, Any] = {"name": self.name, "model": self.model, "weights": info["weights"],
+                               "model_record": info["record"], "vocabulary": self.vocabulary_version,
+                               "top_k": self.top_k, "threshold": self.threshold}
+        if self.min_weight:
+            cfg["min_weight"] = self.min_weight
+        if self.templates != DEFAULT_TEMPLATES:
+            cfg["templates"] = list(self.templates)
+        if self.projection != 1.0:
+            cfg["projection"] = self.projection
+        if not self.words:
+            cfg["words"] = False
+        if self.k1 != 1.2:
+            cfg["k1"] = self.k1
+        return cfg
+
+
+def _features(out: Any) -> Any:
+    """transformers 5 returns a model output whose ``pooler_output`` holds the projected
+    features; older versions return the tensor itself."""
+    return out if hasattr(out, "shape") else out.pooler_output
+
+
+def _read_matrix(path: Path, rows: int) -> np.ndarray | None:
+    """A cached vocabulary matrix whose sha256 matches its sidecar, or None."""
+    from .runtime import file_sha256
+
+    meta_path = path.with_suffix(".json")
+    if not path.is_file() or not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+        if meta.get("npy_sha256") != file_sha256(path):
+            log.warning("cached vocabulary matrix %s does not match its checksum; computing it again", path)
+            return None
+        matrix = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if matrix.ndim != 2 or matrix.shape[0] != rows:
+        return None
+    return matrix.astype(np.float32, copy=False)
