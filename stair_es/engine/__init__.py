@@ -11,7 +11,9 @@ One module per job:
 * ``manifest``: the commit record (manifest files, validation, writer lock, tombstones);
 * ``check``: ``index check`` and its repairs (like Lucene's CheckIndex);
 * ``ids``: a batch's ids hashed once, id lookup across segments;
-* ``segment``: one immutable segment (format, build, merge input, filters);
+* ``segment``: one immutable segment (file format, build, reading, merge input);
+* ``columns``: the columnar batch a segment is built from, metadata columns, packed strings;
+* ``filters``: a filter tree evaluated on one segment into a document mask;
 * ``storage``: atomic files and the checksummed array container;
 * ``checksum``: the registry of compiled checksum helpers (numba, when loaded);
 * ``layout``: constants shared by the kernels and their twins;

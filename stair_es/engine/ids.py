@@ -12,7 +12,7 @@ from ..errors import InvalidInputError
 from ..schema import check_text
 from . import npkernels as NP
 from .npkernels import K
-from .segment import encode_ids
+from .columns import encode_ids
 
 
 @dataclass
