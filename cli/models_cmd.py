@@ -49,8 +49,8 @@ def models_group() -> None:
 @models_group.command("list")
 @json_option
 def list_cmd(as_json: bool) -> None:
-    """The models stair_es knows (what each is for, download size, licence, pinned revision)
-    and every model in the store, with the revisions installed."""
+    """The models stair_es knows (what each is for, download size, licence, the revision a
+    pull asks for) and every model in the store, with the revisions (commits) installed."""
     rows = store.listing()
     if as_json:
         echo_json({"store": str(store.store_dir()), "models": rows})
@@ -75,7 +75,8 @@ def list_cmd(as_json: bool) -> None:
 def pull_cmd(model_id: str, revision: str | None, kind: str | None, refresh: bool, as_json: bool) -> None:
     """Download model ID from the Hugging Face hub once into the store (sha256 of every file
     recorded). An interrupted pull resumes when run again. A gated model needs `hf auth login`
-    (or HF_TOKEN) first."""
+    (or HF_TOKEN) first. With HF_HUB_OFFLINE=1 or STAIR_ES_OFFLINE=1 the files are taken from
+    the Hugging Face cache only."""
     entry = store.pull(model_id, revision=revision, kind=kind, refresh=refresh,
                        progress=stderr_is_tty() and not as_json, local_only=store.offline())
     if as_json:

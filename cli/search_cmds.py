@@ -136,9 +136,15 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
       stair-es search samples "animal" --require cat --explain
       stair-es search samples "coffee" --expr 'cup OR espresso' --json
       stair-es search samples --image my-cat.jpg        # query by example image
+      stair-es search samples "a giraffe" --explain       # how each word was grounded
       stair-es search samples "a red car" --hybrid --fusion rrf --explain
       stair-es search samples "coffee cup" --hybrid --fusion linear --weights 0.7,0.3
       stair-es search shop "a red shoe" --retrievers sparse,bm25,dense
+
+    A query word the index does not hold is searched through its WordNet relatives that it
+    does hold ("giraffe" -> mammal), never as WordPiece fragments; the lines "grounding: ..."
+    say how (every word with --explain; "grounding" in --json). --encoder-option
+    grounding=off searches the words as they are.
 
     With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
     caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a

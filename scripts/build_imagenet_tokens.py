@@ -71,14 +71,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stair_es.encoders.imagenet import (  # noqa: E402
-    CLASSNAME_STOPWORDS as NAME_STOPWORDS,
     GLOSS_FACTOR,
     HEAD_SHARE,
     MODIFIER_SHARE,
     _split_names,
     _word_shares,
 )
-from stair_es.vocab import basic_tokenize, default_vocabulary  # noqa: E402
+from stair_es.vocab import default_vocabulary  # noqa: E402
 
 SCRIPT_VERSION = 2
 SYNONYM_FACTOR = 0.8

@@ -18,6 +18,8 @@ script writes, for every noun and adjective lemma of WordNet 3.0 (multiword ones
   hyponym's first name only, share 0.6 / 0.45;
 * ``p`` holonyms (what it is a part, member or substance of), share 0.55;
 * ``m`` meronyms (its parts, members, substances), share 0.5;
+* ``d`` for adjectives: the noun the word itself is derived from or pertains to (WordNet's
+  lexical ``+`` and ``\\`` pointers: ``snowy`` -> ``snow``, ``cloudy`` -> ``cloud``), share 0.85;
 * ``a`` for adjectives: similar adjectives (``&``), pertainyms (``\\``: ``aerial`` -> ``air``) and
   the noun attribute (``=``: ``tall`` -> ``stature``), share 0.7;
 * ``g`` nouns of the definition (``dandelion``: "... bright yellow flowers" -> ``flower``,
@@ -59,7 +61,7 @@ from build_imagenet_tokens import STOP_SYNSETS, ensure_wordnet  # noqa: E402
 from stair_es.encoders.text import DEFAULT_STOPWORDS  # noqa: E402
 from stair_es.vocab import default_vocabulary  # noqa: E402
 
-SCRIPT_VERSION = 2
+SCRIPT_VERSION = 3
 MAX_SENSES = 4
 HYPONYM_SENSES = 2
 SENSE_DECAY = 0.8
@@ -68,9 +70,9 @@ MAX_RELATIVES = 16
 MIN_SHARE = 0.3
 GLOSS_WORDS = 6
 BLOCK_BYTES = 32_000
-RELATIONS = {"s": "synonym", "h": "hypernym", "o": "hyponym", "p": "holonym", "m": "meronym", "a": "related adjective",
+RELATIONS = {"d": "derived from", "s": "synonym", "h": "hypernym", "o": "hyponym", "p": "holonym", "m": "meronym", "a": "related adjective",
              "g": "word of the definition"}
-SHARES = {"s": 0.9, "o1": 0.6, "o2": 0.45, "p": 0.55, "m": 0.5, "a": 0.7, "g": 0.45}
+SHARES = {"d": 0.85, "s": 0.9, "o1": 0.6, "o2": 0.45, "p": 0.55, "m": 0.5, "a": 0.7, "g": 0.45}
 
 
 def hypernym_share(d: int) -> float:
@@ -200,14 +202,22 @@ class Builder:
                 f = SENSE_DECAY ** rank
                 syn = self.data[(pos, off)]
                 for lem in syn.lemmas:
-                    if lem != lemma and "_" not in lem:  # a multiword synonym's head is not a synonym
+                    if lem != lemma and "_" not in lem and "-" not in lem:  # a multiword synonym's head is not one
                         add(self.token(lem), "s", 1, SHARES["s"] * f)
                 for w in self.gloss_words(syn.gloss):
                     add(w, "g", 1, SHARES["g"] * f)
                 if pos == "a":
-                    for sym, target, tpos, _ in syn.ptrs:
-                        if sym in ("&", "\\", "=") and (tpos, target) in self.data:
-                            for lem in self.data[(tpos, target)].lemmas[:2]:
+                    me = syn.lemmas.index(lemma) + 1 if lemma in syn.lemmas else 0
+                    for sym, target, tpos, st in syn.ptrs:
+                        if (tpos, target) not in self.data:
+                            continue
+                        words = self.data[(tpos, target)].lemmas
+                        if sym in ("+", "\\") and tpos == "n" and st != "0000":
+                            # the noun this very word is derived from / pertains to ("snowy" -> "snow")
+                            if int(st[:2], 16) == me and 0 < int(st[2:], 16) <= len(words):
+                                add(self.token(words[int(st[2:], 16) - 1]), "d", 1, SHARES["d"] * f)
+                        elif sym in ("&", "\\", "="):
+                            for lem in words[:2]:
                                 add(self.token(lem), "a", 1, SHARES["a"] * f)
                     continue
                 # hypernyms, breadth first (a synset's distance is its shortest path)

@@ -79,7 +79,8 @@ show "$STAIR" models import carry/tiny-clip.tar
 show "$STAIR" models list
 show "$STAIR" ingest photos photos/ --encoder clip-vocab --model acme/tiny-clip --no-progress
 show "$STAIR" search photos "a cup of coffee" --top-k 3
-echo "\\$ stair-es index stats photos --json | grep -A4 model_record"
+show "$STAIR" search photos --image photos/rocket.jpg --top-k 3
+echo "\\$ stair-es index stats photos --json    # (its model_record part)"
 "$STAIR" index stats photos --json | grep -A4 '"model_record"'
 echo "\\$ # the same search in a Python that cannot import torch or transformers"
 "$PY" -c "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; from stair_es.cli.main import main; sys.argv[0] = 'stair-es'; main()" search photos "a cup of coffee" --top-k 3

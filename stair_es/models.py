@@ -442,10 +442,10 @@ def _tmp_dir(model_id: str, what: str) -> Path:
 
 
 def _clear_stale(model_id: str) -> None:
-    """Remove temporary folders an interrupted pull of ``model_id`` (call under its lock) or an
-    interrupted import (by a process no longer running) left behind."""
+    """Remove temporary folders an interrupted pull, replacement or removal of ``model_id`` (call
+    under its lock) or an interrupted import (by a process no longer running) left behind."""
     root = store_dir()
-    for stale in root.glob(f".tmp-pull-{_slug(model_id)}-*"):
+    for stale in [*root.glob(f".tmp-pull-{_slug(model_id)}-*"), *_id_dir(model_id).glob(".old-*")]:
         shutil.rmtree(stale, ignore_errors=True)
     for stale in root.glob(".tmp-import-*"):
         match = re.match(r"^\.tmp-import-.*-(\d+)-[0-9a-f]{8}$", stale.name)
@@ -481,6 +481,25 @@ def _commit_entry(staged: Path, meta: dict[str, Any]) -> StoreEntry:
     else:
         os.rename(staged, target)
     return StoreEntry(target, meta)
+
+
+def _os_errors(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The operating system refusing a write (disk full, permissions) -> one-line ModelError."""
+    import functools
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except OSError as e:
+                where = f" ({e.filename})" if e.filename else ""
+                raise ModelError(f"{what} failed: {e.strerror or e}{where}; check the free space and permissions "
+                                 "(nothing half-done is used)") from None
+
+        return wrapper
+
+    return deco
 
 
 # --- pull ---------------------------------------------------------------------------------------------
@@ -524,6 +543,7 @@ def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
     return f"cannot get model {model_id}: {why}; {carry_hint(model_id)}"
 
 
+@_os_errors("pulling the model")
 def pull(model_id: str, *, revision: str | None = None, kind: str | None = None, local_only: bool = False,
          refresh: bool = False, progress: bool = False) -> StoreEntry:
     """Download ``model_id`` once into the store (or return the entry already there).
@@ -746,6 +766,7 @@ def encoder_artifacts(entry: StoreEntry) -> list[Path]:
     return paths
 
 
+@_os_errors("exporting the model")
 def export(model: str, dest: Path | str, *, tar: bool = False, weights_only: bool = False,
            progress: bool = False) -> dict[str, Any]:
     """Write a self-contained bundle of an installed model: a folder, or a tarball when ``tar``
@@ -957,6 +978,7 @@ def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, source: Path) ->
         raise ModelError(f"{source} is damaged ({member.name} cannot be read); copy or export the bundle again") from None
 
 
+@_os_errors("importing the bundle")
 def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
     """Install a bundle (folder or tarball) written by :func:`export`: every file is checked
     against ``MANIFEST.json`` in a staging folder first; then the ``cache/`` files go into the

@@ -550,3 +550,17 @@ def test_a_member_larger_than_its_manifest_size_is_not_extracted(home, no_networ
     with pytest.raises(ModelError, match="does not match its checksum"):
         models.import_bundle(bundle)
     assert not list((home / "_models" / "store").glob(".tmp-*"))
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(hub, home, monkeypatch):
+    import errno
+
+    hub.add("acme/tiny", TINY)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "model.safetensors")
+
+    monkeypatch.setattr(models, "_link_or_copy", full)
+    with pytest.raises(ModelError, match="pulling the model failed: No space left on device"):
+        models.pull("acme/tiny")
+    assert models.entries() == [] and not list((home / "_models" / "store").glob(".tmp-*"))

@@ -43,6 +43,9 @@ def ok_json(result):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
+    root_dir = str(Path(__file__).resolve().parents[1])  # benchmarks/ (on the path under `python -m pytest`)
+    if root_dir not in sys.path:
+        sys.path.insert(0, root_dir)
     from benchmarks.clip_models import make_clip
 
     root = tmp_path_factory.mktemp("carried-models")

@@ -36,12 +36,13 @@ from .sets import SetUnavailable, load_query_set
 PARAMS = ("temperature", "top_classes", "class_mass", "scale", "min_weight")
 
 
-def _parts_cache(name: str, limit: int, cache: Path) -> dict:
+def _parts_cache(name: str, limit: int, cache: Path, image_model: str = "lite0") -> dict:
     from stair_es.encoders import get_encoder
     from stair_es.encoders.imagenet import wordnet_token_map
 
     sources = ["imagenet", "colour", "clipart", "ocr"]
-    key = f"{name}-{limit}-{'+'.join(sources)}-v3.pkl"
+    key = f"{name}-{limit}-{'+'.join(sources)}-v3.pkl" if image_model == "lite0" else \
+        f"{name}-{limit}-{'+'.join(sources)}-{image_model}-v3.pkl"
     path = cache / key
     if path.is_file():
         return pickle.loads(path.read_bytes())
@@ -61,7 +62,7 @@ def _parts_cache(name: str, limit: int, cache: Path) -> dict:
         if g:
             texts.append(q.text)
             grades.append(g)
-    enc = get_encoder("default", sources=sources)
+    enc = get_encoder("default", sources=sources, image_model=image_model)
     t = time.perf_counter()
     probs = enc.image_encoder.class_probabilities(images)
     parts = enc.encode_images_detailed(images)
@@ -134,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-sources", default="", metavar="SOURCES",
                     help="also measure every setting with these sources instead (e.g. colour,clipart,ocr,scene)")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/stair-es-label-sweep"))
+    ap.add_argument("--image-model", default="lite0", help="the EfficientNet-Lite classifier (lite1, lite2 if installed)")
+    ap.add_argument("--token-map", action="append", default=[], type=Path, metavar="JSON",
+                    help="also measure every setting with this class -> token map (e.g. an older "
+                         "imagenet_wordnet.json from git history); repeatable")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     grid: dict[str, list] = {}
@@ -148,21 +153,30 @@ def main(argv: list[str] | None = None) -> int:
     sets = {}
     for name in [s for s in args.sets.split(",") if s]:
         try:
-            sets[name] = _parts_cache(name, args.limit, args.cache)
+            sets[name] = _parts_cache(name, args.limit, args.cache, args.image_model)
         except SetUnavailable as e:
             print(f"{name}: skipped: {e}")
     keys = list(grid)
     rows = []
     print(f"{'setting':<56} " + " ".join(f"{n[:10]:>16}" for n in sets) + "   (P@1 / MRR)")
-    for combo in itertools.product(*[grid[k] for k in keys]) if keys else [()]:
+    import stair_es.encoders.imagenet as imagenet
+
+    installed = imagenet.wordnet_token_map()
+    maps = [("", installed)] + [(f" map={p.name}", json.loads(p.read_text("utf-8"))) for p in args.token_map]
+    for (map_label, token_map), combo in itertools.product(maps, itertools.product(*[grid[k] for k in keys]) if keys else [()]):
         settings = dict(zip(keys, combo))
+        imagenet.wordnet_token_map = lambda m=token_map: m  # what the encoder's table is read from
+        if token_map is not installed:
+            settings["allow_version_mismatch"] = True
         for sources in source_sets:
             row = {"settings": settings, "sources": sorted(sources), "sets": {}}
             for name, data in sets.items():
                 row["sets"][name] = {k: (round(v, 4) if v is not None else None)
                                      for k, v in evaluate(data, settings, sources).items()}
             rows.append(row)
-            label = (" ".join(f"{k}={v}" for k, v in settings.items()) or "(defaults)") + \
+            row["token_map"] = token_map["version"]
+            label = (" ".join(f"{k}={v}" for k, v in settings.items() if k != "allow_version_mismatch") or "(defaults)") + \
+                map_label + \
                 (f" +{','.join(sorted(sources - source_sets[0]))}" if sources != source_sets[0] else "")
             print(f"{label:<56} " + " ".join(f"{row['sets'][n]['p1']:.3f} / {row['sets'][n]['mrr']:.3f}".rjust(16)
                                              for n in sets), flush=True)

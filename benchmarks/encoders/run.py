@@ -62,9 +62,9 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a file: import the sets module beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from sets import QUERY_SETS, SETS, QuerySet, SetUnavailable, export_ratings, load_query_set  # type: ignore[no-redef]
+    from sets import QUERY_SETS, QuerySet, SetUnavailable, export_ratings, load_query_set  # type: ignore[no-redef]
 else:
-    from .sets import QUERY_SETS, SETS, QuerySet, SetUnavailable, export_ratings, load_query_set
+    from .sets import QUERY_SETS, QuerySet, SetUnavailable, export_ratings, load_query_set
 
 QUERY_ENCODERS = ("default", "splade", "bow", "bow-idf", "splade-idf", "grounded", "grounded-idf", "splade+grounded")
 
@@ -307,11 +307,13 @@ def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], def
 
 
 def _git_commit() -> str:
+    """The commit under test: git's HEAD beside this file, else ``$STAIR_ES_BENCH_COMMIT`` (for a
+    ``git archive`` of an older commit, which has no .git), else "unknown"."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()
     except Exception:
-        return "unknown"
+        return os.environ.get("STAIR_ES_BENCH_COMMIT", "").strip() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in evaluate_set(name, qs, image_encoder, queries, default_encoder, expand=expand):
             report["results"].append(row)
             ndcg = f"{row['ndcg10']:>7.3f}" if row.get("ndcg10") is not None else f"{'n/a':>7}"
-            print(f"{row['set']:<12} {row['n']:>6} {row['n_queries']:>7} {row['query_encoder'] + ' ' + row.get('split', '')[:5]:<16} "
+            label = row["query_encoder"] + " " + row.get("split", "")[:5]
+            print(f"{row['set']:<12} {row['n']:>6} {row['n_queries']:>7} {label:<16} "
                   f"{row['p1']:>6.3f} {row['mrr']:>6.3f} {ndcg} {row['r5']:>6.3f} {row['median_rank']:>8.1f} "
                   f"{row['images_per_s']:>7.1f} {row['mean_image_nnz']:>5.1f}"
                   + (f"  {row['p1_unique']:.3f} / {row['mrr_unique']:.3f} ({row['n_unique']})" if "n_unique" in row else ""))

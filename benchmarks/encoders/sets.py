@@ -211,20 +211,37 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _deb_root(package: str, marker: str) -> Path:
+def _debian_installed(package: str, paths: list[str]) -> None:
+    """Make sure ``package`` is installed: when none of its judged ``paths`` exists, ``apt-get
+    install`` it (root needed). A photo still missing afterwards is reported by the caller."""
+    if any(Path(p).exists() for p in paths):
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise SetUnavailable(f"{paths[0]} is missing: install the Debian package {package} (apt-get install {package})")
+    done = subprocess.run(["apt-get", "install", "-y", "-q", package], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SetUnavailable(f"apt-get install {package} failed: {done.stderr.strip().splitlines()[-1:]}")
+    if not any(Path(p).exists() for p in paths):
+        raise SetUnavailable(f"{package} is installed but none of its judged photos is where it was "
+                             f"(e.g. {paths[0]}): another version of the package?")
+
+
+def _deb_root(package: str, paths: list[str]) -> Path:
     """The file-system root under which ``package``'s files are found: ``/`` when it is
-    installed (``apt-get install`` it when missing and we are root), else a folder where its
-    ``.deb`` was unpacked with ``dpkg-deb -x`` (for packages whose dependencies are a desktop
-    we do not need, such as KPhotoAlbum's demo album)."""
-    if Path(marker).exists():
+    installed, else a folder where its ``.deb`` was unpacked with ``dpkg-deb -x`` (for packages
+    whose dependencies are a desktop we do not need, such as KPhotoAlbum's demo album)."""
+    marker = paths[0]
+    if any(Path(p).exists() for p in paths):
         return Path("/")
     unpacked = CACHE / "debs" / package
-    if (unpacked / marker.lstrip("/")).exists():
+    if any((unpacked / p.lstrip("/")).exists() for p in paths):
         return unpacked
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise SetUnavailable(f"{marker} is missing and this machine has no apt-get/dpkg-deb: install the Debian package {package}")
+        raise SetUnavailable(f"{marker} is missing and this machine has no apt-get/dpkg-deb: "
+                             f"install the Debian package {package}")
     if os.geteuid() != 0:
-        raise SetUnavailable(f"{marker} is missing: install the Debian package {package} (apt-get install {package}), or run as root")
+        raise SetUnavailable(f"{marker} is missing: install the Debian package {package} "
+                             f"(apt-get install {package}), or run as root")
     dl = CACHE / "debs" / "_downloads"
     dl.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["apt-get", "download", "-q", package], cwd=dl, capture_output=True, text=True)
@@ -233,7 +250,7 @@ def _deb_root(package: str, marker: str) -> Path:
         raise SetUnavailable(f"apt-get download {package} failed: {done.stderr.strip().splitlines()[-1:]}")
     unpacked.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(unpacked)], capture_output=True, text=True)
-    if done.returncode != 0 or not (unpacked / marker.lstrip("/")).exists():
+    if done.returncode != 0 or not any((unpacked / p.lstrip("/")).exists() for p in paths):
         raise SetUnavailable(f"dpkg-deb -x {debs[-1].name} did not give {marker}: {done.stderr.strip()[-200:]}")
     return unpacked
 
@@ -332,6 +349,9 @@ def photo_sources(manifest: dict) -> list[PhotoSource]:
     sources = manifest["sources"]
     roots: dict[str, Path] = {}
     wheels: dict[str, _Wheel] = {}
+    paths_of: dict[str, list[str]] = {}
+    for p in manifest["photos"]:
+        paths_of.setdefault(p["package"], []).append(p["path"])
     out = []
     for p in manifest["photos"]:
         pkg, path = p["package"], p["path"]
@@ -343,9 +363,9 @@ def photo_sources(manifest: dict) -> list[PhotoSource]:
             continue
         if pkg not in roots:
             if info.get("extract_only"):
-                roots[pkg] = _deb_root(pkg, path)
+                roots[pkg] = _deb_root(pkg, paths_of[pkg])
             else:
-                _apt_install(pkg, Path(path))
+                _debian_installed(pkg, paths_of[pkg])
                 roots[pkg] = Path("/")
         f = roots[pkg] / path.lstrip("/")
         out.append(PhotoSource(p["id"], pkg, path, p["sha256"], f.read_bytes, f))

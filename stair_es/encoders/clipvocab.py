@@ -579,7 +579,11 @@ class ClipVocabEncoder(Encoder):
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         emb: np.ndarray | None = None
         batch = 128
-        log.info("clip-vocab: embedding %d words x %d templates with %s (once per model)", len(words), len(templates), self.model)
+        # Minutes to an hour on a few CPU cores: say so when no progress bar does (e.g. the first
+        # query of a search on a machine the matrix was not carried to).
+        (log.info if progress else log.warning)(
+            "clip-vocab: embedding the %d-word vocabulary (%d prompts) with %s, once per model; this takes a while on a "
+            "CPU (stair-es models export carries the result)", len(words), len(prompts), self.model)
         with progress_bar(len(prompts), "clip-vocab: embedding the vocabulary (once per model)", progress) as bar:
             for i in range(0, len(order), batch):
                 idx = order[i : i + batch]
@@ -623,7 +627,10 @@ class ClipVocabEncoder(Encoder):
         for spec in self.tower_specs().values():
             tower = load_tower(spec)
             paths += [tower.path, tower.path.with_suffix(".json")]
-        self.vocabulary_matrix(progress=True)
+        import sys
+
+        # a bar only on a terminal: `models export` piped to a log gets the one log line instead
+        self.vocabulary_matrix(progress=sys.stderr.isatty())
         paths += [self.matrix_path(), self.matrix_path().with_suffix(".json")]
         return paths
 

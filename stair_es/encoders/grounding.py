@@ -30,8 +30,9 @@ vector; and a model's expansion tokens (SPLADE's) are restricted to tokens the i
 and capped relative to the query's own words. Every step is a :class:`GroundingStep` that
 ``stair-es search --explain`` / ``--json`` print.
 
-The map is read lazily: its JSON header (~0.1 MB) on first need, then one ~32 kB
-compressed block per word looked up, so a query whose words the index holds never opens it.
+The map is read lazily: its JSON header (~0.1 MB) on first need, then one ~10 kB
+compressed block per word looked up (the 4.4 MB file is never read whole), so a query whose
+words the index holds never opens it.
 
 This module must not know about backends: the caller hands it the document frequencies.
 """
@@ -131,8 +132,12 @@ class Relative:
 class GroundingMap:
     """The WordNet grounding map: lemma -> relatives, read block by block (see module docstring)."""
 
-    def __init__(self, data: bytes):
-        head, sep, _ = data.partition(b"\n")
+    def __init__(self, source: Any):
+        """``source``: the map's bytes, or something with ``open("rb")`` (a path or an
+        ``importlib.resources`` file), from which only the header and the blocks looked up are read."""
+        self._source = source
+        with self._open() as f:
+            head = f.readline()
         try:
             self.header = json.loads(head)
             self.version: str = self.header["version"]
@@ -142,19 +147,31 @@ class GroundingMap:
         except (ValueError, KeyError, TypeError):
             raise ModelError(f"the query grounding map {MAP_FILE} is damaged; reinstall stair-es or regenerate it "
                              "with scripts/build_query_grounding.py") from None
-        self._data = data
         self._firsts = [b[0] for b in table]
-        starts = np.cumsum([0] + [b[1] for b in table]) + len(head) + len(sep)
+        starts = np.cumsum([0] + [b[1] for b in table]) + len(head)
         self._spans = list(zip(starts[:-1].tolist(), starts[1:].tolist()))
         self._blocks: dict[int, dict[str, str]] = {}
         self._lock = threading.Lock()
+
+    def _open(self):
+        import io
+
+        if isinstance(self._source, (bytes, bytearray)):
+            return io.BytesIO(self._source)
+        try:
+            return self._source.open("rb")
+        except OSError as e:
+            raise ModelError(f"the query grounding map {MAP_FILE} cannot be read ({e}); reinstall stair-es") from None
 
     def _block(self, i: int) -> dict[str, str]:
         with self._lock:
             if i not in self._blocks:
                 a, b = self._spans[i]
+                with self._open() as f:
+                    f.seek(a)
+                    raw = f.read(b - a)
                 try:
-                    text = zlib.decompress(self._data[a:b]).decode("utf-8")
+                    text = zlib.decompress(raw).decode("utf-8")
                 except zlib.error:
                     raise ModelError(f"the query grounding map {MAP_FILE} is damaged; reinstall stair-es") from None
                 self._blocks[i] = dict(line.split("\t", 1) for line in text.splitlines() if "\t" in line)
@@ -198,11 +215,7 @@ class GroundingMap:
 def grounding_map() -> GroundingMap:
     from importlib import resources
 
-    try:
-        data = resources.files("stair_es.encoders").joinpath(f"configs/{MAP_FILE}").read_bytes()
-    except OSError as e:
-        raise ModelError(f"the query grounding map {MAP_FILE} cannot be read ({e}); reinstall stair-es") from None
-    return GroundingMap(data)
+    return GroundingMap(resources.files("stair_es.encoders").joinpath(f"configs/{MAP_FILE}"))
 
 
 def map_version() -> str:

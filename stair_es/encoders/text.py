@@ -488,6 +488,10 @@ class SpladeEncoder(Encoder):
                                              drop_special=True)
             if idf_arr is not None:
                 v = SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab)
+            if plan is not None and not v.nnz:
+                raise EmptyQueryError(f"the text {text[:60]!r} has nothing to search in this index: "
+                                      + "; ".join(s.describe() for s in plan.steps)
+                                      + " (--encoder-option grounding=off searches the words' WordPiece fragments)")
             steps = finish_steps(plan, dict(zip(v.ids.tolist(), v.weights.tolist())), self.vocab) if plan else []
             out.append(EncodedQuery(v, steps))
         return out

@@ -167,7 +167,8 @@ def test_a_missing_debian_package_without_root_says_what_to_install(tmp_path, mo
     monkeypatch.setattr(sets_mod, "CACHE", tmp_path / "cache")
     path = _tiny_manifest(tmp_path)
     doc = json.loads(path.read_text())
-    doc["photos"][0]["path"] = "/usr/share/no-such-package-here/photo.jpg"
+    for i, p in enumerate(doc["photos"]):
+        p["path"] = f"/usr/share/no-such-package-here/photo{i}.jpg"
     path.write_text(json.dumps(doc))
     with pytest.raises(SetUnavailable, match="apt-get install made-here"):
         photos_set(manifest_path=path)
@@ -203,6 +204,16 @@ def test_an_item_without_a_file_is_exported_as_png(tmp_path):
     assert json.loads(ratings.read_text())["relevant"] == {"arr.png": 2}
 
 
+def test_a_photo_missing_from_an_installed_package_is_reported_not_fatal(tmp_path):
+    path = _tiny_manifest(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["photos"][1]["path"] = str(tmp_path / "gone.png")  # the package is there (red.png), this photo is not
+    path.write_text(json.dumps(doc))
+    qs = photos_set(manifest_path=path)
+    assert [it.id for it in qs.items] == ["red"]
+    assert any("blue" in n and "cannot be read" in n for n in qs.notes)
+
+
 # --------------------------------------------------------------------------------------------
 # Graded metrics and the runner on a query set
 # --------------------------------------------------------------------------------------------
@@ -222,6 +233,14 @@ def test_graded_metrics_by_hand():
     # trec_eval's nDCG (linear gains): 1; tied last 1/log2(5); (1 + 2/log2(5)) / (2 + 1/log2(3))
     q2 = (1 + 2 / np.log2(5)) / (2 + 1 / np.log2(3))
     assert m["ndcg10"] == pytest.approx((1 + 1 / np.log2(5) + q2) / 3, abs=1e-4)
+
+
+def test_without_ir_measures_ndcg_is_none_and_the_rest_is_measured(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ir_measures", None)  # import fails as if not installed
+    m = query_set_metrics(np.array([[1.0, 0.0]]), [{0: 2}])
+    assert m["ndcg10"] is None and m["p1"] == 1.0
 
 
 class _ColourEncoder:

@@ -287,3 +287,23 @@ def test_splade_with_idf_weights_a_query_by_the_index_idf(tiny_splade):
     assert dropped not in got
     for i, w in zip(plain.ids.tolist()[1:], plain.weights.tolist()[1:]):
         assert got[i] == pytest.approx(2.0 * w, rel=1e-3)
+
+
+def test_splade_queries_on_an_index_are_grounded_restricted_and_never_fragments(splade_tiny):
+    from stair_es.encoders.grounding import IndexStats
+    from stair_es.vocab import default_vocabulary
+
+    vocab = default_vocabulary()
+    df = np.zeros(len(vocab))
+    for w in ("cat", "mammal", "animal", "gi", "dan", "flower", "plant"):
+        df[vocab.id(w)] = 3
+    stats = IndexStats(df, 40)
+    plain = splade_tiny.encode_texts(["a giraffe and a cat"])[0].to_token_map()
+    assert {"gi", "##raf"} <= set(plain)  # SPLADE alone searches the fragments
+    q = splade_tiny.encode_queries(["a giraffe and a cat"], idf=stats.idf(), index_stats=stats)[0]
+    tokens = q.vector.to_token_map()
+    assert "cat" in tokens and "mammal" in tokens and "gi" not in tokens
+    assert all(df[vocab.id(t)] > 0 for t in tokens)  # expansions restricted to the index
+    assert [s.action for s in q.grounding] == ["grounded", "kept"]
+    off = SpladeEncoder("splade-tiny", grounding="off").encode_texts(["a giraffe"], index_stats=stats)[0]
+    assert "gi" in off.to_token_map() and SpladeEncoder("splade-tiny", grounding="off").config()["grounding"] == "off"
