@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,15 +436,15 @@ class QueryConfig:
                   ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand") if getattr(self, k) is not None]
         return " ".join(parts) or self.DEFAULT_SUMMARY
 
-    def spec(self, query: RatedQuery, top_k: int, encoder_name: str | None = None):
+    def spec(self, query: RatedQuery, top_k: int, encoder: Any = None):
         """The :class:`stair_es.search.QuerySpec` that ``stair-es search QUERY --where ...`` would build."""
         from .search import QuerySpec
 
         kwargs: dict[str, Any] = {k: getattr(self, k) for k in
                                   ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand")
                                   if getattr(self, k) is not None}
-        if encoder_name is not None:  # the encoder built once for the whole run (_one_encoder)
-            return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder=encoder_name, **kwargs)
+        if encoder is not None:  # the encoder built once for the whole run (_one_encoder)
+            return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder_instance=encoder, **kwargs)
         return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder=self.encoder,
                          encoder_options=dict(self.encoder_options), force=self.force, **kwargs)
 
@@ -475,17 +474,16 @@ class _ReadCache:
 
 
 @contextmanager
-def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[str]:
-    """A registry name for the query encoder of ``config``, built once, exactly as
+def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]:
+    """The query encoder of ``config``, built once, exactly as
     :func:`stair_es.search.make_request` builds it for a search (``query_encoder`` on the index's
     recorded config, ``force`` allowing another encoder version).
 
     make_request builds its encoder anew for every query: with the default encoder's SPLADE text
     tower that is ~0.5 s a query on two cores, against ~0.02 s to encode one; a ratings file of
-    hundreds of queries would spend minutes building the same encoder. The name is removed from
-    the registry when the run ends.
+    hundreds of queries would spend minutes building the same encoder. Each query's
+    ``QuerySpec.encoder_instance`` is this one.
     """
-    from .encoders import base as encoder_registry
     from .search import VERSIONED_ENCODERS, query_encoder
 
     schema = backend.index_info(index).schema
@@ -503,12 +501,7 @@ def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[str]
                                 f"({', '.join(options) or 'none'}): {e}") from None
     if "text" not in encoder.modalities:
         raise InvalidInputError(f"the {encoder.name!r} encoder does not encode texts; rank-eval's queries are texts")
-    name = f"_rank_eval_{uuid.uuid4().hex[:12]}"
-    encoder_registry.register_encoder(name, lambda **_: encoder)
-    try:
-        yield name
-    finally:
-        getattr(encoder_registry, "_BUILTIN", {}).pop(name, None)  # no public unregister; the name was ours alone
+    yield encoder
 
 
 @dataclass
@@ -639,10 +632,10 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
     from .search import make_request
 
     out: dict[str, Any] = {}
-    with _one_encoder(backend, index, config) as encoder_name:
+    with _one_encoder(backend, index, config) as encoder:
         for q in queries:
             try:
-                request, qvec = make_request(backend, index, config.spec(q, top_k, encoder_name))
+                request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
                 result = backend.search(index, request)
             except _GLOBAL_ERRORS:
                 raise

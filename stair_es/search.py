@@ -131,6 +131,9 @@ class QuerySpec:
     expand: int = 0
     expand_weight: float = 0.5
     expand_min_count: int = 2
+    #: an encoder already built for this index (``query_encoder``), reused across many queries
+    #: (``stair-es rank-eval``); when given, ``encoder``/``encoder_options``/``force`` are not consulted
+    encoder_instance: Encoder | None = None
 
 
 def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[SearchRequest, SparseVector]:
@@ -147,6 +150,8 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     grounding: list[dict[str, Any]] = []
 
     def encoder() -> Encoder:
+        if spec.encoder_instance is not None:
+            return spec.encoder_instance
         options = dict(spec.encoder_options)
         if spec.force and not spec.encoder and (schema.encoder or {}).get("name") in VERSIONED_ENCODERS:
             options["allow_version_mismatch"] = True

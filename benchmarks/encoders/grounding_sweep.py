@@ -43,7 +43,8 @@ from .run import _dense, _encode_queries, _git_commit, metrics_of_ranks, query_r
 from .sets import SetUnavailable, load_query_set
 
 CONFIGS = ("off", "on", "cap=1e9", "cap=0.5", "cap=0.25", "cap=0", "rel=1", "rel=5", "ratio=0.3", "nogloss", "nohypo",
-           "hypo1", "hypernyms", "nospread")
+           "hypo1", "hypernyms", "nospread", "nomero",
+           "nohypomero", "nohypomerogloss")
 
 
 @contextmanager
@@ -60,6 +61,12 @@ def settings(name: str):
             g.MAX_HYPONYM_DISTANCE = 1
         elif name == "nospread":
             g.SPREAD = False
+        elif name == "nomero":
+            g.SKIP_RELATIONS = frozenset({"meronym"})
+        elif name == "nohypomero":
+            g.SKIP_RELATIONS = frozenset({"hyponym", "meronym"})
+        elif name == "nohypomerogloss":
+            g.SKIP_RELATIONS = frozenset({"hyponym", "meronym", "word of the definition"})
         elif name == "hypernyms":
             g.SKIP_RELATIONS = frozenset({"hyponym", "holonym", "meronym", "word of the definition", "related adjective"})
         if name.startswith("rel="):

@@ -501,12 +501,10 @@ class ClipVocabEncoder(Encoder):
         return self.tower_specs()["image"]
 
     def _tower(self, which: str) -> Any:
-        if which not in self._towers:
-            from .runtime import resolve_tower
+        """The ONNX tower for ``which``, or False to run PyTorch."""
+        from .runtime import memo_tower
 
-            tower = resolve_tower(self.tower_specs()[which], self.runtime)
-            self._towers[which] = tower if tower is not None else False
-        return self._towers[which]
+        return memo_tower(self._towers, which, lambda: self.tower_specs()[which], self.runtime)
 
     # --- embeddings -------------------------------------------------------------------------
     def image_embeddings(self, images: Sequence[Any], *, batch_size: int = 16) -> np.ndarray:

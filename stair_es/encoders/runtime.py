@@ -516,6 +516,15 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     return meta
 
 
+def memo_tower(towers: dict[str, Any], which: str, spec: Callable[[], TowerSpec], runtime: str) -> Any:
+    """``towers[which]``, resolved once with :func:`resolve_tower` (``spec()`` builds its spec):
+    the ONNX tower, or False to run PyTorch (encoders with several towers keep one dict)."""
+    if which not in towers:
+        tower = resolve_tower(spec(), runtime)
+        towers[which] = tower if tower is not None else False
+    return towers[which]
+
+
 def resolve_tower(spec: TowerSpec, runtime: str) -> OnnxTower | None:
     """The ONNX tower to use under ``runtime``, or None to run PyTorch.
 

@@ -516,12 +516,9 @@ class VdrEncoder(Encoder):
 
     def _tower(self, which: str) -> Any:
         """The ONNX tower for ``which``, or False to run PyTorch."""
-        if which not in self._towers:
-            from .runtime import resolve_tower
+        from .runtime import memo_tower
 
-            tower = resolve_tower(self.tower_specs()[which], self.runtime)
-            self._towers[which] = tower if tower is not None else False
-        return self._towers[which]
+        return memo_tower(self._towers, which, lambda: self.tower_specs()[which], self.runtime)
 
     @property
     def runtime_in_use(self) -> str:

@@ -219,3 +219,12 @@ def test_expansions_of_a_query_of_grounded_words_only_are_capped_too():
     out = apply_plan(raw, plan, VOCAB, st.present, expansion_cap=0.1)
     assert out[VOCAB.id("coffee")] == pytest.approx(0.2)  # 0.1 x the grounded word's weight
     assert out[VOCAB.id("mammal")] > out[VOCAB.id("coffee")]
+
+
+def test_query_words_are_the_words_bert_basic_tokenizer_finds():
+    from stair_es.encoders.grounding import query_words
+    from stair_es.vocab import basic_tokenize
+
+    for text in ("a red car", "BlueMan#212", "café crème", "l'été", "e-mail 3.5kg", "日本 tokyo", "x_y", "naïve Ñandú",
+                 "Part of the Flat Icon Collection (Wed Aug 25 23:23:49 2004)"):
+        assert query_words(text) == [w for w in basic_tokenize(text) if any(c.isalnum() for c in w)], text
