@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.common import machine_info, percentiles
 
 
 def _timed(fn, queries) -> tuple[list[float], list]:
@@ -41,7 +41,7 @@ def _timed(fn, queries) -> tuple[list[float], list]:
 
 
 def _stats(times: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(float(np.median(times)), 2), "p95_ms": round(float(np.percentile(times, 95)), 2)}
+    return {k: round(v, 2) for k, v in percentiles(times, (50, 95)).items()}
 
 
 def build(home: Path, n: int, dims: int, dtype: str, vecs: np.ndarray) -> object:
@@ -139,12 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += ingest_cost(Path(tmp), args.ingest, args.dims, vecs)
     for r in rows:
         print(r)
-    from benchmarks.encoders.run import _git_commit
-
-    report = {"benchmark": "dense_bench", "commit": _git_commit(), "docs": args.docs, "dims": args.dims, "k": args.k,
-              "queries": args.queries, "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                                   "platform": platform.platform(), "load": os.getloadavg()},
-              "rows": rows}
+    machine = machine_info()
+    report = {"benchmark": "dense_bench", "commit": machine["commit"], "docs": args.docs, "dims": args.dims, "k": args.k,
+              "queries": args.queries, "machine": machine, "rows": rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

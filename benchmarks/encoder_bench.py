@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import machine_info  # noqa: E402
 from stair_es.encoders.imagenet import ImageNetLabelEncoder  # noqa: E402
 from stair_es.encoders.text import BagOfWordsEncoder, SpladeEncoder, splade_tiny_path  # noqa: E402
 
@@ -75,14 +73,6 @@ def captions(n: int) -> list[str]:
     return out
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=64, help="images per batch-size setting")
@@ -94,12 +84,10 @@ def main() -> None:
 
     import torch
 
+    machine = machine_info()  # a shared machine: figures scale with the load (loadavg_start) other processes put on it
     report: dict = {
-        "commit": git_commit(),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    # a shared machine: figures scale with the load other processes put on it
-                    "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
+        "commit": machine["commit"],
+        "machine": machine | {"torch_threads": torch.get_num_threads()},
         "images": {}, "texts": {},
     }
     print(f"# encoder benchmark  commit {report['commit']}  {report['machine']}")

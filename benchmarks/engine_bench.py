@@ -29,9 +29,9 @@ from pathlib import Path
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 try:
-    from benchmarks.procstat import rss_mb
+    from benchmarks.common import percentiles, rss_mb
 except ImportError:  # run as `python benchmarks/engine_bench.py`: this folder is on sys.path
-    from procstat import rss_mb  # type: ignore[no-redef]
+    from common import percentiles, rss_mb  # type: ignore[no-redef]
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
@@ -199,11 +199,11 @@ def main() -> None:
         if len(stats) >= 6:
             streamed.append(int(stats[5]))
             blocks.append((int(stats[3]), int(stats[4])))
-    lat, cpu = np.array(lat), np.array(cpu)
-    print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {np.percentile(lat, 50):.2f} ms, "
-          f"p95 {np.percentile(lat, 95):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms, mean {lat.mean():.2f} ms (wall clock)")
+    wall_ms, cpu_ms = percentiles(lat), percentiles(cpu)
+    print(f"exact top-10, one thread, {len(reqs)} queries of 10-30 tokens: p50 {wall_ms['p50_ms']:.2f} ms, "
+          f"p95 {wall_ms['p95_ms']:.2f} ms, p99 {wall_ms['p99_ms']:.2f} ms, mean {wall_ms['mean_ms']:.2f} ms (wall clock)")
     print(f"  same queries, CPU time of the searching thread (less sensitive to other load on a shared machine): "
-          f"p50 {np.percentile(cpu, 50):.2f} ms, p95 {np.percentile(cpu, 95):.2f} ms, p99 {np.percentile(cpu, 99):.2f} ms; "
+          f"p50 {cpu_ms['p50_ms']:.2f} ms, p95 {cpu_ms['p95_ms']:.2f} ms, p99 {cpu_ms['p99_ms']:.2f} ms; "
           f"load average {os.getloadavg()[0]:.2f}")
     if used:
         mix = ", ".join(f"{k} {v}" for k, v in sorted(used.items()))
@@ -212,10 +212,10 @@ def main() -> None:
     if blocks:
         sc, cb = np.median([b[0] for b in blocks]), np.median([b[1] for b in blocks])
         print(f"  blocks scored per query: median {sc:,.0f} of {cb:,.0f} candidate blocks")
-    if len(reader._segs) == 1:  # profile: the block-max set-up pass alone (a diagnostic, reads engine internals)
+    if len(reader.snapshot().segments) == 1:  # profile: the block-max set-up pass alone (a diagnostic)
         from stair_es.engine import kernels as K
 
-        seg = reader._segs[0].seg
+        seg = reader.snapshot().segments[0].seg
         plan = []
         for r in reqs[:100]:
             v = r.clauses[0].vector
@@ -226,7 +226,7 @@ def main() -> None:
                           seg.pair_max, seg.pair_sub, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
             plan.append((time.thread_time() - c) * 1000)
         print(f"  profile: the block plan (block bounds, visit order, the head blocks' run table) takes CPU p50 "
-              f"{np.median(plan):.2f} ms of the {np.percentile(cpu, 50):.2f} ms")
+              f"{np.median(plan):.2f} ms of the {cpu_ms['p50_ms']:.2f} ms")
     # throughput: the same queries through search_batch on 1 and 2 threads (the kernel releases the
     # GIL), interleaved 3 times so both see the same machine load; CPU time of the process beside
     qps: dict[int, list[float]] = {1: [], 2: []}

@@ -14,6 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+try:
+    from benchmarks.common import stat
+except ImportError:  # run as `python benchmarks/report.py`: this folder is on sys.path
+    from common import stat  # type: ignore[no-redef]
+
 TARGET_SPEEDUP_VS_FLAT = 5.0
 TARGET_WITHIN_SEISMIC = 2.0
 TARGET_RECALL = 0.98
@@ -34,7 +39,7 @@ def best_setting(row: dict[str, Any], min_recall: float | None = None) -> dict[s
     sts = row["settings"]
     if min_recall is not None:
         sts = [s for s in sts if s.get("recall@10") is not None and s["recall@10"] >= min_recall]
-    return min(sts, key=lambda s: s["latency_ms"]["p50"]) if sts else None
+    return min(sts, key=lambda s: stat(s["latency_ms"], "p50")) if sts else None
 
 
 def headline_setting(row: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +121,7 @@ def markdown(result: dict[str, Any]) -> str:
     sizes = sorted({r["size"] for r in result["results"]})
     for size in sizes:
         flat = _flat(result, size)
-        flat_p50 = flat["settings"][0]["latency_ms"]["p50"] if flat else None
+        flat_p50 = stat(flat["settings"][0]["latency_ms"], "p50") if flat else None
         flat_qps = flat["settings"][0].get("batch", {}).get("qps") if flat else None
         L += [
             "",
@@ -133,10 +138,10 @@ def markdown(result: dict[str, Any]) -> str:
                     "| " + " | ".join([
                         r["system"], _setting_str(s), "yes" if r.get("exact") else "no", _fmt(r["build_s"]),
                         _fmt(r["index_bytes"] / 2**20 if r.get("index_bytes") else None), _fmt(r["peak_rss_mb"]),
-                        _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(lat["p99"]),
+                        _fmt(stat(lat, "p50")), _fmt(stat(lat, "p95")), _fmt(stat(lat, "p99")),
                         f"{_fmt(b.get('qps'))} ({b.get('threads', '-')}{'' if b.get('native', True) else ', loop'})",
                         _fmt(s.get("recall@10")),
-                        _fmt(flat_p50 / lat["p50"]) + "x" if flat_p50 else "-",
+                        _fmt(flat_p50 / stat(lat, "p50")) + "x" if flat_p50 else "-",
                         _fmt(b["qps"] / flat_qps) + "x" if flat_qps and b.get("qps") else "-",
                     ]) + " |"
                 )
@@ -184,8 +189,8 @@ def _visualsparta_md(result) -> list[str]:
                 nnz = result["corpora"][str(size)]["docs"]["nnz_mean"] if r.get("doc_top_n") is None else None
                 L.append(
                     f"| {size:,} | {name} | {r.get('doc_top_n') or 'all'} | {_fmt(nnz) if nnz else '<= ' + str(r['doc_top_n'])} | "
-                    f"{_fmt(r['index_bytes'] / 2**20 if r.get('index_bytes') else None)} | {_fmt(s['latency_ms']['p50'])} | "
-                    f"{_fmt(s['latency_ms']['p95'])} | {_fmt((s.get('batch') or {}).get('qps'))} | {_fmt(s.get('recall@10'))} |"
+                    f"{_fmt(r['index_bytes'] / 2**20 if r.get('index_bytes') else None)} | {_fmt(stat(s['latency_ms'], 'p50'))} | "
+                    f"{_fmt(stat(s['latency_ms'], 'p95'))} | {_fmt((s.get('batch') or {}).get('qps'))} | {_fmt(s.get('recall@10'))} |"
                 )
     return L
 
@@ -202,7 +207,7 @@ def target_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
     seis_best = None
     for r in seismic:
         s = best_setting(r, TARGET_RECALL)
-        if s and (seis_best is None or s["latency_ms"]["p50"] < seis_best["latency_ms"]["p50"]):
+        if s and (seis_best is None or stat(s["latency_ms"], "p50") < stat(seis_best["latency_ms"], "p50")):
             seis_best = s
     checks = []
     for r in rows:
@@ -210,21 +215,21 @@ def target_checks(result: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         for s in r["settings"]:
             label = r["system"] + (f" ({_setting_str(s)})" if s["setting"] else "")
-            p50 = s["latency_ms"]["p50"]
+            p50 = stat(s["latency_ms"], "p50")
             if flat:
-                fp = flat["settings"][0]["latency_ms"]["p50"]
+                fp = stat(flat["settings"][0]["latency_ms"], "p50")
                 checks.append({"size": size, "system": label, "target": f"p50 >= {TARGET_SPEEDUP_VS_FLAT:g}x lower than FAISS Flat",
                                "measured": f"{p50:.3g} ms vs {fp:.3g} ms = {fp / p50:.1f}x", "met": fp / p50 >= TARGET_SPEEDUP_VS_FLAT})
             if seis_best:
-                sp = seis_best["latency_ms"]["p50"]
+                sp = stat(seis_best["latency_ms"], "p50")
                 checks.append({"size": size, "system": label,
                                "target": f"p50 within {TARGET_WITHIN_SEISMIC:g}x of Seismic's at recall@10 >= {TARGET_RECALL}",
                                "measured": f"{p50:.3g} ms vs Seismic {sp:.3g} ms ({_setting_str(seis_best)}, recall {seis_best['recall@10']:.3f}) = {p50 / sp:.2f}x",
                                "met": p50 <= TARGET_WITHIN_SEISMIC * sp})
             elif seismic:
-                top = max((st for r2 in seismic for st in r2["settings"]), key=lambda st: (st.get("recall@10") or 0, -st["latency_ms"]["p50"]))
-                fast = min((st for r2 in seismic for st in r2["settings"]), key=lambda st: st["latency_ms"]["p50"])
-                tp, fp2 = top["latency_ms"]["p50"], fast["latency_ms"]["p50"]
+                top = max((st for r2 in seismic for st in r2["settings"]), key=lambda st: (st.get("recall@10") or 0, -stat(st["latency_ms"], "p50")))
+                fast = min((st for r2 in seismic for st in r2["settings"]), key=lambda st: stat(st["latency_ms"], "p50"))
+                tp, fp2 = stat(top["latency_ms"], "p50"), stat(fast["latency_ms"], "p50")
                 checks.append({"size": size, "system": label, "target": f"p50 within {TARGET_WITHIN_SEISMIC:g}x of Seismic's at recall@10 >= {TARGET_RECALL}",
                                "measured": f"no Seismic setting reached recall {TARGET_RECALL}; against its most accurate ({_setting_str(top)}, "
                                            f"recall {top['recall@10']:.3f}, {tp:.3g} ms): {p50 / tp:.2f}x; against its fastest "
@@ -269,7 +274,7 @@ def plot_latency_vs_size(results: list[dict[str, Any]], path: Path) -> None:
     for result in results:
         for r in ok_rows(result, None, None):
             for label, s in series(r):
-                lines.setdefault(label, []).append((r["size"], s["latency_ms"]["p50"], s["latency_ms"]["p95"]))
+                lines.setdefault(label, []).append((r["size"], stat(s["latency_ms"], "p50"), stat(s["latency_ms"], "p95")))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, pts in sorted(lines.items()):
         pts.sort()
@@ -295,7 +300,7 @@ def plot_recall_vs_latency(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         for r in ok_rows(result, size, None):
-            pts = sorted((s["latency_ms"]["p50"], s.get("recall@10") or 0) for s in r["settings"])
+            pts = sorted((stat(s["latency_ms"], "p50"), s.get("recall@10") or 0) for s in r["settings"])
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{r['system']} ({r.get('modality', '')})")
         ax.set_xscale("log")
         ax.set_xlabel("single-query p50 latency (ms)")
@@ -321,7 +326,7 @@ def plot_visualsparta(result: dict[str, Any], path: Path) -> None:
         rows = [r for r in ok_rows(result, size) if r["system"] == name]
         pts = sorted(((r.get("doc_top_n") or full_nnz), r["settings"][0]) for r in rows) if rows else []
         pts = sorted(pts, key=lambda p: p[0])
-        a1.plot([p[0] for p in pts], [p[1]["latency_ms"]["p50"] for p in pts], marker="o", label=name)
+        a1.plot([p[0] for p in pts], [stat(p[1]["latency_ms"], "p50") for p in pts], marker="o", label=name)
         a2.plot([p[0] for p in pts], [p[1].get("recall@10") or 0 for p in pts], marker="o", label=name)
     for a, y in ((a1, "p50 latency (ms)"), (a2, "recall@10 vs un-pruned exact")):
         a.set_xscale("log")
@@ -364,7 +369,7 @@ def summarize(dirs: list[Path], out_dir: Path) -> None:
     for r in results:
         for row in ok_rows(r, None, None):
             for label, st in series(row):
-                cells.setdefault(label, {})[row["size"]] = f"{_fmt(st['latency_ms']['p50'])} (R {_fmt(st.get('recall@10'))})"
+                cells.setdefault(label, {})[row["size"]] = f"{_fmt(stat(st['latency_ms'], 'p50'))} (R {_fmt(st.get('recall@10'))})"
     L += ["", "| system | " + " | ".join(f"{s:,}" for s in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for label in sorted(cells):
         L.append(f"| {label} | " + " | ".join(cells[label].get(s, "-") for s in sizes) + " |")

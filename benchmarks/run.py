@@ -14,7 +14,6 @@ import argparse
 import json
 import logging
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .common import machine_info, peak_rss_mb, percentiles, rss_mb, stat
 from .corpora import CorpusSpec, load_corpus
 
 log = logging.getLogger("benchmarks")
@@ -90,26 +90,6 @@ def _safe_class(kind):
 
 
 # --- worker --------------------------------------------------------------------------------------
-def _rss_mb() -> float:
-    try:
-        import psutil
-
-        return psutil.Process().memory_info().rss / 2**20
-    except ImportError:
-        return float("nan")
-
-
-def _percentiles(ms: list[float]) -> dict[str, float]:
-    a = np.asarray(ms)
-    return {
-        "p50": float(np.percentile(a, 50)),
-        "p95": float(np.percentile(a, 95)),
-        "p99": float(np.percentile(a, 99)),
-        "mean": float(a.mean()),
-        "n": int(a.size),
-    }
-
-
 def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     """Build one system on one corpus, measure it, write its top-k; runs in its own process."""
     from .systems import SkipSystem, system_class
@@ -123,7 +103,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         spec = CorpusSpec(**{**job["corpus"], "doc_nnz": tuple(job["corpus"]["doc_nnz"]), "query_nnz": tuple(job["corpus"]["query_nnz"])})
         # memory-mapped: a system pays (in peak RSS) only for the corpus pages it reads
         corpus = load_corpus(spec, Path(job["cache_dir"]) if job.get("cache_dir") else None, mmap=True)
-        out["rss_before_build_mb"] = _rss_mb()
+        out["rss_before_build_mb"] = rss_mb()
         workdir = Path(job["workdir"])
         workdir.mkdir(parents=True, exist_ok=True)
         system = cls(job["system"]["name"], job["system"].get("params", {}), workdir)
@@ -134,7 +114,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         system.build(corpus)
         out["build_s"] = time.perf_counter() - t0
-        out["rss_after_build_mb"] = _rss_mb()
+        out["rss_after_build_mb"] = rss_mb()
         system.prepare_queries(corpus)
         out["index_bytes"] = system.index_bytes()
         out["extra"] = system.extra_info()
@@ -156,7 +136,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
                 if len(times) >= m["min_queries"] and time.perf_counter() - start > m["time_budget_s"]:
                     break
             topk = topk[: len(times)]
-            res = {"setting": setting, "latency_ms": _percentiles(times)}
+            res = {"setting": setting, "latency_ms": percentiles(times)}
             np.save(Path(job["topk_prefix"] + f"-{si}.npy"), topk)
             res["topk_file"] = job["topk_prefix"] + f"-{si}.npy"
             if m["batch"]:
@@ -185,18 +165,6 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
                 pass
     out["peak_rss_mb"] = peak_rss_mb()
     return out
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS. ``VmHWM`` belongs to the address space created at exec, whereas
-    ``ru_maxrss`` survives exec and would report the parent's size at fork time."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # --- recall -------------------------------------------------------------------------------------
@@ -238,33 +206,6 @@ def id_recall(got: np.ndarray, truth: np.ndarray) -> float:
 
 
 # --- machine / provenance --------------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    import platform
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info: dict[str, Any] = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "loadavg_start": list(os.getloadavg()),
-    }
-    try:
-        import psutil
-
-        info["ram_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    return info
-
-
 def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -376,8 +317,8 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
                             else:
                                 n = min(len(ref), len(topk))
                                 st["recall@10"] = id_recall(topk[:n], ref[:n])
-                        best = min(res["settings"], key=lambda st: st["latency_ms"]["p50"])
-                        say(f"[{size:,}] {label}: build {res['build_s']:.1f} s, p50 {best['latency_ms']['p50']:.3f} ms, "
+                        best = min(res["settings"], key=lambda st: stat(st["latency_ms"], "p50"))
+                        say(f"[{size:,}] {label}: build {res['build_s']:.1f} s, p50 {stat(best['latency_ms'], 'p50'):.3f} ms, "
                             f"recall@10 {best.get('recall@10')}, peak {res['peak_rss_mb']:.0f} MB")
                     else:
                         say(f"[{size:,}] {label}: {res['status']}: {res.get('reason', '')[:300]}")

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import percentiles
 from benchmarks.corpora import CACHE_DIR, CorpusSpec, load_corpus
 
 FIELD = "image"
@@ -289,12 +290,12 @@ def summarize(slices: list[dict]) -> dict:
             errors[k] = errors.get(k, 0) + v
     n_err = sum(errors.values())
 
-    def pct(values, q):
-        return float(np.percentile(values, q)) if len(values) else float("nan")
-
+    client, server = percentiles(lat, (50, 99)), percentiles(app, (50, 99))
+    nan = float("nan")
     return {"requests": len(lat), "errors": n_err, "error_statuses": errors,
-            "qps": len(lat) / sum(s["wall"] for s in slices), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
-            "server_p50_ms": pct(app, 50), "server_p99_ms": pct(app, 99),
+            "qps": len(lat) / sum(s["wall"] for s in slices), "p50_ms": client.get("p50_ms", nan),
+            "p99_ms": client.get("p99_ms", nan), "server_p50_ms": server.get("p50_ms", nan),
+            "server_p99_ms": server.get("p99_ms", nan),
             "mean_batch": float(np.mean(sizes)) if sizes else None,
             "client_cpu_ms_per_request": sum(s["client_cpu"] for s in slices) * 1000 / max(1, len(lat) + n_err),
             # the warm-up requests of each slice are in it too (one per client): a small overestimate

@@ -133,9 +133,7 @@ def _size(n: int | None) -> str:
 @backend_options
 def optimize(name: str, backend) -> None:
     """Merge an embedded index's segments into one (ingest also merges as it goes)."""
-    if not hasattr(backend, "optimize"):
-        raise InvalidInputError(f"`index optimize` is for the embedded engine; {backend.name} merges segments itself")
-    backend.optimize(name)
+    backend.optimize(name)  # a cluster backend says it merges segments itself
     info = backend.index_info(name)
     click.echo(f"optimized {name!r}: {info.doc_count} docs in {info.extra.get('segments', '?')} segment(s)")
 
@@ -159,18 +157,8 @@ def check(name: str, repair: bool, as_json: bool, backend) -> None:
     Exit status: 0 healthy (or repaired), 1 damage found and not repaired, 4 not an index
     or the repair could not run.
     """
-    from stair_es.backends.embedded import EmbeddedBackend
-    from stair_es.engine import check_index
-
-    if not isinstance(backend, EmbeddedBackend):
-        raise InvalidInputError("index check verifies embedded indexes; a cluster checks its own files")
-    report = check_index(backend.home / name, repair=repair)
-    from stair_es.dense import check_files
-
-    dense = check_files(backend.home / name, repair=repair) if (backend.home / name).is_dir() else None
-    if dense is not None:
-        report["dense"] = dense
-        report["ok"] = report["ok"] and dense["ok"]
+    report = backend.check(name, repair=repair)  # a cluster backend says it checks its own files
+    dense = report.get("dense")
     if as_json:
         echo_json(report)
     else:

@@ -1,7 +1,7 @@
 """Optional dense vectors: the third retriever of hybrid search.
 
-Owns: the dense field's description (:class:`DenseSpec`: dimension, similarity, storage type,
-the model that makes the vectors), checking a vector (finite, the index's dimension), the
+Owns: checking a vector against the index's dense field (:class:`~stair_es.schema.DenseSpec`,
+a schema type: dimension, similarity, storage type, the model that makes the vectors), the
 query vector (given, or the index's dense model's text side), the dense encoder (a checkpoint
 trained with ``stair-es train --head dense``) and, on the embedded engine, the store that keeps
 the vectors beside the segments and the exact flat search over it. It must not know about the
@@ -32,20 +32,16 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .errors import DamagedIndexError, InvalidInputError, InvalidVectorError, ModelError, StairError
+from .schema import DENSE_FIELD, DTYPES, MAX_DIMS, SIMILARITIES, DenseSpec, as_vector  # noqa: F401 - the dense API
 
 log = logging.getLogger(__name__)
 
-DENSE_FIELD = "dense"
-SIMILARITIES = ("cosine", "dot_product")
-DTYPES = ("float16", "float32")
-MAX_DIMS = 4096  # Elasticsearch's dense_vector limit
 FOLDER = "dense"
 SPEC_FILE = "spec.json"
 PENDING = "pending.stair"
@@ -53,40 +49,6 @@ FORMAT = 1
 F16_MAX = 65504.0
 MAX_PARTS = 16  # more part files than this: the MERGE_PARTS smallest are merged into one
 MERGE_PARTS = 8
-
-
-@dataclass(frozen=True)
-class DenseSpec:
-    """An index's dense field: ``dims`` floats per document, compared by ``similarity``.
-
-    ``cosine`` vectors are L2-normalised at ingest and at query (the score is the cosine);
-    ``dot_product`` keeps them as given. ``dtype`` is how the embedded engine stores them
-    (float16 halves the size; cosine vectors lose about 3 decimal digits). ``encoder`` records
-    the dense model (``{"name": "stair-dense", "model": PATH}``) whose text side encodes queries.
-    """
-
-    dims: int
-    similarity: str = "cosine"
-    dtype: str = "float16"
-    encoder: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.dims, bool) or not isinstance(self.dims, int) or not 1 <= self.dims <= MAX_DIMS:
-            raise InvalidInputError(f"the dense dimension must be a whole number from 1 to {MAX_DIMS}, got {self.dims!r}")
-        if self.similarity not in SIMILARITIES:
-            raise InvalidInputError(f"unknown dense similarity {self.similarity!r}; use one of {', '.join(SIMILARITIES)}")
-        if self.dtype not in DTYPES:
-            raise InvalidInputError(f"unknown dense storage type {self.dtype!r}; use one of {', '.join(DTYPES)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"dims": self.dims, "similarity": self.similarity, "dtype": self.dtype,
-                "encoder": dict(self.encoder) if self.encoder else None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "DenseSpec | None":
-        if not d:
-            return None
-        return cls(int(d["dims"]), d.get("similarity", "cosine"), d.get("dtype", "float16"), d.get("encoder"))
 
 
 def no_dense_error(index: str) -> InvalidInputError:
@@ -98,25 +60,6 @@ def no_dense_error(index: str) -> InvalidInputError:
 
 
 # --- vectors -----------------------------------------------------------------------------------
-def as_vector(value: Any, what: str) -> np.ndarray:
-    """A 1-D float32 array from a list/array of numbers; NaN, inf and non-numbers are refused."""
-    if isinstance(value, (str, bytes, Mapping)) or value is None:
-        raise InvalidVectorError(f"{what} must be a list of numbers, got {type(value).__name__}")
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidVectorError(f"{what} must be a list of numbers") from None
-    if arr.ndim != 1 or arr.size == 0:
-        raise InvalidVectorError(f"{what} must be a flat, non-empty list of numbers, got shape {arr.shape}")
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        raise InvalidVectorError(f"{what} has a non-finite value ({float(arr[bad[0]])!r}) at position {int(bad[0])}: "
-                                 "NaN and infinity cannot be indexed or searched; fix the vector")
-    if np.abs(arr).max() > np.finfo(np.float32).max:
-        raise InvalidVectorError(f"{what} has a value too large for float32")
-    return arr.astype(np.float32)
-
-
 def prepare(vector: Any, spec: DenseSpec, what: str) -> np.ndarray:
     """Check ``vector`` against ``spec`` (dimension, finite) and bring it to its stored form."""
     if isinstance(vector, np.ndarray) and vector.dtype == np.float32 and vector.ndim == 1 and vector.size \
@@ -282,8 +225,9 @@ def _load(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def _live(ix: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(segment position, local doc, seq) of every live document of the engine commit ``ix`` has loaded."""
     pos, loc, seq = [], [], []
-    for si, s in enumerate(ix._segs):  # noqa: SLF001 - read-only use of the engine's loaded commit
-        docs = np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+    snap = ix.snapshot()
+    for si, s in enumerate(snap.segments):
+        docs = snap.live_docs(si)
         pos.append(np.full(docs.size, si, np.int32))
         loc.append(docs.astype(np.int64))
         seq.append(np.asarray(s.seg.seq, np.uint64)[docs])
@@ -298,13 +242,14 @@ def _resolve_pending(ix: Any, arrays: Mapping[str, np.ndarray], meta: Mapping[st
     if not ids:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
     seq0 = int(meta["seq0"])
-    seg_of, doc_of = ix._locate(ids)  # noqa: SLF001
+    snap = ix.snapshot()
+    seg_of, doc_of = snap.locate(ids)
     seqs, rows = [], []
-    next_seq = int(ix._manifest.get("next_seq", 0))  # noqa: SLF001
+    next_seq = snap.next_seq
     for r, (si, d) in enumerate(zip(seg_of, doc_of)):
         if si < 0:
             continue
-        sq = int(ix._segs[int(si)].seg.seq[int(d)])  # noqa: SLF001
+        sq = int(snap.segments[int(si)].seg.seq[int(d)])
         if seq0 <= sq < next_seq:  # written by the commit that followed this pending file
             seqs.append(sq)
             rows.append(r)
@@ -332,7 +277,7 @@ class DenseStore:
         self.dir.mkdir(exist_ok=True)
         mat = np.stack(vectors).astype(self.spec.dtype)
         arrays = {**_ids_arrays(ids), "vectors": mat}
-        meta = {"format": FORMAT, "kind": "pending", "seq0": int(ix._manifest.get("next_seq", 0)),  # noqa: SLF001
+        meta = {"format": FORMAT, "kind": "pending", "seq0": ix.snapshot().next_seq,
                 "dims": self.spec.dims, "dtype": self.spec.dtype}
         write_arrays(self.dir / PENDING, arrays, meta)
         self._batch = (arrays, meta)  # finish() needs not read back what it just wrote
@@ -384,7 +329,7 @@ class DenseStore:
         if not parts:
             return False
         sizes = {p: int(_load(p)[0]["seqs"].size) for p in parts}
-        live_docs = sum(int(st.live) for st in ix._segs)  # noqa: SLF001
+        live_docs = ix.snapshot().live
         if force or (len(parts) > 1 and sum(sizes.values()) > 2 * live_docs + 1000):
             pick = parts
         elif len(parts) > MAX_PARTS:
@@ -496,7 +441,7 @@ class DenseView:
         return np.einsum("ij,j->i", m, np.asarray(q, np.float32)), self._pos, self._loc, self.seq
 
 
-_views: dict[str, DenseView] = {}
+_views: dict[str, tuple[tuple, DenseView]] = {}  # index folder -> (commit and files key, view)
 _views_lock = threading.Lock()
 
 
@@ -514,19 +459,16 @@ def _files_key(store: DenseStore) -> tuple:
 
 def view_of(ix: Any, spec: DenseSpec) -> DenseView:
     """The dense view of ``ix``'s current commit (cached per commit and set of vector files)."""
-    from .lexical import commit_key
-
     ix.refresh()
     store = DenseStore(ix.path, spec)
-    key = (commit_key(ix), _files_key(store))
+    key = (ix.snapshot().key, _files_key(store))
     with _views_lock:
-        v = _views.get(str(ix.path))
-        if v is not None and getattr(v, "_cache_key", None) == key:
-            return v
+        got = _views.get(str(ix.path))
+        if got is not None and got[0] == key:
+            return got[1]
     v = DenseView.build(ix, store)
-    v._cache_key = key  # type: ignore[attr-defined]
     with _views_lock:
-        _views[str(ix.path)] = v
+        _views[str(ix.path)] = (key, v)
     return v
 
 
@@ -534,7 +476,7 @@ def search_embedded(ix: Any, spec: DenseSpec, q: np.ndarray, top_k: int, flt: An
                     notes: list[str] | None = None) -> list[tuple[Any, int, float]]:
     """Exact top ``top_k`` by the spec's similarity after ``flt``: ``[(segment state, local doc, score)]``."""
     view = view_of(ix, spec)
-    segs = ix._segs  # noqa: SLF001 - the commit the view was built from
+    segs = ix.snapshot().segments  # the commit the view was built from
     score, pos, loc, seq = view.scores(np.asarray(q, np.float32))
     if flt is not None and score.size:
         keep = np.zeros(score.size, bool)
@@ -557,7 +499,7 @@ def search_embedded(ix: Any, spec: DenseSpec, q: np.ndarray, top_k: int, flt: An
 
 def vector_of(ix: Any, spec: DenseSpec, doc_id: str) -> np.ndarray | None:
     """The stored dense vector of live document ``doc_id`` (float32), or None when it has none."""
-    seg_of, doc_of = ix._locate([doc_id])  # noqa: SLF001
+    seg_of, doc_of = ix.snapshot().locate([doc_id])
     if seg_of[0] < 0:
         return None
     view = view_of(ix, spec)
@@ -616,7 +558,8 @@ def check_files(index_path: str | Path, *, repair: bool = False) -> dict[str, An
             view = DenseView.build(ix, DenseStore(index_path, spec))
             have = {(int(p), int(lo)) for c in view.chunks for p, lo in zip(c[2], c[3])}
             pos, loc, _ = _live(ix)
-            out["docs_without_vector"] = [ix._segs[int(p)].seg.doc_id(int(lo))  # noqa: SLF001
+            segs = ix.snapshot().segments
+            out["docs_without_vector"] = [segs[int(p)].seg.doc_id(int(lo))
                                           for p, lo in zip(pos, loc) if (int(p), int(lo)) not in have]
         finally:
             ix.close()

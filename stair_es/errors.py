@@ -35,6 +35,11 @@ class UnknownNameError(InvalidInputError):
     """A registry lookup (encoder, backend, model config) failed; the message lists what exists."""
 
 
+class UnsupportedError(InvalidInputError):
+    """The backend cannot do what was asked (hybrid search, optimize, check, scan...); the message
+    names the backend and says what to use instead."""
+
+
 class EncoderVersionError(InvalidInputError):
     """An index records an encoder version (token map, weights) other than the installed one."""
 

@@ -11,10 +11,11 @@ with the same filter, each returning its best ``window`` documents (default ``ma
 
 Their lists are fused by RRF or a normalised linear combination (:mod:`stair_es.fusion`).
 
-Where the fusion runs:
+This module owns the options and the fusion; each backend runs its retrievers in its own
+``hybrid_search`` (:class:`~stair_es.backends.base.SearchBackend`). Where the fusion runs:
 
 * embedded engine: in stair_es (BM25 from :mod:`stair_es.lexical`, dense from :mod:`stair_es.dense`);
-* Elasticsearch: the ``retriever`` API, ``rrf`` (8.14+) or ``linear`` with ``minmax`` (8.18+/9.0+),
+* Elasticsearch (:mod:`stair_es.backends.cluster_hybrid`): the ``retriever`` API, ``rrf`` (8.14+) or ``linear`` with ``minmax`` (8.18+/9.0+),
   over ``standard`` retrievers and a ``knn`` retriever on ``dense``;
 * OpenSearch: the ``hybrid`` query (a ``knn`` sub-query on ``dense``) with a temporary search
   pipeline in the request body, ``score-ranker-processor`` (RRF, 2.19+) or
@@ -28,16 +29,17 @@ rank and score, which a server-side fusion does not report).
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .errors import InvalidInputError, StairError
+from .errors import InvalidInputError
 from .fusion import DEFAULT_RRF_K, FUSIONS, Fused, Ranked, check_rrf_k, check_weights, fuse
-from .dense import DENSE_FIELD
 from .lexical import TEXT_FIELD
 from .query import SearchRequest
 from .schema import Hit, SearchResult
+
+if TYPE_CHECKING:  # types only: the backends import this module for their hybrid search
+    from .backends.base import SearchBackend
 
 RETRIEVERS = ("sparse", "bm25", "dense")
 DEFAULT_RETRIEVERS = ("sparse", "bm25")
@@ -103,7 +105,7 @@ def fuse_results(lists: Mapping[str, Sequence[Hit]] | Sequence[Hit], bm25: Seque
     return out
 
 
-def _fusion_note(opts: HybridOptions, where: str) -> str:
+def fusion_note(opts: HybridOptions, where: str) -> str:
     label = {"sparse": "learned sparse", "bm25": f"BM25 on {TEXT_FIELD}", "dense": "dense vectors"}
     how = (f"RRF (k={opts.rrf_k})" if opts.fusion == "rrf"
            else "min-max normalised linear combination (weights "
@@ -111,225 +113,22 @@ def _fusion_note(opts: HybridOptions, where: str) -> str:
     return f"hybrid: {' + '.join(label[n] for n in opts.retrievers)}, top {opts.window} of each, fused by {how} {where}"
 
 
-def hybrid_search(backend: Any, index: str, request: SearchRequest, text: str | None, opts: HybridOptions | None = None,
-                  *, explain: bool = False, vector: Any = None) -> SearchResult:
-    """Hybrid search on any built-in backend. ``request`` is the sparse side (from
+def checked_options(request: SearchRequest, text: str | None, opts: HybridOptions | None) -> HybridOptions:
+    """``opts`` checked against the request (what every backend's ``hybrid_search`` starts with)."""
+    opts = (opts or HybridOptions()).checked(request.top_k)
+    if "bm25" in opts.retrievers and (not isinstance(text, str) or not text.strip()):
+        raise InvalidInputError("hybrid search needs a query text for its BM25 side (give TEXT, not only --tokens or --image)")
+    return opts
+
+
+def hybrid_search(backend: SearchBackend, index: str, request: SearchRequest, text: str | None,
+                  opts: HybridOptions | None = None, *, explain: bool = False, vector: Any = None) -> SearchResult:
+    """Hybrid search on any backend that has it (:meth:`SearchBackend.hybrid_search`; others raise
+    :class:`~stair_es.errors.UnsupportedError`). ``request`` is the sparse side (from
     :func:`stair_es.search.make_request`); ``text`` is the BM25 query and, without ``vector``, what
     the index's dense model encodes for the dense side; all share the request's filter.
     ``vector``: an explicit dense query vector. Each hit's ``retrievers`` gives each retriever's
     rank and score (on a cluster fusing server-side, only with ``explain=True``, which runs the
     retrievers once more)."""
-    opts = (opts or HybridOptions()).checked(request.top_k)
-    if "bm25" in opts.retrievers and (not isinstance(text, str) or not text.strip()):
-        raise InvalidInputError("hybrid search needs a query text for its BM25 side (give TEXT, not only --tokens or --image)")
-    from .backends.embedded import EmbeddedBackend
-
-    if isinstance(backend, EmbeddedBackend):
-        return _embedded(backend, index, request, text, opts, vector)
-    from .backends._cluster import ClusterBackend
-
-    if isinstance(backend, ClusterBackend):
-        return _cluster(backend, index, request, text, opts, explain, vector)
-    raise InvalidInputError(f"the {getattr(backend, 'name', type(backend).__name__)} backend has no hybrid search")
-
-
-# --- embedded --------------------------------------------------------------------------------
-def _embedded(backend: Any, index: str, request: SearchRequest, text: str | None, opts: HybridOptions,
-              vector: Any = None) -> SearchResult:
-    t0 = time.perf_counter()
-    ix = backend._reader(index)  # noqa: SLF001 - the embedded backend's engine handle
-    req = request.prepared(ix.schema, ix.vocab)
-    notes = list(req.notes)
-    lists: dict[str, list[Hit]] = {}
-    if "dense" in opts.retrievers:
-        from .dense import query_vector, search_embedded as dense_search
-
-        spec = backend.dense_spec(index)
-        if spec is None:
-            from .dense import no_dense_error
-
-            raise no_dense_error(index)
-        q = query_vector(spec, index, text=text, vector=vector)
-        lists["dense"] = [Hit(s.seg.doc_id(d), score, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
-                          for s, d, score in dense_search(ix, spec, q, opts.window, req.filter, notes)]
-    if "sparse" in opts.retrievers:
-        lists["sparse"] = ix.search(replace(req, top_k=opts.window)).hits if req.clauses else []
-        if not req.clauses:
-            notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
-    if "bm25" in opts.retrievers:
-        from .lexical import search_embedded
-
-        lists["bm25"] = [Hit(s.seg.doc_id(d), score, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
-                         for s, d, score in search_embedded(ix, text, opts.window, req.filter, notes)]
-    hits = fuse_results(lists, None, opts, request.top_k)
-    notes.append(_fusion_note(opts, "in stair_es"))
-    return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)  # fusion sees only the windows
-
-
-# --- Elasticsearch / OpenSearch --------------------------------------------------------------
-def _filter_of(sparse_query: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``filter`` / ``must_not`` of the sparse query's ``bool`` (what every retriever shares)."""
-    b = sparse_query.get("bool", {})
-    return {k: b[k] for k in ("filter", "must_not") if b.get(k)}
-
-
-def bm25_query(text: str, sparse_query: Mapping[str, Any]) -> dict[str, Any]:
-    """BM25 on ``bm25_text`` with the sparse query's filter and exclusions (from its ``bool``)."""
-    return {"bool": {"must": [{"match": {TEXT_FIELD: {"query": text}}}], **_filter_of(sparse_query)}}
-
-
-def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
-    """Elasticsearch ``knn`` (the body of a ``knn`` retriever or search section) on ``dense``:
-    ``k`` = the window, ``num_candidates`` = twice that (at most 10,000), the shared filter."""
-    out: dict[str, Any] = {"field": DENSE_FIELD, "query_vector": [float(x) for x in vector], "k": window,
-                           "num_candidates": min(MAX_WINDOW, 2 * window)}
-    f = _filter_of(sparse_query)
-    if f:
-        out["filter"] = {"bool": f}
-    return out
-
-
-def os_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
-    """OpenSearch ``knn`` query on ``dense`` (``k`` = the window; the filter inside, as efficient filtering)."""
-    inner: dict[str, Any] = {"vector": [float(x) for x in vector], "k": window}
-    f = _filter_of(sparse_query)
-    if f:
-        inner["filter"] = {"bool": f}
-    return {"knn": {DENSE_FIELD: inner}}
-
-
-def _needs(opts: HybridOptions, text: str | None, vector: Any) -> None:
-    if "dense" in opts.retrievers and vector is None:
-        raise InvalidInputError("the dense retriever needs its query vector here: pass vector=... "
-                                "(stair_es.dense.query_vector makes it from text with the index's dense model)")
-    if "bm25" in opts.retrievers and not text:
-        raise InvalidInputError("the BM25 retriever needs a query text")
-
-
-def es_retriever(sparse_query: Mapping[str, Any], text: str | None, opts: HybridOptions, vector: Any = None) -> dict[str, Any]:
-    """The Elasticsearch ``retriever`` (the value of ``"retriever"`` in a ``_search`` body)."""
-    _needs(opts, text, vector)
-    by_name = {"sparse": lambda: {"standard": {"query": dict(sparse_query)}},
-               "bm25": lambda: {"standard": {"query": bm25_query(text, sparse_query)}},
-               "dense": lambda: {"knn": es_knn(vector, sparse_query, opts.window)}}
-    subs = [by_name[n]() for n in opts.retrievers]
-    if opts.fusion == "rrf":
-        return {"rrf": {"retrievers": subs, "rank_window_size": opts.window, "rank_constant": opts.rrf_k}}
-    return {"linear": {"retrievers": [{"retriever": r, "weight": float(w), "normalizer": "minmax"}
-                                      for r, w in zip(subs, opts.weights)],
-                       "rank_window_size": opts.window}}
-
-
-def os_search_pipeline(opts: HybridOptions) -> dict[str, Any]:
-    """The OpenSearch search pipeline (temporary, in the request body) fusing a ``hybrid`` query."""
-    if opts.fusion == "rrf":
-        proc = {"score-ranker-processor": {"combination": {"technique": "rrf", "rank_constant": opts.rrf_k}}}
-    else:
-        proc = {"normalization-processor": {"normalization": {"technique": "min_max"},
-                                            "combination": {"technique": "arithmetic_mean",
-                                                            "parameters": {"weights": [float(w) for w in opts.weights]}}}}
-    return {"phase_results_processors": [proc]}
-
-
-def os_hybrid(sparse_query: Mapping[str, Any], text: str | None, opts: HybridOptions | None = None,
-              vector: Any = None) -> dict[str, Any]:
-    """The OpenSearch ``hybrid`` query: one sub-query per retriever, in ``opts.retrievers`` order."""
-    opts = opts or HybridOptions().checked(10)
-    _needs(opts, text, vector)
-    return {"hybrid": {"queries": [component_query("opensearch", n, sparse_query, text, vector, opts.window)["query"]
-                                   for n in opts.retrievers]}}
-
-
-def component_query(engine: str, name: str, sparse_query: Mapping[str, Any], text: str | None, vector: Any,
-                    window: int) -> dict[str, Any]:
-    """One retriever alone as a ``_search`` body part (for fusing in stair_es and for explain)."""
-    if name == "sparse":
-        return {"query": dict(sparse_query)}
-    if name == "bm25":
-        return {"query": bm25_query(text or "", sparse_query)}
-    if engine == "elasticsearch":
-        return {"knn": es_knn(vector, sparse_query, window)}
-    return {"query": os_knn(vector, sparse_query, window)}
-
-
-def hybrid_body(engine: str, sparse_query: Mapping[str, Any], text: str | None, opts: HybridOptions, top_k: int,
-                *, vector: Any = None) -> dict[str, Any]:
-    """The whole ``_search`` body for a server-side hybrid search on ``engine``; pure, no client needed."""
-    if engine == "elasticsearch":
-        return {"retriever": es_retriever(sparse_query, text, opts, vector), "size": top_k}
-    # OpenSearch's hybrid query returns ``size`` hits per sub-query: ask for the window, keep top_k
-    return {"query": os_hybrid(sparse_query, text, opts, vector), "search_pipeline": os_search_pipeline(opts),
-            "size": opts.window}
-
-
-def _cluster(backend: Any, index: str, request: SearchRequest, text: str | None, opts: HybridOptions, explain: bool,
-             vector: Any = None) -> SearchResult:
-    from .backends.dsl import translate
-
-    t0 = time.perf_counter()
-    meta = backend._meta(index)  # noqa: SLF001
-    if "bm25" in opts.retrievers and not meta.has_text:
-        raise InvalidInputError(
-            f"index {index!r} has no {TEXT_FIELD} field for BM25 (it was created before stair_es had hybrid search): "
-            f"create a new index with `stair-es index create` and ingest again to search it with --hybrid"
-        )
-    engine = backend.adapter.engine
-    if "dense" in opts.retrievers:
-        from .dense import DenseSpec, no_dense_error, query_vector
-
-        spec = DenseSpec.from_dict(meta.schema.dense)
-        if spec is None or not meta.has_dense:
-            raise no_dense_error(index)
-        vector = query_vector(spec, index, text=text, vector=vector)
-    req = request.prepared(meta.schema, backend.vocab)
-    tr = translate(req, engine=engine, field_type=meta.field_type, max_clauses=backend.max_clauses - 1,
-                   vocab=backend.vocab, seismic=getattr(backend, "seismic", None))
-    notes = list(req.notes) + tr.notes
-    source = {"excludes": list(meta.schema.sparse_fields) + [DENSE_FIELD, TEXT_FIELD]}
-    path = backend._path(index, "_search")  # noqa: SLF001
-    use_sparse = "sparse" in opts.retrievers and bool(req.clauses)
-    if "sparse" in opts.retrievers and not req.clauses:
-        notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
-
-    def component_lists() -> dict[str, list[Hit]]:
-        lists: dict[str, list[Hit]] = {}
-        for name in opts.retrievers:
-            if name == "sparse" and not use_sparse:
-                lists[name] = []
-                continue
-            body = {**component_query(engine, name, tr.query, text, vector, opts.window), "size": opts.window,
-                    "_source": source}
-            res = backend._call("POST", path, body, action=f"search {index!r} ({name})", index=index)  # noqa: SLF001
-            lists[name] = [_hit(backend, h, meta) for h in res.get("hits", {}).get("hits", [])]
-        return lists
-
-    server_ok = opts.server and len(opts.retrievers) > 1 and ("sparse" not in opts.retrievers or use_sparse)
-    if server_ok:
-        body = hybrid_body(engine, tr.query, text, opts, req.top_k, vector=vector)
-        body["_source"] = source
-        try:
-            res = backend._call("POST", path, body, action=f"hybrid search {index!r}", index=index, retry=False)  # noqa: SLF001
-        except StairError as e:
-            notes.append(f"the cluster refused the server-side hybrid search ({str(e).splitlines()[0][:200]}); "
-                         "the result lists were fused in stair_es instead")
-        else:
-            hits = [_hit(backend, h, meta) for h in res.get("hits", {}).get("hits", [])][: req.top_k]
-            if explain:
-                ranks = {name: {h.id: (r, h.score) for r, h in enumerate(lst, start=1)}
-                         for name, lst in component_lists().items()}
-                for h in hits:
-                    h.retrievers = {name: dict(zip(("rank", "score"), ranks[name].get(h.id, (None, None))))
-                                    for name in opts.retrievers}
-            where = ("by the cluster (retriever API)" if engine == "elasticsearch"
-                     else "by the cluster (hybrid query + search pipeline)")
-            notes.append(_fusion_note(opts, where))
-            return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)
-    hits = fuse_results(component_lists(), None, opts, req.top_k)
-    notes.append(_fusion_note(opts, "in stair_es"))
-    return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)
-
-
-def _hit(backend: Any, h: Mapping[str, Any], meta: Any) -> Hit:
-    src = h.get("_source") or {}
-    return Hit(h["_id"], float(h.get("_score") or 0.0), backend._metadata_out(src, meta.schema),  # noqa: SLF001
-               src.get("caption_text"), src.get("path"))
+    checked_options(request, text, opts)  # the same message whichever backend answers
+    return backend.hybrid_search(index, request, text, opts, explain=explain, vector=vector)

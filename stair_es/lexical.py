@@ -199,15 +199,14 @@ _cache_lock = threading.Lock()
 
 def commit_key(ix: Any) -> tuple:
     """The engine commit a BM25 index belongs to: (generation, manifest checksum)."""
-    m = ix._manifest  # noqa: SLF001 - read-only use of the engine's loaded manifest
-    return (int(m.get("generation", 0)), int(m.get("checksum", 0) or 0))
+    return ix.snapshot().key
 
 
 def _collect(ix: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     texts, seg_pos, local = [], [], []
-    for si, s in enumerate(ix._segs):  # noqa: SLF001
-        live = np.ones(s.seg.n_docs, bool) if s.deleted is None else ~s.deleted
-        docs = np.flatnonzero(live)
+    snap = ix.snapshot()
+    for si, s in enumerate(snap.segments):
+        docs = snap.live_docs(si)
         s.seg.verify_docs(docs)  # checksummed segments: a damaged caption is an error, never BM25 text
         for d in docs:
             texts.append(document_text(s.seg.caption(int(d)), s.seg.metadata(int(d), display=False)))
@@ -269,7 +268,7 @@ def search_embedded(ix: Any, text: str, top_k: int, flt: Any = None, notes: list
             f"the index at {ix.path} has no text for BM25: hybrid search needs documents with a caption or keyword "
             "metadata (a NAME.txt caption beside each image, or \"caption\"/\"metadata\" in a JSONL manifest), then ingest again"
         )
-    segs = ix._segs  # noqa: SLF001 - the commit bm was built from (keys match)
+    segs = ix.snapshot().segments  # the commit bm was built from (keys match)
     mask = None
     if flt is not None:
         mask = np.zeros(bm.n_docs, bool)

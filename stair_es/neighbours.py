@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import DamagedIndexError, InvalidInputError, StairError
+from .errors import DamagedIndexError, InvalidInputError, UnsupportedError  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
 from .sparse import SparseVector
 from .vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 
@@ -48,12 +48,6 @@ STATS_VERSION = 1
 DEFAULT_EXPAND_WEIGHT = 0.5
 #: Default minimum number of documents a pair must share to be a neighbour (one shared document is noise).
 DEFAULT_MIN_COUNT = 2
-
-
-class UnsupportedError(StairError):
-    """The backend cannot provide what was asked (said with what to do instead)."""
-
-    exit_code = 2
 
 
 # --- counting -----------------------------------------------------------------------------------
@@ -321,12 +315,9 @@ def index_counts(backend, index: str, *, vocab: Vocabulary | None = None, notes:
     schema = backend.index_info(index).schema  # raises IndexNotFoundError with the backend's message
     if "image" not in schema.sparse_fields:
         raise InvalidInputError(f"index {index!r} has no 'image' sparse field to find neighbours in")
-    if not hasattr(backend, "scan"):
-        raise UnsupportedError(f"the {backend.name} backend cannot list an index's documents, so it has no neighbour "
-                               "statistics; use the embedded backend (or a copy of the index in it)")
-    folder = getattr(backend, "index_folder", None)
+    folder = backend.index_folder(index)  # None: nowhere to keep the counts (a cluster); a scan it is
     if folder is not None:
-        path = Path(folder(index))
+        path = Path(folder)
         generation = backend.generation(index)
         try:
             stored = load_counts(path)

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import InvalidInputError, UnknownFieldError
+from .errors import InvalidInputError, InvalidVectorError, UnknownFieldError
 from .sparse import SparseVector
 
 FIELD_TYPES = ("keyword", "number", "boolean", "date")
@@ -122,6 +122,66 @@ def normalize_value(ftype: str, value: Any, field_name: str) -> Any:
     raise InvalidInputError(f"unknown field type {ftype!r}; use one of {', '.join(FIELD_TYPES)}")
 
 
+# --- the optional dense field (vectors and their search: stair_es.dense) ------------------------
+DENSE_FIELD = "dense"
+SIMILARITIES = ("cosine", "dot_product")
+DTYPES = ("float16", "float32")
+MAX_DIMS = 4096  # Elasticsearch's dense_vector limit
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """An index's dense field: ``dims`` floats per document, compared by ``similarity``.
+
+    ``cosine`` vectors are L2-normalised at ingest and at query (the score is the cosine);
+    ``dot_product`` keeps them as given. ``dtype`` is how the embedded engine stores them
+    (float16 halves the size; cosine vectors lose about 3 decimal digits). ``encoder`` records
+    the dense model (``{"name": "stair-dense", "model": PATH}``) whose text side encodes queries.
+    """
+
+    dims: int
+    similarity: str = "cosine"
+    dtype: str = "float16"
+    encoder: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dims, bool) or not isinstance(self.dims, int) or not 1 <= self.dims <= MAX_DIMS:
+            raise InvalidInputError(f"the dense dimension must be a whole number from 1 to {MAX_DIMS}, got {self.dims!r}")
+        if self.similarity not in SIMILARITIES:
+            raise InvalidInputError(f"unknown dense similarity {self.similarity!r}; use one of {', '.join(SIMILARITIES)}")
+        if self.dtype not in DTYPES:
+            raise InvalidInputError(f"unknown dense storage type {self.dtype!r}; use one of {', '.join(DTYPES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dims": self.dims, "similarity": self.similarity, "dtype": self.dtype,
+                "encoder": dict(self.encoder) if self.encoder else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "DenseSpec | None":
+        if not d:
+            return None
+        return cls(int(d["dims"]), d.get("similarity", "cosine"), d.get("dtype", "float16"), d.get("encoder"))
+
+
+def as_vector(value: Any, what: str) -> np.ndarray:
+    """A 1-D float32 array from a list/array of numbers; NaN, inf and non-numbers are refused."""
+    if isinstance(value, (str, bytes, Mapping)) or value is None:
+        raise InvalidVectorError(f"{what} must be a list of numbers, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidVectorError(f"{what} must be a list of numbers") from None
+    if arr.ndim != 1 or arr.size == 0:
+        raise InvalidVectorError(f"{what} must be a flat, non-empty list of numbers, got shape {arr.shape}")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise InvalidVectorError(f"{what} has a non-finite value ({float(arr[bad[0]])!r}) at position {int(bad[0])}: "
+                                 "NaN and infinity cannot be indexed or searched; fix the vector")
+    if np.abs(arr).max() > np.finfo(np.float32).max:
+        raise InvalidVectorError(f"{what} has a value too large for float32")
+    return arr.astype(np.float32)
+
+
 @dataclass
 class IndexSchema:
     """What an index holds. Serialisable to JSON; stored with the index."""
@@ -131,7 +191,7 @@ class IndexSchema:
     vocab_name: str = "bert-base-uncased"
     vocab_md5: str = "64800d5d8528ce344256daf115d4965e"
     encoder: dict[str, Any] | None = None  # the encoder config used at ingest, for queries
-    # the optional dense field (stair_es.dense.DenseSpec as a dict: dims, similarity, dtype, encoder)
+    # the optional dense field (a DenseSpec as a dict: dims, similarity, dtype, encoder)
     dense: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -145,8 +205,6 @@ class IndexSchema:
             check_field_name(name, "sparse field")
         self.sparse_fields = tuple(self.sparse_fields)
         if self.dense is not None:
-            from .dense import DenseSpec
-
             spec = self.dense if isinstance(self.dense, DenseSpec) else DenseSpec.from_dict(self.dense)
             self.dense = spec.to_dict() if spec is not None else None
 
@@ -352,8 +410,6 @@ class Document:
             check_text(name, f"a metadata field name of {self.id!r}")
             check_text(value, f"metadata field {name!r} of {self.id!r}")
         if self.dense is not None:
-            from .dense import as_vector
-
             self.dense = as_vector(self.dense, f"the dense vector of {self.id!r}")
 
 

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import platform
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..common import machine_info, stat
 from .corpus import SELECTIVITY, WEIGHTINGS, Generator, ScaleSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,24 +90,6 @@ def memory_estimate_gb(system: str, n: int, segment_docs: int) -> float:
     return corpus + 1.0
 
 
-def machine_info() -> dict[str, Any]:
-    import psutil
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT).stdout.strip())
-    versions = {}
-    from importlib.metadata import PackageNotFoundError, version
-
-    for pkg in ("stair-es", "numpy", "numba", "scipy", "faiss-cpu", "pyseismic-lsr", "pyterrier-pisa"):
-        try:
-            versions[pkg] = version(pkg)
-        except PackageNotFoundError:
-            versions[pkg] = None
-    return {"commit": commit + ("+dirty" if dirty else ""), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "versions": versions, "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-
-
 def recall(got: list[list[int]], truth: list[list[int]]) -> float:
     hits = tot = 0
     for g, t in zip(got, truth):
@@ -144,7 +126,7 @@ def score(results: list[dict]) -> None:
 
 def seismic_choice(runs: dict[str, dict], target: float) -> tuple[str, dict] | None:
     # the fastest by CPU time of the searching thread: wall clock on a shared machine measures the other jobs too
-    ok = [(v["cpu_ms"]["p50"], k, v) for k, v in runs.items() if k.startswith("seismic ") and (v.get("recall") or 0) >= target]
+    ok = [(stat(v["cpu_ms"], "p50"), k, v) for k, v in runs.items() if k.startswith("seismic ") and (v.get("recall") or 0) >= target]
     return (min(ok)[1], min(ok)[2]) if ok else None
 
 
@@ -179,7 +161,8 @@ def rows(results: list[dict]) -> list[dict]:
         for label, run in expanded.items():
             lat, cpu = run.get("latency_ms", {}), run.get("cpu_ms", {})
             out.append(base | {
-                "label": label, "p50": lat.get("p50"), "p95": lat.get("p95"), "p99": lat.get("p99"), "cpu_p50": cpu.get("p50"),
+                "label": label, "p50_ms": stat(lat, "p50"), "p95_ms": stat(lat, "p95"), "p99_ms": stat(lat, "p99"),
+                "cpu_p50_ms": stat(cpu, "p50"),
                 "qps_1": run.get("qps_1"), "qps_2": run.get("qps_2"), "recall": run.get("recall"),
                 "build_s": r.get("build_s"), "ingest_docs_per_s": r.get("ingest_docs_per_s") if r["system"] == "engine" else None,
                 "peak_rss_mb": r.get("peak_rss_mb"), "bytes_per_posting": r.get("bytes_per_posting"),
@@ -201,7 +184,7 @@ def table(rs: list[dict]) -> str:
             lines.append(f"| {corpus} | {r['label']} | {r['note']} | | | | | | | |")
             continue
         lines.append(
-            f"| {corpus} | {r['label']} | {fmt(r['p50'])} / {fmt(r['p95'])} / {fmt(r['p99'])} | {fmt(r['cpu_p50'])} | "
+            f"| {corpus} | {r['label']} | {fmt(r['p50_ms'])} / {fmt(r['p95_ms'])} / {fmt(r['p99_ms'])} | {fmt(r['cpu_p50_ms'])} | "
             f"{fmt(r['qps_1'], '.0f')} / {fmt(r['qps_2'], '.0f')} | {fmt(r['recall'], '.3f')} | {fmt(r['build_s'], '.1f')} | "
             f"{fmt(r['ingest_docs_per_s'], ',.0f')} | {fmt(r['peak_rss_mb'], ',.0f')} | {fmt(r['bytes_per_posting'], '.2f')} |")
     return "\n".join(lines)
@@ -217,13 +200,13 @@ def targets(results: list[dict]) -> list[str]:
     by = {(r["weights"], r["system"]): r for r in results if r["n_docs"] == n and "runs" in r}
     idf, iid = by.get(("idf", "engine")), by.get(("iid", "engine"))
     if idf:
-        p50 = idf["runs"]["engine"]["latency_ms"]["p50"]
-        c50 = idf["runs"]["engine"]["cpu_ms"]["p50"]
+        p50 = stat(idf["runs"]["engine"]["latency_ms"], "p50")
+        c50 = stat(idf["runs"]["engine"]["cpu_ms"], "p50")
         out.append(f"- exact p50 on idf queries <= 10 ms: {p50:.2f} ms wall, {c50:.2f} ms CPU of the searching thread "
                    f"(wall {'met' if p50 <= 10 else 'missed'}, CPU {'met' if c50 <= 10 else 'missed'})")
         two = idf["runs"]["engine"].get("query_threads_2")
         if two and two.get("latency_ms"):
-            t50 = two["latency_ms"]["p50"]
+            t50 = stat(two["latency_ms"], "p50")
             out.append(f"  one query on 2 threads (search(threads=2)): {t50:.2f} ms wall p50 "
                        f"({'met' if t50 <= 10 else 'missed'}; same top 10 as one thread: {two['same_ids']})")
     for w, e in (("idf", idf), ("iid", iid)):
@@ -248,15 +231,15 @@ def targets(results: list[dict]) -> list[str]:
             if r["n_docs"] == n_s:
                 c = seismic_choice(r["runs"], 0.95)
                 if c:
-                    picks.append((c[1]["cpu_ms"]["p50"], c, r.get("build_params", {})))
+                    picks.append((stat(c[1]["cpu_ms"], "p50"), c, r.get("build_params", {})))
         if picks and e_same:
             _, c, bp = min(picks, key=lambda x: x[0])
             e_run = e_same["runs"]["engine"]
-            ratio = e_run["latency_ms"]["p50"] / c[1]["latency_ms"]["p50"]
-            ratio_cpu = e_run["cpu_ms"]["p50"] / c[1]["cpu_ms"]["p50"]
+            ratio = stat(e_run["latency_ms"], "p50") / stat(c[1]["latency_ms"], "p50")
+            ratio_cpu = stat(e_run["cpu_ms"], "p50") / stat(c[1]["cpu_ms"], "p50")
             out.append(f"- within 2x of Seismic at recall 0.95 on iid queries ({n_s:,} docs, the largest size Seismic ran): "
-                       f"engine p50 {e_run['latency_ms']['p50']:.2f} ms vs Seismic {c[1]['latency_ms']['p50']:.2f} ms wall "
-                       f"= {ratio:.2f}x; CPU {e_run['cpu_ms']['p50']:.2f} vs {c[1]['cpu_ms']['p50']:.2f} ms = {ratio_cpu:.2f}x "
+                       f"engine p50 {stat(e_run['latency_ms'], 'p50'):.2f} ms vs Seismic {stat(c[1]['latency_ms'], 'p50'):.2f} ms wall "
+                       f"= {ratio:.2f}x; CPU {stat(e_run['cpu_ms'], 'p50'):.2f} vs {stat(c[1]['cpu_ms'], 'p50'):.2f} ms = {ratio_cpu:.2f}x "
                        f"({c[0]}, build {bp}, recall {c[1]['recall']:.3f}) ({'met' if ratio_cpu <= 2 else 'missed'} on CPU time)")
         elif e_same:
             best = max((v.get("recall") or 0 for r in seis if r["n_docs"] == n_s for v in r["runs"].values()), default=0)
@@ -282,12 +265,12 @@ def plots(results: list[dict], out: Path) -> list[str]:
         series: dict[str, list] = {}
         steady = {(r["weights"], r["n_docs"], r["label"].split(" (steady")[0]) for r in rs if "(steady" in r["label"]}
         for r in rs:
-            if r["weights"] != w or r["cpu_p50"] is None:
+            if r["weights"] != w or r["cpu_p50_ms"] is None:
                 continue
             if "(first pass)" in r["label"] and (w, r["n_docs"], r["label"].split(" (first pass)")[0]) in steady:
                 continue  # the steady-state row of the same run is plotted
             label = re.sub(r" \((steady: pass \d+|first pass|query_cut=[^)]*)\)", "", r["label"])
-            series.setdefault(label, []).append((r["n_docs"], r["cpu_p50"]))
+            series.setdefault(label, []).append((r["n_docs"], r["cpu_p50_ms"]))
         for label, pts in sorted(series.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -311,14 +294,14 @@ def plots(results: list[dict], out: Path) -> list[str]:
             for r in results:
                 if r["weights"] == w and r["n_docs"] == n and "runs" in r:
                     if r["system"] == "seismic":
-                        pts = sorted((v["cpu_ms"]["p50"], v.get("recall") or 0) for v in r["runs"].values())
+                        pts = sorted((stat(v["cpu_ms"], "p50"), v.get("recall") or 0) for v in r["runs"].values())
                         n_post = r.get("build_params", {}).get("n_postings")
                         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
                                 label="seismic settings" + (f", n_postings={n_post}" if n_post else ""))
                     elif r["system"] in ("engine", "pisa", "bruteforce"):
                         for k, v in r["runs"].items():
                             if "filtered" not in k:
-                                ax.plot([v["cpu_ms"]["p50"]], [v.get("recall") or 0], "s", label=k)
+                                ax.plot([stat(v["cpu_ms"], "p50")], [v.get("recall") or 0], "s", label=k)
             ax.axhline(0.95, color="grey", lw=0.6, ls="--")
             ax.set_xscale("log")
             ax.set_xlabel("p50 CPU time of the searching thread, ms")
@@ -414,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(out.read_text())
         results = old["results"]
         meta["earlier_runs"] = old["meta"].get("earlier_runs", []) + [{k: old["meta"].get(k) for k in ("commit", "argv", "started")}]
-    print(f"# scale benchmark  commit={meta['commit']}  cpus={meta['cpus']}  ram={meta['ram_gb']} GB  -> {out}", flush=True)
+    print(f"# scale benchmark  commit={meta['commit']}  cores={meta['cores']}  ram={meta['ram_gb']} GB  -> {out}", flush=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT.parent) + os.pathsep + env.get("PYTHONPATH", "")
     for n in sizes:

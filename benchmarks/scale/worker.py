@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..procstat import peak_rss_mb, rss_mb
+from ..common import peak_rss_mb, percentiles, rss_mb
 from .corpus import DENSE_DIM, SELECTIVITY, Generator, ScaleSpec, buckets, project, projection
 
 K = 10
@@ -50,14 +50,6 @@ def start_watchdog(min_free_gb: float, out: Path, partial: dict) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def pct(xs: list[float]) -> dict[str, float]:
-    a = np.asarray(xs, dtype=np.float64)
-    if not a.size:
-        return {}
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99)),
-            "mean": float(a.mean()), "n": int(a.size)}
-
-
 def time_queries(fn, n: int, budget_s: float, warmup: int = 5) -> tuple[list[np.ndarray], dict, dict]:
     """Run ``fn(i)`` for every query (all are needed for recall); latency statistics cover
     those timed within ``budget_s`` (at least 20)."""
@@ -73,7 +65,7 @@ def time_queries(fn, n: int, budget_s: float, warmup: int = 5) -> tuple[list[np.
             wall.append((t1 - t) * 1000)
             cpu.append((c1 - c) * 1000)
         ids.append(np.asarray(r, dtype=np.int64)[:K])
-    return ids, pct(wall), pct(cpu)
+    return ids, percentiles(wall), percentiles(cpu)
 
 
 def pad_ids(rows: list[np.ndarray]) -> list[list[int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -43,6 +44,7 @@ from ..schema import (
 )
 from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from .base import IndexInfo, ProgressCallback, SearchBackend
+from .cluster_hybrid import ClusterHybrid
 from .codec import feature_map, stored_value, vector_from_features
 from .connection import ClusterConfig
 from .dsl import DEFAULT_MAX_CLAUSES, FIELD_TYPES, META_KEY, _load_json, mapping, translate
@@ -109,10 +111,11 @@ class _Retry(Exception):
     pass
 
 
-class ClusterBackend(SearchBackend):
+class ClusterBackend(ClusterHybrid, SearchBackend):
     """A :class:`SearchBackend` on an Elasticsearch or OpenSearch cluster."""
 
     adapter: EngineAdapter
+    seismic: Any = None  # OpenSearch: the SEISMIC query parameters (stair_es.backends.seismic.SeismicParams)
 
     def __init__(
         self,
@@ -262,15 +265,22 @@ class ClusterBackend(SearchBackend):
         except Exception as e:  # noqa: BLE001
             raise self._map_error(e, action, index) from None
 
-    def _wait(self) -> Any:
-        """Exponential back-off from ``backoff`` seconds, capped at ``backoff_max``, plus up to ``backoff`` of jitter."""
-        import inspect
+    def _wait(self) -> Callable[[Any], float]:
+        """Exponential back-off from ``backoff`` seconds plus up to ``backoff`` of jitter, capped at
+        ``backoff_max`` (a plain function of tenacity's retry state: the same on every tenacity version)."""
+        base, cap = self.backoff, self.backoff_max
 
-        from tenacity import wait_exponential_jitter
+        def wait(retry_state: Any) -> float:
+            n = max(int(getattr(retry_state, "attempt_number", 1)), 1)
+            return min(base * 2.0 ** min(n - 1, 60) + random.uniform(0.0, base), cap)
 
-        if "multiplier" in inspect.signature(wait_exponential_jitter.__init__).parameters:
-            return wait_exponential_jitter(multiplier=self.backoff, max=self.backoff_max, jitter=self.backoff)
-        return wait_exponential_jitter(initial=self.backoff, max=self.backoff_max, jitter=self.backoff)
+        return wait
+
+    def request(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
+                *, action: str = "request", index: str | None = None, retry: bool = True) -> Any:
+        """One request through this backend's client (its auth, TLS, back-off unless ``retry=False``,
+        and errors mapped to typed ones naming the URL, never credentials); the raw response."""
+        return self._call(method, path, body, params, action=action, index=index, retry=retry)
 
     # --- index metadata ----------------------------------------------------------------
     def _path(self, index: str, *rest: str) -> str:
@@ -630,15 +640,11 @@ class ClusterBackend(SearchBackend):
         meta = self._meta(index)
         req = request.prepared(meta.schema, self.vocab)
         tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab,
-                       seismic=getattr(self, "seismic", None))
+                       seismic=self.seismic)
         body = {"query": tr.query, "size": req.top_k, "track_total_hits": True,
                 "_source": {"excludes": list(meta.schema.sparse_fields) + ["dense"]}}
         res = self._call("POST", self._path(index, "_search"), body, action=f"search {index!r}", index=index)
-        refill_notes: list[str] = []
-        if meta.field_type == "sparse_vector" and self.adapter.engine == "opensearch" and req.filter is not None:
-            from .seismic import refill
-
-            res, refill_notes = refill(self, index, req, meta, body, res)
+        res, refill_notes = self._after_search(index, req, meta, body, res)
         hits = []
         for h in res.get("hits", {}).get("hits", []):
             src = h.get("_source") or {}
@@ -652,11 +658,16 @@ class ClusterBackend(SearchBackend):
         took = (time.perf_counter() - t0) * 1000  # end to end, as the user waits for it
         return SearchResult(hits, total, took, notes)
 
+    def _after_search(self, index: str, req: SearchRequest, meta: _IndexMeta, body: dict[str, Any],
+                      res: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
+        """A hook on a search's response (OpenSearch repeats a filtered SEISMIC search): (response, notes)."""
+        return res, []
+
     def explain(self, index: str, doc_id: str, request: SearchRequest) -> Explanation:
         meta = self._meta(index)
         req = request.prepared(meta.schema, self.vocab)
         tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses, vocab=self.vocab,
-                       seismic=getattr(self, "seismic", None))
+                       seismic=self.seismic)
         doc = self.get(index, doc_id)
         contributions = []
         for c in tr.request.clauses:
@@ -681,7 +692,7 @@ class ClusterBackend(SearchBackend):
             from .seismic import explain_notes
 
             notes.extend(explain_notes(tr.request.clauses, doc.vectors, self.index_info(index).doc_count,
-                                       getattr(self, "seismic", None)))
+                                       self.seismic))
         if hits:
             score, matched = float(hits[0].get("_score") or 0.0), True
         else:

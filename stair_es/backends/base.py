@@ -12,6 +12,11 @@ Contract every backend keeps:
 * ``ingest`` returns an :class:`IngestReport` with one item per input document; a document
   that fails never makes the whole batch fail silently, and what is reported ok is durable;
 * ``explain`` gives per-token contributions that sum to the hit's score.
+
+Optional capabilities (``hybrid_search``, ``optimize``, ``check``, ``scan``, ``generation``,
+``index_folder``) have defaults here that raise :class:`~stair_es.errors.UnsupportedError` (or
+return None), so callers never ask which backend they hold: a plugin backend gains a capability
+by overriding its method, without an edit anywhere else.
 """
 
 from __future__ import annotations
@@ -19,14 +24,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import import_module
-from typing import Any, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import UnknownNameError
+from ..errors import UnknownNameError, UnsupportedError
 from ..plugins import entry_points
 from ..query import SearchRequest
 from ..schema import Document, Explanation, IndexSchema, IngestReport, ItemResult, SearchResult
+
+if TYPE_CHECKING:  # types only: hybrid.py is imported by the backends that implement hybrid search
+    from ..hybrid import HybridOptions
 
 
 @dataclass
@@ -49,6 +58,8 @@ class SearchBackend(ABC):
     """What stair_es needs from a search engine."""
 
     name: str = "abstract"
+    #: searches run in this process (no network): batching them and counting statistics is cheap
+    in_process: bool = False
 
     @abstractmethod
     def create_index(self, index: str, schema: IndexSchema, *, exist_ok: bool = False) -> None: ...
@@ -91,6 +102,35 @@ class SearchBackend(ABC):
     @abstractmethod
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         """(document frequency per vocabulary id for sparse ``field``, number of live documents)."""
+
+    # --- optional capabilities: override to provide ------------------------------------------
+    def hybrid_search(self, index: str, request: SearchRequest, text: str | None, opts: "HybridOptions | None" = None,
+                      *, explain: bool = False, vector: Any = None) -> SearchResult:
+        """The sparse retriever, BM25 over the documents' text and dense vectors, fused
+        (:mod:`stair_es.hybrid` says what each argument means)."""
+        raise UnsupportedError(f"the {self.name} backend has no hybrid search; search it without --hybrid")
+
+    def optimize(self, index: str) -> None:
+        """Merge the index's segments into one."""
+        raise UnsupportedError(f"`index optimize` is for the embedded engine; the {self.name} backend merges segments itself")
+
+    def check(self, index: str, *, repair: bool = False) -> dict[str, Any]:
+        """Verify every file of the index (and, with ``repair``, commit it without damaged parts);
+        the report of :func:`stair_es.engine.check_index`."""
+        raise UnsupportedError(f"index check verifies embedded indexes; the {self.name} backend checks its own files")
+
+    def scan(self, index: str, field: str) -> Iterator[tuple[np.ndarray, np.ndarray, list[str | None]]]:
+        """Every live document as ``(indptr, token ids of field, captions)`` chunks."""
+        raise UnsupportedError(f"the {self.name} backend cannot list an index's documents (so it has no neighbour "
+                               "statistics); use the embedded backend (or a copy of the index in it)")
+
+    def generation(self, index: str, *, refresh: bool = True) -> int | None:
+        """A number that changes with every commit of the index; None when the backend has none."""
+        return None
+
+    def index_folder(self, index: str) -> Path | None:
+        """The local folder of the index (where derived files such as statistics can live); None when remote."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

@@ -42,7 +42,6 @@ from ..vocab import Vocabulary, default_vocabulary
 
 _SAFE_PUNCT = frozenset("#_-")
 FLOAT32_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 1.1754944e-38
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _safe(ch: str) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -21,7 +23,7 @@ from ..engine import EngineIndex
 from ..neighbours import StatsUpdater
 from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError
 from ..query import SearchRequest
-from ..schema import Document, Explanation, IndexSchema, IngestReport, SearchResult
+from ..schema import Document, Explanation, Hit, IndexSchema, IngestReport, SearchResult
 from .base import IndexInfo, ProgressCallback, SearchBackend
 
 
@@ -70,6 +72,11 @@ def _in_order(batch, todo, items, refused):
     return [refused[k] if k in refused else next(it) for k in range(len(batch))]
 
 
+def _hit(s, d: int, score: float) -> Hit:
+    """A hit of a sidecar retriever (BM25, dense) from its (segment, local doc, score)."""
+    return Hit(s.seg.doc_id(d), score, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
+
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
 DEFAULT_BATCH = 256
 
@@ -92,6 +99,7 @@ class EmbeddedBackend(SearchBackend):
     """Indices on local disk, searched in-process (no server)."""
 
     name = "embedded"
+    in_process = True
 
     def __init__(self, home: str | Path | None = None, *, batch_size: int = DEFAULT_BATCH):
         self.home = Path(home).expanduser() if home is not None else default_home()
@@ -140,8 +148,6 @@ class EmbeddedBackend(SearchBackend):
             if exist_ok:
                 return
             raise IndexExistsError(f"index {index!r} already exists in {self.home}; delete it first or pick another name")
-        from dataclasses import replace
-
         from ..dense import DenseSpec, write_spec
 
         spec = DenseSpec.from_dict(schema.dense)
@@ -164,8 +170,6 @@ class EmbeddedBackend(SearchBackend):
     def index_info(self, index: str) -> IndexInfo:
         ix = self._reader(index)
         st = ix.stats()
-        from dataclasses import replace
-
         spec = self.dense_spec(index)
         schema = replace(ix.schema, dense=spec.to_dict()) if spec is not None else ix.schema
         return IndexInfo(index, schema, st["docs"], st["bytes_on_disk"], {
@@ -262,6 +266,54 @@ class EmbeddedBackend(SearchBackend):
 
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         return self._reader(index).doc_freqs(field)
+
+    def hybrid_search(self, index: str, request: SearchRequest, text: str | None, opts=None, *, explain: bool = False,
+                      vector=None) -> SearchResult:
+        """Hybrid search fused in stair_es (BM25 from :mod:`stair_es.lexical`, dense from
+        :mod:`stair_es.dense`); every hit carries each retriever's rank and score (``explain``
+        changes nothing here)."""
+        from ..hybrid import checked_options, fuse_results, fusion_note
+
+        opts = checked_options(request, text, opts)
+        t0 = time.perf_counter()
+        ix = self._reader(index)
+        req = request.prepared(ix.schema, ix.vocab)
+        notes = list(req.notes)
+        lists: dict[str, list] = {}
+        if "dense" in opts.retrievers:
+            from ..dense import no_dense_error, query_vector, search_embedded as dense_search
+
+            spec = self.dense_spec(index)
+            if spec is None:
+                raise no_dense_error(index)
+            q = query_vector(spec, index, text=text, vector=vector)
+            lists["dense"] = [_hit(s, d, score) for s, d, score in dense_search(ix, spec, q, opts.window, req.filter, notes)]
+        if "sparse" in opts.retrievers:
+            lists["sparse"] = ix.search(replace(req, top_k=opts.window)).hits if req.clauses else []
+            if not req.clauses:
+                notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
+        if "bm25" in opts.retrievers:
+            from ..lexical import search_embedded
+
+            lists["bm25"] = [_hit(s, d, score) for s, d, score in search_embedded(ix, text, opts.window, req.filter, notes)]
+        hits = fuse_results(lists, None, opts, request.top_k)
+        notes.append(fusion_note(opts, "in stair_es"))
+        return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)  # fusion sees only the windows
+
+    def check(self, index: str, *, repair: bool = False) -> dict:
+        """:func:`stair_es.engine.check_index` of the index folder, with its dense vector files
+        (:func:`stair_es.dense.check_files`) under ``"dense"`` when it has any."""
+        from ..dense import check_files
+        from ..engine import check_index
+
+        path = self._path(index)
+        self._forget(index)  # a repair rewrites the commit: no cached handle may outlive it
+        report = check_index(path, repair=repair)
+        dense = check_files(path, repair=repair) if path.is_dir() else None
+        if dense is not None:
+            report["dense"] = dense
+            report["ok"] = report["ok"] and dense["ok"]
+        return report
 
     # --- document scan (neighbour statistics, stair_es.neighbours) -------------------------------
     def scan(self, index: str, field: str):

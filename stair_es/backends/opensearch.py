@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
 from ._cluster import ClusterBackend, EngineAdapter, _error_body_reason
 from .connection import ClusterConfig
 from .dsl import mapping, query_dsl, translate
+from .seismic import MAX_K, SeismicParams
 
 __all__ = ["OpenSearchBackend", "mapping", "query_dsl", "translate"]
 
@@ -102,8 +104,43 @@ class OpenSearchBackend(ClusterBackend):
         """``method_parameters``: SEISMIC query parameters for ``sparse_vector`` indices, e.g.
         ``{"k": 100, "top_n": 10, "heap_factor": 1.2, "filter_overfetch": 4}``
         (:mod:`stair_es.backends.seismic`); ``k`` defaults to top_k (x filter_overfetch with a filter)."""
-        from .seismic import SeismicParams
-
         self.seismic = SeismicParams.from_options(method_parameters)
         self.adapter = OpenSearchAdapter()
         super().__init__(*args, **kwargs)
+
+    def _after_search(self, index: str, req: Any, meta: Any, body: dict[str, Any], res: Mapping[str, Any]
+                      ) -> tuple[Mapping[str, Any], list[str]]:
+        """A filtered SEISMIC search that came back with fewer than ``top_k`` hits although more
+        documents pass the filter (the approximate search's k candidates were filtered away) is
+        repeated with ``k`` multiplied by ``filter_overfetch`` each time, up to the number of
+        documents passing the filter, where OpenSearch switches to an exact search over them."""
+        if meta.field_type != "sparse_vector" or req.filter is None:
+            return res, []
+        got = len(res.get("hits", {}).get("hits", []))
+        if got >= req.top_k:
+            return res, []
+        params: SeismicParams = self.seismic or SeismicParams()
+        b = body["query"].get("bool", {})
+        flt = {key: b[key] for key in ("filter", "must_not") if b.get(key)}
+        if not flt:
+            return res, []
+        counted = self.request("POST", self._path(index, "_search"), {"query": {"bool": flt}, "size": 0, "track_total_hits": True},
+                               action=f"count filtered documents in {index!r}", index=index)
+        total = counted.get("hits", {}).get("total")
+        passing = int(total.get("value") if isinstance(total, Mapping) else total or 0)
+        if got >= min(req.top_k, passing):
+            return res, []
+        k = params.k if params.k is not None else req.top_k * params.filter_overfetch
+        factor = max(params.filter_overfetch, 2)
+        tries = 0
+        while got < min(req.top_k, passing) and k < min(passing, MAX_K):
+            k = min(k * factor, passing, MAX_K)
+            tr = translate(req, engine=self.adapter.engine, field_type=meta.field_type, max_clauses=self.max_clauses,
+                           vocab=self.vocab, seismic=replace(params, k=k))
+            body = {**body, "query": tr.query}
+            res = self.request("POST", self._path(index, "_search"), body, action=f"search {index!r}", index=index)
+            got = len(res.get("hits", {}).get("hits", []))
+            tries += 1
+        exact = " (k >= the documents passing the filter: OpenSearch searches them exactly)" if k >= passing else ""
+        return res, [f"the filtered SEISMIC search returned fewer than top_k hits; repeated {tries} time(s) with k up to {k}"
+                     f"{exact}; {passing} documents pass the filter"]

@@ -2,8 +2,25 @@
 
 ``EngineIndex.create(path, schema)`` / ``EngineIndex.open(path, writable=False)``; see
 :mod:`stair_es.engine.index` for the on-disk layout, durability and score precision.
+
+One module per job:
+
+* ``index``: :class:`EngineIndex`, the writer and reader of one index folder (add, delete,
+  commit, merge policy, stored fields, statistics) and its :class:`Snapshot` read API;
+* ``searcher``: exact top-k (strategy per segment, threads, the exact merge of heaps);
+* ``manifest``: the commit record (manifest files, validation, writer lock, tombstones);
+* ``check``: ``index check`` and its repairs (like Lucene's CheckIndex);
+* ``ids``: a batch's ids hashed once, id lookup across segments;
+* ``segment``: one immutable segment (file format, build, reading, merge input);
+* ``columns``: the columnar batch a segment is built from, metadata columns, packed strings;
+* ``filters``: a filter tree evaluated on one segment into a document mask;
+* ``storage``: atomic files and the checksummed array container;
+* ``checksum``: the registry of compiled checksum helpers (numba, when loaded);
+* ``layout``: constants shared by the kernels and their twins;
+* ``kernels`` / ``npkernels``: the numba kernels and their numpy twins for small work.
 """
 
-from .index import FORMAT_VERSION, EngineIndex, check_index
+from .check import check_index
+from .index import FORMAT_VERSION, EngineIndex, Snapshot
 
-__all__ = ["EngineIndex", "FORMAT_VERSION", "check_index"]
+__all__ = ["EngineIndex", "FORMAT_VERSION", "Snapshot", "check_index"]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -38,46 +37,41 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import StairError as StairErrorBase
 from ..errors import (
     DamagedIndexError,
     DocumentNotFoundError,
     IndexWriteError,
     IncompatibleIndexError,
     IndexExistsError,
-    IndexLockedError,
     IndexNotFoundError,
     InvalidInputError,
     InvalidVectorError,
 )
 from ..query import SearchRequest
-from ..schema import ColumnValueError, check_text, Document, Explanation, Hit, IndexSchema, ItemResult, SearchResult, TokenContribution
+from ..schema import ColumnValueError, Document, Explanation, IndexSchema, ItemResult, TokenContribution
 from ..sparse import SparseVector
 from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from . import npkernels as NP
 from .npkernels import K
+from .ids import HashedIds, locate_in
+from .searcher import Searcher
 from .segment import (
     Batch,
     Segment,
     build_segment,
     column_arrays,
     columns_from_rows,
-    encode_ids,
     encode_strings,
     merge_segments,
     segment_capacity,
 )
+from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum,
+                       missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
+                       validate_manifest, writer_version)
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-#: The previous commit, kept (with every file it references) so `index check --repair` can roll back to it.
-PREV_MANIFEST = "manifest.prev.json"
-LOCK = "write.lock"
-#: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
-SPLIT_MIN_DOCS = 1 << 16
 DEFAULT_BSHIFT = 8  # 256-document blocks: smaller and faster than 128 on the 1M benchmark
 F16_MAX = 65504.0
 #: add_arrays checks a field's postings on several threads from this many (~10 ms of work)
@@ -102,6 +96,11 @@ class _SegState:
     def live(self) -> int:
         return self.seg.n_docs - self.n_deleted
 
+    def mark_deleted(self, deleted: np.ndarray, del_file: str) -> None:
+        """This state's new tombstones (bool per document) and the file holding them."""
+        self.deleted, self.del_file, self.n_deleted = deleted, del_file, int(deleted.sum())
+        self._live_u8 = None
+
     def live_mask(self) -> np.ndarray:
         """uint8 per doc (1 = not deleted), cached: searches on an index with deletes reuse it."""
         if self._live_u8 is None:
@@ -109,7 +108,39 @@ class _SegState:
         return self._live_u8
 
 
-_SEG_NAME = re.compile(r"^seg-(\d{6,})$")
+SegmentState = _SegState  # what a Snapshot lists: ``seg`` (postings, columns, stored fields), ``deleted``, ``live``
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One commit of an index as its handle has loaded it: what sidecar indexes (dense vectors,
+    BM25) read to stay keyed to the engine's documents. Each segment state gives ``seg`` (a
+    :class:`~stair_es.engine.segment.Segment`: postings, metadata columns, stored fields),
+    ``deleted`` (bool per document or None) and ``live`` (its live document count). Read only:
+    a snapshot never changes, whatever the index commits afterwards."""
+
+    generation: int
+    checksum: int  # the manifest's checksum: (generation, checksum) names one commit
+    next_seq: int  # the insertion number the next added document will get
+    segments: tuple[_SegState, ...]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.generation, self.checksum)
+
+    @property
+    def live(self) -> int:
+        """Live documents in the commit."""
+        return sum(s.live for s in self.segments)
+
+    def live_docs(self, position: int) -> np.ndarray:
+        """The local numbers of the live documents of segment ``position``."""
+        s = self.segments[position]
+        return np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+
+    def locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(segment position, local doc) of each live id; -1/-1 when absent."""
+        return locate_in(self.segments, list(ids))
 
 
 def _writes(method):
@@ -133,114 +164,7 @@ def _writes(method):
     return run
 
 
-def manifest_checksum(m: Mapping[str, Any]) -> int:
-    """CRC-32 of a manifest's canonical JSON without its ``checksum`` entry."""
-    body = {k: v for k, v in m.items() if k != "checksum"}
-    return crc32_of(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8"))
-
-
-def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
-    """The manifest if it is whole and consistent; else :class:`DamagedIndexError` saying what is wrong.
-
-    A damaged commit record must stop every reader and writer: a writer trusting a manifest whose
-    ``next_segment`` names a live segment, or that lists one twice, would overwrite or duplicate
-    documents; a path leaving the folder would read or delete files that are not the index's.
-    """
-    where = f"the manifest of the index at {path}"
-    hint = "; nothing was changed. Run `stair-es index check` on it, or restore the folder from a backup"
-
-    def bad(what: str) -> DamagedIndexError:
-        return DamagedIndexError(f"{where} is damaged ({what}){hint}")
-
-    if not isinstance(m, dict):
-        raise bad(f"a JSON {type(m).__name__} instead of an object")
-    if "checksum" in m and m["checksum"] != manifest_checksum(m):
-        raise bad("checksum mismatch: the file was altered after it was written")
-    for key, kind in (("generation", int), ("next_segment", int), ("segments", list), ("schema", dict)):
-        if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
-            raise bad(f"{key!r} is missing or not a{'n' if kind is int else ''} {kind.__name__}")
-    names, files = set(), set()
-    for e in m["segments"]:
-        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
-            raise bad("a segment entry is not an object with a name")
-        match = _SEG_NAME.match(e["name"])
-        if not match or e.get("file") != f"{e['name']}.seg":
-            raise bad(f"segment entry {e.get('name')!r} -> {e.get('file')!r} is not a segment file of this folder")
-        if e["name"] in names:
-            raise bad(f"segment {e['name']} is listed twice")
-        if int(match.group(1)) >= m["next_segment"]:
-            raise bad(f"next_segment {m['next_segment']} would overwrite the live segment {e['name']}")
-        docs, deleted = e.get("docs"), e.get("deleted", 0)
-        if not isinstance(docs, int) or docs < 0 or not isinstance(deleted, int) or not 0 <= deleted <= docs:
-            raise bad(f"segment {e['name']} has invalid document counts")
-        del_file = e.get("del_file")
-        if del_file is not None and (not isinstance(del_file, str) or not re.fullmatch(re.escape(e["name"]) + r"\.del\.\d+", del_file)):
-            raise bad(f"segment {e['name']} names the tombstone file {del_file!r}")
-        names.add(e["name"])
-        files.add(e["file"])
-    return m
-
-
-def _take_writer_lock(path: Path, when_busy: str):
-    """The one writer's lock on an index folder (held, not waited for), or a clear error."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(str(path / LOCK), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise IndexLockedError(f"the index at {path} is locked by another writer (process); {when_busy}") from None
-    except OSError as e:
-        raise DamagedIndexError(
-            f"cannot take the writer lock {path / LOCK} ({e.strerror or e}): it must be a file the writer can "
-            "create and lock; remove what is there if no stair-es process is writing, and check permissions"
-        ) from None
-    return lock
-
-
-def _files_of(m: Mapping[str, Any]) -> set[str]:
-    out: set[str] = set()
-    for e in m.get("segments", []) if isinstance(m, Mapping) else []:
-        out.add(e["file"])
-        if e.get("del_file"):
-            out.add(e["del_file"])
-    return out
-
-
-def _read_valid_manifest(file: Path, folder: Path) -> dict[str, Any] | None:
-    """A manifest file's content if it reads and validates, else None (never raises)."""
-    try:
-        return validate_manifest(json.loads(file.read_bytes()), folder)
-    except (OSError, ValueError, UnicodeDecodeError, StairErrorBase):
-        return None
-
-
-def _missing_manifest_error(path: Path) -> DamagedIndexError | None:
-    """A folder with segment files but no readable manifest is a damaged index, never an empty one."""
-    try:
-        segs = sorted(p.name for p in path.iterdir() if p.name.startswith("seg-"))
-    except OSError:
-        return None
-    if not segs:
-        return None
-    return DamagedIndexError(
-        f"the index folder {path} holds {len(segs)} segment file(s) ({', '.join(segs[:3])}{'...' if len(segs) > 3 else ''}) "
-        f"but no readable {MANIFEST}: its commit record is lost, so it is neither opened nor overwritten. "
-        + ("`stair-es index check NAME --repair` rolls back to the previous commit (manifest.prev.json), "
-           if (path / PREV_MANIFEST).is_file() else "")
-        + "or restore manifest.json from a backup, or move the folder away and re-ingest"
-    )
-
-
-def _add_state(state: np.ndarray, part: np.ndarray) -> None:
-    """Fold the search state of a part searched apart (a block range, a group of segments) into
-    ``state``: matches add up, the total stays exact only if every part's is, work adds up."""
-    state[1] += part[1]
-    state[2] &= part[2]
-    state[3:7] += part[3:7]
-
-
-class EngineIndex:
+class EngineIndex(Searcher):
     """An on-disk sparse index with exact top-k by dot product. Use :meth:`create` / :meth:`open`."""
 
     def __init__(self, path: Path, writable: bool, lock: Any, vocab: Vocabulary):
@@ -275,13 +199,13 @@ class EngineIndex:
         path = Path(path)
         if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
             raise IndexExistsError(f"an index already exists at {path}; open it, or delete it first")
-        if path.is_dir() and (damaged := _missing_manifest_error(path)) is not None:
+        if path.is_dir() and (damaged := missing_manifest_error(path)) is not None:
             raise damaged
         if not 1 <= bshift <= 8:
             raise InvalidInputError("block size must be 2**1 .. 2**8 documents")
         path.mkdir(parents=True, exist_ok=True)
         manifest = {"format_version": FORMAT_VERSION, "generation": 0, "schema": schema.to_dict(), "segments": [],
-                    "next_segment": 1, "next_seq": 0, "bshift": bshift, "writer": _writer_version()}
+                    "next_segment": 1, "next_seq": 0, "bshift": bshift, "writer": writer_version()}
         manifest["checksum"] = manifest_checksum(manifest)
         atomic_write_json(path / MANIFEST, manifest)
         fsync_dir(path.parent)
@@ -298,11 +222,11 @@ class EngineIndex:
             if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
                 raise DamagedIndexError(f"{path / MANIFEST} is not a readable file (a folder or a broken link); "
                                         "the index is damaged: restore it from a backup")
-            damaged = _missing_manifest_error(path) if path.is_dir() else None
+            damaged = missing_manifest_error(path) if path.is_dir() else None
             if damaged is not None:
                 raise damaged
             raise IndexNotFoundError(f"no stair_es index at {path}; create one with `stair-es index create`")
-        lock = _take_writer_lock(path, "wait for it to finish, or open the index read-only") if writable else None
+        lock = take_writer_lock(path, "wait for it to finish, or open the index read-only") if writable else None
         idx = cls(path, writable, lock, vocab or default_vocabulary())
         try:
             idx._load()
@@ -379,31 +303,14 @@ class EngineIndex:
                                 "run `stair-es index check` on it")
 
     def _read_tombstones(self, e: Mapping[str, Any], n_docs: int) -> tuple[np.ndarray, int]:
-        path = self.path / e["del_file"]
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise
-        except OSError as err:
-            raise DamagedIndexError(f"cannot read the tombstone file {path} ({err.strerror or err})") from None
-        if len(raw) != (n_docs + 7) // 8:
-            raise DamagedIndexError(f"tombstone file {path} has {len(raw)} bytes, expected {(n_docs + 7) // 8}; the index is damaged")
-        if "del_crc32" in e and crc32_of(raw) != e["del_crc32"]:
-            raise DamagedIndexError(f"tombstone file {path} fails its checksum; the index is damaged: "
-                                    "run `stair-es index check`")
-        deleted = np.unpackbits(np.frombuffer(raw, np.uint8), count=n_docs).astype(bool)
-        n_del = int(deleted.sum())
-        if n_del != e["deleted"]:
-            raise DamagedIndexError(f"tombstone file {path} marks {n_del} deleted documents, the manifest {e['deleted']}; "
-                                    "the index is damaged")
-        return deleted, n_del
+        return read_tombstones(self.path, e, n_docs)
 
     def _check_version(self, m: Mapping[str, Any]) -> None:
         v = m.get("format_version")
         if v != FORMAT_VERSION:
             raise IncompatibleIndexError(
                 f"the index at {self.path} has format version {v!r} (written by {m.get('writer', 'an unknown stair_es')}); "
-                f"this stair_es ({_writer_version()}) reads format {FORMAT_VERSION}: rebuild the index "
+                f"this stair_es ({writer_version()}) reads format {FORMAT_VERSION}: rebuild the index "
                 "(`stair-es index create` + ingest) or use the stair_es version that wrote it"
             )
 
@@ -415,25 +322,38 @@ class EngineIndex:
         return True
 
     def _clean_unreferenced(self) -> None:
-        """Remove temporary files and segment files no valid manifest (current or previous) references."""
-        keep = {MANIFEST, PREV_MANIFEST, LOCK} | _files_of(self._manifest)
-        prev = _read_valid_manifest(self.path / PREV_MANIFEST, self.path)
-        if prev is not None:
-            keep |= _files_of(prev)
-        elif (self.path / PREV_MANIFEST).exists():
+        """At a writable open: remove temporary files and segment files no valid manifest (current
+        or previous) references."""
+        prev = read_valid_manifest(self.path / PREV_MANIFEST, self.path)
+        if prev is None and (self.path / PREV_MANIFEST).exists():
             return  # an unreadable previous commit: delete nothing it might reference
+        self._delete_unreferenced(files_of(self._manifest) | files_of(prev or {}), every_tmp=True)
+
+    def _delete_unreferenced(self, keep: set[str], *, every_tmp: bool = False) -> None:
+        """Remove the index's files that neither the current nor the previous commit references
+        (``keep``), as Lucene's IndexFileDeleter does: segments and tombstones only older commits
+        used, and whatever a writer killed or failing between writing its files and committing
+        left behind. Only the writer (it holds the lock) makes such files, and it has none in
+        flight here, so nothing a commit needs can go. A reader still on an older commit keeps
+        the files it has open (mapped files outlive their names); one loading a commit that went
+        meanwhile retries with the newer commit. Temporary files: only the engine's own
+        (``.tmp-seg-``, ``.tmp-manifest``) unless ``every_tmp`` (at open), as a reader process may
+        be writing a statistics file of its own in the folder at any time."""
+        keep = keep | {MANIFEST, PREV_MANIFEST, LOCK}
+        mine = (f"{TMP_PREFIX}seg-", f"{TMP_PREFIX}manifest")
         for p in self.path.iterdir():
-            if p.name in keep or not p.is_file():
+            name = p.name
+            if name in keep or not (name.startswith("seg-") or name.startswith(TMP_PREFIX if every_tmp else mine)):
                 continue
-            if p.name.startswith(TMP_PREFIX) or p.name.startswith("seg-"):
+            if p.is_file():
                 p.unlink(missing_ok=True)
 
-    def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int, *, obsolete: Sequence[str] = ()) -> None:
+    def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int) -> None:
         m = dict(self._manifest)
         m["generation"] = int(m["generation"]) + 1
         m["schema"] = schema.to_dict()
         m["next_seq"] = int(next_seq)
-        m["writer"] = _writer_version()
+        m["writer"] = writer_version()
         m["segments"] = [{"name": s.seg.name, "file": s.seg.path.name, "docs": s.seg.n_docs,
                           "del_file": s.del_file, "deleted": s.n_deleted} for s in segs]
         for e, s in zip(m["segments"], segs):
@@ -442,17 +362,16 @@ class EngineIndex:
         m["next_segment"] = self._manifest["next_segment"]
         m["checksum"] = manifest_checksum(m)
         # Write-once: the commit being replaced becomes the previous generation, and neither its
-        # files nor the new ones are deleted; only what the generation before it alone used goes.
-        prev_files = _files_of(_read_valid_manifest(self.path / PREV_MANIFEST, self.path) or {})
+        # files nor the new ones are deleted; what the generations before it alone used goes, and
+        # so does anything a killed or failed writer left (no manifest references it).
         prev = dict(self._manifest)  # its next_segment may have moved on since it was loaded: re-checksum
         prev["checksum"] = manifest_checksum(prev)
         atomic_write_json(self.path / PREV_MANIFEST, prev)
         atomic_write_json(self.path / MANIFEST, m)  # the commit point
-        keep = _files_of(m) | _files_of(self._manifest)
+        keep = files_of(m) | files_of(self._manifest)
         self._manifest, self._segs, self.schema = m, segs, schema
         self._sig = self._stat_sig()
-        for f in (prev_files - keep) | (set(obsolete) - keep):
-            (self.path / f).unlink(missing_ok=True)
+        self._delete_unreferenced(keep)
 
     def _new_segment_name(self) -> str:
         n = int(self._manifest["next_segment"])
@@ -467,24 +386,15 @@ class EngineIndex:
             raise InvalidInputError(f"the index at {self.path} is open read-only; open it with writable=True to change it")
 
     # --- id lookup ----------------------------------------------------------------------------------
-    def _locate(self, ids: Sequence[str], hashed: _HashedIds | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _locate(self, ids: Sequence[str], hashed: HashedIds | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
-        seg_of = np.full(len(ids), -1, np.int64)
-        doc_of = np.full(len(ids), -1, np.int64)
-        if not self._segs:
-            return seg_of, doc_of
-        h = hashed or _HashedIds.of(list(ids))
-        order = h.order
-        by_hash, ids_by_hash = h.sorted_hashes, [ids[i] for i in order]
-        for si, s in enumerate(self._segs):
-            d = np.empty(len(ids), np.int64)
-            d[order] = s.seg.lookup(by_hash, ids_by_hash)
-            hit = d >= 0
-            if s.deleted is not None:
-                hit &= ~s.deleted[np.maximum(d, 0)]
-            seg_of[hit] = si
-            doc_of[hit] = d[hit]
-        return seg_of, doc_of
+        return locate_in(self._segs, ids, hashed)
+
+    def snapshot(self) -> Snapshot:
+        """The commit this handle has loaded (call :meth:`refresh` first for the newest)."""
+        m = self._manifest
+        return Snapshot(int(m.get("generation", 0)), int(m.get("checksum", 0) or 0), int(m.get("next_seq", 0)),
+                        tuple(self._segs))
 
     def contains(self, ids: Sequence[str]) -> set[str]:
         self.refresh()
@@ -577,7 +487,7 @@ class EngineIndex:
         n = len(ids)
         if n == 0:
             return 0
-        hashed = _HashedIds.checked(ids)
+        hashed = HashedIds.checked(ids)
         clean = {f: self._checked_vectors(f, ids, *v) for f, v in vectors.items()}
         fields = dict(self.schema.fields)
         cols: dict = {}
@@ -631,11 +541,11 @@ class EngineIndex:
         return indptr, indices, wb
 
     def _write_batch(self, ids, vectors, columns, captions, sources, schema: IndexSchema,
-                     hashed: _HashedIds | None = None) -> np.ndarray:
+                     hashed: HashedIds | None = None) -> np.ndarray:
         """Write one new segment, tombstone replaced ids, commit. Returns 'was an update' per id."""
         n = len(ids)
         seq0 = int(self._manifest.get("next_seq", 0))
-        h = hashed or _HashedIds.of(ids)
+        h = hashed or HashedIds.of(ids)
         batch = Batch(h.blob, h.offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources,
                       id_hash=h.sorted_hashes, id_order=h.order)
         seg_of, doc_of = self._locate(ids, h)
@@ -660,8 +570,7 @@ class EngineIndex:
         deleted[docs] = True
         name = f"{s.seg.name}.del.{gen}"
         atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
-        s.deleted, s.del_file, s.n_deleted = deleted, name, int(deleted.sum())
-        s._live_u8 = None
+        s.mark_deleted(deleted, name)
 
     @_writes
     def delete(self, ids: Sequence[str]) -> list[ItemResult]:
@@ -727,234 +636,6 @@ class EngineIndex:
         self._commit(kept, self.schema, int(self._manifest.get("next_seq", 0)))
 
     # --- reading ------------------------------------------------------------------------------------------
-    def _query_terms(self, req: SearchRequest) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
-        out = []
-        for c in req.clauses:
-            fi = self.schema.sparse_fields.index(c.field)
-            w = (c.vector.weights.astype(np.float32) * np.float32(c.weight)).astype(np.float32)
-            out.append((fi, c.field, c.vector.ids.astype(np.int64), w))
-        return out
-
-    def _allowed(self, s: _SegState, flt) -> np.ndarray:
-        if flt is None and s.deleted is None:
-            return np.zeros(0, np.uint8)
-        if flt is None:
-            return s.live_mask()
-        m = s.seg.filter_mask(flt, self.schema, self.vocab)
-        if s.deleted is not None:
-            m &= ~s.deleted
-        return m.view(np.uint8) if m.dtype == bool else m.astype(np.uint8)
-
-    def _strategy_code(self) -> int:
-        try:
-            return NP.STRATEGY_NAMES.index(self.strategy)
-        except ValueError:
-            raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(NP.STRATEGY_NAMES)}") from None
-
-    def _taat_scratch(self, n_docs: int) -> np.ndarray:
-        buf = getattr(self._scratch, "acc", None)
-        if buf is None or buf.size < n_docs:
-            buf = np.zeros(max(n_docs, 1), np.float32)  # the kernel leaves it all zeros
-            self._scratch.acc = buf
-        return buf
-
-    def search(self, request: SearchRequest, *, threads: int | None = None) -> SearchResult:
-        """Exact top k. ``threads`` (default :attr:`search_threads`, 1): threads this one query may
-        use. Several segments of at least :data:`SPLIT_MIN_DOCS` documents are shared out among
-        the threads, each searching its own in turn (its threshold carried from one to the next);
-        a single one is split into that many block ranges searched at once. Either way each part
-        has its own top k, and the merge is exact."""
-        t0 = time.perf_counter()
-        self.refresh()
-        req = request.prepared(self.schema, self.vocab)
-        n = self.search_threads if threads is None else threads
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
-            raise InvalidInputError(f"threads must be an integer from 1 to 64, got {n!r}")
-        result, state, used = self._search(req, self._segs, self._strategy_code(), t0, n)
-        # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
-        self.last_search_stats = state
-        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
-        return result
-
-    def search_batch(self, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
-        """Search several requests at once on ``threads`` threads (default: one per CPU).
-
-        For throughput: the numba kernel runs without the GIL, so queries proceed in parallel
-        (each one stays single-threaded; its latency is that of :meth:`search`). All requests
-        see the same commit. Results are in request order; an invalid request raises (as
-        :meth:`search` would) before any is run."""
-        self.refresh()
-        reqs = [r.prepared(self.schema, self.vocab) for r in requests]
-        segs = self._segs
-        strategy = self._strategy_code()
-        n = max(1, min(len(reqs), threads if threads is not None else (os.cpu_count() or 1)))
-        if n == 1 or len(reqs) <= 1:
-            return [self._search(r, segs, strategy, time.perf_counter())[0] for r in reqs]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="stair-es-search") as pool:
-            return [res for res, _, _ in pool.map(lambda r: self._search(r, segs, strategy, time.perf_counter()), reqs)]
-
-    def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
-        """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
-        GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
-        cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
-
-        def run(i: int):
-            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
-            st = np.zeros(8, np.int64)
-            st[2], st[7] = 1, -1
-            kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
-            return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
-
-        return self._run_parallel([(lambda i=i: run(i)) for i in range(parts)])
-
-    def _run_parallel(self, fns: list) -> list:
-        """Call each of ``fns`` (no arguments) at once: the first on this thread, the others on
-        the index's query pool (the numba kernels release the GIL); results in order."""
-        if len(fns) == 1:
-            return [fns[0]()]
-        with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
-            if self._pool is None or self._pool_size < len(fns) - 1:
-                from concurrent.futures import ThreadPoolExecutor
-
-                if self._pool is not None:
-                    self._pool.shutdown(wait=False)
-                self._pool = ThreadPoolExecutor(max_workers=len(fns) - 1, thread_name_prefix="stair-es-query")
-                self._pool_size = len(fns) - 1
-            futures = [self._pool.submit(fn) for fn in fns[1:]]
-        return [fns[0]()] + [f.result() for f in futures]
-
-    def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float,
-                threads: int = 1) -> tuple[SearchResult, np.ndarray, list[str]]:
-        """Exact top k over ``segs``. With ``threads`` > 1 and several segments big enough to
-        split, the segments are shared out among the threads (largest first, each to the
-        least loaded) and each thread searches its own in turn into its own heap, so its
-        threshold carries from one segment to the next as in a one-thread search; the heaps are
-        then merged (exact: the top k of all is within the union of each group's top k). A
-        single big segment is split by block ranges instead (:meth:`_split_search`)."""
-        terms = self._query_terms(req)
-        big = [si for si, s in enumerate(segs) if s.seg.n_docs >= SPLIT_MIN_DOCS]
-        if threads > 1 and len(big) >= 2 and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX):
-            groups: list[list[int]] = [[] for _ in range(min(threads, len(big)))]
-            loads = [0] * len(groups)
-            for si in sorted(range(len(segs)), key=lambda i: -segs[i].seg.n_docs):
-                g = loads.index(min(loads))
-                groups[g].append(si)
-                loads[g] += segs[si].seg.n_docs
-            parts = self._run_parallel([
-                (lambda grp=sorted(grp): self._search_segments(req, segs, grp, terms, strategy, 1)) for grp in groups])
-            state = np.zeros(8, np.int64)
-            state[2] = 1
-            small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-            used: list[str] = []
-            for hs_g, hq_g, hr_g, st, small_g, used_g in parts:
-                n = int(st[0])
-                small.append((hs_g[:n], hq_g[:n], hr_g[:n]))
-                small.extend(small_g)
-                _add_state(state, st)
-                used.extend(used_g)
-            hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
-        else:
-            hs, hq, hr, state, small, used = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
-        return self._finish(req, segs, hs, hq, hr, state, small, used, t0)
-
-    def _search_segments(self, req: SearchRequest, segs: list, which, terms: list, strategy: int, threads: int):
-        """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
-        (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
-        k = req.top_k
-        hs = np.zeros(k, np.float32)
-        hq = np.zeros(k, np.uint64)
-        hr = np.zeros(k, np.int64)
-        state = np.zeros(8, np.int64)
-        state[2] = 1
-        used = []
-        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
-        for si in which:
-            s = segs[si]
-            js, ws = [], []
-            for fi, _, tok, w in terms:
-                j = s.seg.term_index(fi, tok)
-                ok = j >= 0
-                js.append(j[ok])
-                ws.append(w[ok])
-            q_j = np.concatenate(js) if js else np.zeros(0, np.int64)
-            if q_j.size == 0:
-                continue
-            q_j = q_j.astype(np.int64)
-            q_w = np.concatenate(ws).astype(np.float32)
-            allowed = self._allowed(s, req.filter)
-            seg = s.seg
-            if strategy == NP.STRATEGY_NUMPY or (
-                    strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
-                # small work: numpy is about as fast, and a new process never pays for starting numba
-                seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
-                seg.verify_terms(q_j)
-                sc, sq, refs, matched, read = NP.search_segment(
-                    q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                    seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
-                small.append((sc, sq, refs))
-                state[1] += matched
-                state[5] += read
-                used.append("numpy")
-                continue
-            # the kernel verifies each postings run the first time it reads it (block-max reads few of
-            # them); it needs the query terms' block tables verified first
-            kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
-            seg.verify_arrays(("seq",))  # (after that import: 8 MB at 1M docs, verified in compiled code)
-            chk = seg.kernel_check()
-            if chk is None:
-                seg.verify_terms(q_j)
-            else:
-                seg.verify_term_tables(q_j)
-            state[7] = -1
-            if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
-                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
-                        q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
-                args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                        seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                        np.int64(si) << 32, k)
-                n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
-                for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
-                    if st[7] >= 0:
-                        seg.raise_damaged_chunk(int(st[7]))
-                    small.append((hs_i, hq_i, hr_i))
-                    _add_state(state, st)
-                used.append("blockmax")
-                continue
-            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                         seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                         np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks, strategy,
-                         self._taat_scratch(seg.n_docs), chk, 0, -1)
-            # (every argument given: a call that leaves defaults to numba is dispatched through its
-            # Python fallback, which types all 25 arguments again: ~0.2 ms per call)
-            if state[7] >= 0:
-                seg.raise_damaged_chunk(int(state[7]))
-            used.append(NP.STRATEGY_NAMES[ran])
-        return hs, hq, hr, state, small, used
-
-    def _finish(self, req: SearchRequest, segs: list, hs, hq, hr, state, small, used, t0: float):
-        """The top k of the heap and the extra top-k lists, best first, as hits."""
-        k = req.top_k
-        n = int(state[0])
-        scores, seqs, refs = hs[:n], hq[:n], hr[:n]
-        if small:
-            scores = np.concatenate([scores] + [x[0] for x in small])
-            seqs = np.concatenate([seqs] + [x[1] for x in small])
-            refs = np.concatenate([refs] + [x[2] for x in small])
-        order = np.lexsort((seqs, -scores))[:k]  # best first; ties: older first
-        state[0] = order.size
-        hit_seg, hit_doc = refs[order] >> 32, refs[order] & 0xFFFFFFFF
-        for si in sorted(set(hit_seg.tolist())):  # (np.unique imports numpy.ma: ~20 ms of a cold search)
-            segs[int(si)].seg.verify_docs(hit_doc[hit_seg == si])
-        hits = []
-        for i in order:
-            si, d = int(refs[i] >> 32), int(refs[i] & 0xFFFFFFFF)
-            seg = segs[si].seg
-            hits.append(Hit(seg.doc_id(d), float(scores[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
-        total = int(state[1]) if state[2] else None
-        return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes)), state, used
-
     def _find(self, doc_id: str) -> tuple[_SegState, int]:
         seg_of, doc_of = self._locate([doc_id])
         if seg_of[0] < 0:
@@ -1064,50 +745,6 @@ class EngineIndex:
         }
 
 
-@dataclass
-class _HashedIds:
-    """A batch's ids packed (blob, offsets) and hashed (fnv1a64), with the order that sorts the
-    hashes: computed once per batch for the duplicate check, the lookup of ids already indexed
-    and the new segment's id table."""
-
-    blob: np.ndarray
-    offs: np.ndarray
-    order: np.ndarray
-    sorted_hashes: np.ndarray
-
-    @classmethod
-    def of(cls, ids: list[str]) -> "_HashedIds":
-        blob, offs = encode_ids(ids)
-        hashes = (NP.fnv1a64 if len(ids) <= NP.NUMPY_MAX_IDS else K.fnv1a64)(blob, offs)
-        order = np.argsort(hashes, kind="stable")
-        return cls(blob, offs, order, hashes[order])
-
-    @classmethod
-    def checked(cls, ids: list[str]) -> "_HashedIds":
-        """:meth:`of` for ``add_arrays``' ids, refusing (InvalidInputError naming one) any that is
-        not a non-empty string of at most 512 characters without newlines and valid Unicode, or
-        that is given twice. A few passes in C for a million ids: packing them is the newline and
-        Unicode check, equal sorted hashes (compared as strings) the duplicate check; the slow
-        loop runs only to name a bad id."""
-        h = None
-        if all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512:
-            try:
-                h = cls.of(ids)
-            except ValueError:  # a newline, or a lone surrogate (UnicodeEncodeError)
-                pass
-        if h is None:
-            for i in ids:
-                if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:
-                    raise InvalidInputError(f"document id must be a non-empty string of at most 512 chars without newlines, got {i!r}")
-                check_text(i, "a document id")
-        sh = h.sorted_hashes
-        for i in np.flatnonzero(sh[1:] == sh[:-1]).tolist():
-            a, b = ids[h.order[i]], ids[h.order[i + 1]]
-            if a == b:
-                raise InvalidInputError(f"add_arrays needs unique ids within one call; {a!r} is given twice")
-        return h
-
-
 def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
     """``add_arrays``' metadata as ``{field: (one value or None per document, from dicts?)}``: the
     per-document dicts transposed (so that each field is checked as one column), and the given
@@ -1150,123 +787,3 @@ def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
         sb, so = gather(b.sources[0], b.sources[1], rows)
         srcs = (sb, so, b.sources[2][lo:hi])
     return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)
-
-
-def _writer_version() -> str:
-    from .. import __version__  # (importlib.metadata would cost every ingest ~70 ms of start-up)
-
-    return f"stair_es {__version__}"
-
-
-# --- checking and repair ------------------------------------------------------------------------
-def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
-    """Verify an index folder file by file, like Lucene's CheckIndex; optionally repair it.
-
-    Checks the manifest (JSON, checksum, consistency), then every segment (footer checksum,
-    header, pointer and count invariants, identity and document count against the manifest)
-    and tombstone file (size, checksum, count). Returns a report::
-
-        {"path", "ok", "manifest": None | error, "segments": [{"name", "docs", "deleted",
-         "checksummed", "error"}], "orphans": [...], "repaired": bool, "lost_docs": int,
-         "lost_ids": [...]}
-
-    With ``repair=True`` and a readable manifest, damaged segments are dropped from a new
-    commit (under the writer lock): the documents they held are lost and listed (ids when
-    the file still names them). A damaged or missing manifest is repaired by rolling back to
-    the previous commit (``manifest.prev.json``) when every file it names is whole.
-    """
-    from .segment import Segment
-    from .storage import read_arrays
-
-    path = Path(path)
-    report: dict[str, Any] = {"path": str(path), "ok": True, "manifest": None, "segments": [], "orphans": [],
-                              "repaired": False, "lost_docs": 0, "lost_ids": []}
-    try:
-        if not (path / MANIFEST).is_file():
-            damaged = _missing_manifest_error(path) if path.is_dir() else None
-            if damaged is None:
-                raise IndexNotFoundError(f"no stair_es index at {path}")
-            raise damaged
-        m = validate_manifest(json.loads((path / MANIFEST).read_bytes()), path)
-    except IndexNotFoundError:
-        raise
-    except (StairErrorBase, OSError, ValueError, UnicodeDecodeError) as e:
-        report["ok"] = False
-        report["manifest"] = str(e) if isinstance(e, StairErrorBase) else f"{path / MANIFEST}: {e}"
-        prev = _read_valid_manifest(path / PREV_MANIFEST, path)
-        report["previous_generation"] = prev.get("generation") if prev else None
-        if repair and prev is not None:
-            # the previous commit, if every file it names is whole, becomes the current one
-            bad = [row for row in _check_segments(path, prev)[0] if row["error"]]
-            if bad:
-                report["segments"] = bad
-                return report
-            lock = _take_writer_lock(path, "repair it when that ends")
-            try:
-                if (path / MANIFEST).is_dir():
-                    (path / MANIFEST).rmdir()
-                elif (path / MANIFEST).is_symlink() or (path / MANIFEST).exists():
-                    (path / MANIFEST).unlink()
-                atomic_write_json(path / MANIFEST, prev)
-            finally:
-                lock.release()
-            report["repaired"] = True
-            report["rolled_back_to"] = prev.get("generation")
-        return report
-    rows, damaged_entries = _check_segments(path, m)
-    report["segments"] = rows
-    report["ok"] = not damaged_entries
-    referenced = {MANIFEST, PREV_MANIFEST, LOCK} | _files_of(m) | _files_of(_read_valid_manifest(path / PREV_MANIFEST, path) or {})
-    try:
-        report["orphans"] = sorted(p.name for p in path.iterdir() if p.name not in referenced and p.name.startswith("seg-"))
-    except OSError:
-        pass
-    if repair and damaged_entries:
-        lock = _take_writer_lock(path, "repair it when that ends")
-        try:
-            for e in damaged_entries:
-                report["lost_docs"] += int(e["docs"]) - int(e.get("deleted", 0))
-                try:
-                    arrays, meta = read_arrays(path / e["file"])
-                    seg = Segment(path / e["file"], arrays, meta)
-                    report["lost_ids"] += [seg.doc_id(d) for d in range(seg.n_docs)]
-                except Exception:  # noqa: BLE001 - the ids of a damaged file may be unreadable: report the count only
-                    pass
-            keep = [e for e in m["segments"] if e not in damaged_entries]
-            new = dict(m)
-            new["segments"] = keep
-            new["generation"] = int(m["generation"]) + 1
-            new["writer"] = _writer_version()
-            new["checksum"] = manifest_checksum(new)
-            atomic_write_json(path / MANIFEST, new)
-            report["repaired"] = True
-        finally:
-            lock.release()
-    return report
-
-
-def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
-    """Per manifest entry: verify the segment file and its tombstones. Returns (rows, damaged entries)."""
-    from .segment import Segment
-    from .storage import read_arrays, read_footer, verify_file
-
-    rows, damaged = [], []
-    for e in m["segments"]:
-        row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}
-        try:
-            seg_path = path / e["file"]
-            row["checksummed"] = read_footer(seg_path, seg_path.stat().st_size).kind != "none"
-            verify_file(seg_path)
-            arrays, meta = read_arrays(seg_path)
-            seg = Segment(seg_path, arrays, meta)
-            seg.check_structure()
-            if seg.name != e["name"] or seg.n_docs != e["docs"]:
-                raise DamagedIndexError(f"{e['file']} holds {seg.name} with {seg.n_docs} documents; the manifest expects "
-                                        f"{e['name']} with {e['docs']}")
-            if e.get("del_file"):
-                EngineIndex(path, False, None, default_vocabulary())._read_tombstones(e, seg.n_docs)
-        except (StairErrorBase, OSError, ValueError) as err:
-            row["error"] = str(err) if isinstance(err, StairErrorBase) else f"{e['file']}: {err}"
-            damaged.append(e)
-        rows.append(row)
-    return rows, damaged

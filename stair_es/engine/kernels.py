@@ -28,8 +28,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .npkernels import (F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT,  # noqa: F401
-                        SUB_BLOCKS, SUB_FRACTIONS, SUB_LEVELS)
+from . import checksum
+from .layout import (F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAMES, STRATEGY_TAAT,  # noqa: F401
+                     SUB_BLOCKS, SUB_FRACTIONS, SUB_LEVELS)
 
 
 @intrinsic
@@ -224,10 +225,7 @@ def verify_docs(buf, table, ok, shift, content, docs, fixed, strings, optional):
 
 
 if HAVE_CRC32:
-    from . import storage as _storage
-
-    _storage.RANGE_VERIFIER = verify_ranges
-    _storage.CHUNK_CRCS = chunk_crcs
+    checksum.register_compiled(verify_ranges, chunk_crcs)
 
 
 def check_run(chk, q0, cnt):

@@ -3,27 +3,28 @@
 A segment is written once (atomically, see :mod:`.storage`) and then only memory-mapped.
 Deletions never touch it: the index keeps a tombstone bitmap per segment.
 
-Owns: the columnar in-memory form of a batch (:class:`Batch`), building a segment file from
-it, reading one back, id lookup by sorted 64-bit hashes, metadata columns (numbers as
-float64 with NaN for missing, dates as int64 epoch ms + presence, booleans as int8 with -1
-for missing, keywords dictionary-encoded as CSR code lists) and evaluating a resolved filter
-tree into a per-document mask. It must not know about manifests, locks or commits.
+Owns: the segment file format -- building a segment file from a :class:`~.columns.Batch`,
+reading one back, verifying what is read, id lookup by sorted 64-bit hashes, stored fields, and
+the merge input. The batch and its metadata columns are in :mod:`.columns`, filter evaluation in
+:mod:`.filters` (a mixin of :class:`Segment`). It must not know about manifests, locks or commits.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, Term, Terms
-from ..schema import IndexSchema, format_date
-from ..vocab import VOCAB_SIZE, Vocabulary
+from ..schema import format_date
+from ..vocab import VOCAB_SIZE
+from . import checksum
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
+from .columns import (DATE_MISSING, Batch, column_arrays, columns_from_rows, concat_columns,  # noqa: F401 - segment's API
+                      encode_ids, encode_strings, str_at, take_columns)
+from .filters import SegmentFilters
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 # 2 (2026-11-26): adds ``pair_sub``, one byte of sub-block bounds per (term, block) pair (see
@@ -38,176 +39,24 @@ def segment_capacity(bshift: int) -> int:
     """Documents one segment can hold with blocks of ``2**bshift``: block numbers are uint16."""
     return min(MAX_SEGMENT_DOCS, 65536 << bshift)
 
-DATE_MISSING = np.iinfo(np.int64).min
 #: a field with more postings than this is built on several threads (fewer: they cost more than they save)
 THREADED_BUILD_MIN = NP.NUMPY_MAX_BUILD
 #: most threads a segment build uses by default
 BUILD_THREADS_MAX = 4
 
 
-# --- strings -------------------------------------------------------------------------------------
-def encode_strings(values: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(utf-8 blob as uint8, int64 offsets n+1, uint8 present mask)."""
-    enc = [b"" if v is None else v.encode("utf-8") for v in values]
-    lens = np.fromiter((len(e) for e in enc), dtype=np.int64, count=len(enc))
-    offs = np.zeros(len(enc) + 1, np.int64)
-    np.cumsum(lens, out=offs[1:])
-    present = np.fromiter((v is not None for v in values), dtype=np.uint8, count=len(values))
-    return np.frombuffer(b"".join(enc), dtype=np.uint8).copy(), offs, present
-
-
-def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Fast path for ids (never contain a newline): one join + one encode."""
-    if not ids:
-        return np.zeros(0, np.uint8), np.zeros(1, np.int64)
-    blob = "\n".join(ids).encode("utf-8")
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    nl = np.flatnonzero(arr == 10)
-    if nl.size != len(ids) - 1:
-        raise ValueError("document ids must not contain newlines")
-    # id i ends where the i-th newline was; removing the i newlines before it shifts it by i
-    offs = np.empty(len(ids) + 1, np.int64)
-    offs[0] = 0
-    offs[1:-1] = nl - np.arange(nl.size)
-    offs[-1] = arr.size - nl.size
-    return arr[arr != 10].copy(), offs
-
-
-def _str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
-    return bytes(blob[offs[i]:offs[i + 1]]).decode("utf-8")
-
-
-# --- the columnar batch a segment is built from ----------------------------------------------------
-@dataclass
-class Batch:
-    """Documents in columnar form. ``vectors[field] = (indptr int64, token ids int32, fp16 bits uint16)``."""
-
-    id_blob: np.ndarray
-    id_offs: np.ndarray
-    seq: np.ndarray  # uint64 insertion sequence numbers (tie-break: older first)
-    vectors: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-    columns: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
-    captions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    sources: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    # the ids' fnv1a64 hashes sorted, and the order that sorts them, when the writer has them
-    id_hash: np.ndarray | None = None
-    id_order: np.ndarray | None = None
-
-    @property
-    def n_docs(self) -> int:
-        return self.id_offs.size - 1
-
-
-def columns_from_rows(rows: Sequence[dict[str, Any]], types: dict[str, str]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    """Normalised metadata dicts (see ``IndexSchema.normalize_metadata``) -> typed columns."""
-    used = {name for r in rows for name in r}
-    return {name: (types[name], column_arrays(types[name], [r.get(name) for r in rows])) for name in sorted(used)}
-
-
-def column_arrays(ftype: str, vals: Sequence[Any] | np.ndarray) -> dict[str, np.ndarray]:
-    """One field's normalised values, one per document (None = missing), as the segment's
-    arrays; the arrays ``IndexSchema.normalize_column`` returns are taken as they are."""
-    n = len(vals)
-    if isinstance(vals, np.ndarray):
-        conv = {"number": np.float64, "date": np.int64, "boolean": np.int8}[ftype]
-        return {"v": vals.astype(conv)}
-    if ftype == "number":
-        return {"v": np.array([np.nan if v is None else v for v in vals], np.float64)}
-    if ftype == "date":
-        return {"v": np.array([DATE_MISSING if v is None else v for v in vals], np.int64)}
-    if ftype == "boolean":
-        return {"v": np.array([-1 if v is None else int(v) for v in vals], np.int8)}
-    words = sorted({w for v in vals if v is not None for w in ((v,) if isinstance(v, str) else v)})
-    code = {w: i for i, w in enumerate(words)}
-    ptr = np.zeros(n + 1, np.int64)
-    codes: list[int] = []
-    islist = np.zeros(n, np.uint8)
-    for i, v in enumerate(vals):
-        if v is not None:
-            if isinstance(v, str):
-                codes.append(code[v])
-            else:
-                islist[i] = 1
-                codes.extend(code[w] for w in v)
-        ptr[i + 1] = len(codes)
-    blob, offs, _ = encode_strings(words)
-    return {"ptr": ptr, "codes": np.array(codes, np.int32), "list": islist, "dict": blob, "dict_offs": offs}
-
-
-def _empty_column(ftype: str, n: int) -> dict[str, np.ndarray]:
-    if ftype == "number":
-        return {"v": np.full(n, np.nan)}
-    if ftype == "date":
-        return {"v": np.full(n, DATE_MISSING, np.int64)}
-    if ftype == "boolean":
-        return {"v": np.full(n, -1, np.int8)}
-    return {"ptr": np.zeros(n + 1, np.int64), "codes": np.zeros(0, np.int32), "list": np.zeros(n, np.uint8),
-            "dict": np.zeros(0, np.uint8), "dict_offs": np.zeros(1, np.int64)}
-
-
-def concat_columns(parts: list[tuple[int, dict[str, tuple[str, dict[str, np.ndarray]]]]]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    """Concatenate per-part columns (each part: (rows, columns)); absent columns become missing values."""
-    types: dict[str, str] = {}
-    for _, cols in parts:
-        for name, (ftype, _) in cols.items():
-            types[name] = ftype
-    out = {}
-    for name, ftype in types.items():
-        arrs = [cols[name][1] if name in cols else _empty_column(ftype, n) for n, cols in parts]
-        if ftype != "keyword":
-            out[name] = (ftype, {"v": np.concatenate([a["v"] for a in arrs])})
-            continue
-        dicts = [[_str_at(a["dict"], a["dict_offs"], i) for i in range(a["dict_offs"].size - 1)] for a in arrs]
-        words = sorted(set().union(*dicts))
-        code = {w: i for i, w in enumerate(words)}
-        codes, ptrs, lists, base = [], [np.zeros(1, np.int64)], [], 0
-        for a, d in zip(arrs, dicts):
-            remap = np.array([code[w] for w in d], np.int32) if d else np.zeros(0, np.int32)
-            codes.append(remap[a["codes"]] if a["codes"].size else np.zeros(0, np.int32))
-            ptrs.append(a["ptr"][1:] - a["ptr"][0] + base)
-            base += int(a["ptr"][-1] - a["ptr"][0])
-            lists.append(a["list"])
-        blob, offs, _ = encode_strings(words)
-        out[name] = (ftype, {"ptr": np.concatenate(ptrs), "codes": np.concatenate(codes).astype(np.int32),
-                             "list": np.concatenate(lists), "dict": blob, "dict_offs": offs})
-    return out
-
-
-def take_columns(cols: dict[str, tuple[str, dict[str, np.ndarray]]], rows: np.ndarray) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    out = {}
-    for name, (ftype, a) in cols.items():
-        if ftype != "keyword":
-            out[name] = (ftype, {"v": np.asarray(a["v"])[rows]})
-            continue
-        ptr = np.asarray(a["ptr"])
-        counts = ptr[rows + 1] - ptr[rows]
-        newptr = np.zeros(rows.size + 1, np.int64)
-        np.cumsum(counts, out=newptr[1:])
-        if counts.sum():
-            starts = np.repeat(ptr[rows] - newptr[:-1], counts)
-            idx = starts + np.arange(newptr[-1])
-            codes = np.asarray(a["codes"])[idx]
-        else:
-            codes = np.zeros(0, np.int32)
-        out[name] = (ftype, {"ptr": newptr, "codes": codes.astype(np.int32), "list": np.asarray(a["list"])[rows],
-                             "dict": np.asarray(a["dict"]), "dict_offs": np.asarray(a["dict_offs"])})
-    return out
-
-
 # --- segment -----------------------------------------------------------------------------------
 def _compiled_verifier():
     """The numba kernels module when it is loaded with its compiled CRC-32 (else None: verify
     with numpy and Python, never importing numba for it)."""
-    from . import storage
-
-    if storage.RANGE_VERIFIER is None:
+    if checksum.range_verifier() is None:
         return None
-    from . import kernels
+    from . import kernels  # loaded already: it registered the verifier
 
     return kernels
 
 
-class Segment:
+class Segment(SegmentFilters):
     """A memory-mapped, read-only segment file."""
 
     def __init__(self, path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], *,
@@ -346,10 +195,8 @@ class Segment:
         read it (``kernels.check_run``), or None when there is nothing to verify that way (no
         chunked checksums, verification off, or no compiled CRC-32: then verify whole terms
         with :meth:`verify_terms` before searching)."""
-        from . import storage
-
         v = self.verifier
-        if v is None or storage.RANGE_VERIFIER is None or not v.content:
+        if v is None or checksum.range_verifier() is None or not v.content:
             return None
         if self._chk is None or self._chk[0] is not v:  # built once per verifier (the same arrays)
             self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
@@ -492,7 +339,7 @@ class Segment:
 
     # --- ids ---------------------------------------------------------------------------------
     def doc_id(self, d: int) -> str:
-        return _str_at(self.a["id_blob"], self.a["id_offs"], d)
+        return str_at(self.a["id_blob"], self.a["id_offs"], d)
 
     def lookup(self, hashes: np.ndarray, ids: Sequence[str]) -> np.ndarray:
         """Local doc of each id (-1 if absent); ``hashes`` = fnv1a64 of ``ids``, sorted ascending
@@ -527,12 +374,12 @@ class Segment:
     # --- stored fields ------------------------------------------------------------------------
     def caption(self, d: int) -> str | None:
         if self.a["cap_present"][d]:
-            return _str_at(self.a["cap_blob"], self.a["cap_offs"], d)
+            return str_at(self.a["cap_blob"], self.a["cap_offs"], d)
         return None
 
     def source(self, d: int) -> str | None:
         if self.a["src_present"][d]:
-            return _str_at(self.a["src_blob"], self.a["src_offs"], d)
+            return str_at(self.a["src_blob"], self.a["src_offs"], d)
         return None
 
     def column(self, name: str) -> dict[str, np.ndarray]:
@@ -560,7 +407,7 @@ class Segment:
                     out[name] = bool(v)
             else:
                 lo, hi = int(c["ptr"][d]), int(c["ptr"][d + 1])
-                words = [_str_at(c["dict"], c["dict_offs"], int(k)) for k in c["codes"][lo:hi]]
+                words = [str_at(c["dict"], c["dict_offs"], int(k)) for k in c["codes"][lo:hi]]
                 if c["list"][d]:
                     out[name] = words
                 elif words:
@@ -585,96 +432,6 @@ class Segment:
         jc = np.minimum(j, max(self.keys.size - 1, 0))
         ok = (j < self.keys.size) & (self.keys[jc] == want) if self.keys.size else np.zeros(want.size, bool)
         return np.where(ok, j, -1)
-
-    # --- filters ------------------------------------------------------------------------------
-    def _keyword(self, name: str) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
-        if name not in self._kw_cache:
-            c = self.column(name)
-            words = {_str_at(c["dict"], c["dict_offs"], i): i for i in range(c["dict_offs"].size - 1)}
-            ptr = c["ptr"]
-            rows = np.repeat(np.arange(self.n_docs, dtype=np.int64), np.diff(ptr))
-            self._kw_cache[name] = (words, rows, np.asarray(c["codes"]))
-        return self._kw_cache[name]
-
-    def filter_mask(self, flt: Filter, schema: IndexSchema, vocab: Vocabulary) -> np.ndarray:
-        n = self.n_docs
-        if isinstance(flt, And):
-            m = np.ones(n, bool)
-            for f in flt.filters:
-                m &= self.filter_mask(f, schema, vocab)
-            return m
-        if isinstance(flt, Or):
-            m = np.zeros(n, bool)
-            for f in flt.filters:
-                m |= self.filter_mask(f, schema, vocab)
-            return m
-        if isinstance(flt, Not):
-            return ~self.filter_mask(flt.filter, schema, vocab)
-        if isinstance(flt, HasTokens):
-            fi = schema.sparse_fields.index(flt.field)
-            js = self.term_index(fi, np.array(flt.token_ids(vocab), np.int64))
-            self.verify_terms(js[js >= 0])
-            m = np.ones(n, bool) if flt.mode == "all" else np.zeros(n, bool)
-            for j in js:
-                tm = np.zeros(n, np.uint8)
-                if j >= 0:
-                    if int(self.post_ptr[j + 1] - self.post_ptr[j]) <= NP.NUMPY_MAX_SCAN:
-                        docs = NP.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
-                                            self.post_off, self.bshift)
-                        tm[docs[docs < n]] = 1
-                    else:
-                        K.term_docs(int(j), self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
-                                    self.post_off, self.bshift, tm)
-                if flt.mode == "all":
-                    m &= tm.astype(bool)
-                else:
-                    m |= tm.astype(bool)
-            return m
-        if isinstance(flt, (Term, Terms, Range, Exists)):
-            name = flt.field
-            ftype = self.column_types.get(name)
-            if ftype is None:
-                return np.zeros(n, bool)
-            self.verify_column(name)
-            c = self.column(name)
-            if isinstance(flt, Exists):
-                if ftype == "number":
-                    return ~np.isnan(c["v"])
-                if ftype == "date":
-                    return c["v"] != DATE_MISSING
-                if ftype == "boolean":
-                    return c["v"] >= 0
-                return np.diff(c["ptr"]) > 0
-            if isinstance(flt, Range):
-                v = c["v"]
-                # a bound never admits a missing value (NaN compares false; a missing date is the
-                # lowest int64, below any lower bound), so the column is read once per bound: at
-                # 10M documents these passes are memory-bound (8 bytes a document)
-                bounds = [(np.greater, flt.gt), (np.greater_equal, flt.gte), (np.less, flt.lt), (np.less_equal, flt.lte)]
-                bounds = [(op, x) for op, x in bounds if x is not None]
-                if ftype == "date" and flt.gt is None and (flt.gte is None or flt.gte <= DATE_MISSING):
-                    bounds.insert(0, (np.not_equal, DATE_MISSING))
-                if not bounds:
-                    return ~np.isnan(v)
-                m = bounds[0][0](v, bounds[0][1])
-                for op, x in bounds[1:]:
-                    m &= op(v, x)
-                return m
-            values: list[Any] = []
-            for v in ([flt.value] if isinstance(flt, Term) else list(flt.values)):
-                values.extend(v if isinstance(v, tuple) else [v])
-            if ftype == "keyword":
-                words, rows, codes = self._keyword(name)
-                want = [words[w] for w in values if w in words]
-                m = np.zeros(n, bool)
-                if want:
-                    m[rows[np.isin(codes, want)]] = True
-                return m
-            v = c["v"]
-            if ftype == "boolean":
-                return np.isin(v, [int(x) for x in values])
-            return np.isin(v, values) & (v != DATE_MISSING if ftype == "date" else True)
-        raise TypeError(f"unsupported filter {type(flt).__name__}")
 
 
 def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bshift: int, *, sync_dir: bool = True,

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import numpy as np
 
 from ..errors import DamagedIndexError
+from . import checksum
 
 try:  # ISA-L computes the same CRC-32 as zlib, about 4x faster (the `fast-checksums` extra)
     from isal.isal_zlib import crc32 as _crc32
@@ -44,11 +45,6 @@ _FOOT = struct.Struct("<8sIIQ")  # magic, crc32, reserved, length of the checksu
 _FOOT2_MAGIC = b"STAIRCK2"  # format 2: one CRC-32 per chunk, in a table after the content
 _FOOT2 = struct.Struct("<8sIIQQ")  # magic, crc32 of the table, log2(chunk bytes), content length, chunks
 CHUNK_SHIFT = 12  # 4 KiB chunks (a page): a table of 0.1 % of the file; a query verifies little more than it reads
-#: Set by ``kernels`` when numba is loaded: verifies chunk ranges in compiled code (no Python per chunk);
-#: ``(buf, table, ok, shift, content, starts, ends) -> first bad chunk or -1``. The cold path never needs numba.
-RANGE_VERIFIER = None
-#: Also set by ``kernels``: ``(uint8 buffer, shift) -> CRC-32 of each whole chunk`` in compiled code.
-CHUNK_CRCS = None
 _CHUNK = 1 << 22
 
 
@@ -175,14 +171,15 @@ class _ChunkCrcs:
     def update(self, data) -> None:
         view = memoryview(data).cast("B")
         pos = 0
-        if CHUNK_CRCS is not None and len(view) >= 4 * self.size:
+        crcs = checksum.chunk_crcs()  # compiled when the numba kernels are loaded (:mod:`.checksum`)
+        if crcs is not None and len(view) >= 4 * self.size:
             # a segment's large arrays: whole chunks in one compiled call, no Python per chunk
             if self.fill:
                 pos = self.size - self.fill
                 self.crcs.append(_crc32(view[:pos], self.crc))
                 self.crc, self.fill = 0, 0
             whole = (len(view) - pos) // self.size * self.size
-            self.crcs.extend(CHUNK_CRCS(np.frombuffer(view[pos:pos + whole], np.uint8), self.size.bit_length() - 1).tolist())
+            self.crcs.extend(crcs(np.frombuffer(view[pos:pos + whole], np.uint8), self.size.bit_length() - 1).tolist())
             pos += whole
         while pos < len(view):
             take = min(self.size - self.fill, len(view) - pos)
@@ -293,9 +290,10 @@ class ChunkVerifier:
             starts, ends = starts[keep], ends[keep]
         if starts.size == 0:
             return
-        if RANGE_VERIFIER is not None and self.content:
+        verify = checksum.range_verifier()
+        if verify is not None and self.content:
             while True:
-                bad = RANGE_VERIFIER(self.mm, self.table, self.ok, self.shift, self.content, starts, ends)
+                bad = verify(self.mm, self.table, self.ok, self.shift, self.content, starts, ends)
                 if bad < 0:
                     return
                 self._check(np.array([bad], np.int64))  # raises, naming the byte range
@@ -314,7 +312,7 @@ class ChunkVerifier:
             self._check(need[np.concatenate(([True], need[1:] != need[:-1]))])
 
     def verify_all(self) -> None:
-        if RANGE_VERIFIER is not None and self.content:
+        if checksum.range_verifier() is not None and self.content:
             self.verify_ranges(np.zeros(1, np.int64), np.array([self.content], np.int64))  # compiled
         else:
             self._check(np.flatnonzero(~self.ok))

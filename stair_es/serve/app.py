@@ -211,7 +211,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         finally:
             state["pending"] -= 1
 
-    batching = config.batches_searches(svc.backend.name)
+    batching = config.batches_searches(svc.backend.in_process)
     batchers: list[Batcher] = []  # the live one, made at the first search after start
 
     def batcher() -> Batcher:

@@ -199,14 +199,7 @@ def os_two_phase_pipeline(prune_ratio: float = 0.4, expansion_rate: float = 5.0,
 # --- sending ------------------------------------------------------------------------------------
 def cluster_call(backend: Any, method: str, path: str, body: Any = None, what: str = "request") -> Any:
     """One request through a cluster backend's own client (its auth, TLS, retries and error mapping)."""
-    try:
-        return backend.adapter.request(backend.client, method, path, body)
-    except Exception as e:  # noqa: BLE001 - mapped to the backends' typed errors (URL named, no credentials)
-        from ..errors import StairError
-
-        if isinstance(e, StairError):
-            raise
-        raise backend._map_error(e, what) from None
+    return backend.request(method, path, body, action=what, retry=False)
 
 
 def redact(body: Any) -> Any:

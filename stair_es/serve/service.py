@@ -59,10 +59,12 @@ class ServeConfig:
     max_batch: int = 16  # searches prepared together (their query texts encoded in one call)
     batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
 
-    def batches_searches(self, backend_name: str) -> bool:
+    def batches_searches(self, in_process: bool) -> bool:
+        """Whether /v1/search goes through the batching queue, for a backend that searches
+        ``in_process`` (:attr:`SearchBackend.in_process`) or not."""
         if self.batching not in ("auto", "on", "off"):
             raise InvalidInputError(f"batching {self.batching!r}: use auto, on or off")
-        return self.batching == "on" or (self.batching == "auto" and backend_name == "embedded")
+        return self.batching == "on" or (self.batching == "auto" and in_process)
 
     def describe(self) -> dict[str, Any]:
         """For logs and /readyz: no key, no backend credentials."""
@@ -91,7 +93,7 @@ class _CommitCache:
 
     def __init__(self, backend: SearchBackend):
         self._backend = backend
-        self._generation = getattr(backend, "generation", None)
+        self._generation = backend.generation  # None for a backend without commit generations
         self._info: dict[str, tuple[int, Any]] = {}
         self._df: dict[tuple[str, str], tuple[int, Any]] = {}
         self._pinned = threading.local()
@@ -109,12 +111,12 @@ class _CommitCache:
             self._pinned.gens = None
 
     def _remembered(self, memo: dict, key: Any, index: str, compute):
-        if self._generation is None:
-            return compute()
         gens = getattr(self._pinned, "gens", None)
         gen = gens.get(index) if gens is not None else None
         if gen is None:
             gen = self._generation(index)  # a stat() of the manifest
+            if gen is None:
+                return compute()
             if gens is not None:
                 gens[index] = gen
         hit = memo.get(key)
@@ -196,7 +198,7 @@ class Service:
                 continue
             try:
                 self.search({"index": info["name"], "text": "warm up", "top_k": 1})
-                if self.backend.name == "embedded":  # document frequencies are cheap here, not on a cluster
+                if self.backend.in_process:  # document frequencies are cheap here, not on a cluster
                     # a query that matches documents, so the engine's kernels load too (a query
                     # matching nothing returns before them)
                     field_ = info["sparse_fields"][0]

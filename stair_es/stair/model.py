@@ -408,12 +408,6 @@ def arrays_to_tensor(arrays: np.ndarray, mean: Sequence[float] = (0.5, 0.5, 0.5)
     return (x - m) / s
 
 
-def images_to_tensor(images: Sequence[Any], size: int) -> torch.Tensor:
-    if len(images) == 0:
-        return torch.zeros(0, 3, size, size)
-    return arrays_to_tensor(np.stack([image_to_array(im, size) for im in images]))
-
-
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
     """A local directory as is; ``hf-hub:org/name`` or ``org/name`` via ``snapshot_download``."""
     text = str(name_or_path)

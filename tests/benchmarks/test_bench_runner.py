@@ -38,7 +38,7 @@ def test_exact_systems_agree_and_skips_say_why(tiny_result):
         r = by_name[(name, None)]
         assert r["status"] == "ok", r.get("reason")
         assert r["settings"][0]["recall@10"] == 1.0
-        assert r["settings"][0]["latency_ms"]["p50"] > 0 and r["peak_rss_mb"] > 0
+        assert r["settings"][0]["latency_ms"]["p50_ms"] > 0 and r["peak_rss_mb"] > 0
     for r in result["results"]:
         assert r["status"] in ("ok", "skipped"), r.get("traceback") or r.get("reason")
         if r["status"] == "skipped":

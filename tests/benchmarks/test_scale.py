@@ -117,9 +117,9 @@ def test_engine_and_scipy_agree_on_a_small_run(tmp_path):
         assert eng["runs"][f"engine filtered {sel}"]["recall"] >= 0.98
     assert eng["runs"]["engine-taat"]["recall"] == 1.0
     assert eng["runs"]["engine"]["passes"] == 2 and "first_pass" in eng["runs"]["engine"]
-    assert eng["runs"]["engine"]["qps_2"] > 0 and eng["runs"]["engine"]["latency_ms"]["p50"] > 0
+    assert eng["runs"]["engine"]["qps_2"] > 0 and eng["runs"]["engine"]["latency_ms"]["p50_ms"] > 0
     rows = {r["label"]: r for r in data["table"]}
-    assert rows["engine (steady: pass 2)"]["p50"] is not None and rows["engine (first pass)"]["p50"] is not None
+    assert rows["engine (steady: pass 2)"]["p50_ms"] is not None and rows["engine (first pass)"]["p50_ms"] is not None
     assert any("exact p50" in t for t in data["targets"])
 
 

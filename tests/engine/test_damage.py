@@ -586,10 +586,10 @@ def test_compiled_verification_of_block_tables_and_hits_names_the_file(tmp_path,
     compiled code (kernels.verify_rows / verify_docs): a flipped bit in what a search or get reads
     is a DamagedIndexError naming the file and byte range, never a different answer."""
     from stair_es.engine import kernels  # noqa: F401 - loads the compiled CRC-32 and verifiers
-    from stair_es.engine import storage
+    from stair_es.engine import checksum
     from stair_es.errors import DamagedIndexError
 
-    assert storage.RANGE_VERIFIER is not None
+    assert checksum.range_verifier() is not None
     path = _kernel_index(tmp_path)
     seg_file = _segments(path)[0]
 

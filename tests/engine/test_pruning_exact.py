@@ -156,10 +156,10 @@ def test_zero_weights_are_dropped_and_an_all_zero_query_is_a_clear_error(world):
 def test_one_query_on_several_threads_gives_the_same_hits(world, monkeypatch):
     """Intra-query threads over several segments: the segments are shared out among the
     threads, each searching its own into its own heap; the merged top k is exact."""
-    from stair_es.engine import index as index_mod
+    from stair_es.engine import searcher as searcher_mod
     from stair_es.errors import InvalidInputError
 
-    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # these segments are small: split them anyway
+    monkeypatch.setattr(searcher_mod, "SPLIT_MIN_DOCS", 0)  # these segments are small: split them anyway
     ix, dense, live, meta, scale, _ = world
     rng = np.random.default_rng(21)
     flts = filters(meta, dense)
@@ -182,9 +182,9 @@ def test_one_query_on_several_threads_gives_the_same_hits(world, monkeypatch):
 
 def test_one_query_on_several_threads_over_one_segment_gives_the_same_hits(tmp_path, monkeypatch):
     """A single segment is split by block ranges, each part into its own heap; exact too."""
-    from stair_es.engine import index as index_mod
+    from stair_es.engine import searcher as searcher_mod
 
-    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # a small segment: split it anyway
+    monkeypatch.setattr(searcher_mod, "SPLIT_MIN_DOCS", 0)  # a small segment: split it anyway
     rng = np.random.default_rng(23)
     indptr, ids, ws, _ = corpus(rng, 4000, "idf")
     ix = EngineIndex.create(tmp_path / "one", IndexSchema(fields={}, sparse_fields=("image",)))
@@ -222,10 +222,10 @@ def test_format_1_segments_are_searched_exactly_and_optimize_upgrades_them(tmp_p
     """Segments written before sub-block bounds (format 1) are still searched exactly, with block
     bounds only, alone or next to format 2 ones, on one thread or several; the sub-block bounds
     open fewer blocks for the same hits; `optimize` rewrites format 1 segments with them."""
-    from stair_es.engine import index as index_mod
+    from stair_es.engine import searcher as searcher_mod
     from stair_es.engine.segment import SEGMENT_FORMAT
 
-    monkeypatch.setattr(index_mod, "SPLIT_MIN_DOCS", 0)  # small segments: share them out among threads anyway
+    monkeypatch.setattr(searcher_mod, "SPLIT_MIN_DOCS", 0)  # small segments: share them out among threads anyway
     rng = np.random.default_rng(31)
     path = tmp_path / "ix"
     ix = EngineIndex.create(path, IndexSchema(fields={"price": "number"}, sparse_fields=("image",)))

@@ -1,0 +1,263 @@
+"""Exact top-k search of an embedded index: the query's terms per segment, the choice of kernel
+(numpy twins for small work, numba block-max or TAAT), threads, and the exact merge of the
+per-segment heaps into hits. A part of :class:`~stair_es.engine.index.EngineIndex` (a mixin:
+it reads the index's loaded commit, schema and settings); the kernels themselves are in
+:mod:`.kernels` and :mod:`.npkernels`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from ..query import SearchRequest
+from ..schema import Hit, SearchResult
+from . import npkernels as NP
+from .npkernels import K
+
+#: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
+SPLIT_MIN_DOCS = 1 << 16
+
+
+def _add_state(state: np.ndarray, part: np.ndarray) -> None:
+    """Fold the search state of a part searched apart (a block range, a group of segments) into
+    ``state``: matches add up, the total stays exact only if every part's is, work adds up."""
+    state[1] += part[1]
+    state[2] &= part[2]
+    state[3:7] += part[3:7]
+
+
+class Searcher:
+    """Search methods of :class:`~stair_es.engine.index.EngineIndex`."""
+
+    def _query_terms(self, req: SearchRequest) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
+        out = []
+        for c in req.clauses:
+            fi = self.schema.sparse_fields.index(c.field)
+            w = (c.vector.weights.astype(np.float32) * np.float32(c.weight)).astype(np.float32)
+            out.append((fi, c.field, c.vector.ids.astype(np.int64), w))
+        return out
+
+    def _allowed(self, s, flt) -> np.ndarray:
+        if flt is None and s.deleted is None:
+            return np.zeros(0, np.uint8)
+        if flt is None:
+            return s.live_mask()
+        m = s.seg.filter_mask(flt, self.schema, self.vocab)
+        if s.deleted is not None:
+            m &= ~s.deleted
+        return m.view(np.uint8) if m.dtype == bool else m.astype(np.uint8)
+
+    def _strategy_code(self) -> int:
+        try:
+            return NP.STRATEGY_NAMES.index(self.strategy)
+        except ValueError:
+            raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(NP.STRATEGY_NAMES)}") from None
+
+    def _taat_scratch(self, n_docs: int) -> np.ndarray:
+        buf = getattr(self._scratch, "acc", None)
+        if buf is None or buf.size < n_docs:
+            buf = np.zeros(max(n_docs, 1), np.float32)  # the kernel leaves it all zeros
+            self._scratch.acc = buf
+        return buf
+
+    def search(self, request: SearchRequest, *, threads: int | None = None) -> SearchResult:
+        """Exact top k. ``threads`` (default :attr:`search_threads`, 1): threads this one query may
+        use. Several segments of at least :data:`SPLIT_MIN_DOCS` documents are shared out among
+        the threads, each searching its own in turn (its threshold carried from one to the next);
+        a single one is split into that many block ranges searched at once. Either way each part
+        has its own top k, and the merge is exact."""
+        t0 = time.perf_counter()
+        self.refresh()
+        req = request.prepared(self.schema, self.vocab)
+        n = self.search_threads if threads is None else threads
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise InvalidInputError(f"threads must be an integer from 1 to 64, got {n!r}")
+        result, state, used = self._search(req, self._segs, self._strategy_code(), t0, n)
+        # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
+        self.last_search_stats = state
+        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
+        return result
+
+    def search_batch(self, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
+        """Search several requests at once on ``threads`` threads (default: one per CPU).
+
+        For throughput: the numba kernel runs without the GIL, so queries proceed in parallel
+        (each one stays single-threaded; its latency is that of :meth:`search`). All requests
+        see the same commit. Results are in request order; an invalid request raises (as
+        :meth:`search` would) before any is run."""
+        self.refresh()
+        reqs = [r.prepared(self.schema, self.vocab) for r in requests]
+        segs = self._segs
+        strategy = self._strategy_code()
+        n = max(1, min(len(reqs), threads if threads is not None else (os.cpu_count() or 1)))
+        if n == 1 or len(reqs) <= 1:
+            return [self._search(r, segs, strategy, time.perf_counter())[0] for r in reqs]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="stair-es-search") as pool:
+            return [res for res, _, _ in pool.map(lambda r: self._search(r, segs, strategy, time.perf_counter()), reqs)]
+
+    def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
+        """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
+        GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
+        cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
+
+        def run(i: int):
+            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
+            st = np.zeros(8, np.int64)
+            st[2], st[7] = 1, -1
+            kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
+            return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
+
+        return self._run_parallel([(lambda i=i: run(i)) for i in range(parts)])
+
+    def _run_parallel(self, fns: list) -> list:
+        """Call each of ``fns`` (no arguments) at once: the first on this thread, the others on
+        the index's query pool (the numba kernels release the GIL); results in order."""
+        if len(fns) == 1:
+            return [fns[0]()]
+        with self._pool_lock:  # submitted under the lock: a pool replaced later still runs what it was given
+            if self._pool is None or self._pool_size < len(fns) - 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(max_workers=len(fns) - 1, thread_name_prefix="stair-es-query")
+                self._pool_size = len(fns) - 1
+            futures = [self._pool.submit(fn) for fn in fns[1:]]
+        return [fns[0]()] + [f.result() for f in futures]
+
+    def _search(self, req: SearchRequest, segs: list, strategy: int, t0: float,
+                threads: int = 1) -> tuple[SearchResult, np.ndarray, list[str]]:
+        """Exact top k over ``segs``. With ``threads`` > 1 and several segments big enough to
+        split, the segments are shared out among the threads (largest first, each to the
+        least loaded) and each thread searches its own in turn into its own heap, so its
+        threshold carries from one segment to the next as in a one-thread search; the heaps are
+        then merged (exact: the top k of all is within the union of each group's top k). A
+        single big segment is split by block ranges instead (:meth:`_split_search`)."""
+        terms = self._query_terms(req)
+        big = [si for si, s in enumerate(segs) if s.seg.n_docs >= SPLIT_MIN_DOCS]
+        if threads > 1 and len(big) >= 2 and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX):
+            groups: list[list[int]] = [[] for _ in range(min(threads, len(big)))]
+            loads = [0] * len(groups)
+            for si in sorted(range(len(segs)), key=lambda i: -segs[i].seg.n_docs):
+                g = loads.index(min(loads))
+                groups[g].append(si)
+                loads[g] += segs[si].seg.n_docs
+            parts = self._run_parallel([
+                (lambda grp=sorted(grp): self._search_segments(req, segs, grp, terms, strategy, 1)) for grp in groups])
+            state = np.zeros(8, np.int64)
+            state[2] = 1
+            small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+            used: list[str] = []
+            for hs_g, hq_g, hr_g, st, small_g, used_g in parts:
+                n = int(st[0])
+                small.append((hs_g[:n], hq_g[:n], hr_g[:n]))
+                small.extend(small_g)
+                _add_state(state, st)
+                used.extend(used_g)
+            hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        else:
+            hs, hq, hr, state, small, used = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
+        return self._finish(req, segs, hs, hq, hr, state, small, used, t0)
+
+    def _search_segments(self, req: SearchRequest, segs: list, which, terms: list, strategy: int, threads: int):
+        """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
+        (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
+        k = req.top_k
+        hs = np.zeros(k, np.float32)
+        hq = np.zeros(k, np.uint64)
+        hr = np.zeros(k, np.int64)
+        state = np.zeros(8, np.int64)
+        state[2] = 1
+        used = []
+        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
+        for si in which:
+            s = segs[si]
+            js, ws = [], []
+            for fi, _, tok, w in terms:
+                j = s.seg.term_index(fi, tok)
+                ok = j >= 0
+                js.append(j[ok])
+                ws.append(w[ok])
+            q_j = np.concatenate(js) if js else np.zeros(0, np.int64)
+            if q_j.size == 0:
+                continue
+            q_j = q_j.astype(np.int64)
+            q_w = np.concatenate(ws).astype(np.float32)
+            allowed = self._allowed(s, req.filter)
+            seg = s.seg
+            if strategy == NP.STRATEGY_NUMPY or (
+                    strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
+                # small work: numpy is about as fast, and a new process never pays for starting numba
+                seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
+                seg.verify_terms(q_j)
+                sc, sq, refs, matched, read = NP.search_segment(
+                    q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                    seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
+                small.append((sc, sq, refs))
+                state[1] += matched
+                state[5] += read
+                used.append("numpy")
+                continue
+            # the kernel verifies each postings run the first time it reads it (block-max reads few of
+            # them); it needs the query terms' block tables verified first
+            kernel = K.search_segment  # imports the numba kernels (and their compiled CRC-32)
+            seg.verify_arrays(("seq",))  # (after that import: 8 MB at 1M docs, verified in compiled code)
+            chk = seg.kernel_check()
+            if chk is None:
+                seg.verify_terms(q_j)
+            else:
+                seg.verify_term_tables(q_j)
+            state[7] = -1
+            if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
+                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
+                        q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
+                args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                        seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
+                        np.int64(si) << 32, k)
+                n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
+                for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
+                    if st[7] >= 0:
+                        seg.raise_damaged_chunk(int(st[7]))
+                    small.append((hs_i, hq_i, hr_i))
+                    _add_state(state, st)
+                used.append("blockmax")
+                continue
+            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
+                         seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
+                         np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks, strategy,
+                         self._taat_scratch(seg.n_docs), chk, 0, -1)
+            # (every argument given: a call that leaves defaults to numba is dispatched through its
+            # Python fallback, which types all 25 arguments again: ~0.2 ms per call)
+            if state[7] >= 0:
+                seg.raise_damaged_chunk(int(state[7]))
+            used.append(NP.STRATEGY_NAMES[ran])
+        return hs, hq, hr, state, small, used
+
+    def _finish(self, req: SearchRequest, segs: list, hs, hq, hr, state, small, used, t0: float):
+        """The top k of the heap and the extra top-k lists, best first, as hits."""
+        k = req.top_k
+        n = int(state[0])
+        scores, seqs, refs = hs[:n], hq[:n], hr[:n]
+        if small:
+            scores = np.concatenate([scores] + [x[0] for x in small])
+            seqs = np.concatenate([seqs] + [x[1] for x in small])
+            refs = np.concatenate([refs] + [x[2] for x in small])
+        order = np.lexsort((seqs, -scores))[:k]  # best first; ties: older first
+        state[0] = order.size
+        hit_seg, hit_doc = refs[order] >> 32, refs[order] & 0xFFFFFFFF
+        for si in sorted(set(hit_seg.tolist())):  # (np.unique imports numpy.ma: ~20 ms of a cold search)
+            segs[int(si)].seg.verify_docs(hit_doc[hit_seg == si])
+        hits = []
+        for i in order:
+            si, d = int(refs[i] >> 32), int(refs[i] & 0xFFFFFFFF)
+            seg = segs[si].seg
+            hits.append(Hit(seg.doc_id(d), float(scores[i]), seg.metadata(d), seg.caption(d), seg.source(d)))
+        total = int(state[1]) if state[2] else None
+        return SearchResult(hits, total, (time.perf_counter() - t0) * 1000.0, list(req.notes)), state, used
