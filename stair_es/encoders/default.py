@@ -351,7 +351,7 @@ class DefaultEncoder(Encoder):
         """Which sources can produce ``token`` (for explain: a token shown with its origin)."""
         out = []
         i = self.vocab.get(token)
-        if i is not None and any(i in t for t in self.image_encoder._table):
+        if i is not None and self.image_encoder.can_produce(i):
             out.append("imagenet")
         if self.colour is not None and token in self.colour.tokens:
             out.append("colour")

@@ -381,6 +381,10 @@ class ImageNetLabelEncoder(Encoder):
         return [(np.fromiter(t.keys(), np.int64, len(t)), np.fromiter(t.values(), np.float64, len(t))) for t in self._table]
 
     # --- public ----------------------------------------------------------------------------
+    def can_produce(self, token_id: int) -> bool:
+        """Whether some ImageNet class gives ``token_id`` a weight (explain: a token's sources)."""
+        return any(token_id in t for t in self._table)
+
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             "name": self.name,
