@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -112,6 +113,9 @@ class BodyGuard:
         if not complete:
             return
         body = b"".join(chunks)
+        bad = bad_text(body)
+        if bad:
+            return await self._refuse(send, 400, bad)
         sent = False
 
         async def replay():
@@ -129,6 +133,56 @@ class BodyGuard:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def bad_text(body: bytes) -> str | None:
+    """The message for a body whose text is not valid Unicode (a lone surrogate such as
+    ``"\\ud800"``, or bytes that are not UTF-8), naming the first field that holds it; None if
+    the text is fine. Valid UTF-8 without a surrogate escape is let through without parsing."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        utf8 = False
+        where = f"byte 0x{body[e.start]:02x} at offset {e.start}"
+    else:
+        utf8 = True
+        if not _SURROGATE_ESCAPE.search(body):
+            return None
+    try:
+        data = json.loads(body.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        if utf8:
+            return None  # not JSON: the route's own parser says so
+        return f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
+    field = _bad_field(data)
+    if field is None:
+        return None if utf8 else f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
+    return (f"{field}: the text holds a lone surrogate (such as \\ud800) or bytes that are not UTF-8; "
+            "send valid Unicode text")
+
+
+def _bad_field(data: Any) -> str | None:
+    stack: list[tuple[str, Any]] = [("body", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for k, v in reversed(items):
+                key_path = k if path == "body" else f"{path}.{k}"
+                if _SURROGATE.search(k):
+                    return f"{path} (a key)" if path != "body" else "a field name"
+                stack.append((key_path, v))
+        elif isinstance(value, list):
+            for i in range(len(value) - 1, -1, -1):
+                stack.append((f"{path}[{i}]", value[i]))
+    return None
 
 
 # --- request models (the OpenAPI contract) -----------------------------------------------------
