@@ -45,6 +45,18 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Largest image accepted (file, base64 or URL).")
 @click.option("--max-inputs", default=64, show_default=True, type=click.IntRange(1, 100000),
               help="Inputs per encode call.")
+@click.option("--max-filters", default=64, show_default=True, type=click.IntRange(0, 100000),
+              envvar="STAIR_ES_SERVE_MAX_FILTERS", show_envvar=True, help="`where` conditions per search (400 beyond).")
+@click.option("--max-clause-tokens", default=1024, show_default=True, type=click.IntRange(0, 1000000),
+              envvar="STAIR_ES_SERVE_MAX_CLAUSE_TOKENS", show_envvar=True, help="require + exclude + exclude_query tokens per search.")
+@click.option("--max-query-tokens", default=2048, show_default=True, type=click.IntRange(1, 1000000),
+              envvar="STAIR_ES_SERVE_MAX_QUERY_TOKENS", show_envvar=True, help="Tokens in a query token map.")
+@click.option("--max-top-k", default=1000, show_default=True, type=click.IntRange(1, 1000000),
+              envvar="STAIR_ES_SERVE_MAX_TOP_K", show_envvar=True, help="Hits per search.")
+@click.option("--max-explain-hits", default=100, show_default=True, type=click.IntRange(1, 1000000),
+              envvar="STAIR_ES_SERVE_MAX_EXPLAIN_HITS", show_envvar=True, help="Hits one `explain: true` search may explain.")
+@click.option("--max-text-chars", default=4096, show_default=True, type=click.IntRange(1, 10000000),
+              envvar="STAIR_ES_SERVE_MAX_TEXT_CHARS", show_envvar=True, help="Characters of a query, encode input or expr.")
 @click.option("--body-timeout", default=15.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds a client may take to send its request body (408 beyond).")
 @click.option("--log-level", default="info", show_default=True,
@@ -52,7 +64,8 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @encoder_options(default="default")
 @backend_options
 def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
-          batch_window_ms, max_body_mb, max_image_mb, max_inputs, body_timeout, log_level, encoder, model, encoder_opts,
+          batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
+          max_top_k, max_explain_hits, max_text_chars, body_timeout, log_level, encoder, model, encoder_opts,
           backend) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
@@ -81,7 +94,9 @@ def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index
                          workers=workers, max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
                          max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
                          body_timeout=body_timeout, default_index=default_index, batching=batching,
-                         max_batch=max_batch, batch_window_ms=batch_window_ms)
+                         max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
+                         max_clause_tokens=max_clause_tokens, max_query_tokens=max_query_tokens, max_top_k=max_top_k,
+                         max_explain_hits=max_explain_hits, max_text_chars=max_text_chars)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

@@ -366,6 +366,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     @app.post("/v1/encode", response_model=EncodeResponse, dependencies=auth, tags=["encode"])
     async def encode(body: EncodeRequest):
         """Token weights of texts and images (one result per input, in order)."""
+        svc.check_count("max_inputs", len(body.inputs), "inputs")
         items = [i.model_dump(exclude_none=True) for i in body.inputs]
         for n, it in enumerate(items):
             if ("text" in it) == ("image" in it):
@@ -382,6 +383,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         size), ``wait`` (for a free search thread), ``search`` (its search and answer) and ``app``
         (from the request's validation to its answer)."""
         t0 = time.perf_counter()
+        svc.check_limits(vars(body))  # before any work: a capped body is refused at once
         if not batching:
             payload = await run(lambda b: dumps(svc.search(b)), body.model_dump(exclude_none=True))
             timing = f"app;dur={(time.perf_counter() - t0) * 1000:.2f}"
@@ -399,6 +401,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     @app.post("/v1/explain", dependencies=auth, tags=["search"])
     async def explain(body: ExplainBody):
         """Why document ``id`` scores what it does: per-token contributions that sum to the score."""
+        svc.check_limits(vars(body))
         return await run(svc.explain, body.model_dump(exclude_none=True))
 
     @app.get("/v1/indices", dependencies=auth, tags=["search"])

@@ -49,7 +49,12 @@ class ServeConfig:
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call
     max_text_chars: int = 4096
-    max_top_k: int = 1000
+    max_top_k: int = 1000  # hits per search
+    # bounded work per request, checked before any work starts (see LIMITS and docs/serve.md)
+    max_filters: int = 64  # `where` conditions per search
+    max_clause_tokens: int = 1024  # `require` + `exclude` + `exclude_query` tokens per search
+    max_query_tokens: int = 2048  # tokens in a query token map
+    max_explain_hits: int = 100  # hits explained by one `explain: true` search
     body_timeout: float = 15.0  # seconds a client may take to send its request body
     default_index: str | None = None
     load_encoder_at_start: bool = True
@@ -72,6 +77,22 @@ class ServeConfig:
                 "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
+
+
+#: The per-request limits: (config field, CLI option, what it bounds). docs/serve.md has the same table.
+LIMITS: list[tuple[str, str, str]] = [
+    ("max_filters", "--max-filters", "`where` conditions per search or explain"),
+    ("max_clause_tokens", "--max-clause-tokens", "`require` + `exclude` + `exclude_query` tokens per search or explain"),
+    ("max_query_tokens", "--max-query-tokens", "tokens in a query token map (`tokens`)"),
+    ("max_top_k", "--max-top-k", "hits per search (`top_k`)"),
+    ("max_explain_hits", "--max-explain-hits", "hits of one `explain: true` search"),
+    ("max_text_chars", "--max-text-chars", "characters of a text (query, encode input, `expr`)"),
+    ("max_inputs", "--max-inputs", "inputs per encode call (also the Elasticsearch/OpenSearch endpoints)"),
+]
+
+
+class LimitExceededError(InvalidInputError):
+    """A request asks for more work than the server's per-request limits allow."""
 
 
 @dataclass
@@ -268,6 +289,7 @@ class Service:
             inputs = [inputs]
         if not isinstance(inputs, list):
             raise InvalidInputError("'input' must be a string or a list of strings")
+        self.check_count("max_inputs", len(inputs), "input: inputs")
         if kind not in ("text", "image", "auto"):
             raise InvalidInputError(f"kind {kind!r}: use text, image or auto")
         return [text_or_image(s, kind, self.policy) for s in inputs]
@@ -290,8 +312,32 @@ class Service:
         return [feature_map(v, keys) for v in self.encode_vectors(self._cluster_inputs(inputs, kind))]
 
     # --- search / explain ------------------------------------------------------------------------
+    def check_count(self, field_: str, n: int, what: str) -> None:
+        limit = getattr(self.config, field_)
+        if n > limit:
+            option = next(o for f, o, _ in LIMITS if f == field_)
+            raise LimitExceededError(f"{what}: {n}; the limit is {limit} per request ({option}); send fewer")
+
+    def check_limits(self, body: Mapping[str, Any]) -> None:
+        """Refuses a search/explain body that asks for more than the per-request limits, before
+        any work is done (only lengths are read)."""
+        def count(v: Any) -> int:
+            return len(v) if isinstance(v, (list, tuple, dict, str)) else 0
+
+        self.check_count("max_filters", count(body.get("where")), "where: filters")
+        self.check_count("max_clause_tokens", sum(count(body.get(k)) for k in ("require", "exclude", "exclude_query")),
+                   "require + exclude + exclude_query: tokens")
+        self.check_count("max_query_tokens", count(body.get("tokens")), "tokens: entries in the token map")
+        top_k = body.get("top_k", 10)
+        if isinstance(top_k, int):
+            self.check_count("max_top_k", top_k, "top_k")
+            if body.get("explain"):
+                self.check_count("max_explain_hits", top_k, "explain: hits to explain (top_k)")
+        self.check_count("max_text_chars", count(body.get("expr")), "expr: characters")
+
     def _query(self, body: Mapping[str, Any]) -> tuple[str, str, Any, bool]:
         """Checks a search body: (index, kind "text" | "tokens" | "image", the query, force)."""
+        self.check_limits(body)
         index = body.get("index") or self.config.default_index
         if not index:
             raise InvalidInputError("no index: give 'index' (see GET /v1/indices)")

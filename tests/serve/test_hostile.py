@@ -60,3 +60,68 @@ def test_valid_unicode_and_escaped_pairs_pass(lenient):
 def test_body_not_utf8_and_not_json(lenient):
     r = lenient.post("/v1/search", content=b"\xff\xfe{", headers={"content-type": "application/json"})
     assert "not valid UTF-8 (byte 0xff at offset 0)" in err(r, 400)
+
+
+# --- finding 1: bounded work per request, refused before any work starts -----------------------
+@pytest.mark.parametrize("body, words", [
+    ({"text": "red", "where": ["kind=vehicle"] * 65}, "where: filters: 65; the limit is 64 per request (--max-filters)"),
+    ({"text": "red", "require": ["red"] * 600, "exclude": ["blue"] * 425},
+     "require + exclude + exclude_query: tokens: 1025; the limit is 1024 per request (--max-clause-tokens)"),
+    ({"tokens": {f"t{i}": 1.0 for i in range(2049)}}, "tokens: entries in the token map: 2049; the limit is 2048"),
+    ({"text": "red", "top_k": 1001}, "top_k: 1001; the limit is 1000 per request (--max-top-k)"),
+    ({"text": "red", "top_k": 101, "explain": True}, "explain: hits to explain (top_k): 101; the limit is 100"),
+    ({"text": "red", "expr": "red " * 1100}, "expr: characters: 4400; the limit is 4096"),
+])
+def test_search_limits_name_the_cap(client, body, words):
+    for route in ("/v1/search", "/v1/explain"):
+        b = dict(body, id="red-car") if route == "/v1/explain" else body
+        assert words in err(client.post(route, json=b), 400)
+    assert client.post("/v1/search", json={"text": "red", "where": ["kind=vehicle"] * 64}).status_code == 200
+
+
+def test_a_million_filters_are_refused_before_any_work(home, image_root, monkeypatch):
+    """Finding 1 of issue 26: 1,000,000 `where` filters (a 14 MB body) ran 38 s and answered 200."""
+    cfg = make_config(home, image_root)
+    app = create_app(cfg)
+    calls = []
+    with TestClient(app) as c:
+        svc = app.state.service
+        monkeypatch.setattr(svc, "prepare_searches", lambda bodies: calls.append(bodies) or [])
+        body = {"text": "red", "where": ["year>=1999"] * 1_000_000}
+        r = c.post("/v1/search", json=body)
+        assert "where: filters: 1000000; the limit is 64 per request (--max-filters)" in err(r, 400)
+        r = c.post("/v1/search", json={"text": "red", "require": ["red"] * 1_000_000})
+        assert "--max-clause-tokens" in err(r, 400)
+        r = c.post("/v1/encode", json={"inputs": [{"text": "a"}] * 200_000})
+        assert "inputs: 200000; the limit is 64" in err(r, 400)
+        r = c.post("/v1/opensearch/sparse_encoding", json=["a"] * 100_000)
+        assert "the limit is 64 per request (--max-inputs)" in err(r, 400)
+    assert calls == []  # nothing was prepared: the refusal came before the work
+
+
+def test_limits_are_configurable(home, image_root):
+    cfg = make_config(home, image_root, max_filters=1, max_query_tokens=2, max_explain_hits=3)
+    with TestClient(create_app(cfg)) as c:
+        assert "the limit is 1" in err(c.post("/v1/search", json={"text": "red", "where": ["kind=a", "kind=b"]}), 400)
+        assert "the limit is 2" in err(c.post("/v1/search", json={"tokens": {"red": 1, "car": 1, "sky": 1}}), 400)
+        assert c.post("/v1/search", json={"text": "red", "top_k": 3, "explain": True}).status_code == 200
+        assert "the limit is 3" in err(c.post("/v1/search", json={"text": "red", "top_k": 4, "explain": True}), 400)
+
+
+def test_cli_limits_options_and_env(tmp_path, monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    out = CliRunner().invoke(cli, ["serve", "--help"]).output
+    for option in ("--max-filters", "--max-clause-tokens", "--max-query-tokens", "--max-top-k", "--max-explain-hits",
+                   "STAIR_ES_SERVE_MAX_FILTERS"):
+        assert option in out
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app.state.config))
+    monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
+    monkeypatch.setenv("STAIR_ES_SERVE_MAX_FILTERS", "7")
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--max-explain-hits", "9"])
+    assert r.exit_code == 0, r.output
+    assert started[0].max_filters == 7 and started[0].max_explain_hits == 9 and started[0].max_top_k == 1000

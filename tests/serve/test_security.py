@@ -62,7 +62,7 @@ def test_unknown_index_and_document(client):
 def test_encode_limits(home, image_root):
     cfg = make_config(home, image_root, max_inputs=3, max_text_chars=50, max_body_bytes=20_000)
     with TestClient(create_app(cfg)) as c:
-        assert "at most 3" in err(c.post("/v1/encode", json={"inputs": [{"text": "a"}] * 4}), 400)
+        assert "inputs: 4; the limit is 3 per request (--max-inputs)" in err(c.post("/v1/encode", json={"inputs": [{"text": "a"}] * 4}), 400)
         assert "limit is 50" in err(c.post("/v1/encode", json={"inputs": [{"text": "x" * 51}]}), 400)
         assert "exactly one" in err(c.post("/v1/encode", json={"inputs": [{"text": "a", "image": {"path": "x.png"}}]}), 400)
         assert "empty" in err(c.post("/v1/encode", json={"inputs": [{"text": "  "}]}), 400)
