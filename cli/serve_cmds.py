@@ -22,6 +22,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--image-root", "image_roots", multiple=True, type=click.Path(file_okay=False),
               help="Folder whose images clients may name by relative path (and whose files thumbnails show); repeatable.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Another Host name clients reach the server by (repeatable); besides it only the bind address, "
+                   "localhost, 127.0.0.1 and [::1] (any port) are answered, others get 400 (DNS rebinding). "
+                   "'*' answers any.")
 @click.option("--allow-image-urls", is_flag=True, help="Fetch http(s) image URLs given by clients (off by default).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False),
               help="File whose first line is the API key clients must send (Authorization: Bearer KEY). "
@@ -63,7 +67,7 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
+def serve(host, port, image_roots, allowed_hosts, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, log_level, encoder, model, encoder_opts,
           backend) -> None:
@@ -96,7 +100,8 @@ def serve(host, port, image_roots, allow_image_urls, api_key_file, default_index
                          body_timeout=body_timeout, default_index=default_index, batching=batching,
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
                          max_clause_tokens=max_clause_tokens, max_query_tokens=max_query_tokens, max_top_k=max_top_k,
-                         max_explain_hits=max_explain_hits, max_text_chars=max_text_chars)
+                         max_explain_hits=max_explain_hits, max_text_chars=max_text_chars, bind_host=host,
+                         allowed_hosts=list(allowed_hosts))
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

@@ -35,7 +35,8 @@ from ..errors import (BackendError, DocumentNotFoundError, EncoderVersionError, 
                       IndexLockedError, IndexNotFoundError, InvalidInputError, MissingDependencyError, ModelError,
                       StairError)
 from .batching import Batcher
-from .security import AuthError, PathNotAllowedError, key_from_headers, key_matches
+from .security import (HTML_HEADERS, AuthError, PathNotAllowedError, content_security_policy, host_allowed, host_names,
+                       key_from_headers, key_matches)
 from .service import ServeConfig, Service, ThumbnailUnavailable
 
 log = logging.getLogger("stair_es.serve")
@@ -183,6 +184,54 @@ def _bad_field(data: Any) -> str | None:
             for i in range(len(value) - 1, -1, -1):
                 stack.append((f"{path}[{i}]", value[i]))
     return None
+
+
+class HostGuard:
+    """Pure ASGI middleware: a request whose ``Host`` is not one the server answers to gets 400
+    (a web page that rebinds its DNS name to 127.0.0.1 cannot read this server from a user's
+    browser); HTML answers get the browser security headers (CSP, nosniff, no referrer, no framing)."""
+
+    def __init__(self, app, allowed: frozenset[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = next((v for k, v in scope.get("headers") or [] if k == b"host"), None)
+        host_s = host.decode("latin-1") if host is not None else None
+        if not host_allowed(host_s, self.allowed):
+            payload = json.dumps(error_body(2, "InvalidInputError", (
+                f"Host {host_s[:100]!r} is not a name this server answers to; reach it by an allowed name, or "
+                "start it with --allowed-host NAME"))).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(payload)).encode())]})
+            return await send({"type": "http.response.body", "body": payload})
+        start: dict | None = None
+        chunks: list[bytes] = []
+
+        async def send_wrapped(msg):
+            nonlocal start
+            if msg["type"] == "http.response.start":
+                ctype = next((v for k, v in msg.get("headers") or [] if k.lower() == b"content-type"), b"")
+                if ctype.startswith(b"text/html"):
+                    start = msg  # held until the body is known (the CSP names its inline scripts' hashes)
+                    return None
+                return await send(msg)
+            if start is not None and msg["type"] == "http.response.body":
+                chunks.append(msg.get("body", b""))
+                if msg.get("more_body", False):
+                    return None
+                html = b"".join(chunks)
+                extra = {"Content-Security-Policy": content_security_policy(html), **HTML_HEADERS}
+                headers = [(k, v) for k, v in start.get("headers") or [] if k.decode("latin-1").title() not in extra]
+                headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+                await send({**start, "headers": headers})
+                start = None
+                return await send({"type": "http.response.body", "body": html, "more_body": False})
+            return await send(msg)
+
+        await self.app(scope, receive, send_wrapped)
 
 
 # --- request models (the OpenAPI contract) -----------------------------------------------------
@@ -457,6 +506,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
+    app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))  # outermost: first
     return app
 
 

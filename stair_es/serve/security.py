@@ -7,9 +7,12 @@ confinement of image paths to configured roots. It must not know FastAPI or any 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -137,3 +140,50 @@ class ImageRoots:
         if real.is_file() and any(real.is_relative_to(r) for r in self.roots):
             return real
         return None
+
+
+# --- Host header allow-list (DNS rebinding) and browser security headers ------------------------
+def host_names(bind_host: str, extra: Sequence[str] = ()) -> frozenset[str] | None:
+    """The Host names the server answers to: the bind address, ``localhost``, ``127.0.0.1``,
+    ``[::1]`` and ``extra`` (``--allowed-host``), any port; None when ``extra`` holds ``*`` (any)."""
+    names = {"localhost", "127.0.0.1", "[::1]", _bare(bind_host)}
+    for h in extra:
+        if h.strip() == "*":
+            return None
+        names.add(_bare(h))
+    return frozenset(n for n in names if n)
+
+
+def _bare(host: str) -> str:
+    """``Host`` value without its port, lower-case, IPv6 in brackets."""
+    h = host.strip().lower().rstrip(".")
+    if h.startswith("["):
+        end = h.find("]")
+        return h[:end + 1] if end > 0 else h
+    if h.count(":") > 1:  # a bare IPv6 address (as given to --host)
+        return f"[{h}]"
+    name, sep, port = h.rpartition(":")
+    return name if sep and port.isdigit() else h
+
+
+def host_allowed(host_header: str | None, allowed: frozenset[str] | None) -> bool:
+    if allowed is None or host_header is None:  # no Host at all: not a browser (they always send one)
+        return True
+    return _bare(host_header) in allowed
+
+
+_INLINE_SCRIPT = re.compile(rb"<script(?![^>]*\bsrc=)(?![^>]*type=['\"]application/json)[^>]*>(.*?)</script>", re.S | re.I)
+
+
+def content_security_policy(html: bytes) -> str:
+    """Only this origin: scripts from files here plus the page's own inline scripts (by hash:
+    the offline Swagger UI starts with one), no framing, no plugins, forms only to here."""
+    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(m.group(1)).digest()).decode() + "'"
+                      for m in _INLINE_SCRIPT.finditer(html))
+    return ("default-src 'self'; script-src 'self'" + (f" {hashes}" if hashes else "") +
+            "; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; object-src 'none'; "
+            "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+#: Sent with every HTML answer (with the Content-Security-Policy above).
+HTML_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}

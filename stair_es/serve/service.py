@@ -57,6 +57,8 @@ class ServeConfig:
     max_explain_hits: int = 100  # hits explained by one `explain: true` search
     body_timeout: float = 15.0  # seconds a client may take to send its request body
     default_index: str | None = None
+    bind_host: str = "127.0.0.1"  # with localhost, 127.0.0.1 and [::1], the Host names answered
+    allowed_hosts: Sequence[str] = ()  # more Host names (--allowed-host); "*": any
     load_encoder_at_start: bool = True
     # /v1/search through one FIFO queue, prepared in batches, searched on `workers` threads
     # (stair_es.serve.batching); "auto" = on for the embedded engine only, the one measured

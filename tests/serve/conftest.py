@@ -88,7 +88,8 @@ def home(tmp_path, image_root) -> Path:
 
 def make_config(home, image_root, **kw) -> ServeConfig:
     base = dict(backend="embedded", backend_options={"home": str(home)}, encoder="fake-color",
-                image_roots=[str(image_root)], default_index="pics")
+                image_roots=[str(image_root)], default_index="pics",
+                allowed_hosts=["testserver"])  # the Host TestClient sends
     base.update(kw)
     return ServeConfig(**base)
 

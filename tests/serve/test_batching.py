@@ -183,7 +183,7 @@ def test_concurrent_searches_are_batched_and_answered_like_single_ones(home, ima
 
     async def main():
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             together = await asyncio.gather(*(http.post("/v1/search", json=q) for q in queries))
             alone = [await http.post("/v1/search", json=q) for q in queries]
             bad = await asyncio.gather(http.post("/v1/search", json={"text": "red", "index": "nope"}),
@@ -232,7 +232,7 @@ def test_batched_searches_past_the_queue_get_503(home, image_root):
         app = create_app(make_config(home, image_root, workers=1, max_queue=1, load_encoder_at_start=False))
 
         async def main():
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
                 return await asyncio.gather(*(http.post("/v1/search", json={"text": "red"}) for _ in range(4)))
 
         codes = sorted(r.status_code for r in asyncio.run(main()))

@@ -122,6 +122,48 @@ def test_cli_limits_options_and_env(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app.state.config))
     monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
     monkeypatch.setenv("STAIR_ES_SERVE_MAX_FILTERS", "7")
-    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--max-explain-hits", "9"])
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--max-explain-hits", "9",
+                                 "--allowed-host", "search.lan", "--port", "8181"])
     assert r.exit_code == 0, r.output
+    assert started[0].bind_host == "127.0.0.1" and list(started[0].allowed_hosts) == ["search.lan"]
     assert started[0].max_filters == 7 and started[0].max_explain_hits == 9 and started[0].max_top_k == 1000
+
+
+# --- finding 2: Host allow-list against DNS rebinding; security headers on HTML -----------------
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "[::2]:80"])
+def test_foreign_host_header_is_refused(client, host):
+    for method, route in (("GET", "/v1/indices"), ("POST", "/v1/search"), ("GET", "/"), ("GET", "/docs")):
+        r = client.request(method, route, json={"text": "red"} if method == "POST" else None, headers={"Host": host})
+        msg = err(r, 400)
+        assert "--allowed-host" in msg and "is not a name this server answers to" in msg
+        assert "hits" not in r.text and "pics" not in r.text
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8080", "127.0.0.1:9", "[::1]:8080", "LOCALHOST."])
+def test_loopback_names_answer(client, host):
+    assert client.get("/v1/indices", headers={"Host": host}).status_code == 200
+
+
+def test_allowed_host_option(home, image_root):
+    with TestClient(create_app(make_config(home, image_root, allowed_hosts=["search.lan"])),
+                    base_url="http://search.lan:8080") as c:
+        assert c.get("/v1/indices").status_code == 200
+        assert c.get("/v1/indices", headers={"Host": "other.lan"}).status_code == 400
+    with TestClient(create_app(make_config(home, image_root, allowed_hosts=["*"]))) as c:
+        assert c.get("/v1/indices", headers={"Host": "anything.example"}).status_code == 200
+    # the bind address is allowed by default
+    with TestClient(create_app(make_config(home, image_root, allowed_hosts=[], bind_host="10.1.2.3")),
+                    base_url="http://10.1.2.3:8080") as c:
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/healthz", headers={"Host": "testserver"}).status_code == 400
+
+
+def test_html_answers_carry_security_headers(client):
+    for route in ("/", "/?q=red", "/docs", "/redoc"):
+        r = client.get(route)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+        assert "unsafe-inline'" not in csp.split("script-src")[1].split(";")[0]  # no inline script but by hash
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+    assert "'sha256-" in client.get("/docs").headers["content-security-policy"]  # Swagger UI's start-up script

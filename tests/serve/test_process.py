@@ -86,7 +86,7 @@ def test_real_process_serves_searches_and_survives_a_slow_client(served):
 
     # a client that announces 200 bytes and sends 10, then stalls
     slow = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-    slow.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    slow.sendall(b"POST /v1/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 200\r\n\r\n{\"text\": ")
     t0 = time.monotonic()
     status, res = _call(url + "/v1/search", {"text": "blue sea"})  # others are served meanwhile
