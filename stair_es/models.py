@@ -646,23 +646,11 @@ def remove(model_id: str, revision: str | None = None) -> list[StoreEntry]:
     return gone
 
 
-class _NoBar:
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        return None
-
-
 def _bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from .encoders.base import tqdm_class
+    """A progress bar over ``total`` bytes (nothing drawn when not enabled)."""
+    from .encoders.base import progress_bar
 
-    return tqdm_class()(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    return progress_bar(total, desc, enabled, unit="B", unit_scale=True, unit_divisor=1024)
 
 
 # --- list and verify ---------------------------------------------------------------------------------

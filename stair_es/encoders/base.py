@@ -180,9 +180,10 @@ def tqdm_class() -> type:
     return tqdm
 
 
-def progress_bar(total: int, desc: str, enabled: bool):
-    """A tqdm bar on stderr when enabled, else a no-op with the same interface."""
+def progress_bar(total: int, desc: str, enabled: bool, *, unit: str = "item", **options: Any):
+    """A tqdm bar on stderr when enabled, else a no-op with the same interface. ``options``
+    go to tqdm (e.g. ``unit_scale=True, unit_divisor=1024`` with ``unit="B"`` for bytes)."""
     if not enabled:
         return _NoBar()
     tqdm = tqdm_class()
-    return tqdm(total=total, desc=desc, unit="item", disable=not enabled, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, **options)
