@@ -26,6 +26,9 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Another Host name clients reach the server by (repeatable); besides it only the bind address, "
                    "localhost, 127.0.0.1 and [::1] (any port) are answered, others get 400 (DNS rebinding). "
                    "'*' answers any.")
+@click.option("--public-docs", is_flag=True,
+              help="With an API key: serve /docs, /redoc and /openapi.json without it (otherwise only /healthz and "
+                   "/readyz are public).")
 @click.option("--allow-image-urls", is_flag=True, help="Fetch http(s) image URLs given by clients (off by default).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False),
               help="File whose first line is the API key clients must send (Authorization: Bearer KEY). "
@@ -67,7 +70,7 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allowed_hosts, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
+def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, log_level, encoder, model, encoder_opts,
           backend) -> None:
@@ -101,7 +104,7 @@ def serve(host, port, image_roots, allowed_hosts, allow_image_urls, api_key_file
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
                          max_clause_tokens=max_clause_tokens, max_query_tokens=max_query_tokens, max_top_k=max_top_k,
                          max_explain_hits=max_explain_hits, max_text_chars=max_text_chars, bind_host=host,
-                         allowed_hosts=list(allowed_hosts))
+                         allowed_hosts=list(allowed_hosts), public_docs=public_docs)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

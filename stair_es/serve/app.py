@@ -234,6 +234,40 @@ class HostGuard:
         await self.app(scope, receive, send_wrapped)
 
 
+#: Open to everyone even when an API key is set (probes); the docs too with --public-docs.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+DOCS_ASSETS = "/static-offline-docs/"
+
+
+class KeyGate:
+    """Pure ASGI middleware: with an API key set, every path but ``/healthz`` and ``/readyz``
+    (and the OpenAPI pages with ``public_docs``) needs the key, checked before the body is read.
+    ``/readyz`` is let through and says only ready or not to a caller without the key."""
+
+    def __init__(self, app, api_key: str | None, public_docs: bool):
+        self.app, self.api_key, self.public_docs = app, api_key, public_docs
+
+    def _public(self, path: str) -> bool:
+        return path in PUBLIC_PATHS or (self.public_docs and (path in DOCS_PATHS or path.startswith(DOCS_ASSETS)))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.api_key:
+            return await self.app(scope, receive, send)
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
+        given = key_from_headers(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        scope.setdefault("state", {})["key_ok"] = ok = key_matches(self.api_key, given)
+        if ok or self._public(scope.get("path", "")):
+            return await self.app(scope, receive, send)
+        message = ("this server requires an API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
+                   if given is None else "wrong API key")
+        payload = json.dumps(error_body(2, "AuthError", message)).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
 # --- request models (the OpenAPI contract) -----------------------------------------------------
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -372,7 +406,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status >= 500:
             log.warning("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        return error_response(status, e.exit_code, type(e).__name__, str(e), headers)
+        return error_response(status, e.exit_code, type(e).__name__, svc.scrub(str(e)), headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
@@ -388,8 +422,10 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        msg = {404: f"no such endpoint {request.url.path}; see /docs", 405: f"method {request.method} is not allowed "
-               f"on {request.url.path}; see /docs"}.get(e.status_code, str(e.detail))
+        path = request.url.path[:200]
+        if e.status_code == 404:  # the documented code of every 404 (as an unknown index or document)
+            return error_response(404, 4, "NotFoundError", f"no such endpoint {path}; see /docs")
+        msg = {405: f"method {request.method} is not allowed on {path}; see /docs"}.get(e.status_code, str(e.detail))
         return error_response(e.status_code, 2, "InvalidInputError", msg)
 
     @app.exception_handler(Exception)
@@ -404,12 +440,16 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"])
-    async def readyz():
-        """The encoder is loaded and the backend answers; 503 with the reason otherwise."""
+    async def readyz(request: Request):
+        """The encoder is loaded and the backend answers; 503 with the reason otherwise. With an
+        API key set, a caller without it learns only ready or not (no settings, no reason)."""
+        told = not config.api_key or request.scope.get("state", {}).get("key_ok", False)
         try:
-            return await run(svc.ready)
+            info = await run(svc.ready)
         except StairError as e:
-            return error_response(503, e.exit_code, type(e).__name__, f"not ready: {e}")
+            reason = f"not ready: {svc.scrub(str(e))}" if told else "not ready"
+            return error_response(503, e.exit_code, type(e).__name__ if told else "NotReady", reason)
+        return info if told else {"status": "ready"}
 
     # --- API ----------------------------------------------------------------------------------
     @app.post("/v1/encode", response_model=EncodeResponse, dependencies=auth, tags=["encode"])
@@ -506,6 +546,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
+    app.add_middleware(KeyGate, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
     app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))  # outermost: first
     return app
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..backends.base import SearchBackend, get_backend
@@ -57,6 +59,7 @@ class ServeConfig:
     max_explain_hits: int = 100  # hits explained by one `explain: true` search
     body_timeout: float = 15.0  # seconds a client may take to send its request body
     default_index: str | None = None
+    public_docs: bool = False  # with an API key: /docs, /redoc, /openapi.json open to all (--public-docs)
     bind_host: str = "127.0.0.1"  # with localhost, 127.0.0.1 and [::1], the Host names answered
     allowed_hosts: Sequence[str] = ()  # more Host names (--allowed-host); "*": any
     load_encoder_at_start: bool = True
@@ -80,6 +83,9 @@ class ServeConfig:
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
 
+
+#: An absolute POSIX path of two or more components (not inside a URL).
+_ABS_PATH = re.compile(r"(?<![\w.:/~])(/(?:[^\s'\"/]+/)+[^\s'\",;)]*)")
 
 #: The per-request limits: (config field, CLI option, what it bounds). docs/serve.md has the same table.
 LIMITS: list[tuple[str, str, str]] = [
@@ -488,8 +494,49 @@ class Service:
         """The answer of one prepared search (see :meth:`prepare_searches`)."""
         return self._answer(p, self.backend.search(p.index, p.request))
 
+    # --- what leaves the server: no absolute server paths ------------------------------------------
+    def _server_paths(self) -> list[tuple[str, str]]:
+        paths = getattr(self, "_paths", None)
+        if paths is None:
+            found: list[tuple[str, str]] = []
+            home = getattr(self.backend, "home", None) or self.config.backend_options.get("home")
+            for given, label in [(home, "<index home>")] + [(r, "<image root>") for r in self.config.image_roots]:
+                if not given:
+                    continue
+                for form in {str(Path(given)), str(Path(given).expanduser().resolve())}:
+                    if form not in ("/", "."):
+                        found.append((form.rstrip("/"), label))
+            paths = self._paths = sorted(set(found), key=lambda x: -len(x[0]))  # longest first
+        return paths
+
+    def scrub(self, message: str) -> str:
+        """``message`` with the server's paths replaced: index home and image roots by a label,
+        any other absolute path by its last component."""
+        for path, label in self._server_paths():
+            message = message.replace(path, label)
+        return _ABS_PATH.sub(lambda m: m.group(1).rsplit("/", 1)[-1] or m.group(1), message)
+
+    def public_source(self, source: Any) -> Any:
+        """A hit's ``source`` as clients see it: a file path relative to its image root, or its
+        file name when outside every root; URLs and other values as they are."""
+        if not isinstance(source, str) or not source.startswith("/"):
+            return source
+        for root in self.policy.roots.roots:
+            try:
+                return str(Path(source).relative_to(root))
+            except ValueError:
+                pass
+            try:
+                return str(Path(source).resolve().relative_to(root))
+            except (ValueError, OSError, RuntimeError):
+                pass
+        return Path(source).name
+
     def _answer(self, p: PreparedSearch, result) -> dict[str, Any]:
         data = result.to_dict()
+        for h in data["hits"]:
+            if "source" in h:
+                h["source"] = self.public_source(h["source"])
         data["notes"] = p.notes + data["notes"]
         data["index"] = p.index
         data["query_tokens"] = p.qvec.to_token_map(50)
@@ -520,7 +567,7 @@ class Service:
             try:
                 info = self.backend.index_info(name)
             except StairError as e:  # a damaged index is listed with its error, not hidden
-                out.append({"name": name, "error": str(e)})
+                out.append({"name": name, "error": self.scrub(str(e))})
                 continue
             out.append({"name": name, "doc_count": info.doc_count, "fields": info.schema.fields,
                         "sparse_fields": list(info.schema.sparse_fields),
@@ -587,7 +634,9 @@ class Service:
         """Raises if the backend cannot list its indices or the encoder cannot be built."""
         self.backend.list_indices()
         self.encoder()
-        return {"status": "ready", "models": self.loaded_models(), **self.config.describe()}
+        d = self.config.describe()
+        d["image_roots"] = len(d["image_roots"])  # how many, never where
+        return {"status": "ready", "models": self.loaded_models(), **d}
 
     def close(self) -> None:
         self.backend.close()

@@ -123,9 +123,10 @@ def test_cli_limits_options_and_env(tmp_path, monkeypatch):
     monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
     monkeypatch.setenv("STAIR_ES_SERVE_MAX_FILTERS", "7")
     r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--max-explain-hits", "9",
-                                 "--allowed-host", "search.lan", "--port", "8181"])
+                                 "--allowed-host", "search.lan", "--port", "8181", "--public-docs"])
     assert r.exit_code == 0, r.output
     assert started[0].bind_host == "127.0.0.1" and list(started[0].allowed_hosts) == ["search.lan"]
+    assert started[0].public_docs is True
     assert started[0].max_filters == 7 and started[0].max_explain_hits == 9 and started[0].max_top_k == 1000
 
 
@@ -167,3 +168,62 @@ def test_html_answers_carry_security_headers(client):
         assert "unsafe-inline'" not in csp.split("script-src")[1].split(";")[0]  # no inline script but by hash
         assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
     assert "'sha256-" in client.get("/docs").headers["content-security-policy"]  # Swagger UI's start-up script
+
+
+# --- finding 5: nothing disclosed without a key ----------------------------------------------------
+KEYED_ROUTES = [("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/docs/oauth2-redirect"),
+                ("GET", "/static/app.js"), ("GET", "/static/style.css"), ("GET", "/static-offline-docs/swagger-ui.css"),
+                ("GET", "/"), ("GET", "/v1/indices"), ("GET", "/v1/thumbnail/pics/red-car"), ("GET", "/v1/nothing"),
+                ("POST", "/v1/search"), ("POST", "/v1/nothing")]
+
+
+def test_with_a_key_only_the_probes_are_public(home, image_root):
+    from .conftest import API_KEY
+
+    with TestClient(create_app(make_config(home, image_root, api_key=API_KEY))) as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/readyz").json() == {"status": "ready"}  # no paths, no settings, no models
+        for method, route in KEYED_ROUTES:
+            r = c.request(method, route, json={"text": "red"} if method == "POST" else None)
+            assert r.status_code == 401, (route, r.status_code)
+            assert r.json()["error"]["code"] == 2 and r.headers["www-authenticate"] == "Bearer"
+        key = {"Authorization": f"Bearer {API_KEY}"}
+        for route in ("/docs", "/redoc", "/openapi.json", "/static/app.js", "/static-offline-docs/swagger-ui.css"):
+            assert c.get(route, headers=key).status_code == 200, route
+        assert c.get("/readyz", headers=key).json()["models"] == ["fake-color"]
+
+
+def test_public_docs_option(home, image_root):
+    from .conftest import API_KEY
+
+    with TestClient(create_app(make_config(home, image_root, api_key=API_KEY, public_docs=True))) as c:
+        for route in ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/swagger-ui.css"):
+            assert c.get(route).status_code == 200, route
+        for route in ("/v1/indices", "/static/app.js", "/"):
+            assert c.get(route).status_code == 401, route
+
+
+def test_no_server_paths_in_answers(client, image_root, home):
+    secret = str(image_root.parent)  # the tests' tmp folder: every server path lies under it
+    ready = client.get("/readyz").json()
+    assert ready["image_roots"] == 1
+    answers = [client.get("/readyz"), client.get("/v1/indices"),
+               client.post("/v1/search", json={"text": "red", "top_k": 10}),
+               client.post("/v1/search", json={"index": "nope", "text": "red"}),
+               client.post("/v1/explain", json={"text": "red", "id": "ghost"}),
+               client.post("/v1/encode", json={"inputs": [{"image": {"path": "escape.png"}}]}),
+               client.get("/v1/thumbnail/pics/no-picture"), client.get("/v1/thumbnail/nope/x")]
+    for r in answers:
+        assert secret not in r.text and str(home) not in r.text, r.text
+    hits = answers[2].json()["hits"]
+    sources = {h["id"]: h["source"] for h in hits}
+    assert sources["red-car"] == "red-car.png"  # relative to its image root
+    assert sources["no-picture"] == "secret.png"  # outside every root: its file name only
+    nope = answers[3].json()["error"]
+    assert nope["code"] == 4 and "nope" in nope["message"]
+
+
+def test_404_bodies_use_the_documented_code(client):
+    for r in (client.get("/v1/nothing"), client.post("/v1/nothing", json={}), client.get("/nothing/at/all"),
+              client.post("/v1/search", json={"index": "nope", "text": "red"}), client.get("/v1/thumbnail/pics/ghost")):
+        assert r.status_code == 404 and r.json()["error"]["code"] == 4, r.text

@@ -55,7 +55,7 @@ def test_unknown_index_and_document(client):
     assert "nope" in err(client.post("/v1/search", json={"index": "nope", "text": "red"}), 404, code=4)
     assert "ghost" in err(client.post("/v1/explain", json={"text": "red", "id": "ghost"}), 404, code=4)
     assert "Bad-Name" in err(client.post("/v1/search", json={"index": "Bad-Name", "text": "red"}), 400)
-    err(client.get("/v1/nothing"), 404)
+    err(client.get("/v1/nothing"), 404, code=4)  # the documented code of every 404
     err(client.get("/v1/search"), 405)
 
 
@@ -166,7 +166,8 @@ def test_api_key_required_when_configured(home, image_root, caplog):
         assert c.post("/v1/encode", json=body, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
         assert c.get("/v1/indices", headers={"X-API-Key": API_KEY}).status_code == 200
         assert c.get("/healthz").status_code == 200  # probes stay open
-        ready = c.get("/readyz").json()
+        assert c.get("/readyz").json() == {"status": "ready"}  # without the key: ready or not, nothing else
+        ready = c.get("/readyz", headers={"X-API-Key": API_KEY}).json()
         assert ready["api_key"] is True and API_KEY not in str(ready)
     assert API_KEY not in caplog.text
 
