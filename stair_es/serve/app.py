@@ -186,10 +186,15 @@ def _bad_field(data: Any) -> str | None:
     return None
 
 
+#: Seconds a client is told to wait (``Retry-After``) after a 503 or 429.
+RETRY_AFTER_S = b"1"
+
+
 class HostGuard:
     """Pure ASGI middleware: a request whose ``Host`` is not one the server answers to gets 400
     (a web page that rebinds its DNS name to 127.0.0.1 cannot read this server from a user's
-    browser); HTML answers get the browser security headers (CSP, nosniff, no referrer, no framing)."""
+    browser); HTML answers get the browser security headers (CSP, nosniff, no referrer, no framing);
+    503 and 429 answers get ``Retry-After``."""
 
     def __init__(self, app, allowed: frozenset[str] | None):
         self.app, self.allowed = app, allowed
@@ -212,6 +217,11 @@ class HostGuard:
 
         async def send_wrapped(msg):
             nonlocal start
+            if msg["type"] == "http.response.start" and msg["status"] in (429, 503):
+                # a shed or not-ready answer says when to come back (RFC 9110: seconds)
+                hs = list(msg.get("headers") or [])
+                if not any(k.lower() == b"retry-after" for k, _ in hs):
+                    msg = {**msg, "headers": hs + [(b"retry-after", RETRY_AFTER_S)]}
             if msg["type"] == "http.response.start":
                 ctype = next((v for k, v in msg.get("headers") or [] if k.lower() == b"content-type"), b"")
                 if ctype.startswith(b"text/html"):

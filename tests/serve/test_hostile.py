@@ -227,3 +227,53 @@ def test_404_bodies_use_the_documented_code(client):
     for r in (client.get("/v1/nothing"), client.post("/v1/nothing", json={}), client.get("/nothing/at/all"),
               client.post("/v1/search", json={"index": "nope", "text": "red"}), client.get("/v1/thumbnail/pics/ghost")):
         assert r.status_code == 404 and r.json()["error"]["code"] == 4, r.text
+
+
+# --- finding 7 (part): shed and not-ready answers say when to retry ------------------------------
+def test_busy_answers_carry_retry_after(home, image_root):
+    import asyncio
+    import threading
+
+    import httpx
+
+    from fakes import ColorEncoder
+    from stair_es.encoders.base import register_encoder
+
+    gate = threading.Event()
+
+    class BlockedEncoder(ColorEncoder):
+        name = "blocked-fake"
+
+        def encode_texts(self, texts, **kw):
+            gate.wait(10)
+            return super().encode_texts(texts, **kw)
+
+    register_encoder("blocked-fake", BlockedEncoder)
+    app = create_app(make_config(home, image_root, encoder="blocked-fake", workers=1, max_queue=0,
+                                 load_encoder_at_start=False))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+            first = asyncio.create_task(http.post("/v1/encode", json={"inputs": [{"text": "red"}]}))
+            await asyncio.sleep(0.3)  # the first holds the only worker
+            second = await http.post("/v1/encode", json={"inputs": [{"text": "red"}]})
+            gate.set()
+            return await first, second
+
+    first, second = asyncio.run(main())
+    assert first.status_code == 200
+    assert second.status_code == 503 and second.json()["error"]["code"] == 5
+    assert second.headers["retry-after"] == "1"
+
+
+def test_not_ready_carries_retry_after(home, image_root, monkeypatch):
+    from stair_es.errors import BackendError
+
+    app = create_app(make_config(home, image_root, load_encoder_at_start=False))
+    with TestClient(app) as c:
+        def down():
+            raise BackendError(f"cannot list indices in {home}")
+        monkeypatch.setattr(app.state.service, "ready", down)
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert str(home) not in r.text and "<index home>" in r.text
