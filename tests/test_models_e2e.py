@@ -128,7 +128,7 @@ def test_import_ingest_search_and_serve_with_the_network_disabled(tmp_path, monk
 
     config = ServeConfig(backend="embedded", backend_options={"home": str(airgapped)}, encoder="clip-vocab",
                          encoder_options={"model": "acme/tiny-clip"}, default_index="photos", image_roots=[str(photos)])
-    with TestClient(create_app(config)) as client:
+    with TestClient(create_app(config), base_url="http://localhost") as client:  # a name the server answers to by default
         r = client.post("/v1/search", json={"index": "photos", "text": "a cup of coffee", "top_k": 2})
         assert r.status_code == 200, r.text
         assert r.json()["hits"][0]["id"] == "coffee.jpg"

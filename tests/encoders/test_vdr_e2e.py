@@ -135,7 +135,7 @@ def test_serve_encodes_and_searches_with_vdr(run, catalog, tmp_path):
     home = next(p for p in tmp_path.iterdir() if p.name == "home")
     cfg = ServeConfig(backend="embedded", backend_options={"home": str(home)}, encoder="vdr",
                       encoder_options={"model": str(FIXTURE)}, image_roots=[str(catalog)], default_index="shapes")
-    with TestClient(create_app(cfg)) as client:
+    with TestClient(create_app(cfg), base_url="http://localhost") as client:  # a name the server answers to by default
         r = client.post("/v1/encode", json={"inputs": [{"text": "a red square"}, {"image": {"path": "noise.png"}}]})
         assert r.status_code == 200, r.text
         text, image = r.json()["results"]
