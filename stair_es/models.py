@@ -316,6 +316,22 @@ def resolve_model(model: str, *, kind: str | None = None) -> Path:
     return entry.folder
 
 
+def model_config(model: str, *, kind: str, expected: str) -> tuple[Path, dict[str, Any]]:
+    """(the local folder of ``model`` (:func:`resolve_model`), its ``config.json`` as a dict);
+    a ModelError naming the folder when the config cannot be read or is not a JSON object
+    (``expected`` says what the encoder takes, e.g. "a CLIP or SigLIP checkpoint folder")."""
+    folder = Path(resolve_model(model, kind=kind))
+    try:
+        config = json.loads((folder / "config.json").read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        from .encoders.runtime import first_line
+
+        raise ModelError(f"model {model!r}: cannot read config.json in {folder} ({first_line(e)}); give {expected}") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"model {model!r}: config.json in {folder} is not a JSON object; give {expected}")
+    return folder, config
+
+
 def model_record(folder: Path) -> dict[str, Any]:
     """What an index config records about the model in ``folder``.
 

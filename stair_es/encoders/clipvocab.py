@@ -85,24 +85,6 @@ def load_word_list() -> tuple[str, list[str]]:
     return str(data["version"]), list(data["words"])
 
 
-def _resolve_folder(model: str) -> Path:
-    """The local folder of ``model`` (a folder, an id in the model store, or a hub id pulled once)."""
-    try:
-        from ..models import resolve_model
-    except ImportError:  # pragma: no cover - the store is part of stair_es
-        path = Path(model).expanduser()
-        if path.is_dir():
-            return path
-        raise ModelError(f"model folder not found: {model}") from None
-    return Path(resolve_model(model, kind="clip-vocab"))
-
-
-def _model_record(folder: Path) -> dict[str, Any]:
-    from ..models import model_record
-
-    return model_record(folder)
-
-
 class _Preprocess:
     """The image steps of transformers' PIL image processors for CLIP and SigLIP, in numpy:
     RGB, resize (shortest edge, or to height x width) with the configured PIL filter, centre
@@ -347,12 +329,9 @@ class ClipVocabEncoder(Encoder):
         """Folder, family, weight files and digest, record; checks the recorded model once."""
         if self._info is not None:
             return self._info
-        folder = _resolve_folder(self.model)
-        try:
-            cfg = json.loads((folder / "config.json").read_text("utf-8"))
-        except (OSError, ValueError) as e:
-            raise ModelError(f"model {self.model!r}: cannot read config.json in {folder} ({first_line(e)}); "
-                             "give a CLIP or SigLIP checkpoint folder") from None
+        from ..models import model_config, model_record
+
+        folder, cfg = model_config(self.model, kind="clip-vocab", expected="a CLIP or SigLIP checkpoint folder")
         family = cfg.get("model_type")
         if family not in FAMILIES:
             raise ModelError(f"model {self.model!r} is a {family!r} model; the clip-vocab encoder takes a full CLIP or "
@@ -368,7 +347,7 @@ class ClipVocabEncoder(Encoder):
         text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
         info = {
             "folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
-            "weights": digest[:16], "record": _model_record(folder),
+            "weights": digest[:16], "record": model_record(folder),
             "image_size": int(vision_cfg.get("image_size", 224)),
             "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64)),
         }

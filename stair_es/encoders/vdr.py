@@ -45,7 +45,6 @@ This module must not know about indices or backends.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -140,21 +139,6 @@ class VdrConfig:
 
 
 # --- resolving and reading a checkpoint --------------------------------------------------------
-def resolve_folder(model: str) -> Path:
-    """The local folder of ``model``: a folder, an id in the stair-es model store, or a hub id
-    (pulled into the store once; offline, a ModelError saying how to carry the model in)."""
-    from ..models import resolve_model
-
-    return Path(resolve_model(model, kind="vdr"))
-
-
-def model_record(folder: Path) -> dict[str, Any]:
-    """What the index records about the model (id + revision + sha256 for a store entry)."""
-    from ..models import model_record as store_record
-
-    return dict(store_record(folder))
-
-
 def weight_file(folder: Path, model: str) -> Path:
     for name in WEIGHT_FILES:
         if (folder / name).is_file():
@@ -438,14 +422,9 @@ class VdrEncoder(Encoder):
         """Folder, config, weight files and digest, record; checks the recorded weights once."""
         if self._info is not None:
             return self._info
-        folder = resolve_folder(self.model)
-        try:
-            raw = json.loads((folder / "config.json").read_text("utf-8"))
-        except (OSError, ValueError) as e:
-            raise ModelError(f"model {self.model!r}: cannot read config.json in {folder} ({first_line(e)}); "
-                             "give a VDR cross-modal checkpoint folder or hub id") from None
-        if not isinstance(raw, dict):
-            raise ModelError(f"model {self.model!r}: config.json in {folder} is not a JSON object")
+        from ..models import model_config, model_record
+
+        folder, raw = model_config(self.model, kind="vdr", expected="a VDR cross-modal checkpoint folder or hub id")
         cfg = VdrConfig.from_json(raw, f"model {self.model!r}")
         from .runtime import weights_digest
 
