@@ -120,6 +120,17 @@ def _content(text: str | None) -> bool:
     return text is not None and bool(text.strip()) and not text.lstrip().startswith("#")
 
 
+def _records(path: str | Path, errors: list[Problem]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line that holds something (not blank, not a ``#`` comment);
+    a line that is not UTF-8 goes to ``errors`` with its number instead."""
+    file = str(path)
+    for n, text, err in _lines(path):
+        if err is not None:
+            errors.append(Problem(err, n, file))
+        elif _content(text):
+            yield n, text  # type: ignore[misc]
+
+
 def _looks_like_jsonl(path: str | Path) -> bool:
     for _, text, err in _lines(path):
         if err is None and _content(text):
@@ -212,12 +223,7 @@ def parse_jsonl_ratings(path: str | Path) -> Ratings:
     out = Ratings()
     file = str(path)
     seen: dict[str, int] = {}
-    for n, text, err in _lines(path):
-        if err is not None:
-            out.errors.append(Problem(err, n, file))
-            continue
-        if not _content(text):
-            continue
+    for n, text in _records(path, out.errors):
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
@@ -265,12 +271,7 @@ def parse_trec(qrels_path: str | Path, queries_path: str | Path) -> Ratings:
     qfile, rfile = str(queries_path), str(qrels_path)
     judged: dict[str, dict[str, int]] = {}
     first_line: dict[str, int] = {}
-    for n, text, err in _lines(qrels_path):
-        if err is not None:
-            out.errors.append(Problem(err, n, rfile))
-            continue
-        if not _content(text):
-            continue
+    for n, text in _records(qrels_path, out.errors):
         parts = text.split()
         if len(parts) != 4:
             out.errors.append(Problem(f"expected 4 fields 'QID 0 DOCID GRADE', got {len(parts)}", n, rfile))
@@ -289,12 +290,7 @@ def parse_trec(qrels_path: str | Path, queries_path: str | Path) -> Ratings:
         rated[doc] = grade
     texts: dict[str, tuple[str, tuple[str, ...], int]] = {}
     jsonl = _looks_like_jsonl(queries_path)
-    for n, text, err in _lines(queries_path):
-        if err is not None:
-            out.errors.append(Problem(err, n, qfile))
-            continue
-        if not _content(text):
-            continue
+    for n, text in _records(queries_path, out.errors):
         where: tuple[str, ...] = ()
         if jsonl:
             try:
