@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -134,23 +132,12 @@ def run_one(name: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any
 
 
 def machine() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import onnxruntime
+    """benchmarks.common's provenance, with ONNX Runtime's version and thread setting."""
+    from benchmarks.common import machine_info
 
-    return {"commit": commit, "cpu": cpu, "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
-            "ort_threads": os.environ.get("STAIR_ES_ORT_THREADS", "all")}
+    info = machine_info(("stair-es", "numpy", "onnxruntime", "transformers", "torch"))
+    info["ort_threads"] = os.environ.get("STAIR_ES_ORT_THREADS", "all")
+    return info
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ try:
 except ImportError:  # run as `python benchmarks/x.py`: this folder is on sys.path
     from procstat import peak_rss_mb, rss_mb  # type: ignore[no-redef]
 
-__all__ = ["PERCENTILES", "Timer", "machine_info", "peak_rss_mb", "percentiles", "rss_mb", "stat"]
+__all__ = ["PERCENTILES", "Timer", "git_commit", "machine_info", "peak_rss_mb", "percentiles", "rss_mb", "stat"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PERCENTILES = (50, 95, 99)
@@ -79,6 +79,11 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def git_commit() -> str:
+    """The short commit of this checkout, or "unknown" outside git."""
+    return _git("rev-parse", "--short", "HEAD") or "unknown"
 
 
 def machine_info(packages: Iterable[str] = PACKAGES) -> dict[str, Any]:

@@ -26,13 +26,13 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import git_commit  # noqa: E402
 
 COMMIT = "b" * 40
 
@@ -104,8 +104,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     rows = {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
                 "max": max(r[k] for r in runs)} for k in runs[0]}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    commit = git_commit()
     report = {"commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
               "load_average": os.getloadavg(), "weights_mb": args.mb, "runs": args.runs, "figures": rows}
     print(f"model store, {args.mb} MiB of weights, median of {args.runs} runs (commit {commit}, load {os.getloadavg()[0]:.1f})")

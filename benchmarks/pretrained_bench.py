@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import git_commit  # noqa: E402
 from benchmarks.encoder_bench import sample_photos  # noqa: E402
 
 
@@ -140,13 +140,6 @@ ROWS: tuple[Row, ...] = (
     Row("siglip", "clip-vocab on a SigLIP of random weights (benchmarks/clip_models.py, size b32)", _clip_vocab("siglip")),
 )
 
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def time_row(row: Row, work: Path, images: list, batch: int, runs: int) -> dict[str, Any]:

@@ -22,12 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import git_commit  # noqa: E402
 
 
 def build(home: Path) -> Path:
@@ -68,7 +64,7 @@ def main() -> None:
 
     backend = get_backend("embedded", home=str(home))
     rated = read_ratings(ratings)
-    print(f"commit {_commit()}, {os.cpu_count()} cores, {len(rated.queries)} rated queries on the sample photos")
+    print(f"commit {git_commit()}, {os.cpu_count()} cores, {len(rated.queries)} rated queries on the sample photos")
     ev = evaluate(backend, "samples", rated.queries)  # also warms the ONNX towers and numba kernels
     print("default query encoder: " + ", ".join(f"{k} {v:.3f}" for k, v in ev.metrics.items()))
     for _ in range(args.runs):
