@@ -6,9 +6,9 @@
 Each set's images are encoded once by the ``default`` image encoder; then every query
 configuration below encodes the set's queries exactly as ``stair-es search`` does on an index
 of those images (``benchmarks.encoders.run._encode_queries``: IDF and the document frequencies
-of the image vectors) and is scored with the harness's metrics (ties count against the query;
-a query's rank is that of its best relevant image) plus nDCG@10 over the graded relevance
-(ir-measures). Sets come from ``benchmarks.encoders.sets.load_query_set`` (``photos``: the
+of the image vectors) and is scored with the harness's metrics (``run.query_set_metrics``: ties
+count against the query, for nDCG@10 over the graded relevance too; a query's rank is that of
+its best relevant image). Sets come from ``benchmarks.encoders.sets.load_query_set`` (``photos``: the
 public real-photo set with its written queries).
 
 Configurations (``name: DefaultEncoder text options``):
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .run import _dense, _encode_queries, _git_commit, metrics_of_ranks, query_ranks
+from .run import _dense, _encode_queries, _git_commit, query_ranks, query_set_metrics
 from .sets import SetUnavailable, load_query_set
 
 CONFIGS = ("off", "on", "cap=1e9", "cap=0.5", "cap=0.25", "cap=0", "rel=1", "rel=5", "ratio=0.3", "nogloss", "nohypo",
@@ -80,19 +80,6 @@ def settings(name: str):
     finally:
         g.MAX_RELATIVES, g.RELATIVE_RATIO, g.EXPANSION_CAP, g.GroundingMap.relatives = saved
         g.SKIP_RELATIONS, g.MAX_HYPONYM_DISTANCE, g.SPREAD = saved2
-
-
-def ndcg10(scores: np.ndarray, queries, items) -> float:
-    """Mean nDCG@10 with the queries' graded relevance (ir-measures; ties broken by the library)."""
-    import ir_measures
-    from ir_measures import Qrel, ScoredDoc
-
-    qrels = [Qrel(q.id, d, int(g)) for q in queries for d, g in q.relevant.items()]
-    run = []
-    for qi, q in enumerate(queries):
-        top = np.argsort(-scores[qi], kind="stable")[:100]
-        run.extend(ScoredDoc(q.id, items[j].id, float(scores[qi, j])) for j in top if scores[qi, j] > 0)
-    return float(ir_measures.calc_aggregate([ir_measures.nDCG @ 10], qrels, run)[ir_measures.nDCG @ 10]) if run else 0.0
 
 
 def encoder_for(name: str):
@@ -136,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         pos = {it.id: i for i, it in enumerate(kept)}
         queries = [q for q in qs.queries if any(k in pos for k in q.relevant)]
         texts = [q.text for q in queries]
-        rel = [np.asarray([pos[k] for k in q.relevant if k in pos]) for q in queries]
+        grades = [{pos[k]: g for k, g in q.relevant.items() if k in pos} for q in queries]
+        rel = [np.asarray(sorted(g)) for g in grades]
         t = time.perf_counter()
         img = _dense(image_encoder.encode_images(images, batch_size=32))
         print(f"# {name}: {len(images)} images encoded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -145,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             with settings(cfg):
                 q = _encode_queries("default", texts, img, encoder_for(cfg))
             scores = q @ img.T
-            r = query_ranks(scores, rel)
-            ranks[cfg] = r
-            m = metrics_of_ranks(r)
-            m["ndcg10"] = ndcg10(scores, queries, kept)
+            ranks[cfg] = query_ranks(scores, rel)
+            m = query_set_metrics(scores, grades)  # the harness's metrics, nDCG@10 with its tie rule
             report["results"].append({"set": name, "n_images": len(kept), "n_queries": len(texts), "config": cfg,
                                       **{k: round(v, 4) for k, v in m.items()}})
             print(f"{name:<12} {len(texts):>4} {cfg:<10} {m['p1']:>6.3f} {m['mrr']:>6.3f} {m['r5']:>6.3f} "
