@@ -54,7 +54,7 @@ def encode_query_text(
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the query text is empty")
     weights = stats = None
-    wants_stats = bool(getattr(encoder, "uses_index_stats", False))
+    wants_stats = encoder.uses_index_stats
     if backend is not None and index is not None and (encoder.uses_idf or wants_stats):
         try:
             df, n = backend.doc_freqs(index, field)
@@ -70,7 +70,7 @@ def encode_query_text(
                 from .encoders.grounding import IndexStats
 
                 stats = IndexStats(df, n, field)
-    if wants_stats and hasattr(encoder, "encode_queries"):
+    if wants_stats:
         encoded = encoder.encode_queries([text], idf=weights, index_stats=stats)[0]
         if grounding is not None:
             grounding.extend(step.to_dict() for step in encoded.grounding)

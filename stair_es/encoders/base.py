@@ -62,6 +62,21 @@ class Encoder(ABC):
         """``idf``: optional per-token inverse document frequency from the target index."""
         raise InvalidInputError(f"encoder {self.name!r} does not encode texts; choose a text encoder (see `stair-es encoders`)")
 
+    @property
+    def uses_index_stats(self) -> bool:
+        """Whether :meth:`encode_queries` grounds query words on the index's tokens (then callers
+        pass ``index_stats``, see :mod:`stair_es.encoders.grounding`)."""
+        return False
+
+    def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                       idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
+        """One :class:`~stair_es.encoders.grounding.EncodedQuery` per text: the vector and what
+        each query word became. Encoders that do not ground words return ``encode_texts``'s
+        vectors with no steps."""
+        from .grounding import EncodedQuery  # lazy: the grounding map is read only by queries that need it
+
+        return [EncodedQuery(v) for v in self.encode_texts(texts, batch_size=batch_size, progress=progress, idf=idf)]
+
     def config(self) -> dict[str, Any]:
         """JSON-serialisable config; ``get_encoder(**config)`` rebuilds an equivalent encoder."""
         return {"name": self.name}

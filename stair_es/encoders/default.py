@@ -198,7 +198,7 @@ class DefaultEncoder(Encoder):
     @property
     def uses_index_stats(self) -> bool:
         """Query words are grounded on the index's tokens (stair_es/encoders/grounding.py)."""
-        return getattr(self.text_encoder, "uses_index_stats", False)
+        return self.text_encoder.uses_index_stats
 
     def config(self) -> dict[str, Any]:
         img = self.image_encoder.config()
