@@ -32,10 +32,14 @@ from .common import backend_options, echo_json, encoder_kwargs, encoder_options,
                    "dense`) for hybrid search's dense retriever; a new index gets the model's dense field.")
 @click.option("--dense-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
               help="How a new embedded index stores dense vectors.")
+@click.option("--vectors", "vectors_only", is_flag=True,
+              help="SOURCE must be a folder of Parquet shards written by `stair-es encode-catalog` (recognised "
+                   "without this flag too): ingest its already-encoded documents, encoding nothing.")
 @json_option
 @backend_options
-def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_captions, report_path,
-           allow_failures, progress, dense_model, dense_dtype, as_json, backend) -> None:
+@click.pass_context
+def ingest(ctx, index, source, encoder, model, encoder_opts, batch_size, reindex, no_captions, report_path,
+           allow_failures, progress, dense_model, dense_dtype, vectors_only, as_json, backend) -> None:
     """Encode the images of SOURCE and add them to INDEX (created if missing).
 
     SOURCE is a folder (recursively; NAME.txt / NAME.json beside NAME.jpg give its caption and
@@ -43,12 +47,27 @@ def ingest(index, source, encoder, model, encoder_opts, batch_size, reindex, no_
     {"id", "path", "caption", "metadata"} object per line (paths relative to the manifest; an
     optional "dense": [numbers] gives the document's dense vector).
 
+    SOURCE may also be an OUT_DIR of `stair-es encode-catalog` (Parquet shards): its documents
+    are already encoded and go in as they are; shards of another encoder than the index's are
+    refused with the reason (docs/distributed.md).
+
     Adding to an existing index encodes as the index was built (its recorded encoder
     config, plus any --encoder-option), even if stair_es's defaults have changed since.
     Ids already in the index are skipped, so running the same command again after an
     interruption resumes without duplicates. Every input that cannot be used is reported with
     its reason; the exit status is 1 if any item failed (unless --allow-failures).
     """
+    from stair_es.distributed.shards import is_shard_folder
+
+    if is_shard_folder(source):
+        given = [f"--{p.replace('_opts', '-option').replace('_', '-')}" for p in ("encoder", "model", "encoder_opts")
+                 if ctx.get_parameter_source(p) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise InvalidInputError(f"{source} holds already-encoded shards, which carry their encoder: leave out "
+                                    f"{', '.join(given)}")
+    elif vectors_only:
+        raise InvalidInputError(f"{source} is not a folder of shards written by `stair-es encode-catalog` "
+                                "(it has no _stair_shards.json); leave out --vectors to encode it")
     kwargs = encoder_kwargs(model, encoder_opts)
     opts = IngestOptions(batch_size=batch_size, reindex=reindex, encode_captions=not no_captions,
                          progress=stderr_is_tty() if progress is None else progress, dense_model=dense_model,

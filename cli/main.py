@@ -20,6 +20,7 @@ from .common import StairGroup
 LAZY_COMMANDS = {
     "index": "stair_es.cli.index_cmds:index_group",
     "ingest": "stair_es.cli.ingest_cmd:ingest",
+    "encode-catalog": "stair_es.cli.encode_catalog_cmd:encode_catalog",
     "search": "stair_es.cli.search_cmds:search",
     "explain": "stair_es.cli.search_cmds:explain",
     "neighbours": "stair_es.cli.neighbours_cmd:neighbours",

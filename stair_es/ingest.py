@@ -126,10 +126,23 @@ def ingest_catalog(
     options: IngestOptions | None = None,
     on_items: Callable[[list[ItemResult]], None] | None = None,
 ) -> IngestReport:
-    """Ingest a folder, glob or JSONL manifest into ``index`` (created if missing)."""
+    """Ingest a folder, glob or JSONL manifest into ``index`` (created if missing).
+
+    A folder of Parquet shards written by ``stair-es encode-catalog`` is recognised and its
+    already-encoded documents are ingested as they are (:mod:`stair_es.distributed.ingest_shards`).
+    """
     opts = options or IngestOptions()
     if opts.batch_size < 1:
         raise InvalidInputError("batch size must be at least 1")
+    from .distributed.shards import is_shard_folder
+
+    if is_shard_folder(source):
+        if opts.dense_model:
+            raise InvalidInputError("--dense-model cannot add dense vectors to a shard folder's documents: "
+                                    "ingest the original catalog with --dense-model instead")
+        from .distributed.ingest_shards import ingest_shards
+
+        return ingest_shards(backend, index, str(source), reindex=opts.reindex, progress=opts.progress, on_items=on_items)
     # Stream the catalog (a million-line manifest is never held in memory); look ahead only to
     # the first usable entry to learn whether it needs an encoder or brings its own vectors.
     stream = read_catalog(source)

@@ -233,6 +233,23 @@ class EmbeddedBackend(SearchBackend):
         upkeep.finish()
         return report
 
+    def add_arrays(self, index: str, ids: Sequence[str], vectors, *, metadata=None, captions=None, sources=None) -> int:
+        """Already-encoded documents as columns (``EngineIndex.add_arrays``: CSR vectors per field,
+        all-or-nothing), keeping stored neighbour statistics current; used by ``ingest`` of
+        Parquet shards (stair_es.distributed). Returns the number of documents committed."""
+        ix = self._writer(index)
+        upkeep = StatsUpdater(ix)
+        ids = list(ids)
+        upkeep.before(ids)
+        had = ix.contains(ids) if upkeep.active else set()
+        n = ix.add_arrays(ids, vectors, metadata, captions=captions, sources=sources)
+        if upkeep.active:
+            ptr, tok, _ = vectors.get("image", (np.zeros(len(ids) + 1, np.int64), np.zeros(0, np.int32), None))
+            caps = captions if captions is not None else [None] * len(ids)
+            upkeep.after([(np.asarray(tok[ptr[i]:ptr[i + 1]]), caps[i]) for i in range(len(ids))], sorted(had))
+        upkeep.finish()
+        return n
+
     def get(self, index: str, doc_id: str) -> Document:
         ix = self._reader(index)
         doc = ix.get(doc_id)

@@ -470,7 +470,8 @@ class EngineIndex(Searcher):
     @_writes
     def add_arrays(self, ids: Sequence[str], vectors: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                    metadata: Sequence[Mapping[str, Any] | None] | None = None, *,
-                   columns: Mapping[str, Any] | None = None) -> int:
+                   columns: Mapping[str, Any] | None = None, captions: Sequence[str | None] | None = None,
+                   sources: Sequence[str | None] | None = None) -> int:
         """Fast path: add already-encoded CSR vectors ``{field: (indptr, token ids, weights)}``.
 
         Token ids must be sorted and unique per row, weights finite and >= 0 (zeros, and
@@ -479,7 +480,8 @@ class EngineIndex(Searcher):
         value or None per document}``, e.g. numpy arrays or a DataFrame's columns; NaN in a
         float array means missing), or both for different fields. All-or-nothing: invalid
         input raises, naming the document, before anything is written. Existing ids are
-        replaced. Returns the number of documents committed.
+        replaced. ``captions``/``sources``: one string or None per document, stored as ``add``
+        stores them (hits show them; BM25 reads captions). Returns the number of documents committed.
         """
         self._require_writable()
         self.refresh()
@@ -505,7 +507,11 @@ class EngineIndex(Searcher):
             cols[name] = (ftype, column_arrays(ftype, vals))
         schema = IndexSchema(fields=fields, sparse_fields=self.schema.sparse_fields, vocab_name=self.schema.vocab_name,
                              vocab_md5=self.schema.vocab_md5, encoder=self.schema.encoder)
-        self._write_batch(ids, clean, cols, None, None, schema, hashed)
+        for what, given_strings in (("captions", captions), ("sources", sources)):
+            if given_strings is not None and len(given_strings) != n:
+                raise InvalidInputError(f"add_arrays: {what} must have one entry per id ({len(given_strings)} for {n} ids)")
+        self._write_batch(ids, clean, cols, encode_strings(list(captions)) if captions is not None else None,
+                          encode_strings(list(sources)) if sources is not None else None, schema, hashed)
         return n
 
     def _checked_vectors(self, f: str, ids: list[str], indptr, indices, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

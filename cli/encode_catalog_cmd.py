@@ -1,0 +1,98 @@
+"""`stair-es encode-catalog SOURCE OUT_DIR`: encode a catalog into Parquet shards on a process pool or Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from pathlib import Path
+
+import click
+
+from stair_es.errors import InvalidInputError
+
+from .common import echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
+
+
+@click.command("encode-catalog")
+@click.argument("source")
+@click.argument("out_dir")
+@encoder_options(default="default")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process pool on this machine (no Ray needed); ray: Ray Data actors on a local Ray or "
+                   "the cluster at --address.")
+@click.option("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a "
+                                                "local Ray. Only with --engine ray.")
+@click.option("--workers", default=1, show_default=True, help="Worker processes (local) or actors (ray); each loads "
+                                                              "the encoder once.")
+@click.option("--cpus-per-worker", type=int, help="CPUs each worker uses (ONNX Runtime threads; Ray reserves them). "
+                                                 "Default: cores / workers (local), 1 (ray).")
+@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+              help="GPUs each Ray actor requests (needs onnxruntime-gpu with its CUDA provider on the workers).")
+@click.option("--batch-size", default=32, show_default=True, help="Images encoded together inside a worker.")
+@click.option("--shard-size", default=1024, show_default=True, help="Inputs per Parquet shard (the unit of resuming).")
+@click.option("--no-captions", is_flag=True, help="Do not encode captions into the caption field.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write one JSON line per input that could not be used (with the reason) to this file.")
+@click.option("--allow-failures", is_flag=True, help="Exit 0 even if some inputs or shards failed.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
+@json_option
+def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, address, workers, cpus_per_worker,
+                   gpus_per_worker, batch_size, shard_size, no_captions, report_path, allow_failures, progress,
+                   as_json) -> None:
+    """Encode the images (and captions) of SOURCE into Parquet shards in OUT_DIR, on several
+    processes or a Ray cluster; then `stair-es ingest INDEX OUT_DIR` puts them in an index.
+
+    SOURCE is a folder, a quoted glob or a JSONL manifest (as `stair-es ingest` reads them), or
+    a Parquet/CSV list with a `path` or `url` column (optional `id`, `caption`, `metadata`),
+    local or on s3:// / gs://. Each shard holds id, source, caption, metadata and every sparse
+    field as token ids + weights, with the encoder config in its metadata; inputs that could
+    not be used are written to failures-NNNNN.parquet with the reason.
+
+    Running the same command again after a crash (of this process or of a worker) skips the
+    shards already finished and encodes the rest; no id is ever written twice.
+    Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
+    """
+    from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run
+    from stair_es.encoders.base import get_encoder
+
+    if address and engine != "ray":
+        raise InvalidInputError("--address is for --engine ray")
+    kwargs = encoder_kwargs(model, encoder_opts)
+    opts = EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch_size, shard_size=shard_size,
+                                address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                                encode_captions=not no_captions,
+                                progress=stderr_is_tty() if progress is None else progress)
+    with contextlib.ExitStack() as stack:
+        on_shard = None
+        if report_path:
+            try:
+                Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+                fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
+            except OSError as e:
+                raise InvalidInputError(f"cannot write the report file {report_path}: {e.strerror or e}") from None
+
+            def on_shard(entry):
+                for item in entry.get("failed_items", []):
+                    fh.write(json.dumps({**item, "shard": entry["shard"]}, ensure_ascii=False) + "\n")
+                fh.flush()
+
+        report = run(source, out_dir, functools.partial(get_encoder, encoder, **kwargs), opts, on_shard=on_shard)
+    summary = report.summary()
+    if as_json:
+        echo_json({"summary": summary, "failures": report.failures, "failed_shards": report.failed_shards})
+    else:
+        if report.failures:
+            click.echo(f"{len(report.failures)} input(s) could not be used:")
+            click.echo(table([(f["id"] or "-", f["origin"] or "", f["reason"]) for f in report.failures[:50]],
+                             ["id", "from", "reason"], max_width=90))
+            if len(report.failures) > 50:
+                click.echo(f"... and {len(report.failures) - 50} more (all in {out_dir}/failures-*.parquet)")
+        for s in report.failed_shards:
+            click.echo(f"shard {s['shard']} not written: {s['error']}")
+        click.echo(f"{summary['written']} shard(s) written, {summary['resumed']} already done, "
+                   f"{summary['failed_shards']} failed; {summary['documents']} documents, {summary['failed']} "
+                   f"input(s) failed, {summary['skipped']} skipped; {summary['images_per_s'] or 0} inputs/s "
+                   f"({engine}, {workers} worker(s)) -> {out_dir}")
+    if (report.failures or report.failed_shards) and not allow_failures:
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,260 @@
+"""``stair-es ingest INDEX OUT_DIR``: finished shards of ``encode-catalog`` into an index.
+
+Shards are read batch by batch as columns. Into the embedded engine they go through
+``add_arrays`` (CSR token ids and weights straight from the Parquet list columns, no
+per-document vector objects), into Elasticsearch/OpenSearch through the backend's usual bulk
+path. Each shard's encoder config (its Parquet metadata) must match the index's: a shard of
+another encoder is refused with the reason, the others go on. Ids already in the index are
+skipped (unless ``reindex``), so running the same command again resumes. Inputs that could
+not be encoded (the failures files) and shards that are unfinished, truncated or unreadable
+are reported one by one; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..backends.base import SearchBackend
+from ..errors import IndexNotFoundError, InvalidInputError, StairError
+from ..schema import Document, IngestReport, ItemResult
+from .shards import csr, list_shards, open_fs, pyarrow_modules, read_failures, shard_metadata
+
+log = logging.getLogger(__name__)
+
+#: documents per commit into the embedded engine (rows of several shards are gathered)
+COMMIT_ROWS = 32768
+
+
+@dataclass
+class _Pending:
+    """Rows gathered from shards for one commit, as columns."""
+
+    fields: tuple[str, ...]
+    ids: list[str] = field(default_factory=list)
+    sources: list[str | None] = field(default_factory=list)
+    captions: list[str | None] = field(default_factory=list)
+    metadata: list[str | None] = field(default_factory=list)
+    warnings: list[str | None] = field(default_factory=list)
+    shard_of: list[str] = field(default_factory=list)
+    vec: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, rb, shard: str) -> None:
+        n = rb.num_rows
+        cols = {name: rb.column(i) for i, name in enumerate(rb.schema.names)}
+        self.ids += cols["id"].to_pylist()
+        self.sources += cols["source"].to_pylist()
+        self.captions += cols["caption"].to_pylist()
+        self.metadata += cols["metadata"].to_pylist()
+        self.warnings += cols["warning"].to_pylist()
+        self.shard_of += [shard] * n
+        for f in self.fields:
+            if f"{f}_ids" in cols:
+                ptr, tok = csr(cols[f"{f}_ids"])
+                _, w = csr(cols[f"{f}_weights"])
+            else:
+                ptr, tok, w = np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32)
+            self.vec.setdefault(f, []).append((ptr, tok, w))
+
+    def columns(self, keep: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """CSR per field of the kept rows."""
+        out = {}
+        for f, parts in self.vec.items():
+            lens = np.concatenate([np.diff(p) for p, _, _ in parts])
+            tok = np.concatenate([t for _, t, _ in parts])
+            w = np.concatenate([x for _, _, x in parts])
+            if not keep.all():
+                mask = np.repeat(keep, lens)
+                tok, w, lens = tok[mask], w[mask], lens[keep]
+            ptr = np.zeros(lens.size + 1, np.int64)
+            np.cumsum(lens, out=ptr[1:])
+            out[f] = (ptr, tok, w)
+        return out
+
+
+def ingest_shards(backend: SearchBackend, index: str, folder: str, *, reindex: bool = False, progress: bool = False,
+                  on_items: Callable[[list[ItemResult]], None] | None = None, commit_rows: int = COMMIT_ROWS) -> IngestReport:
+    """Ingest the finished shards of ``folder`` into ``index`` (created with the shards' encoder if missing)."""
+    from ..encoders.base import progress_bar
+    from ..ingest import encoder_signature, ensure_index
+
+    _, pq, _ = pyarrow_modules()
+    fs, root = open_fs(str(folder))
+    shards = list_shards(fs, root)
+    if not shards:
+        raise InvalidInputError(f"{folder}: no shards yet (encode-catalog has not finished any); run encode-catalog first")
+    report = IngestReport()
+    try:
+        schema = backend.index_info(index).schema
+    except IndexNotFoundError:
+        schema = None
+    fast = getattr(backend, "name", "") == "embedded" and hasattr(backend, "add_arrays")
+    total = sum(s.entry.get("inputs", 0) for s in shards if s.entry)
+    bar = progress_bar(total, f"ingest {index}", progress, unit="doc")
+
+    def emit(items: list[ItemResult]) -> None:
+        report.extend(items)
+        bar.update(len(items))
+        if on_items:
+            on_items(items)
+
+    pending: _Pending | None = None
+
+    def flush() -> None:
+        nonlocal pending
+        if pending is None or not len(pending):
+            return
+        p, pending = pending, None
+        emit(_commit(backend, index, p, reindex, fast))
+
+    try:
+        for s in shards:
+            why = s.problem()
+            if why is not None:
+                emit([ItemResult(None, False, why, source=s.path, action="shard")])
+                continue
+            try:
+                failed = read_failures(fs, root, s.k)
+            except Exception as e:  # noqa: BLE001 - an unreadable failures file is itself reported
+                emit([ItemResult(None, False, f"failures file of {s.path} unreadable: {e}", source=s.path, action="shard")])
+                failed = []
+            if failed:
+                emit([ItemResult(f["id"], f["action"] == "skipped", None if f["action"] == "skipped" else f["reason"],
+                                 f["origin"], "skip" if f["action"] == "skipped" else "index",
+                                 f["reason"] if f["action"] == "skipped" else None) for f in failed])
+            try:
+                pf = pq.ParquetFile(s.path, filesystem=fs)
+                meta = shard_metadata(pf)
+            except Exception as e:  # noqa: BLE001 - truncated, not Parquet, not ours
+                emit([ItemResult(None, False, f"{s.path}: cannot read this shard ({e}); run encode-catalog again to "
+                                 "rewrite it", source=s.path, action="shard")])
+                continue
+            cfg = meta.get("encoder")
+            if schema is None:
+                schema = ensure_index(backend, index, cfg)
+            else:
+                have, want = encoder_signature(schema.encoder), encoder_signature(cfg)
+                if have and have.get("name") != "precomputed" and have != want:
+                    emit([ItemResult(None, False, f"{s.path}: encoded with {want}, but index {index!r} was built with "
+                                     f"{have}; vectors of different encoders are not comparable: ingest this shard "
+                                     "into another index", source=s.path, action="shard")])
+                    continue
+            unknown = [f for f in meta.get("sparse_fields", []) if f not in schema.sparse_fields]
+            if unknown:
+                emit([ItemResult(None, False, f"{s.path}: sparse fields {unknown} are not in index {index!r} "
+                                 f"({', '.join(schema.sparse_fields)})", source=s.path, action="shard")])
+                continue
+            if pending is None:
+                pending = _Pending(tuple(schema.sparse_fields))
+            before, partly = len(pending), False
+            try:
+                for rb in pf.iter_batches(batch_size=min(commit_rows, 65536)):
+                    pending.add(rb, s.path)
+                    if len(pending) >= commit_rows:
+                        before, partly = 0, True
+                        flush()
+                        pending = _Pending(tuple(schema.sparse_fields))
+            except Exception as e:  # noqa: BLE001 - a shard damaged past its footer
+                # rows of this shard read so far are dropped from the commit too, then reported
+                if pending is not None and len(pending) > before:
+                    _truncate(pending, before)
+                taken = "its documents read before the damage were ingested" if partly else "none of its documents were taken"
+                emit([ItemResult(None, False, f"{s.path}: damaged shard ({e}); {taken}: run encode-catalog again to "
+                                 "rewrite it, then ingest again", source=s.path, action="shard")])
+                continue
+        flush()
+    finally:
+        bar.close()
+    return report
+
+
+def _truncate(p: _Pending, n: int) -> None:
+    """Drop rows from ``n`` on (they came from a shard that turned out damaged)."""
+    for name in ("ids", "sources", "captions", "metadata", "warnings", "shard_of"):
+        del getattr(p, name)[n:]
+    for f, parts in p.vec.items():
+        rows, kept = 0, []
+        for ptr, tok, w in parts:
+            if rows >= n:
+                break
+            take = min(len(ptr) - 1, n - rows)
+            kept.append((ptr[:take + 1], tok[:ptr[take]], w[:ptr[take]]))
+            rows += take
+        p.vec[f] = kept
+
+
+def _commit(backend: SearchBackend, index: str, p: _Pending, reindex: bool, fast: bool) -> list[ItemResult]:
+    n = len(p)
+    keep = np.ones(n, bool)
+    items: list[ItemResult | None] = [None] * n
+    seen: dict[str, int] = {}
+    for i, doc_id in enumerate(p.ids):  # the same id in two shards (e.g. folders copied together)
+        j = seen.setdefault(doc_id, i)
+        if j != i:
+            keep[i] = False
+            items[i] = ItemResult(doc_id, False, f"duplicate id {doc_id!r} (also in {p.shard_of[j]}); this copy was not "
+                                  "ingested", p.shard_of[i])
+    if not reindex:
+        existing = backend.existing_ids(index, [d for d, k in zip(p.ids, keep) if k])
+        if existing:
+            for i, doc_id in enumerate(p.ids):
+                if keep[i] and doc_id in existing:
+                    keep[i] = False
+                    items[i] = ItemResult(doc_id, True, None, p.sources[i], "skip",
+                                          "already indexed (use --reindex to write it again)")
+    rows = np.flatnonzero(keep)
+    if rows.size:
+        ids = [p.ids[i] for i in rows]
+        meta = [None if p.metadata[i] in (None, "{}") else json.loads(p.metadata[i]) for i in rows]
+        vectors = p.columns(keep)
+        done: list[ItemResult] | None = None
+        if fast:
+            try:
+                backend.add_arrays(index, ids, vectors, metadata=meta, captions=[p.captions[i] for i in rows],
+                                   sources=[p.sources[i] for i in rows])
+                done = [ItemResult(p.ids[i], True, None, p.sources[i], "index", p.warnings[i]) for i in rows]
+            except StairError as e:  # all-or-nothing: find the culprit(s) document by document below
+                log.info("column commit refused (%s); writing document by document", e)
+        if done is None:
+            done = _per_document(backend, index, p, rows, vectors, meta)
+        for i, it in zip(rows, done):
+            items[i] = it
+    return [it for it in items if it is not None]
+
+
+def _per_document(backend, index, p: _Pending, rows: np.ndarray, vectors, meta) -> list[ItemResult]:
+    """The bulk path (Elasticsearch/OpenSearch, or the embedded engine after a refused column
+    commit): one Document per row, one result per document."""
+    from ..sparse import SparseVector
+
+    docs: list[Document] = []
+    results: dict[int, ItemResult] = {}
+    for r, i in enumerate(rows):
+        try:
+            vec = {}
+            for f, (ptr, tok, w) in vectors.items():
+                lo, hi = ptr[r], ptr[r + 1]
+                if hi > lo:
+                    vec[f] = SparseVector.from_arrays(tok[lo:hi], w[lo:hi])
+            docs.append(Document(p.ids[i], vec, meta[r] or {}, p.captions[i], p.sources[i]))
+        except StairError as e:
+            results[r] = ItemResult(p.ids[i], False, str(e), p.sources[i])
+    out = backend.ingest(index, docs).items if docs else []
+    got = iter(out)
+    final = []
+    for r, i in enumerate(rows):
+        if r in results:
+            final.append(results[r])
+            continue
+        it = next(got)
+        it.source = it.source or p.sources[i]
+        it.warning = it.warning or p.warnings[i]
+        final.append(it)
+    return final

@@ -1,0 +1,62 @@
+"""A small real catalog for the encode-catalog tests: photos shipped in installed packages, a
+few drawings made with Pillow, captions and metadata sidecars, and inputs that cannot be used."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+
+def photos() -> dict[str, Image.Image]:
+    out: dict[str, Image.Image] = {}
+    try:
+        import skimage.data as skd
+
+        for name in ("chelsea", "coffee", "astronaut", "rocket"):
+            out[name] = Image.fromarray(getattr(skd, name)())
+    except Exception:  # noqa: BLE001 - scikit-image missing: drawings only
+        pass
+    try:
+        import matplotlib
+
+        out["hopper"] = Image.open(os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg")).convert("RGB")
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def drawing(i: int) -> Image.Image:
+    colours = ["red", "blue", "green", "yellow", "purple", "orange"]
+    im = Image.new("RGB", (160, 120), "white")
+    d = ImageDraw.Draw(im)
+    c = colours[i % len(colours)]
+    if i % 2:
+        d.ellipse((30, 20, 130, 100), fill=c, outline="black")
+    else:
+        d.rectangle((30, 20, 130, 100), fill=c, outline="black")
+    return im
+
+
+def make_catalog(root: Path, n_drawings: int = 6, bad: bool = False) -> Path:
+    """A folder catalog; with ``bad``, also a text file named .jpg, an empty .png and a truncated JPEG."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, im in photos().items():
+        im.thumbnail((320, 320))
+        im.save(root / f"{name}.jpg", quality=90)
+        (root / f"{name}.txt").write_text(f"a photo of {name}")
+        (root / f"{name}.json").write_text(json.dumps({"kind": "photo", "n": len(name)}))
+    for i in range(n_drawings):
+        drawing(i).save(root / f"drawing-{i}.png")
+        (root / f"drawing-{i}.txt").write_text(f"a drawing number {i}")
+        (root / f"drawing-{i}.json").write_text(json.dumps({"kind": "drawing", "n": i}))
+    if bad:
+        (root / "notes.jpg").write_text("this is not a picture")
+        (root / "empty.png").write_bytes(b"")
+        good = (root / "drawing-0.png").read_bytes()
+        jpg = root / "cut.jpg"
+        drawing(3).save(jpg, quality=90)
+        jpg.write_bytes(jpg.read_bytes()[:200])
+    return root
