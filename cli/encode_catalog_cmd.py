@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from pathlib import Path
 
@@ -53,8 +52,7 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
     shards already finished and encodes the rest; no id is ever written twice.
     Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
     """
-    from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run
-    from stair_es.encoders.base import get_encoder
+    from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
 
     if address and engine != "ray":
         raise InvalidInputError("--address is for --engine ray")
@@ -77,7 +75,7 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
                     fh.write(json.dumps({**item, "shard": entry["shard"]}, ensure_ascii=False) + "\n")
                 fh.flush()
 
-        report = run(source, out_dir, functools.partial(get_encoder, encoder, **kwargs), opts, on_shard=on_shard)
+        report = run(source, out_dir, encoder_factory(encoder, **kwargs), opts, on_shard=on_shard)
     summary = report.summary()
     if as_json:
         echo_json({"summary": summary, "failures": report.failures, "failed_shards": report.failed_shards})

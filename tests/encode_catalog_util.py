@@ -55,8 +55,39 @@ def make_catalog(root: Path, n_drawings: int = 6, bad: bool = False) -> Path:
     if bad:
         (root / "notes.jpg").write_text("this is not a picture")
         (root / "empty.png").write_bytes(b"")
-        good = (root / "drawing-0.png").read_bytes()
         jpg = root / "cut.jpg"
         drawing(3).save(jpg, quality=90)
         jpg.write_bytes(jpg.read_bytes()[:200])
     return root
+
+
+def _fakes():
+    import fakes  # tests/ is on sys.path here and in spawned workers (multiprocessing passes sys.path on)
+
+    return fakes
+
+
+def slow_color_encoder(delay: float = 0.05, **kw):
+    """fakes.ColorEncoder taking ``delay`` seconds per image, so a run can be killed halfway."""
+    import time
+
+    enc = _fakes().ColorEncoder(**kw)
+    encode = enc.encode_images
+
+    def slow(images, **k):
+        time.sleep(delay * len(images))
+        return encode(images, **k)
+
+    enc.encode_images = slow
+    return enc
+
+
+def color_encoder(**kw):
+    return _fakes().ColorEncoder(**kw)
+
+
+def other_color_encoder(**kw):
+    """Another encoder config (as a different --encoder-option would give)."""
+    enc = _fakes().ColorEncoder(**kw)
+    enc.config = lambda: {"name": "fake-color", "variant": 2}
+    return enc

@@ -147,15 +147,20 @@ class ShardEncoder:
         load = _safe_load(location_loader(getattr(self.encoder, "image_min_side", None)))
         rows = ShardRows()
         problems: list[ItemResult] = [i for i in task.items if isinstance(i, ItemResult)]
-        entries = [i for i in task.items if isinstance(i, CatalogEntry)]
         fields = self.schema.sparse_fields
         with ThreadPoolExecutor(max_workers=max(1, self.ctx.decode_threads)) as pool:
             def stage(batch: list[CatalogEntry]) -> tuple[list[CatalogEntry], dict]:
                 return batch, {e.id: pool.submit(load, e.path) for e in batch
                                if e.path is not None and "image" not in (e.vectors or {})}
 
-            # decode batch i+1 while batch i is encoded, as `ingest` does
-            batches = [entries[i:i + opts.batch_size] for i in range(0, len(entries), opts.batch_size)]
+            # Batches cut from the shard's inputs as `ingest` cuts them from the catalog's (unusable
+            # inputs included, then left out), so with a shard size that is a multiple of the batch
+            # size every image is encoded in the very batch `ingest --batch-size B` would put it in:
+            # some encoders' last bits depend on the batch (one image alone takes other kernels).
+            # Batch i+1 is decoded while batch i is encoded, as `ingest` does.
+            batches = [[e for e in task.items[i:i + opts.batch_size] if isinstance(e, CatalogEntry)]
+                       for i in range(0, len(task.items), opts.batch_size)]
+            batches = [b for b in batches if b]
             staged = stage(batches[0]) if batches else None
             for nxt in itertools.chain(batches[1:], [None]):
                 batch, futures = staged
@@ -202,6 +207,20 @@ def _local_worker(ctx: WorkerContext, task: ShardTask) -> dict[str, Any]:
     if _WORKER is None:
         _WORKER = ShardEncoder(ctx)
     return _WORKER(task)
+
+
+def encoder_factory(name: str, **options: Any) -> Callable[[], Any]:
+    """A picklable factory of encoder ``name`` for the workers. An encoder registered in this
+    process only (``register_encoder`` with a class, not a ``"module:attr"`` string) travels as
+    that class, so a worker process builds it without the registration."""
+    from functools import partial
+
+    from ..encoders import base
+
+    target = base._BUILTIN.get(name)
+    if target is not None and not isinstance(target, str):
+        return partial(target, **options)
+    return partial(base.get_encoder, name, **options)
 
 
 # --- the driver ------------------------------------------------------------------------------------
@@ -303,11 +322,12 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
                 header["encoder"] = entry["encoder"]
                 write_json_atomic(fs, f"{folder}/{HEADER}", header)
                 ctx.expect_encoder = entry["encoder"]
-            report.failures += entry.pop("failed_items", [])
-            report.shards.append(entry)
-            bar.update(entry["inputs"])
+            report.failures += entry.get("failed_items", [])
             if on_shard is not None:
                 on_shard(entry)
+            entry.pop("failed_items", None)
+            report.shards.append(entry)
+            bar.update(entry["inputs"])
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     return report
@@ -413,6 +433,11 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
             ray.init(**init)
         except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
             raise InvalidInputError(f"cannot start or reach Ray{' at ' + opts.address if opts.address else ''}: {e}") from None
+    if opts.gpus_per_worker:
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if have < opts.gpus_per_worker:
+            raise InvalidInputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: the Ray cluster has {have:g} GPU(s); "
+                                    "join a cluster with GPUs (--address) or leave out --gpus-per-worker")
     dctx = ray.data.DataContext.get_current()
     dctx.enable_progress_bars = False
     if hasattr(dctx, "print_on_execution_start"):
@@ -420,9 +445,12 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
     # Tasks go to Ray in windows: a catalog of 100M inputs never sits in the driver at once, and
     # each window's actors load the model once for many shards.
     window = max(16, 8 * opts.workers)
-    remote_args: dict[str, Any] = {"num_cpus": cpus, "max_restarts": opts.max_attempts, "max_task_retries": opts.max_attempts}
+    # Ray Data restarts a dead actor and retries its shard (its default for actor pools): a
+    # SIGKILLed worker costs the shard it was writing, never the run.
+    remote_args: dict[str, Any] = {"num_cpus": cpus}
     if opts.gpus_per_worker:
         remote_args["num_gpus"] = opts.gpus_per_worker
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     while True:
         chunk = list(itertools.islice(tasks, window))
         if not chunk:
@@ -430,7 +458,7 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
         rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
         ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1, batch_format="numpy",
-                            concurrency=min(opts.workers, len(rows)), **remote_args)
+                            compute=ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows))), **remote_args)
         seen: set[int] = set()
         try:
             for row in ds.iter_rows():
