@@ -1,0 +1,143 @@
+"""`stair-es encode-catalog --engine ray` on a local Ray (``ray.init(num_cpus=2)``): the same
+shards as the local process pool, GPU option plumbing, a SIGKILLed driver resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
+ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' extra (ray[data])")
+pytest.importorskip("ray.data", reason="--engine ray needs the 'distributed' extra (ray[data])")
+import pyarrow.parquet as pq  # noqa: E402
+
+from encode_catalog_util import color_encoder, make_catalog  # noqa: E402
+
+from stair_es import get_backend  # noqa: E402
+from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog  # noqa: E402
+from stair_es.errors import InvalidInputError  # noqa: E402
+from stair_es.ingest import ingest_catalog  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    # the test helpers (tests/) must import in Ray's worker processes too
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}})
+    yield
+    ray.shutdown()
+
+
+def rows_of(out: Path) -> dict[str, dict]:
+    rows = {}
+    for f in sorted(out.glob("part-*.parquet")):
+        for r in pq.read_table(f).to_pylist():
+            rows[r["id"]] = r
+    return rows
+
+
+def test_ray_shards_equal_the_local_pools_and_ingest(local_ray, tmp_path):
+    cat = make_catalog(tmp_path / "cat", n_drawings=6, bad=True)
+    opts = dict(workers=2, shard_size=4, batch_size=4)
+    local = encode_catalog(str(cat), str(tmp_path / "local"), color_encoder, EncodeCatalogOptions(engine="local", **opts))
+    rep = encode_catalog(str(cat), str(tmp_path / "ray"), color_encoder, EncodeCatalogOptions(engine="ray", **opts))
+    assert rep.summary()["documents"] == local.summary()["documents"] > 0
+    assert {f["id"] for f in rep.failures} == {"notes.jpg", "empty.png", "cut.jpg"}
+    a, b = rows_of(tmp_path / "local"), rows_of(tmp_path / "ray")
+    assert a == b  # ids, captions, metadata, token ids and float32 weights, row for row
+    assert len({e["pid"] for e in rep.shards}) == 2  # two actors shared the shards
+    # resuming a finished folder does nothing; ingesting it gives every document once
+    again = encode_catalog(str(cat), str(tmp_path / "ray"), color_encoder, EncodeCatalogOptions(engine="ray", **opts))
+    assert again.summary()["written"] == 0 and again.shards_done_before == rep.shards_total
+    be = get_backend("embedded", home=tmp_path / "home")
+    r = ingest_catalog(be, "x", tmp_path / "ray", None)
+    assert r.summary()["ok"] == len(b) and {f.id for f in r.failures} == {"notes.jpg", "empty.png", "cut.jpg"}
+
+
+def test_gpus_per_worker_reaches_the_actors_and_is_checked_against_the_cluster(local_ray, tmp_path, monkeypatch):
+    cat = make_catalog(tmp_path / "cat", n_drawings=2)
+    opts = EncodeCatalogOptions(engine="ray", workers=1, shard_size=4, gpus_per_worker=1)
+    with pytest.raises(InvalidInputError, match="the Ray cluster has 0 GPU"):
+        encode_catalog(str(cat), str(tmp_path / "o"), color_encoder, opts)
+    # on a cluster with a GPU, each actor asks Ray for it
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_map_batches(self, fn, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    monkeypatch.setattr(ray.data.Dataset, "map_batches", fake_map_batches)
+    with pytest.raises(Stop):
+        encode_catalog(str(cat), str(tmp_path / "o2"), color_encoder, opts)
+    assert seen["num_gpus"] == 1 and seen["num_cpus"] == 1 and seen["compute"].max_size == 1
+
+
+DRIVER = textwrap.dedent("""
+    import functools, os, sys, ray
+    from encode_catalog_util import slow_color_encoder
+    from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+    rep = encode_catalog(sys.argv[1], sys.argv[2], functools.partial(slow_color_encoder, delay=0.2),
+                         EncodeCatalogOptions(engine="ray", workers=2, shard_size=2, batch_size=2))
+    print("DONE", rep.summary()["written"], rep.summary()["resumed"], flush=True)
+""")
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a driver and every process it started (its local Ray), by pid."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_ray_driver_then_resume(tmp_path):
+    pytest.importorskip("psutil")
+    src = make_catalog(tmp_path / "cat", n_drawings=12)
+    out = tmp_path / "out"
+    expected = {p.name for p in src.iterdir() if p.suffix in (".jpg", ".png")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-c", DRIVER, str(src), str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.time() + 180
+    manifest = out / "_manifest"
+    while proc.poll() is None and time.time() < deadline and len(list(manifest.glob("*.json")) if manifest.is_dir() else []) < 2:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    done_before = len(list(manifest.glob("*.json")))
+    _kill_tree(proc.pid)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=300)
+    finally:
+        _kill_tree(proc.pid)
+    assert proc.returncode == 0, stdout
+    written, resumed = map(int, stdout.split("DONE", 1)[1].split()[:2])
+    assert resumed >= done_before >= 2 and written + resumed == -(-len(expected) // 2)
+    ids = [r["id"] for f in sorted(out.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert len(ids) == len(set(ids)) and set(ids) == expected
