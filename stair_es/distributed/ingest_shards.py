@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Callable
 
 import numpy as np
@@ -212,14 +213,15 @@ def _commit(backend: SearchBackend, index: str, p: _Pending, reindex: bool, fast
     rows = np.flatnonzero(keep)
     if rows.size:
         ids = [p.ids[i] for i in rows]
-        meta = [None if p.metadata[i] in (None, "{}") else json.loads(p.metadata[i]) for i in rows]
+        meta = _metadata([p.metadata[i] for i in rows])
         vectors = p.columns(keep)
         done: list[ItemResult] | None = None
         if fast:
             try:
                 backend.add_arrays(index, ids, vectors, metadata=meta, captions=[p.captions[i] for i in rows],
                                    sources=[p.sources[i] for i in rows])
-                done = [ItemResult(p.ids[i], True, None, p.sources[i], "index", p.warnings[i]) for i in rows]
+                done = list(map(ItemResult, ids, repeat(True), repeat(None), [p.sources[i] for i in rows],
+                                repeat("index"), [p.warnings[i] for i in rows]))
             except StairError as e:  # all-or-nothing: find the culprit(s) document by document below
                 log.info("column commit refused (%s); writing document by document", e)
         if done is None:
@@ -227,6 +229,14 @@ def _commit(backend: SearchBackend, index: str, p: _Pending, reindex: bool, fast
         for i, it in zip(rows, done):
             items[i] = it
     return [it for it in items if it is not None]
+
+
+def _metadata(texts: list[str | None]) -> list[dict[str, Any] | None]:
+    """The rows' metadata objects (None for none): one JSON parse for the whole batch."""
+    if all(t in (None, "{}") for t in texts):
+        return [None] * len(texts)
+    parsed = json.loads("[" + ",".join(t if t else "{}" for t in texts) + "]")
+    return [m or None for m in parsed]
 
 
 def _per_document(backend, index, p: _Pending, rows: np.ndarray, vectors, meta) -> list[ItemResult]:

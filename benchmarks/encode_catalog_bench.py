@@ -1,0 +1,242 @@
+"""Throughput of ``stair-es encode-catalog`` (local process pool vs Ray, 1 and 2 workers) and of
+``stair-es ingest`` of shards into the embedded engine.
+
+    python benchmarks/encode_catalog_bench.py                      # 128 photos, default encoder
+    python benchmarks/encode_catalog_bench.py --images 256 --ingest-docs 500000 --json out.json
+
+The catalog is real photos from installed packages (scikit-image, matplotlib, scikit-learn),
+each saved as several camera-sized JPEGs (longer side 1024-1600 px, different crops), with
+captions. Each configuration encodes the whole catalog into a fresh folder:
+
+* ``images/s``: inputs / wall time of the run, worker start-up and model loading included;
+* ``steady images/s``: inputs / (end of the last shard - start of the first), start-up excluded;
+* ``CPU ms/image``: CPU seconds of the workers (all their threads) per image.
+
+Ray runs on ``ray.init(num_cpus=2)`` started once before its configurations (that start is
+timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
+process) feeds the sizing table of docs/distributed.md. Shards -> embedded: synthetic shards
+(``--ingest-docs`` documents, ~40 image + ~10 caption tokens each) ingested through
+``add_arrays``; documents/s of the ingest call. Every report carries the git commit, the
+machine and its load average (other work on a shared machine shows there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+
+def make_photos(root: Path, n: int) -> Path:
+    from PIL import Image
+
+    sys.path.insert(0, str(HERE / "tests"))
+    from encode_catalog_util import photos
+
+    base = list(photos().items())
+    try:
+        from sklearn.datasets import load_sample_images
+
+        base += [(f"sk{i}", Image.fromarray(a)) for i, a in enumerate(load_sample_images().images)]
+    except Exception:  # noqa: BLE001
+        pass
+    if not base:
+        raise SystemExit("no sample photos installed (scikit-image, matplotlib or scikit-learn)")
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        name, im = base[i % len(base)]
+        w, h = im.size
+        side = 1024 + (i * 97) % 577  # camera-like sizes, each image a little different
+        crop = im.crop((i % 7, i % 5, w - (i % 3), h - (i % 4)))
+        scale = side / max(crop.size)
+        crop = crop.resize((max(1, int(crop.size[0] * scale)), max(1, int(crop.size[1] * scale))), Image.BICUBIC)
+        crop.save(root / f"{i:05d}-{name}.jpg", quality=88)
+        (root / f"{i:05d}-{name}.txt").write_text(f"a photo of {name} number {i}")
+    return root
+
+
+def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int) -> dict:
+    from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
+    from stair_es.encoders.base import get_encoder
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.time()
+    rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
+                         EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
+                                              cpus_per_worker=max(1, 2 // workers)))
+    s = rep.summary()
+    first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
+    last_end = max(e["written_at"] for e in rep.shards)
+    return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
+            "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
+            "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
+            "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2)}
+
+
+def encoder_split(src: Path, n: int = 48) -> dict:
+    """Per-image ms of decoding, the ONNX network and everything else of the default encoder, in
+    this process with ONNX Runtime on one thread (the cost a core pays per image)."""
+    os.environ["STAIR_ES_ORT_THREADS"] = "1"
+    import numpy as np
+
+    from stair_es.encoders.base import get_encoder
+    from stair_es.images import load_image
+
+    enc = get_encoder("default")
+    files = sorted(src.glob("*.jpg"))[:n]
+    enc.encode_images([load_image(files[0], min_side=enc.image_min_side)])  # load the model, untimed
+    c0 = time.process_time()
+    ims = [load_image(f, min_side=enc.image_min_side) for f in files]
+    decode = time.process_time() - c0
+    c0 = time.process_time()
+    enc.encode_images(ims, batch_size=16)
+    encode = time.process_time() - c0
+    ie = enc.image_encoder
+    net = ie.load()
+    pixels = np.stack([ie.preprocess(im) for im in ims])
+    c0 = time.process_time()
+    for i in range(0, len(ims), 16):
+        ie.probabilities_from_pixels(pixels[i:i + 16], net)
+    network = time.process_time() - c0
+    k = len(files)
+    return {"images": k, "decode_ms": round(1000 * decode / k, 2), "encode_ms": round(1000 * encode / k, 2),
+            "network_ms": round(1000 * network / k, 2), "rest_ms": round(1000 * (encode - network) / k, 2)}
+
+
+def ingest_run(tmp: Path, docs: int, shard: int = 50_000, warm: bool = True) -> dict:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stair_es import get_backend
+    from stair_es.distributed.ingest_shards import ingest_shards
+    from stair_es.distributed.shards import FORMAT, HEADER, META_KEY, MANIFEST_DIR, write_json_atomic
+    from stair_es.vocab import default_vocabulary
+
+    vocab = default_vocabulary()
+    allowed = np.flatnonzero(~vocab.special_mask)
+    rng = np.random.default_rng(0)
+    out = tmp / "shards"
+    (out / MANIFEST_DIR).mkdir(parents=True)
+    from pyarrow import fs as pafs
+
+    lfs = pafs.LocalFileSystem()
+    enc = {"name": "bench-synthetic"}
+    (out / HEADER).write_text(json.dumps({"format": FORMAT, "source": "synthetic", "shard_size": shard, "encoder": enc}))
+
+    def lists(n, mean):
+        lens = rng.poisson(mean, n).clip(1, 200)
+        offs = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        toks = np.concatenate([np.sort(rng.choice(allowed, size=int(k), replace=False)) for k in lens]).astype(np.int32)
+        w = rng.gamma(2.0, 0.5, toks.size).astype(np.float32) + 0.01
+        return pa.LargeListArray.from_arrays(pa.array(offs), pa.array(toks)), pa.LargeListArray.from_arrays(pa.array(offs), pa.array(w))
+
+    for k, lo in enumerate(range(0, docs, shard)):
+        n = min(shard, docs - lo)
+        ii, iw = lists(n, 40)
+        ci, cw = lists(n, 10)
+        t = pa.table({"id": pa.array([f"doc-{i}" for i in range(lo, lo + n)]), "source": pa.array([f"img/{i}.jpg" for i in range(lo, lo + n)]),
+                      "caption": pa.array([f"caption {i}" for i in range(lo, lo + n)]),
+                      "metadata": pa.array([json.dumps({"bucket": i % 10}) for i in range(lo, lo + n)]),
+                      "warning": pa.array([None] * n, pa.string()), "image_ids": ii, "image_weights": iw,
+                      "caption_ids": ci, "caption_weights": cw})
+        meta = {"format": FORMAT, "encoder": enc, "sparse_fields": ["image", "caption"], "shard": k, "rows": n}
+        t = t.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+        path = out / f"part-{k:05d}.parquet"
+        pq.write_table(t, path, compression="zstd")
+        write_json_atomic(lfs, str(out / MANIFEST_DIR / f"part-{k:05d}.json"),
+                          {"shard": k, "rows": n, "inputs": n, "bytes": path.stat().st_size})
+    if warm:  # the engine's compiled kernels load on first use: once, untimed, on a tiny folder
+        ingest_run(tmp / "warm", 64, warm=False)
+    be = get_backend("embedded", home=tmp / "home")
+    c0, t0 = time.process_time(), time.perf_counter()
+    rep = ingest_shards(be, "bench", str(out))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = rep.summary()
+    assert s["ok"] == docs and be.index_info("bench").doc_count == docs, s
+    return {"docs": docs, "wall_s": round(wall, 2), "docs_per_s": round(docs / wall), "cpu_s": round(cpu, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--shard-size", type=int, default=16)
+    ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2")
+    ap.add_argument("--ingest-docs", type=int, default=300_000)
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+    from benchmarks.common import git_commit, machine_info
+
+    tmp = Path(tempfile.mkdtemp(prefix="stair-es-encode-bench-"))
+    result: dict = {"commit": git_commit(), "machine": machine_info(), "load_before": os.getloadavg(), "runs": []}
+    try:
+        src = make_photos(tmp / "photos", args.images)
+        from stair_es.encoders.base import get_encoder
+
+        get_encoder("default").encode_images([])  # export the ONNX towers once, outside the timings
+        ray_up = False
+        for cfg in args.configs.split(","):
+            engine, workers = cfg.split(":")
+            if engine == "ray" and not ray_up:
+                import ray
+
+                t0 = time.perf_counter()
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                result["ray_init_s"] = round(time.perf_counter() - t0, 2)
+                ray_up = True
+            run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size, args.shard_size)
+            result["runs"].append(run)
+            print(json.dumps(run), flush=True)
+        if ray_up:
+            import ray
+
+            ray.shutdown()
+        result["split"] = encoder_split(src)
+        print(json.dumps({"split": result["split"]}), flush=True)
+        if args.ingest_docs:
+            result["ingest"] = ingest_run(tmp, args.ingest_docs)
+            print(json.dumps({"ingest": result["ingest"]}), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["load_after"] = os.getloadavg()
+    print()
+    print(f"commit {result['commit']}  load average before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}"
+          + (f"  ray.init {result['ray_init_s']} s" if "ray_init_s" in result else ""))
+    print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    base = {r["engine"]: r for r in result["runs"] if r["workers"] == 1}
+    for r in result["runs"]:
+        print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6} {r['wall_s']:>7} {r['images_per_s']:>9} "
+              f"{r['steady_images_per_s']:>9} {r['cpu_ms_per_image']:>10}")
+    by = {(r["engine"], r["workers"]): r for r in result["runs"]}
+    for e in ("local", "ray"):
+        if (e, 1) in by and (e, 2) in by:
+            print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
+    if ("local", 2) in by and ("ray", 2) in by:
+        print(f"ray overhead at 2 workers: {100 * (1 - by[('ray', 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
+              f"(steady), {100 * (1 - by[('ray', 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
+    del base
+    sp = result.get("split")
+    if sp:
+        print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "
+              f"(ONNX network {sp['network_ms']} ms, the rest {sp['rest_ms']} ms)")
+    if "ingest" in result:
+        i = result["ingest"]
+        print(f"shards -> embedded ingest: {i['docs']} docs in {i['wall_s']} s = {i['docs_per_s']} docs/s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
