@@ -88,9 +88,9 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
                 click.echo(f"... and {len(report.failures) - 50} more (all in {out_dir}/failures-*.parquet)")
         for s in report.failed_shards:
             click.echo(f"shard {s['shard']} not written: {s['error']}")
-        click.echo(f"{summary['written']} shard(s) written, {summary['resumed']} already done, "
-                   f"{summary['failed_shards']} failed; {summary['documents']} documents, {summary['failed']} "
-                   f"input(s) failed, {summary['skipped']} skipped; {summary['images_per_s'] or 0} inputs/s "
-                   f"({engine}, {workers} worker(s)) -> {out_dir}")
+        click.echo(f"{summary['written']} shard(s) written now, {summary['resumed']} finished before, "
+                   f"{summary['failed_shards']} failed; in the new shards {summary['documents']} documents, "
+                   f"{summary['failed']} input(s) failed, {summary['skipped']} skipped; {summary['images_per_s'] or 0} "
+                   f"inputs/s ({engine}, {workers} worker(s)) -> {out_dir}")
     if (report.failures or report.failed_shards) and not allow_failures:
         raise click.exceptions.Exit(1)
