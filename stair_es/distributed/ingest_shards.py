@@ -195,13 +195,14 @@ def _commit(backend: SearchBackend, index: str, p: _Pending, reindex: bool, fast
     n = len(p)
     keep = np.ones(n, bool)
     items: list[ItemResult | None] = [None] * n
-    seen: dict[str, int] = {}
-    for i, doc_id in enumerate(p.ids):  # the same id in two shards (e.g. folders copied together)
-        j = seen.setdefault(doc_id, i)
-        if j != i:
-            keep[i] = False
-            items[i] = ItemResult(doc_id, False, f"duplicate id {doc_id!r} (also in {p.shard_of[j]}); this copy was not "
-                                  "ingested", p.shard_of[i])
+    if len(set(p.ids)) != n:  # the same id in two shards (e.g. folders copied together)
+        seen: dict[str, int] = {}
+        for i, doc_id in enumerate(p.ids):
+            j = seen.setdefault(doc_id, i)
+            if j != i:
+                keep[i] = False
+                items[i] = ItemResult(doc_id, False, f"duplicate id {doc_id!r} (also in {p.shard_of[j]}); this copy "
+                                      "was not ingested", p.shard_of[i])
     if not reindex:
         existing = backend.existing_ids(index, [d for d, k in zip(p.ids, keep) if k])
         if existing:

@@ -118,6 +118,11 @@ class ShardEncoder:
 
         if ctx.threads:  # ONNX Runtime sessions size their intra-op pools from this (encoders/runtime.py)
             os.environ["STAIR_ES_ORT_THREADS"] = str(ctx.threads)
+            # and BLAS/OpenMP pools to the worker's CPUs too (Ray sets OMP_NUM_THREADS for its actors;
+            # a pool process would otherwise start one BLAS thread per core of the machine in every worker)
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=ctx.threads)
         if ctx.gpus:
             _check_gpu_provider()
         try:
