@@ -54,8 +54,13 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
     """
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
 
+    from stair_es.encoders.base import list_encoders
+    from stair_es.errors import UnknownNameError
+
     if address and engine != "ray":
         raise InvalidInputError("--address is for --engine ray")
+    if encoder not in list_encoders():  # here, before any worker starts
+        raise UnknownNameError(f"unknown encoder {encoder!r}; available: {', '.join(list_encoders())}")
     kwargs = encoder_kwargs(model, encoder_opts)
     opts = EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch_size, shard_size=shard_size,
                                 address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,

@@ -385,3 +385,14 @@ def test_local_engine_does_not_import_ray():
             "import stair_es.cli.encode_catalog_cmd; print('ray' in sys.modules, 'pyarrow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+@pytest.mark.parametrize("engine,blocked,extra", [("local", "pyarrow", "pyarrow"), ("ray", "ray", "ray[data]")])
+def test_missing_extra_is_one_clear_line(tmp_path, engine, blocked, extra):
+    src = make_catalog(tmp_path / "cat", n_drawings=1)
+    code = (f"import sys; sys.modules[{blocked!r}] = None; from stair_es.cli.main import cli; "
+            f"cli(['encode-catalog', {str(src)!r}, {str(tmp_path / 'out')!r}, '--engine', {engine!r}, '--encoder', 'bow'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 3, r.stderr
+    assert "pip install 'stair-es[distributed]'" in r.stderr and f"pip install {extra}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
