@@ -396,3 +396,17 @@ def test_missing_extra_is_one_clear_line(tmp_path, engine, blocked, extra):
     assert r.returncode == 3, r.stderr
     assert "pip install 'stair-es[distributed]'" in r.stderr and f"pip install {extra}" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_same_id_in_two_shards_goes_in_once_and_the_copy_is_reported(tmp_path, catalog):
+    out = tmp_path / "out"
+    run_local(catalog, out)
+    shutil.copy(out / "part-00000.parquet", out / "part-00007.parquet")  # e.g. two folders copied together
+    entry = json.loads((out / "_manifest" / "part-00000.json").read_text())
+    (out / "_manifest" / "part-00007.json").write_text(json.dumps({**entry, "shard": 7}))
+    be = get_backend("embedded", home=tmp_path / "home")
+    r = ingest_catalog(be, "x", out, None)
+    dup = [f for f in r.failures if "duplicate id" in f.error]
+    first = [row["id"] for row in pq.read_table(out / "part-00000.parquet").to_pylist()]
+    assert sorted(f.id for f in dup) == sorted(first) and all("part-00000.parquet" in f.error for f in dup)
+    assert be.index_info("x").doc_count == len({r["id"] for r in shard_rows(out)})
