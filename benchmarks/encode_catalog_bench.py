@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shard-size", type=int, default=16)
     ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2")
+    ap.add_argument("--runs", type=int, default=1, help="rounds over all configurations (alternating, so load hits "
+                                                        "all alike); the table gives medians")
     ap.add_argument("--ingest-docs", type=int, default=300_000)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -188,18 +190,20 @@ def main(argv: list[str] | None = None) -> int:
 
         get_encoder("default").encode_images([])  # export the ONNX towers once, outside the timings
         ray_up = False
-        for cfg in args.configs.split(","):
-            engine, workers = cfg.split(":")
-            if engine == "ray" and not ray_up:
-                import ray
+        for _ in range(args.runs):
+            for cfg in args.configs.split(","):
+                engine, workers = cfg.split(":")
+                if engine == "ray" and not ray_up:
+                    import ray
 
-                t0 = time.perf_counter()
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                result["ray_init_s"] = round(time.perf_counter() - t0, 2)
-                ray_up = True
-            run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size, args.shard_size)
-            result["runs"].append(run)
-            print(json.dumps(run), flush=True)
+                    t0 = time.perf_counter()
+                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                    result["ray_init_s"] = round(time.perf_counter() - t0, 2)
+                    ray_up = True
+                run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
+                                 args.shard_size)
+                result["runs"].append(run)
+                print(json.dumps(run), flush=True)
         if ray_up:
             import ray
 
@@ -215,19 +219,26 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"commit {result['commit']}  load average before {result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}"
           + (f"  ray.init {result['ray_init_s']} s" if "ray_init_s" in result else ""))
-    print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
-    base = {r["engine"]: r for r in result["runs"] if r["workers"] == 1}
+    import statistics
+
+    groups: dict = {}
     for r in result["runs"]:
+        groups.setdefault((r["engine"], r["workers"]), []).append(r)
+    by = {k: {f: statistics.median(x[f] for x in v) for f in ("images", "wall_s", "images_per_s", "steady_images_per_s",
+                                                               "cpu_ms_per_image")} | {"engine": k[0], "workers": k[1], "n": len(v)}
+          for k, v in groups.items()}
+    result["medians"] = [dict(v) for v in by.values()]
+    print(f"medians of {args.runs} run(s)")
+    print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    for r in by.values():
         print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6} {r['wall_s']:>7} {r['images_per_s']:>9} "
               f"{r['steady_images_per_s']:>9} {r['cpu_ms_per_image']:>10}")
-    by = {(r["engine"], r["workers"]): r for r in result["runs"]}
     for e in ("local", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
     if ("local", 2) in by and ("ray", 2) in by:
         print(f"ray overhead at 2 workers: {100 * (1 - by[('ray', 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
               f"(steady), {100 * (1 - by[('ray', 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
-    del base
     sp = result.get("split")
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "
