@@ -344,6 +344,7 @@ def test_sigkill_of_driver_and_worker_then_resume_never_writes_an_id_twice(tmp_p
     assert killed_driver >= 2 and killed_worker >= 1
     ids = [r["id"] for r in shard_rows(out)]
     assert len(ids) == len(set(ids)), "an id was written twice"
+    assert not list(out.glob("*.tmp-*")) and not list((out / "_manifest").glob("*.tmp-*"))  # leftovers removed
     assert set(ids) == expected
     be = get_backend("embedded", home=tmp_path / "home")
     r = ingest_catalog(be, "x", out, None)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the test Ray listens on 127.0.0.1 only (before import)
 ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' extra (ray[data])")
 pytest.importorskip("ray.data", reason="--engine ray needs the 'distributed' extra (ray[data])")
 import pyarrow.parquet as pq  # noqa: E402
@@ -141,3 +142,10 @@ def test_sigkill_of_a_ray_driver_then_resume(tmp_path):
     assert resumed >= done_before >= 2 and written + resumed == -(-len(expected) // 2)
     ids = [r["id"] for f in sorted(out.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len(ids) == len(set(ids)) and set(ids) == expected
+
+
+def test_the_local_ray_listens_on_loopback_only(local_ray):
+    psutil = pytest.importorskip("psutil")
+    mine = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
+    addrs = {c.laddr.ip for c in psutil.net_connections(kind="inet") if c.status == "LISTEN" and c.pid in mine}
+    assert addrs and all(a in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for a in addrs), addrs

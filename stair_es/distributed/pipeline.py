@@ -284,6 +284,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
                   "created": time.time()}
         write_json_atomic(fs, f"{folder}/{HEADER}", header)
 
+    _remove_leftovers(fs, folder)
     report = EncodeCatalogReport(out_dir, opts.engine, opts.workers)
     finished = {s.k: s for s in list_shards(fs, folder) if s.finished and s.problem() is None}
     for s in list_shards(fs, folder):
@@ -336,6 +337,20 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     return report
+
+
+def _remove_leftovers(fs, folder: str) -> None:
+    """Temporary files of writes a crash cut short (never read: only renamed files count).
+    One run per OUT_DIR at a time: a second run at once would see the first's in-flight files."""
+    from pyarrow import fs as pafs
+
+    for sub in (folder, f"{folder}/{MANIFEST_DIR}"):
+        for info in fs.get_file_info(pafs.FileSelector(sub, allow_not_found=True)):
+            if info.is_file and ".tmp-" in info.base_name:
+                try:
+                    fs.delete_file(info.path)
+                except OSError as e:  # noqa: PERF203 - a leftover that cannot go is harmless
+                    log.warning("cannot remove %s: %s", info.path, e)
 
 
 def _source_key(src: str) -> str:
@@ -416,7 +431,25 @@ class _RayShardActor:
         return {"entry": out}
 
 
-def ray_module():
+#: Ray reads this when it is imported: "0" makes a Ray started here use the loopback address as
+#: its node address, so its servers listen on 127.0.0.1 only (by default a local Ray listens on
+#: every interface of the machine). Set before the first ``import ray`` of a process.
+RAY_LOOPBACK_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def local_ray_on_loopback() -> None:
+    """Make a Ray that this process (or its children) starts listen on 127.0.0.1 only."""
+    import sys
+
+    if "ray" in sys.modules and os.environ.get(RAY_LOOPBACK_ENV[0]) != RAY_LOOPBACK_ENV[1]:
+        log.warning("ray was imported before stair_es could keep a local Ray on 127.0.0.1; "
+                    "set %s=%s before importing ray", *RAY_LOOPBACK_ENV)
+    os.environ.setdefault(*RAY_LOOPBACK_ENV)
+
+
+def ray_module(local: bool = False):
+    if local:
+        local_ray_on_loopback()
     try:
         import ray  # noqa: F401
         import ray.data  # noqa: F401
@@ -429,7 +462,7 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
     import json
     import pickle
 
-    ray = ray_module()
+    ray = ray_module(local=not opts.address and not _ray_initialized())
     if not ray.is_initialized():
         init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
         if opts.address:
@@ -478,6 +511,13 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
         for t in chunk:  # a shard Ray gave up on (its actor died too often) is reported, never silent
             if t.k not in seen:
                 yield {"shard": t.k, "error": "Ray returned no result for this shard; run encode-catalog again to retry it"}
+
+
+def _ray_initialized() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
 def _setup_cause(e: BaseException) -> str | None:
