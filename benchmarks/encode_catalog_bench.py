@@ -119,7 +119,7 @@ def ingest_run(tmp: Path, docs: int, shard: int = 50_000, warm: bool = True) -> 
     import pyarrow.parquet as pq
 
     from stair_es import get_backend
-    from stair_es.distributed.ingest_shards import ingest_shards
+    from stair_es.ingest import ingest_catalog
     from stair_es.distributed.shards import FORMAT, HEADER, META_KEY, MANIFEST_DIR, write_json_atomic
     from stair_es.vocab import default_vocabulary
 
@@ -161,7 +161,7 @@ def ingest_run(tmp: Path, docs: int, shard: int = 50_000, warm: bool = True) -> 
         ingest_run(tmp / "warm", 64, warm=False)
     be = get_backend("embedded", home=tmp / "home")
     c0, t0 = time.process_time(), time.perf_counter()
-    rep = ingest_shards(be, "bench", str(out))
+    rep = ingest_catalog(be, "bench", str(out), None)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = rep.summary()
     assert s["ok"] == docs and be.index_info("bench").doc_count == docs, s

@@ -142,7 +142,8 @@ def ingest_catalog(
                                     "ingest the original catalog with --dense-model instead")
         from .distributed.ingest_shards import ingest_shards
 
-        return ingest_shards(backend, index, str(source), reindex=opts.reindex, progress=opts.progress, on_items=on_items)
+        return ingest_shards(backend, index, str(source), ensure_index=ensure_index, encoder_signature=encoder_signature,
+                             reindex=opts.reindex, progress=opts.progress, on_items=on_items)
     # Stream the catalog (a million-line manifest is never held in memory); look ahead only to
     # the first usable entry to learn whether it needs an encoder or brings its own vectors.
     stream = read_catalog(source)

@@ -80,11 +80,16 @@ class _Pending:
         return out
 
 
-def ingest_shards(backend: SearchBackend, index: str, folder: str, *, reindex: bool = False, progress: bool = False,
+def ingest_shards(backend: SearchBackend, index: str, folder: str, *, ensure_index: Callable[..., Any],
+                  encoder_signature: Callable[[Any], Any], reindex: bool = False, progress: bool = False,
                   on_items: Callable[[list[ItemResult]], None] | None = None, commit_rows: int = COMMIT_ROWS) -> IngestReport:
-    """Ingest the finished shards of ``folder`` into ``index`` (created with the shards' encoder if missing)."""
+    """Ingest the finished shards of ``folder`` into ``index`` (created with the shards' encoder if missing).
+
+    Called by :func:`stair_es.ingest.ingest_catalog` (use that), which passes its own
+    ``ensure_index`` and ``encoder_signature`` so that shards and catalogs are held to the same
+    rules (and this package never imports the module that dispatches to it).
+    """
     from ..encoders.base import progress_bar
-    from ..ingest import encoder_signature, ensure_index
 
     _, pq, _ = pyarrow_modules()
     fs, root = open_fs(str(folder))

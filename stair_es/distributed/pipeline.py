@@ -441,7 +441,7 @@ def local_ray_on_loopback() -> None:
     """Make a Ray that this process (or its children) starts listen on 127.0.0.1 only."""
     import sys
 
-    if "ray" in sys.modules and os.environ.get(RAY_LOOPBACK_ENV[0]) != RAY_LOOPBACK_ENV[1]:
+    if sys.modules.get("ray") is not None and os.environ.get(RAY_LOOPBACK_ENV[0]) != RAY_LOOPBACK_ENV[1]:
         log.warning("ray was imported before stair_es could keep a local Ray on 127.0.0.1; "
                     "set %s=%s before importing ray", *RAY_LOOPBACK_ENV)
     os.environ.setdefault(*RAY_LOOPBACK_ENV)
