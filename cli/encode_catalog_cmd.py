@@ -29,7 +29,8 @@ from .common import echo_json, encoder_kwargs, encoder_options, json_option, std
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
               help="GPUs each Ray actor requests (needs onnxruntime-gpu with its CUDA provider on the workers).")
 @click.option("--batch-size", default=32, show_default=True, help="Images encoded together inside a worker.")
-@click.option("--shard-size", default=1024, show_default=True, help="Inputs per Parquet shard (the unit of resuming).")
+@click.option("--shard-size", default=1024, show_default=True, help="Inputs per Parquet shard: the unit of work of a worker and of resuming (a catalog "
+                   "smaller than workers x shard size leaves workers idle).")
 @click.option("--no-captions", is_flag=True, help="Do not encode captions into the caption field.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write one JSON line per input that could not be used (with the reason) to this file.")

@@ -393,7 +393,9 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
                     attempts[task.k] = attempts.get(task.k, 0) + 1
                     if attempts[task.k] >= opts.max_attempts:
                         yield {"shard": task.k, "error": f"a worker process died {attempts[task.k]} times while encoding "
-                                                         "this shard; run encode-catalog again to retry it"}
+                                                         "this shard; run encode-catalog again to retry it (a worker that "
+                                                         "cannot start, e.g. from a script without an `if __name__ == "
+                                                         "'__main__':` guard, looks the same: see the error above)"}
                     else:
                         retry.append(task)
                 except WorkerSetupError:
