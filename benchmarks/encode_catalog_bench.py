@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2")
     ap.add_argument("--runs", type=int, default=1, help="rounds over all configurations (alternating, so load hits "
                                                         "all alike); the table gives medians")
+    ap.add_argument("--pin", action="store_true", help="local runs: pin the driver and its workers to `workers` cores "
+                                                      "(a worker also decodes on other threads: unpinned, one worker "
+                                                      "spreads over every core and 1 vs 2 workers is not 1 vs 2 cores)")
     ap.add_argument("--ingest-docs", type=int, default=300_000)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--sizing-from", type=Path, help="print the sizing table of a saved --json report and stop")
@@ -237,8 +240,15 @@ def main(argv: list[str] | None = None) -> int:
                     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
                     result["ray_init_s"] = round(time.perf_counter() - t0, 2)
                     ray_up = True
-                run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
-                                 args.shard_size)
+                allowed = os.sched_getaffinity(0)
+                if args.pin and engine == "local":
+                    os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
+                try:
+                    run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
+                                     args.shard_size)
+                finally:
+                    os.sched_setaffinity(0, allowed)
+                run["pinned_cores"] = int(workers) if args.pin and engine == "local" else None
                 result["runs"].append(run)
                 print(json.dumps(run), flush=True)
         if ray_up:
@@ -268,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"medians of {args.runs} run(s)")
     print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
     for r in by.values():
-        print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6} {r['wall_s']:>7} {r['images_per_s']:>9} "
-              f"{r['steady_images_per_s']:>9} {r['cpu_ms_per_image']:>10}")
+        print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
+              f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
     for e in ("local", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
