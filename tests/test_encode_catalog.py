@@ -411,3 +411,20 @@ def test_the_same_id_in_two_shards_goes_in_once_and_the_copy_is_reported(tmp_pat
     first = [row["id"] for row in pq.read_table(out / "part-00000.parquet").to_pylist()]
     assert sorted(f.id for f in dup) == sorted(first) and all("part-00000.parquet" in f.error for f in dup)
     assert be.index_info("x").doc_count == len({r["id"] for r in shard_rows(out)})
+
+
+def test_a_shard_that_is_not_parquet_is_reported_and_the_others_go_in(tmp_path, catalog):
+    out = tmp_path / "out"
+    run_local(catalog, out)
+    victim = out / "part-00000.parquet"
+    lost = {r["id"] for r in pq.read_table(victim).to_pylist()}
+    victim.write_bytes(b"x" * victim.stat().st_size)  # same size as its manifest entry says, but garbage
+    be = get_backend("embedded", home=tmp_path / "home")
+    r = ingest_catalog(be, "x", out, None)
+    bad = [f for f in r.failures if f.action == "shard"]
+    assert len(bad) == 1 and "cannot read this shard" in bad[0].error and "part-00000.parquet" in bad[0].error
+    assert be.index_info("x").doc_count == len(shard_rows_except(out, victim)) and not lost & {i.id for i in r.items if i.ok}
+
+
+def shard_rows_except(out: Path, skip: Path) -> list[dict]:
+    return [r for f in sorted(out.glob("part-*.parquet")) if f != skip for r in pq.read_table(f).to_pylist()]

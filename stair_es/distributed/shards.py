@@ -250,7 +250,9 @@ def list_shards(fs, folder: str) -> list[ShardInfo]:
 
 
 def shard_metadata(pf) -> dict[str, Any]:
-    meta = (pf.schema_arrow.metadata or {}).get(META_KEY)
+    """The ``stair_es`` metadata of a shard (a ``ParquetFile`` or a table read from one)."""
+    schema = pf.schema_arrow if hasattr(pf, "schema_arrow") else pf.schema
+    meta = (schema.metadata or {}).get(META_KEY)
     if meta is None:
         raise InvalidInputError("not a stair_es shard (no 'stair_es' metadata in the Parquet file)")
     out = json.loads(meta.decode("utf-8"))
