@@ -22,7 +22,7 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
 import pyarrow.parquet as pq  # noqa: E402
 
-from encode_catalog_util import color_encoder, make_catalog, other_color_encoder, slow_color_encoder  # noqa: E402
+from encode_catalog_util import color_encoder, make_catalog, other_color_encoder  # noqa: E402
 from fakes import MemoryBackend  # noqa: E402
 
 from stair_es import get_backend  # noqa: E402
