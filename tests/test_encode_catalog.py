@@ -428,3 +428,21 @@ def test_a_shard_that_is_not_parquet_is_reported_and_the_others_go_in(tmp_path, 
 
 def shard_rows_except(out: Path, skip: Path) -> list[dict]:
     return [r for f in sorted(out.glob("part-*.parquet")) if f != skip for r in pq.read_table(f).to_pylist()]
+
+
+def test_a_parquet_list_with_struct_metadata_and_relative_paths(tmp_path, catalog):
+    lst = tmp_path / "lists" / "list.parquet"
+    lst.parent.mkdir()
+    shutil.copy(catalog / "drawing-4.png", lst.parent / "d4.png")
+    pq.write_table(pa.table({
+        "path": ["d4.png", str(catalog / "drawing-5.png"), None],
+        "caption": ["four", None, None],
+        "metadata": pa.array([{"brand": "acme", "price": 3.5}, None, None]),
+    }), lst)
+    out = tmp_path / "out"
+    rep = run_local(lst, out)
+    rows = {r["id"]: r for r in shard_rows(out)}
+    assert set(rows) == {"d4.png", str(catalog / "drawing-5.png")}
+    assert json.loads(rows["d4.png"]["metadata"]) == {"brand": "acme", "price": 3.5} and rows["d4.png"]["caption"] == "four"
+    assert rows["d4.png"]["source"] == str(lst.parent / "d4.png")
+    assert [f["origin"] for f in rep.failures] == ["list.parquet:3"] and "non-empty string" in rep.failures[0]["reason"]
