@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
-from ._cluster import ClusterBackend, EngineAdapter, _error_body_reason
-from .connection import ClusterConfig
-from .dsl import mapping, query_dsl, translate
+from .cluster import ClusterBackend, ClusterConfig, EngineAdapter
+from .cluster.mapping import mapping
+from .cluster.translate import query_dsl, translate
+from .cluster.transport import error_body_reason
 from .codec import decode_token, encode_token, stored_value
 
 __all__ = ["ElasticsearchBackend", "mapping", "query_dsl", "translate", "encode_token", "decode_token", "stored_value"]
@@ -90,7 +91,7 @@ class ElasticsearchAdapter(EngineAdapter):
             return "connection", None, _short(exc)
         if isinstance(exc, es.ApiError):
             status = getattr(exc.meta, "status", None)
-            typ, reason = _error_body_reason(exc.body)
+            typ, reason = error_body_reason(exc.body)
             return "api", status, f"{typ}: {reason}" if typ else (reason or str(exc.message))
         if isinstance(exc, et.TransportError):
             return "connection", None, _short(exc)
@@ -110,7 +111,4 @@ class ElasticsearchBackend(ClusterBackend):
     """stair_es indices on Elasticsearch 8.x/9.x (``rank_features`` by default, or ``sparse_vector``)."""
 
     name = "elasticsearch"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self.adapter = ElasticsearchAdapter()
-        super().__init__(*args, **kwargs)
+    adapter_class = ElasticsearchAdapter

@@ -10,7 +10,7 @@
 When a cluster refuses the server-side form (an older version, or an emulator without it), the
 same queries are run as plain searches and fused in stair_es, and the result notes say so.
 The body builders are pure functions (no client needed); :class:`ClusterHybrid` is the part of
-:class:`~stair_es.backends._cluster.ClusterBackend` that sends them.
+:class:`~stair_es.backends.cluster.ClusterBackend` that sends them.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..errors import InvalidInputError, StairError
-from ..hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, fusion_note
-from ..lexical import TEXT_FIELD
-from ..query import SearchRequest
-from ..schema import DENSE_FIELD, Hit, SearchResult
+from ...errors import InvalidInputError, StairError
+from ...hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, fusion_note
+from ...lexical import TEXT_FIELD
+from ...query import SearchRequest
+from ...schema import DENSE_FIELD, Hit, SearchResult
+
+
 def _filter_of(sparse_query: Mapping[str, Any]) -> dict[str, Any]:
     """The ``filter`` / ``must_not`` of the sparse query's ``bool`` (what every retriever shares)."""
     b = sparse_query.get("bool", {})
@@ -119,13 +121,11 @@ def hybrid_body(engine: str, sparse_query: Mapping[str, Any], text: str | None, 
 
 
 class ClusterHybrid:
-    """The hybrid search of :class:`~stair_es.backends._cluster.ClusterBackend` (a mixin: it
+    """The hybrid search of :class:`~stair_es.backends.cluster.ClusterBackend` (a mixin: it
     uses the backend's metadata cache, translation and requests)."""
 
     def hybrid_search(self, index: str, request: SearchRequest, text: str | None, opts: HybridOptions | None = None,
                       *, explain: bool = False, vector: Any = None) -> SearchResult:
-        from .dsl import translate
-
         opts = checked_options(request, text, opts)
         t0 = time.perf_counter()
         meta = self._meta(index)
@@ -136,15 +136,14 @@ class ClusterHybrid:
             )
         engine = self.adapter.engine
         if "dense" in opts.retrievers:
-            from ..dense import DenseSpec, no_dense_error, query_vector
+            from ...dense import DenseSpec, no_dense_error, query_vector  # lazy: dense.py pulls in the embedded engine
 
             spec = DenseSpec.from_dict(meta.schema.dense)
             if spec is None or not meta.has_dense:
                 raise no_dense_error(index)
             vector = query_vector(spec, index, text=text, vector=vector)
         req = request.prepared(meta.schema, self.vocab)
-        tr = translate(req, engine=engine, field_type=meta.field_type, max_clauses=self.max_clauses - 1,
-                       vocab=self.vocab, seismic=self.seismic)
+        tr = self.translate_request(req, meta, max_clauses=self.config.max_clauses - 1)
         notes = list(req.notes) + tr.notes
         source = {"excludes": list(meta.schema.sparse_fields) + [DENSE_FIELD, TEXT_FIELD]}
         use_sparse = "sparse" in opts.retrievers and bool(req.clauses)
