@@ -100,16 +100,11 @@ def _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers=None, vector_f
     return HybridOptions(fusion, rrf_k, w, window, retrievers=names), vector
 
 
-def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
-                  token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
-                  force=False, image_path=None, expand=0, expand_weight=0.5, expand_min_count=2):
-    """The CLI's options as one :class:`stair_es.search.QuerySpec`, turned into a request by the library."""
-    spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None, wheres=wheres,
-                     requires=requires, require_all=require_all, excludes=excludes, query_excludes=query_excludes,
-                     expr=expr, token_field=token_field, caption_weight=caption_weight, image_weight=image_weight,
-                     top_k=top_k, query_top_k=query_top_k, min_weight=min_weight, encoder=encoder,
-                     encoder_options=encoder_kwargs(model, encoder_opts), force=force, expand=expand,
-                     expand_weight=expand_weight, expand_min_count=expand_min_count)
+def _make_request(backend, index, text, *, token_map=None, image_path=None, model=None, encoder_opts=(), **spec):
+    """The CLI's query options as one :class:`stair_es.search.QuerySpec` (the options named as its
+    fields go in as they are), turned into a request by the library."""
+    spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None,
+                     encoder_options=encoder_kwargs(model, encoder_opts), **spec)
     return make_request(backend, index, spec)
 
 
