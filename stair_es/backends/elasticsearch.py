@@ -29,6 +29,7 @@ _JSON = {"accept": "application/json", "content-type": "application/json"}
 
 def _client_module():
     try:
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         import elasticsearch
     except ImportError:
         raise MissingDependencyError("the Elasticsearch backend", "elasticsearch", "'elasticsearch>=8.15,<9'") from None
@@ -73,11 +74,13 @@ class ElasticsearchAdapter(EngineAdapter):
         return resp.body
 
     def streaming_bulk(self):
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         from elasticsearch.helpers import streaming_bulk
 
         return streaming_bulk
 
     def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         import elastic_transport as et
 
         es = self.es

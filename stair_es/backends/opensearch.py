@@ -49,6 +49,7 @@ MAX_K = 10_000
 
 def _client_module():
     try:
+        # lazy: optional client (extra opensearch), imported when the backend is used
         import opensearchpy
     except ImportError:
         raise MissingDependencyError("the OpenSearch backend", "opensearch", "opensearch-py") from None
@@ -91,6 +92,7 @@ class OpenSearchAdapter(EngineAdapter):
         return client.transport.perform_request(method, path, params=dict(params) if params else None, body=body)
 
     def streaming_bulk(self):
+        # lazy: optional client (extra opensearch), imported when the backend is used
         from opensearchpy.helpers import streaming_bulk
 
         return streaming_bulk

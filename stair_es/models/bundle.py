@@ -19,29 +19,12 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .. import __version__
 from ..errors import InvalidInputError, MissingDependencyError, ModelError
 from .store import (
-    BUNDLE_FORMAT,
-    CHUNK,
-    ENTRY_FILE,
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    InstallLock,
-    StoreEntry,
-    byte_bar,
-    check_id,
-    check_revision,
-    clear_stale,
-    commit_entry,
-    copy_hashing,
-    files_digest,
-    hash_file,
-    installed_entry,
-    now_utc,
-    os_errors,
-    read_entry_meta,
-    tmp_dir,
-    verify_entry,
+    BUNDLE_FORMAT, CHUNK, ENTRY_FILE, FORMAT_VERSION, MANIFEST_FILE, InstallLock, StoreEntry, byte_bar, check_id,
+    check_revision, clear_stale, commit_entry, copy_hashing, files_digest, hash_file, installed_entry, now_utc,
+    os_errors, read_entry_meta, tmp_dir, verify_entry
 )
 
 log = logging.getLogger(__name__)
@@ -60,6 +43,7 @@ def _tar_mode(path: Path) -> str | None:
 
 def encoder_artifacts(entry: StoreEntry) -> list[Path]:
     """The derived files the entry's encoder needs at run time without torch (in the model cache)."""
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.base import get_encoder
     from ..encoders.runtime import model_cache_dir
 
@@ -71,6 +55,7 @@ def encoder_artifacts(entry: StoreEntry) -> list[Path]:
     except (ModelError, MissingDependencyError):
         raise
     except Exception as e:
+        # lazy: the encoders bring onnxruntime and image code; only this path needs them
         from ..encoders.runtime import first_line
 
         raise ModelError(f"the {entry.kind} encoder cannot prepare {entry.id} for export ({first_line(e)}); "
@@ -90,7 +75,7 @@ def export(model: str, dest: Path | str, *, tar: bool = False, weights_only: boo
     """Write a self-contained bundle of an installed model: a folder, or a tarball when ``tar``
     (``dest`` + ``.tar``) or ``dest`` ends in ``.tar``/``.tar.gz``/``.tgz``. Returns the
     manifest (plus ``path`` and ``size``)."""
-    from .. import __version__
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.runtime import model_cache_dir
 
     entry = installed_entry(model)
@@ -301,6 +286,7 @@ def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
     """Install a bundle (folder or tarball) written by :func:`export`: every file is checked
     against ``MANIFEST.json`` in a staging folder first; then the ``cache/`` files go into the
     model cache and the entry into the store (renamed into place last)."""
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.runtime import model_cache_dir
 
     source = Path(source).expanduser()
@@ -342,6 +328,4 @@ def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
 
 
 def _version() -> str:
-    from .. import __version__
-
     return __version__

@@ -18,30 +18,9 @@ from typing import Any, Iterable
 from ..errors import InvalidInputError, MissingDependencyError, ModelError
 from .catalog import DEFAULT_PATTERNS, catalog_entry
 from .store import (
-    HEX40,
-    HEX64,
-    NOT_WEIGHTS,
-    WEIGHT_SUFFIXES,
-    InstallLock,
-    Progress,
-    StoreEntry,
-    byte_bar,
-    carry_hint,
-    check_id,
-    check_present,
-    check_revision,
-    clear_stale,
-    commit_entry,
-    copy_hashing,
-    entry_meta,
-    find_entry,
-    hash_file,
-    now_utc,
-    offline,
-    os_errors,
-    split_model,
-    tmp_dir,
-    walk_files,
+    HEX40, HEX64, NOT_WEIGHTS, WEIGHT_SUFFIXES, InstallLock, Progress, StoreEntry, byte_bar, carry_hint, check_id,
+    check_present, check_revision, clear_stale, commit_entry, copy_hashing, entry_meta, find_entry, hash_file,
+    now_utc, offline, os_errors, split_model, tmp_dir, walk_files
 )
 
 def resolve_model(model: str, *, kind: str | None = None) -> Path:
@@ -77,6 +56,7 @@ def model_config(model: str, *, kind: str, expected: str) -> tuple[Path, dict[st
     try:
         config = json.loads((folder / "config.json").read_text("utf-8"))
     except (OSError, ValueError) as e:
+        # lazy: the encoders bring onnxruntime and image code; only this path needs them
         from ..encoders.runtime import first_line
 
         raise ModelError(f"model {model!r}: cannot read config.json in {folder} ({first_line(e)}); give {expected}") from None
@@ -98,6 +78,7 @@ def _link_or_copy(src: Path, dst: Path, progress: Progress | None = None) -> str
 def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_only: bool) -> Path:
     """``huggingface_hub.snapshot_download`` into the Hugging Face cache (which resumes partial files)."""
     try:
+        # lazy: optional, needed only to download from the hub
         from huggingface_hub import snapshot_download
     except ImportError:
         raise MissingDependencyError(f"pulling {model_id!r} from the Hugging Face hub", "encoders",
@@ -114,6 +95,7 @@ def _prefer_safetensors(model_id: str, revision: str, patterns: list[str]) -> li
     repositories carry both: the same weights twice). Best effort: when the listing fails, the
     download that follows reports the problem."""
     try:
+        # lazy: optional, needed only to download from the hub
         from huggingface_hub import list_repo_files
 
         files = list_repo_files(model_id, revision=revision)

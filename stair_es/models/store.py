@@ -8,6 +8,7 @@ about its model). Must not know how models are downloaded or bundled, nor what t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import quote
 
+from .. import __version__
 from ..errors import InvalidInputError, ModelError
 
 from .catalog import CATALOG, CatalogEntry
@@ -201,6 +203,7 @@ def model_record(folder: Path) -> dict[str, Any]:
     meta = read_entry_meta(folder)
     if meta is not None:
         return {"id": meta["id"], "revision": meta["revision"], "sha256": meta["sha256"]}
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.runtime import weights_digest
 
     files = model_files(folder)
@@ -277,6 +280,7 @@ class InstallLock:
     """The per-id install lock (tells the user when it has to wait for another process)."""
 
     def __init__(self, model_id: str):
+        # lazy: only installing into the store takes the lock
         from filelock import FileLock
 
         locks = store_dir() / ".locks"
@@ -285,6 +289,7 @@ class InstallLock:
         self.lock = FileLock(str(locks / f"{slug(model_id)}.lock"))
 
     def __enter__(self) -> "InstallLock":
+        # lazy: only installing into the store takes the lock
         from filelock import Timeout
 
         try:
@@ -350,8 +355,6 @@ def commit_entry(staged: Path, meta: dict[str, Any]) -> StoreEntry:
 
 def os_errors(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The operating system refusing a write (disk full, permissions) -> one-line ModelError."""
-    import functools
-
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -369,8 +372,6 @@ def os_errors(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def entry_meta(model_id: str, revision: str, requested: str, kind: str | None, files: dict[str, dict[str, Any]],
                 installed: dict[str, Any], pulled: dict[str, Any] | None = None) -> dict[str, Any]:
-    from .. import __version__
-
     installed = {**installed, "stair_es": __version__}
     return {
         "format": ENTRY_FORMAT,
@@ -404,6 +405,7 @@ def remove(model_id: str, revision: str | None = None) -> list[StoreEntry]:
 
 def byte_bar(total: int, desc: str, enabled: bool):
     """A progress bar over ``total`` bytes (nothing drawn when not enabled)."""
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.base import progress_bar
 
     return progress_bar(total, desc, enabled, unit="B", unit_scale=True, unit_divisor=1024)

@@ -18,24 +18,14 @@ from urllib.parse import quote
 
 import numpy as np
 
+from ...dense import DENSE_FIELD, DenseSpec, prepare
 from ...errors import (
-    DocumentNotFoundError,
-    IncompatibleIndexError,
-    IndexExistsError,
-    InvalidInputError,
-    StairError,
+    DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError, StairError
 )
+from ...lexical import TEXT_FIELD, document_text
 from ...query import SearchRequest
 from ...schema import (
-    Document,
-    Explanation,
-    Hit,
-    IndexSchema,
-    IngestReport,
-    ItemResult,
-    SearchResult,
-    TokenContribution,
-    format_date,
+    Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult, TokenContribution, format_date
 )
 from ...vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from ..base import IndexInfo, ProgressCallback, SearchBackend
@@ -124,8 +114,6 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         self.client  # connect: the version decides the field type and mapping options
         ftype = field_type_for(self.adapter.engine, self.config.field_type, self.version)
         if schema.dense is None and self.config.dense_dims:
-            from ...dense import DenseSpec  # lazy: dense.py pulls in the embedded engine
-
             schema = replace(schema, dense=DenseSpec(int(self.config.dense_dims), "cosine", "float32").to_dict())
         body = mapping(self.adapter.engine, ftype, schema, prune=self.config.prune, version=self.version)
         try:
@@ -199,14 +187,10 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         if doc.caption is not None:
             src["caption_text"] = doc.caption
         if meta.has_text:
-            from ...lexical import TEXT_FIELD, document_text  # lazy: only indices with the BM25 field
-
             src[TEXT_FIELD] = document_text(doc.caption, values)
         if doc.source is not None:
             src["path"] = doc.source  # "path" is reserved in the schema; "source" may be user metadata
         if getattr(doc, "dense", None) is not None:
-            from ...dense import DENSE_FIELD, DenseSpec, prepare  # lazy: dense.py pulls in the embedded engine
-
             spec = DenseSpec.from_dict(schema.dense)
             if spec is None or not meta.has_dense:
                 raise InvalidInputError(f"{doc.id!r} has a dense vector but the index has no dense field: "

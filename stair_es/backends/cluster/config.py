@@ -76,7 +76,7 @@ class ClusterConfig:
             raise InvalidInputError(f"field type must be auto, rank_features or sparse_vector, got {self.field_type!r}")
         if self.refresh not in (True, False, "wait_for"):
             raise InvalidInputError(f"refresh must be true, false or wait_for, got {self.refresh!r}")
-        self.max_clauses = int(self.max_clauses)
+        self.max_clauses = _number("max_clauses", self.max_clauses, int)
         if self.max_clauses < 1:
             raise InvalidInputError(f"max_clauses must be >= 1, got {self.max_clauses}")
 
@@ -224,6 +224,7 @@ def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, 
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
+            # lazy: only a TOML config file needs it
             import tomllib
 
             data = tomllib.loads(text)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+from ...dense import DenseSpec, no_dense_error, query_vector
 from ...errors import InvalidInputError, StairError
 from ...hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, fusion_note
 from ...lexical import TEXT_FIELD
@@ -136,8 +137,6 @@ class ClusterHybrid:
             )
         engine = self.adapter.engine
         if "dense" in opts.retrievers:
-            from ...dense import DenseSpec, no_dense_error, query_vector  # lazy: dense.py pulls in the embedded engine
-
             spec = DenseSpec.from_dict(meta.schema.dense)
             if spec is None or not meta.has_dense:
                 raise no_dense_error(index)

@@ -148,6 +148,7 @@ class Transport:
              *, action: str, index: str | None = None, retry: bool = True) -> Any:
         """One request with back-off on 429/502/503/504 and connection errors unless ``retry=False``;
         the raw response, or a typed error saying what failed (``action``) where."""
+        # lazy: loaded with the first cluster request, not with the package
         from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
         def transient(e: BaseException) -> bool:
@@ -176,6 +177,7 @@ class Transport:
         A 413 (request too large) halves the chunk and re-sends. After ``policy.max_retries`` rounds what
         is still pending is reported failed with the last error: nothing is dropped silently.
         """
+        # lazy: loaded with the first cluster request, not with the package
         from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt
 
         pending = dict(actions)
