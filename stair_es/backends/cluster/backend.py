@@ -32,7 +32,7 @@ from ..base import IndexInfo, ProgressCallback, SearchBackend
 from ..codec import feature_map, stored_value, vector_from_features
 from .config import BulkPolicy, ClusterConfig, settings_from_options
 from .hybrid import ClusterHybrid
-from .mapping import META_KEY, IndexMeta, _load_json, check_index_name, field_type_for, index_meta, mapping
+from .mapping import META_KEY, IndexMeta, check_index_name, field_type_for, index_meta, mapping, metadata_properties
 from .translate import Translation, translate
 from .transport import EngineAdapter, Transport
 
@@ -245,10 +245,9 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
             on_batch(items)
 
     def _add_fields(self, index: str, meta: IndexMeta, new_fields: dict[str, str]) -> None:
-        types = _load_json("metadata_types.json")
         raw = dict(meta.raw_meta)
         raw["schema"] = meta.schema.to_dict()
-        body = {"properties": {k: dict(types[t]) for k, t in new_fields.items()}, "_meta": {META_KEY: raw}}
+        body = {"properties": metadata_properties(new_fields), "_meta": {META_KEY: raw}}
         self.request("PUT", self._path(index, "_mapping"), body, action=f"add fields {sorted(new_fields)} to {index!r}", index=index)
         meta.raw_meta = raw
 

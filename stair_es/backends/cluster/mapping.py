@@ -74,9 +74,7 @@ def mapping(
         template = {k: v for k, v in template.items() if k != "index_options"}
     for name in schema.sparse_fields:
         props[name] = json.loads(json.dumps(template))
-    types = _load_json("metadata_types.json")
-    for name, ftype in schema.fields.items():
-        props[name] = dict(types[ftype])
+    props.update(metadata_properties(schema.fields))
     spec = schema.dense or ({"dims": int(dense_dims), "similarity": "cosine"} if dense_dims else None)
     if spec:
         dense = _load_json("es_dense_vector.json" if engine == "elasticsearch" else "os_dense_vector.json")
@@ -95,6 +93,12 @@ def mapping(
     body.setdefault("settings", {})["analysis"] = json.loads(json.dumps(CLUSTER_ANALYZER))
     m["_meta"][META_KEY]["schema"] = schema.to_dict()
     return body
+
+
+def metadata_properties(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The mapping ``properties`` of metadata fields (name -> stair_es field type)."""
+    types = _load_json("metadata_types.json")
+    return {name: dict(types[ftype]) for name, ftype in fields.items()}
 
 
 def _es_has_index_options(version: tuple[int, ...]) -> bool:
