@@ -123,6 +123,9 @@ def test_a_backend_takes_a_config_and_a_bulk_policy_or_the_same_flat_options(fla
                        max_retries=1)
     assert repr(b.config) == repr(flat.config) and b.bulk_policy == flat.bulk_policy
     assert b.config.field_type == "sparse_vector" and b.config.max_clauses == 64 and b.bulk_policy.chunk_docs == 7
+    assert backend_class(flavor)("http://127.0.0.1:2").config.urls == ["http://127.0.0.1:2"]  # URLs first, as before
+    with pytest.raises(InvalidInputError, match="expected a ClusterConfig"):
+        backend_class(flavor)(42)
 
 
 @pytest.mark.parametrize("opts, msg", [

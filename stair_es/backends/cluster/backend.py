@@ -52,6 +52,10 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
     def __init__(self, config: ClusterConfig | None = None, bulk: BulkPolicy | None = None, *,
                  vocab: Vocabulary | None = None, **options: Any):
         self.adapter = self.adapter_class()
+        if isinstance(config, (str, list, tuple)):  # ElasticsearchBackend("https://host:9200") as before
+            config, options = None, {**options, "urls": config}
+        if config is not None and not isinstance(config, ClusterConfig):
+            raise InvalidInputError(f"expected a ClusterConfig or the cluster URL(s), got {type(config).__name__}")
         if config is None:
             config, from_options = settings_from_options(self.adapter.engine, options)
             bulk = bulk or from_options
