@@ -35,7 +35,7 @@ from ..query import SearchRequest
 from ..schema import Document
 from .cluster import ClusterBackend, ClusterConfig, EngineAdapter
 from .cluster.mapping import IndexMeta, mapping
-from .cluster.translate import SeismicParams, Translation, query_dsl, translate
+from .cluster.translate import SeismicParams, Translation, filter_of, query_dsl, translate
 from .cluster.transport import error_body_reason
 
 __all__ = ["OpenSearchBackend", "SeismicParams", "mapping", "query_dsl", "translate", "quantise"]
@@ -160,8 +160,7 @@ class OpenSearchBackend(ClusterBackend):
         if req.filter is None or got >= req.top_k:
             return res, approximate
         params: SeismicParams = self.seismic or SeismicParams()
-        b = body["query"].get("bool", {})
-        flt = {key: b[key] for key in ("filter", "must_not") if b.get(key)}
+        flt = filter_of(body["query"])
         if not flt:
             return res, approximate
         counted = self.request("POST", self._path(index, "_search"), {"query": {"bool": flt}, "size": 0, "track_total_hits": True},

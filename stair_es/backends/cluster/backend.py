@@ -283,6 +283,11 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         dense = src.pop("dense", None)
         return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), caption, source, dense)
 
+    def _hit(self, h: Mapping[str, Any], meta: IndexMeta) -> Hit:
+        src = h.get("_source") or {}
+        return Hit(h["_id"], float(h.get("_score") or 0.0), self._metadata_out(src, meta.schema), src.get("caption_text"),
+                   src.get("path"))
+
     @staticmethod
     def _metadata_out(src: Mapping[str, Any], schema: IndexSchema) -> dict[str, Any]:
         out = {}
@@ -327,11 +332,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 "_source": {"excludes": list(meta.schema.sparse_fields) + ["dense"]}}
         res = self.request("POST", self._path(index, "_search"), body, action=f"search {index!r}", index=index)
         res, refill_notes = self._after_search(index, req, meta, body, res)
-        hits = []
-        for h in res.get("hits", {}).get("hits", []):
-            src = h.get("_source") or {}
-            hits.append(Hit(h["_id"], float(h.get("_score") or 0.0), self._metadata_out(src, meta.schema),
-                            src.get("caption_text"), src.get("path")))
+        hits = [self._hit(h, meta) for h in res.get("hits", {}).get("hits", [])]
         total = res.get("hits", {}).get("total")
         total = total.get("value") if isinstance(total, Mapping) else total
         notes = list(req.notes) + tr.notes + refill_notes

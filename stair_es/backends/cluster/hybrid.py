@@ -24,17 +24,12 @@ from ...hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, 
 from ...lexical import TEXT_FIELD
 from ...query import SearchRequest
 from ...schema import DENSE_FIELD, Hit, SearchResult
-
-
-def _filter_of(sparse_query: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``filter`` / ``must_not`` of the sparse query's ``bool`` (what every retriever shares)."""
-    b = sparse_query.get("bool", {})
-    return {k: b[k] for k in ("filter", "must_not") if b.get(k)}
+from .translate import filter_of
 
 
 def bm25_query(text: str, sparse_query: Mapping[str, Any]) -> dict[str, Any]:
     """BM25 on ``bm25_text`` with the sparse query's filter and exclusions (from its ``bool``)."""
-    return {"bool": {"must": [{"match": {TEXT_FIELD: {"query": text}}}], **_filter_of(sparse_query)}}
+    return {"bool": {"must": [{"match": {TEXT_FIELD: {"query": text}}}], **filter_of(sparse_query)}}
 
 
 def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
@@ -42,7 +37,7 @@ def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[st
     ``k`` = the window, ``num_candidates`` = twice that (at most 10,000), the shared filter."""
     out: dict[str, Any] = {"field": DENSE_FIELD, "query_vector": [float(x) for x in vector], "k": window,
                            "num_candidates": min(MAX_WINDOW, 2 * window)}
-    f = _filter_of(sparse_query)
+    f = filter_of(sparse_query)
     if f:
         out["filter"] = {"bool": f}
     return out
@@ -51,7 +46,7 @@ def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[st
 def os_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
     """OpenSearch ``knn`` query on ``dense`` (``k`` = the window; the filter inside, as efficient filtering)."""
     inner: dict[str, Any] = {"vector": [float(x) for x in vector], "k": window}
-    f = _filter_of(sparse_query)
+    f = filter_of(sparse_query)
     if f:
         inner["filter"] = {"bool": f}
     return {"knn": {DENSE_FIELD: inner}}
@@ -149,11 +144,6 @@ class ClusterHybrid:
         if "sparse" in opts.retrievers and not req.clauses:
             notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
 
-        def hit(h: Mapping[str, Any]) -> Hit:
-            src = h.get("_source") or {}
-            return Hit(h["_id"], float(h.get("_score") or 0.0), self._metadata_out(src, meta.schema),
-                       src.get("caption_text"), src.get("path"))
-
         def component_lists() -> dict[str, list[Hit]]:
             lists: dict[str, list[Hit]] = {}
             for name in opts.retrievers:
@@ -163,7 +153,7 @@ class ClusterHybrid:
                 body = {**component_query(engine, name, tr.query, text, vector, opts.window), "size": opts.window,
                         "_source": source}
                 res = self.request("POST", self._path(index, "_search"), body, action=f"search {index!r} ({name})", index=index)
-                lists[name] = [hit(h) for h in res.get("hits", {}).get("hits", [])]
+                lists[name] = [self._hit(h, meta) for h in res.get("hits", {}).get("hits", [])]
             return lists
 
         server_ok = opts.server and len(opts.retrievers) > 1 and ("sparse" not in opts.retrievers or use_sparse)
@@ -177,7 +167,7 @@ class ClusterHybrid:
                 notes.append(f"the cluster refused the server-side hybrid search ({str(e).splitlines()[0][:200]}); "
                              "the result lists were fused in stair_es instead")
             else:
-                hits = [hit(h) for h in res.get("hits", {}).get("hits", [])][: req.top_k]
+                hits = [self._hit(h, meta) for h in res.get("hits", {}).get("hits", [])][: req.top_k]
                 if explain:
                     ranks = {name: {h.id: (r, h.score) for r, h in enumerate(lst, start=1)}
                              for name, lst in component_lists().items()}

@@ -168,6 +168,12 @@ def translate(
     return Translation({"bool": bool_q}, notes, replace(request, clauses=clauses))
 
 
+def filter_of(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``filter`` / ``must_not`` of a translated query's ``bool`` (what every retriever and count shares)."""
+    b = query.get("bool", {})
+    return {k: b[k] for k in ("filter", "must_not") if b.get(k)}
+
+
 def _fit_clauses(clauses: list[SparseClause], budget: int, notes: list[str], limit: int) -> list[SparseClause]:
     total = sum(c.vector.nnz for c in clauses)
     if total <= budget:
