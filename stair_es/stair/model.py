@@ -224,12 +224,6 @@ class StairModel(nn.Module):
     def image_parameters(self) -> list[nn.Parameter]:
         return list(self.image.parameters()) + list(self.image_head.parameters())
 
-    def text_parameters(self, include_embedding: bool = True) -> list[nn.Parameter]:
-        params = list(self.text.parameters()) + list(self.text_head.parameters())
-        if not include_embedding:
-            params = [p for p in params if p is not self.token_embedding]
-        return params
-
     @property
     def device(self) -> torch.device:
         return self.logit_scale.device
@@ -243,9 +237,6 @@ class StairModel(nn.Module):
         """(B, prefix + patches, width): ``image_prefix`` class/register tokens, then patches row-major."""
         out = self.image(pixel_values=pixel_values)
         return out if isinstance(out, torch.Tensor) else out.last_hidden_state
-
-    def image_logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.image_head(self.image_hidden(pixel_values), self.token_embedding)
 
     def bag_of_words(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, counts: bool = False) -> torch.Tensor:
         """(B, V) 0/1 presence (or counts) of the input's own tokens, special tokens dropped."""
