@@ -79,8 +79,15 @@ def hybrid_options(f: Callable) -> Callable:
     return f
 
 
-def _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers=None, vector_file=None):
-    """(HybridOptions, dense query vector or None) from the CLI's options."""
+_HYBRID_KEYS = ("hybrid", "retrievers", "vector_file", "fusion", "rrf_k", "weights", "window")
+
+
+def _hybrid_opts(text, q):
+    """(HybridOptions, dense query vector or None) from the --hybrid options, taken out of the
+    command's keyword arguments ``q``; (None, None) without a hybrid search."""
+    hybrid, retrievers, vector_file, fusion, rrf_k, weights, window = (q.pop(k) for k in _HYBRID_KEYS)
+    if not (hybrid or retrievers or vector_file):
+        return None, None
     from stair_es.fusion import parse_weights
     from stair_es.hybrid import DEFAULT_RETRIEVERS, HybridOptions, parse_retrievers
 
@@ -118,8 +125,7 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
-           **q) -> None:
+def search(index, text, explain_hits, as_json, backend, **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -145,11 +151,9 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
     caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a
     min-max normalised weighted sum).
     """
-    hybrid = hybrid or bool(retrievers) or bool(vector_file)
-    if hybrid:
-        opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file)
+    opts, vector = _hybrid_opts(text, q)
     request, qvec = _make_request(backend, index, text, **q)
-    if hybrid:
+    if opts is not None:
         from stair_es.hybrid import hybrid_search
 
         result = hybrid_search(backend, index, request, text, opts, explain=explain_hits, vector=vector)
@@ -211,8 +215,7 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
 @encoder_options(default=None)
 @json_option
 @backend_options
-def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
-            **q) -> None:
+def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
     """Why DOC_ID scores what it does for TEXT (or --tokens); without a query, its top tokens.
 
     Each row is one token: query weight x document weight = contribution; the rows sum to the score.
@@ -228,8 +231,7 @@ def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion,
             click.echo(f"{f} tokens of {doc.id!r} ({doc.vectors[f].nnz} non-zero):")
             click.echo("  " + _fmt_tokens(tm.items()))
         return
-    hybrid = hybrid or bool(retrievers) or bool(vector_file)
-    opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file) if hybrid else (None, None)
+    opts, vector = _hybrid_opts(text, q)
     request, _ = _make_request(backend, index, text, **q)
     exp = backend.explain(index, doc_id, request)
     fused = None
