@@ -60,8 +60,7 @@ def _config_options(f):
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_option
 @backend_options
-def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, encoder, model, encoder_opts, progress,
-              as_json, backend, **config) -> None:
+def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, progress, as_json, backend, **config) -> None:
     """Evaluate INDEX's ranking on rated queries: P@1, P@5, MRR@10, nDCG@10, R@5, R@10.
 
     RATINGS is JSONL, one query a line (the equivalent of Elasticsearch's _rank_eval):
@@ -103,7 +102,9 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, e
     # the --compare-* options describe configuration B; the others are QueryConfig's fields by name
     b = {k.removeprefix("compare_"): config.pop(k) for k in list(config) if k.startswith("compare_")}
     b["encoder_opts"] = b.pop("opts")
-    config_a = QueryConfig(encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts), label="A", **config)
+    encoder = config.pop("encoder")
+    a_options = encoder_kwargs(config.pop("model"), config.pop("encoder_opts"))
+    config_a = QueryConfig(encoder=encoder, encoder_options=a_options, label="A", **config)
     changed = {k: b[k] for k in ("caption_weight", "image_weight", "expand") if b[k] is not None}
     show_bar = stderr_is_tty() if progress is None else progress
     if b["encoder"] or b["model"] or b["encoder_opts"] or changed:
