@@ -5,17 +5,8 @@
 ``neural_sparse`` and raw ``query_tokens``). The client is ``opensearch-py``
 (extra ``stair-es[opensearch]``), imported only when a backend is created.
 
-SEISMIC. Query side (``neural_sparse`` on a ``sparse_vector`` field), per the OpenSearch neural sparse
-ANN documentation: ``method_parameters`` = ``k`` (hits the ANN search returns per shard and
-clause), ``top_n`` (query tokens kept, strongest first), ``heap_factor`` (recall vs speed; higher
-is better recall) and ``filter`` (applied by the SEISMIC search itself: an exact search over the
-filtered documents when they are at most ``k``, otherwise the ANN search with the filter).
-
-stair_es always sends ``k``: ``top_k`` without a filter, and ``top_k * filter_overfetch``
-(default 4) with one, the filter also inside ``method_parameters``, so that a filtered search
-still fills its ``top_k`` when the filter removes ANN candidates. ``top_n`` and ``heap_factor``
-are sent only when given (the engine's defaults: 10 and 1.0).
-
+SEISMIC. Query side: ``method_parameters`` of ``neural_sparse``, see :class:`SeismicParams`; a
+filtered search that comes back short is repeated with a larger ``k`` (:meth:`OpenSearchBackend._after_search`).
 Storage side: a segment of at least ``approximate_threshold`` documents (1,000,000 in stair_es's
 mapping) is searched by SEISMIC over byte-quantised weights: a document weight ``w`` is stored as
 ``round(min(w, c_ingest) * 255 / c_ingest)`` (``quantization_ceiling_ingest``, default 3.0) and a

@@ -33,12 +33,15 @@ DEFAULT_OVERFETCH = 4
 # --- query translation ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class SeismicParams:
-    """The ``method_parameters`` of ``neural_sparse`` on an OpenSearch SEISMIC field.
+    """The ``method_parameters`` of ``neural_sparse`` on an OpenSearch SEISMIC field (OpenSearch's
+    neural sparse ANN documentation).
 
-    ``k``: hits the ANN search returns per shard and clause (default ``top_k``, times
-    ``filter_overfetch`` with a filter, which also goes inside ``method_parameters`` so a filtered
-    search still fills its ``top_k``); ``top_n`` (query tokens kept, strongest first) and
-    ``heap_factor`` (recall vs speed) are sent only when given (the engine's defaults: 10 and 1.0).
+    ``k``: hits the ANN search returns per shard and clause, always sent: ``top_k``, times
+    ``filter_overfetch`` (default 4) with a filter, which also goes inside ``method_parameters``
+    (SEISMIC applies it itself: an exact search over the filtered documents when they are at most
+    ``k``, otherwise the ANN search with the filter), so a filtered search still fills its
+    ``top_k``. ``top_n`` (query tokens kept, strongest first) and ``heap_factor`` (recall vs speed;
+    higher is better recall) are sent only when given (the engine's defaults: 10 and 1.0).
     """
 
     k: int | None = None
