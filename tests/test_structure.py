@@ -18,6 +18,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "stair_es"
 
@@ -231,6 +233,21 @@ def test_no_long_parameter_lists():
                        "keyword arguments): " + ", ".join(found))
 
 
+def test_every_package_folder_is_in_the_wheel():
+    """A folder of modules under stair_es/ that pyproject.toml does not list is left out of a
+    built wheel (the editable install the tests use would still find it): list it there."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
+    listed = set(config["packages"])
+    missing = sorted(
+        ".".join(folder.relative_to(ROOT).parts)
+        for folder in (ROOT / "stair_es").rglob("*")
+        if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))
+        and ".".join(folder.relative_to(ROOT).parts) not in listed
+    )
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
 if __name__ == "__main__":
     g = import_graph()
     cs = circles(g)
@@ -243,3 +260,4 @@ if __name__ == "__main__":
         print("  " + h)
     print(f"files over {MAX_LINES} lines: " + (", ".join(long_files()) or "none"))
     print(f"functions over {MAX_PARAMS} parameters: " + (", ".join(f"{f} ({n})" for f, n in long_signatures()) or "none"))
+
