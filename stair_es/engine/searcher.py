@@ -17,6 +17,7 @@ from ..errors import InvalidInputError
 from ..query import SearchRequest
 from ..schema import Hit, SearchResult
 from . import npkernels as NP
+from .layout import TopK
 from .npkernels import K
 
 #: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
@@ -104,15 +105,15 @@ class Searcher:
 
     def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
         """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
-        GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
+        GIL), each into its own heap; ``args`` = (q_j, q_w, segment arrays, allowed, ref base);
+        returns (heap scores, seqs, refs, state) per part."""
         cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
 
         def run(i: int):
-            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
-            st = np.zeros(8, np.int64)
-            st[2], st[7] = 1, -1
-            kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
-            return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
+            top = TopK.empty(k)
+            kernel(*args, tuple(top), (NP.STRATEGY_BLOCKMAX, self.head_blocks, int(cuts[i]), int(cuts[i + 1])), None, chk)
+            n = top.state[0]
+            return top.scores[:n], top.seqs[:n], top.refs[:n], top.state
 
         return self._run_parallel([(lambda i=i: run(i)) for i in range(parts)])
 
@@ -170,11 +171,8 @@ class Searcher:
         """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
         (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
         k = req.top_k
-        hs = np.zeros(k, np.float32)
-        hq = np.zeros(k, np.uint64)
-        hr = np.zeros(k, np.int64)
-        state = np.zeros(8, np.int64)
-        state[2] = 1
+        heap = tuple(TopK.empty(k))
+        hs, hq, hr, state = heap
         used = []
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
         for si in which:
@@ -197,9 +195,7 @@ class Searcher:
                 # small work: numpy is about as fast, and a new process never pays for starting numba
                 seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
                 seg.verify_terms(q_j)
-                sc, sq, refs, matched, read = NP.search_segment(
-                    q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                    seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
+                sc, sq, refs, matched, read = NP.search_segment(q_j, q_w, seg.kernel_arrays(), allowed, np.int64(si) << 32, k)
                 small.append((sc, sq, refs))
                 state[1] += matched
                 state[5] += read
@@ -215,12 +211,12 @@ class Searcher:
             else:
                 seg.verify_term_tables(q_j)
             state[7] = -1
+            # (plain tuples: numba types them from Python in a third of the time of named ones; the
+            # kernel names them again: SegmentArrays, TopK, SearchOptions)
+            arrays = tuple(seg.kernel_arrays())
             if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
-                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
-                        q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
-                args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                        seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                        np.int64(si) << 32, k)
+                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(q_j, arrays, heap) == NP.STRATEGY_BLOCKMAX):
+                args = (q_j, q_w, arrays, allowed, np.int64(si) << 32)
                 n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
                 for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
                     if st[7] >= 0:
@@ -229,12 +225,8 @@ class Searcher:
                     _add_state(state, st)
                 used.append("blockmax")
                 continue
-            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                         seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                         np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks, strategy,
-                         self._taat_scratch(seg.n_docs), chk, 0, -1)
-            # (every argument given: a call that leaves defaults to numba is dispatched through its
-            # Python fallback, which types all 25 arguments again: ~0.2 ms per call)
+            ran = kernel(q_j, q_w, arrays, allowed, np.int64(si) << 32, heap, (strategy, self.head_blocks, 0, -1),
+                         self._taat_scratch(seg.n_docs), chk)
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])

@@ -25,6 +25,7 @@ from .npkernels import F16_TABLE, K
 from .columns import (DATE_MISSING, Batch, column_arrays, columns_from_rows, concat_columns,  # noqa: F401 - segment's API
                       encode_ids, encode_strings, str_at, take_columns)
 from .filters import SegmentFilters
+from .layout import SegmentArrays
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 # 2 (2026-11-26): adds ``pair_sub``, one byte of sub-block bounds per (term, block) pair (see
@@ -89,6 +90,7 @@ class Segment(SegmentFilters):
         self._doc_plan: tuple | None = None  # see _doc_layout
         self._doc_rows: tuple | None = None  # the same as int64 tables, for kernels.verify_docs
         self._chk: tuple | None = None  # see kernel_check
+        self._arrays: SegmentArrays | None = None  # see kernel_arrays
         self._table_layout: tuple | None = None  # see verify_term_tables
         self.checksummed: bool | None = None
         self.outdated = False  # written in an older container or segment format (set by open)
@@ -202,6 +204,14 @@ class Segment(SegmentFilters):
             self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
                              np.int64(self.offsets["post_off"]), np.int64(self.offsets["post_w"])))
         return self._chk[1]
+
+    def kernel_arrays(self) -> SegmentArrays:
+        """The arrays the search kernels read, as the one tuple they take (made once)."""
+        if self._arrays is None:
+            self._arrays = SegmentArrays(self.n_docs, self.bshift, self.post_ptr, self.pair_ptr, self.pair_block,
+                                         self.pair_cnt, self.pair_max, self.pair_sub, self.post_off, self.post_w,
+                                         self.seq, F16_TABLE)
+        return self._arrays
 
     def raise_damaged_chunk(self, chunk: int) -> None:
         """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""
