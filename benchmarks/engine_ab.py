@@ -58,8 +58,13 @@ def worker(args) -> None:
     from stair_es.query import SearchRequest, SparseClause
     from stair_es.sparse import SparseVector
 
-    reqs = [SearchRequest([SparseClause(args.field, SparseVector.from_arrays(i, w))], top_k=args.k)
-            for i, w in _queries(args.queries, args.seed, args.weights)]
+    if args.queries_npz:
+        z = np.load(args.queries_npz)
+        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
+        pairs = [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
+    else:
+        pairs = _queries(args.queries, args.seed, args.weights)
+    reqs = [SearchRequest([SparseClause(args.field, SparseVector.from_arrays(i, w))], top_k=args.k) for i, w in pairs]
     ix = EngineIndex.open(Path(args.index))
     ix.strategy = args.strategy
     hits = []
@@ -76,8 +81,13 @@ def worker(args) -> None:
             ix.search(r)
             cpu[i].append((time.thread_time() - c) * 1e3)
             wall[i].append((time.perf_counter() - t) * 1e3)
+    used: dict[str, int] = {}
+    for r in reqs:
+        ix.search(r)
+        for u in getattr(ix, "last_search_strategies", ()):
+            used[u] = used.get(u, 0) + 1
     ix.close()
-    json.dump({"wall": [min(x) for x in wall], "cpu": [min(x) for x in cpu], "hits": hits,
+    json.dump({"wall": [min(x) for x in wall], "cpu": [min(x) for x in cpu], "hits": hits, "used": used,
                "first_pass_s": first_pass, "load": os.getloadavg()[0]}, sys.stdout)
 
 
@@ -90,6 +100,7 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--weights", choices=("idf", "iid"), default="idf")
+    ap.add_argument("--queries-npz", help="queries from an .npz of CSR arrays (indptr, indices, weights) instead")
     ap.add_argument("--field", default="image")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--strategy", default="auto")
@@ -112,6 +123,8 @@ def main() -> int:
             cmd = [sys.executable, str(HERE), "--worker", "--index", args.index, "--queries", str(args.queries),
                    "--seed", str(args.seed), "--weights", args.weights, "--field", args.field, "--k", str(args.k),
                    "--strategy", args.strategy, "--passes", str(args.passes)]
+            if args.queries_npz:
+                cmd += ["--queries-npz", str(Path(args.queries_npz).resolve())]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd="/")
             if out.returncode:
                 raise SystemExit(f"worker for {name} failed:\n{out.stderr[-3000:]}")
@@ -128,15 +141,16 @@ def main() -> int:
     same = all(res["hits"] == ref for name, _ in trees for res in per[name])
     print(f"\n{args.queries} queries, {args.rounds} rounds x {args.passes} timed passes, index {args.index}, "
           f"strategy {args.strategy}, load average per round {', '.join(f'{x:.2f}' for x in loads)}")
-    print("| tree | p50 wall ms (median of rounds) | p50 CPU ms | CPU ratio to first (median of paired rounds) | first pass s |")
-    print("|---|---|---|---|---|")
+    print("| tree | p50 wall ms (median of rounds) | p50 CPU ms | CPU ratio to first (median of paired rounds) | first pass s "
+          "| strategies (last round, after the timed passes) |")
+    print("|---|---|---|---|---|---|")
     for name, _ in trees:
         w = [np.median(x["wall"]) for x in per[name]]
         c = [np.median(x["cpu"]) for x in per[name]]
         ratios = [np.median(x["cpu"]) / np.median(y["cpu"]) for x, y in zip(per[name], per[trees[0][0]])]
         fp = [x["first_pass_s"] for x in per[name]]
         print(f"| {name} | {np.median(w):.3f} | {np.median(c):.3f} | x{np.median(ratios):.3f} "
-              f"({', '.join(f'{x:.3f}' for x in ratios)}) | {np.median(fp):.2f} |")
+              f"({', '.join(f'{x:.3f}' for x in ratios)}) | {np.median(fp):.2f} | {per[name][-1].get('used', {})} |")
     print(f"same ids and bit-identical scores on every query in every tree and round: {same}")
     return 0 if same else 1
 

@@ -186,6 +186,8 @@ class EngineIndex(Searcher):
         # "auto" searches a segment with numpy when its query terms have at most this many postings
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
+        self._auto_seen: dict[str, tuple[float, float, int]] = {}  # see Searcher._auto_options
+        self.prefetch = True  # map a query's postings with madvise before the first read (Segment.prefetch_terms)
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1

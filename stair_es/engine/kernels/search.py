@@ -8,7 +8,7 @@ from numba import njit
 
 from ..layout import STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_TAAT, SearchOptions, SegmentArrays, TopK
 from .blockmax import _blockmax_segment
-from .taat import _taat_segment
+from .taat import TAAT_WINDOW_DOCS, _taat_segment
 
 
 @njit(cache=True, nogil=True)
@@ -30,8 +30,9 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     over parts of a segment, each with its own heap; TAAT ignores them (the caller splits only
     block-max work).
 
-    ``scratch``: float32 zeros, at least ``n_docs`` long, that TAAT uses as its accumulator and
-    leaves all zeros (reuse it across calls), or None (TAAT allocates one).
+    ``scratch``: float32 zeros, at least :data:`.taat.TAAT_WINDOW_DOCS` long, that TAAT uses as
+    its accumulator window and leaves all zeros (reuse it across calls), or None (TAAT allocates
+    one).
 
     ``chk``: see :func:`.verify.check_run`. With it, the kernel verifies each postings run the
     first time it reads it (the block tables ``pair_*`` of the query terms must be verified by
@@ -45,9 +46,9 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     seg, top, opts = SegmentArrays(*seg), TopK(*top), SearchOptions(*opts)
     s = opts.strategy
     if s == STRATEGY_AUTO:
-        s = choose_strategy(q_j, seg, top)
+        s = choose_strategy(q_j, seg, top, opts)
     if s == STRATEGY_TAAT:
-        need = seg.n_docs
+        need = max(TAAT_WINDOW_DOCS, 1 << seg.bshift)
         if scratch is None:
             acc = np.zeros(need, np.float32)
         else:
@@ -60,25 +61,48 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     return STRATEGY_BLOCKMAX
 
 
-@njit(cache=True)
-def choose_strategy(q_j, seg, top):
-    """The cheaper exact strategy for this query on this segment: a cost model in nanoseconds,
-    calibrated on 20k-1M document segments (docs/engine.md).
+#: the cost model's nanoseconds (2026-11-27, AMD EPYC, one thread; least squares over 500 queries
+#: of the 100k Zipf corpus and the 1M idf corpus, kernels timed on their own): TAAT per posting
+#: of the query terms and per document of the segment (the windows' count and zeroing passes);
+#: block-max per (term, block) pair of the query terms (its set-up pass: bounds and visit order),
+#: per block scored and per posting streamed
+TAAT_NS_POSTING = 1.0
+TAAT_NS_DOC = 0.2
+BM_NS_PAIR = 25.0
+BM_NS_BLOCK = 410.0
+BM_NS_STREAMED = 2.8
 
-    TAAT reads every posting of the query terms (~1.4 ns each) and scans the documents hit
-    (~0.5 ns each). Block-max reads at most as many postings, usually far fewer, but every hit
-    that enters its top-k heap is rescored in query-term order (~50 ns per query term); about
-    k (1 + ln(n / k)) hits enter a heap of k over n documents in scan order, fewer when earlier
-    segments filled it already. Block-max is kept unless that rescoring alone would cost more
-    than half of a TAAT pass: it wins by far whenever the weights let its bounds prune, which
-    the model cannot see in advance. In practice TAAT is chosen for large k."""
-    seg, top = SegmentArrays(*seg), TopK(*top)
-    post_ptr, n_docs, k, state = seg.post_ptr, seg.n_docs, top.scores.size, top.state
+
+@njit(cache=True)
+def choose_strategy(q_j, seg, top, opts):
+    """The cheaper exact strategy for this query on this segment, from a cost model in
+    nanoseconds (the constants above).
+
+    TAAT costs ``TAAT_NS_POSTING`` x the postings P of the query terms + ``TAAT_NS_DOC`` x the
+    documents. Block-max costs its set-up pass (``BM_NS_PAIR`` x the query terms' (term, block)
+    pairs, counted from their pointers) plus the blocks it scores and the postings it streams,
+    which depend on how well the bounds prune: the weights decide that, not the counts. When
+    ``opts`` carries what block-max did on this segment's recent queries (``streamed_share`` of
+    P streamed, ``scored_share`` of the blocks scored; the searcher keeps them, see
+    ``Searcher._auto_options``), those shares predict it for this query. Without them (-1: a
+    segment's first queries) block-max is kept unless rescoring its heap's entries in query-term
+    order (~50 ns per query term; about k (1 + ln(n / k)) hits enter a heap of k over n
+    documents in scan order, fewer when earlier segments filled it already) would cost more than
+    half of a TAAT pass: it wins by far whenever the weights let its bounds prune."""
+    seg, top, opts = SegmentArrays(*seg), TopK(*top), SearchOptions(*opts)
+    post_ptr, pair_ptr, n_docs, k, state = seg.post_ptr, seg.pair_ptr, seg.n_docs, top.scores.size, top.state
     P = 0
+    pairs = 0
     for i in range(q_j.size):
         P += post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
+        pairs += pair_ptr[q_j[i] + 1] - pair_ptr[q_j[i]]
     if P == 0 or n_docs == 0:
         return STRATEGY_BLOCKMAX
+    taat = TAAT_NS_POSTING * P + TAAT_NS_DOC * n_docs
+    if opts.streamed_share >= 0:
+        n_blocks = (n_docs + (1 << seg.bshift) - 1) >> seg.bshift
+        bm = BM_NS_PAIR * pairs + BM_NS_BLOCK * opts.scored_share * n_blocks + BM_NS_STREAMED * opts.streamed_share * P
+        return STRATEGY_TAAT if taat < bm else STRATEGY_BLOCKMAX
     kk = float(max(k, 1))
     if state[0] >= k:  # the heap is full already: only docs beating earlier segments' hits enter
         seen = float(max(state[1], k))
@@ -87,7 +111,6 @@ def choose_strategy(q_j, seg, top):
         pushes = kk * (1.0 + np.log(max(n_docs / kk, 1.0)))
     pushes = min(pushes, float(n_docs), float(P))
     rescoring = pushes * q_j.size * 50.0
-    taat = 1.4 * P + 0.5 * n_docs
     if rescoring > 0.5 * taat:
         return STRATEGY_TAAT
     return STRATEGY_BLOCKMAX
