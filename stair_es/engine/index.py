@@ -234,6 +234,8 @@ class EngineIndex(Searcher):
             idx._load()
             if writable:
                 idx._clean_unreferenced()
+            elif os.environ.get("STAIR_ES_WARM", "").strip().lower() in ("1", "true", "yes", "on"):
+                idx.warm()  # $STAIR_ES_WARM: every reader ready for its first query (Searcher.warm)
         except BaseException:
             idx.close()
             raise

@@ -66,3 +66,18 @@ def test_advise_is_a_harmless_hint():
     pages.advise(buf.ctypes.data + 100, 5000)  # anonymous memory: the kernel may refuse; nothing breaks
     assert pages.advise_ranges(buf.ctypes.data, [0, 10, 1 << 19], [5, 20, (1 << 19) + 10]) <= 2  # neighbours merged
     assert buf.sum() == 0
+
+
+def test_stair_es_warm_makes_every_reader_warm_on_open(tmp_path, monkeypatch):
+    _index(tmp_path).close()
+    calls = []
+    real = EngineIndex.warm
+    monkeypatch.setattr(EngineIndex, "warm", lambda self: calls.append(1) or real(self))
+    EngineIndex.open(tmp_path / "ix").close()
+    assert calls == []
+    monkeypatch.setenv("STAIR_ES_WARM", "1")
+    ix = EngineIndex.open(tmp_path / "ix")
+    assert calls == [1]
+    assert ix.search(_req(0)).hits
+    EngineIndex.open(tmp_path / "ix", writable=True).close()  # a writer is not warmed (it is for readers)
+    assert calls == [1]
