@@ -39,9 +39,9 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     the caller); a run failing its checksum stops the search with ``top.state[7]`` = the bad
     chunk (-1 on entry), so no damaged byte ever reaches a score.
 
-    ``seg``, ``top`` and ``opts`` may be plain tuples of the same fields: numba types a plain
-    tuple from Python in a third of the time of a named one (~5 us less per call), and they
-    are named again here.
+    ``seg``, ``top`` and ``opts`` may be plain tuples of the same fields (all of them: numba
+    fills no defaults): numba types a plain tuple from Python in a third of the time of a named
+    one (~5 us less per call), and they are named again here.
     """
     seg, top, opts = SegmentArrays(*seg), TopK(*top), SearchOptions(*opts)
     s = opts.strategy
