@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         print("| exact search on the same corpus | median ms/query |\n|---|---:|")
         print(f"| engine `search()` end to end | {e2e:.3f} |")
         print(f"| engine kernel `search_segment` on arrays, block-max | {kernel_ms:.3f} |")
-        print(f"| engine kernel `search_segment` on arrays, TAAT (dense accumulator + top-k pass) | {med(t_taat):.3f} |")
+        print(f"| engine kernel `search_segment` on arrays, TAAT (document-blocked: L1-resident windows) | {med(t_taat):.3f} |")
         print(f"| scipy CSC brute force (float32) | {t_brute:.3f} |")
         # the roofline: the same work against this machine's limits, measured now
         limits = roofline.measure_limits(seg.n_docs)
