@@ -11,7 +11,6 @@ calls do nothing and reads fault as before. Knows nothing about segments.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import sys
 
@@ -19,30 +18,40 @@ MADV_WILLNEED = 3
 MADV_POPULATE_READ = 22
 PAGE = mmap.PAGESIZE
 
-_libc = None
-if sys.platform.startswith("linux"):
-    try:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        _libc.madvise.restype = ctypes.c_int
-    except (OSError, AttributeError):  # pragma: no cover - no libc: hints are no-ops
-        _libc = None
+_libc = None  # loaded on the first hint (ctypes.CDLL(None): the C library Python runs on, no ldconfig call)
 _populate = True  # until the kernel says it does not know MADV_POPULATE_READ
+
+
+def _madvise():
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL(None, use_errno=True)
+                lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+                lib.madvise.restype = ctypes.c_int
+                _libc = lib
+            except (OSError, AttributeError):  # pragma: no cover - no madvise: hints are no-ops
+                _libc = False
+    return _libc
 
 
 def advise(addr: int, nbytes: int) -> bool:
     """Ask for the ``nbytes`` bytes at address ``addr`` (of a read-only file mapping) to be
     mapped now (or read ahead). Returns whether a hint was given."""
     global _populate
-    if _libc is None or nbytes <= 0:
+    lib = _madvise()
+    if not lib or nbytes <= 0:
         return False
     a = addr & ~(PAGE - 1)
     n = addr + nbytes - a
     if _populate:
-        if _libc.madvise(a, n, MADV_POPULATE_READ) == 0:
+        if lib.madvise(a, n, MADV_POPULATE_READ) == 0:
             return True
-        _populate = False  # EINVAL: an older kernel; read-ahead below from now on
-    return _libc.madvise(a, n, MADV_WILLNEED) == 0
+        if ctypes.get_errno() == 22:  # EINVAL: a kernel without it; read-ahead below from now on
+            _populate = False
+    return lib.madvise(a, n, MADV_WILLNEED) == 0
 
 
 def advise_ranges(base: int, starts, ends, gap: int = 16 * PAGE) -> int:
