@@ -14,6 +14,11 @@ per round, the load average beside each round, and whether every tree returned t
 with bit-identical scores on every query.
 
 Only the public API (``EngineIndex.open``, ``search``) is used, so any two commits compare.
+
+``--build-corpus N --index DIR`` first builds DIR from the benchmark corpus of N documents
+(:mod:`benchmarks.corpora`, the ``100k``/``1m`` configs' generator and seed; one segment, as
+``profile_engine`` builds it) and writes its queries to ``DIR.queries.npz`` (then pass
+``--queries-npz DIR.queries.npz``), with this checkout's code; every tree reads that index.
 """
 
 from __future__ import annotations
@@ -91,6 +96,31 @@ def worker(args) -> None:
                "first_pass_s": first_pass, "load": os.getloadavg()[0]}, sys.stdout)
 
 
+def build_corpus_index(n_docs: int, index: Path) -> Path:
+    """The benchmark corpus of ``n_docs`` documents as one engine segment at ``index``; its
+    queries saved beside it. Returns the queries file."""
+    import numpy as np
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from benchmarks.corpora import CorpusSpec, load_corpus
+    from stair_es.engine import EngineIndex
+    from stair_es.schema import IndexSchema
+
+    corpus = load_corpus(CorpusSpec(n_docs=n_docs, n_queries=500))
+    d, qs = corpus.docs, corpus.queries
+    qfile = index.with_name(index.name + ".queries.npz")
+    np.savez(qfile, indptr=qs.indptr, indices=qs.indices, weights=qs.weights)
+    if not (index / "manifest.json").exists():
+        ix = EngineIndex.create(index, IndexSchema(fields={}, sparse_fields=("image",)))
+        for lo in range(0, d.n_rows, 200_000):
+            hi = min(d.n_rows, lo + 200_000)
+            a0, a1 = int(d.indptr[lo]), int(d.indptr[hi])
+            ix.add_arrays([str(i) for i in range(lo, hi)], {"image": (d.indptr[lo:hi + 1] - a0, d.indices[a0:a1], d.weights[a0:a1])})
+        ix.optimize()
+        ix.close()
+    return qfile
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--index", required=True, help="the index folder both trees search")
@@ -104,11 +134,17 @@ def main() -> int:
     ap.add_argument("--field", default="image")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--strategy", default="auto")
+    ap.add_argument("--build-corpus", type=int, metavar="N",
+                    help="build --index from the benchmark corpus of N documents first (and DIR.queries.npz)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return 0
+    if args.build_corpus:
+        qfile = build_corpus_index(args.build_corpus, Path(args.index))
+        print(f"index {args.index} built from the {args.build_corpus:,}-document benchmark corpus; queries in {qfile}")
+        args.queries_npz = args.queries_npz or str(qfile)
     trees = [t.split("=", 1) for t in args.tree]
     if len(trees) < 2 or any(len(t) != 2 for t in trees):
         raise SystemExit("give at least two --tree NAME=FOLDER")
