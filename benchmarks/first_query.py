@@ -6,14 +6,14 @@ once (the *first pass*: each query's terms are read for the first time, or nearl
 again (*steady*), and reports both p50 (wall clock) and their ratio. The variants take the
 first pass apart:
 
-* ``today``: madvise prefetch off: what a reader paid before (kernel load, checksums of the
-  first-read chunks, page faults, all in the first queries);
+* ``today``: a reader as it starts (the default: kernels loaded on first use, no prefetch):
+  kernel load, checksums of the first-read chunks and page faults, all in the first queries;
 * ``kernels-loaded``: the numba kernels loaded before the first pass (untimed), prefetch off:
   the first pass then pays checksums and page faults only;
 * ``no-verify``: kernels loaded, ``STAIR_ES_VERIFY=size`` (no chunk checksums), prefetch off:
   page faults only;
-* ``prefetch``: the default now: kernels loaded on first use, each query's postings mapped with
-  one ``madvise`` per range before the first read (``Segment.prefetch_terms``);
+* ``prefetch``: ``EngineIndex.prefetch = True``: each query's postings mapped with one
+  ``madvise`` per range before their first read (``Segment.prefetch_terms``);
 * ``warm``: ``EngineIndex.warm()`` first (timed apart): every page mapped, every byte verified,
   the kernels loaded.
 
@@ -59,7 +59,7 @@ def worker(args) -> None:
     t = time.perf_counter()
     ix = EngineIndex.open(Path(args.index))
     out["open_s"] = time.perf_counter() - t
-    ix.prefetch = args.variant in ("prefetch", "warm")
+    ix.prefetch = args.variant == "prefetch"
     if args.variant in ("kernels-loaded", "no-verify"):
         from stair_es.engine import kernels as K
         from stair_es.engine.layout import TopK
