@@ -213,7 +213,7 @@ def main() -> None:
         sc, cb = np.median([b[0] for b in blocks]), np.median([b[1] for b in blocks])
         print(f"  blocks scored per query: median {sc:,.0f} of {cb:,.0f} candidate blocks")
     if len(reader.snapshot().segments) == 1:  # profile: the block-max set-up pass alone (a diagnostic)
-        from stair_es.engine import kernels as K
+        from stair_es.engine.kernels import blockmax
 
         seg = reader.snapshot().segments[0].seg
         plan = []
@@ -222,8 +222,7 @@ def main() -> None:
             j = seg.term_index(0, v.ids)
             q_j, q_w = j[j >= 0].astype(np.int64), v.weights[j >= 0].astype(np.float32)
             c = time.thread_time()
-            K._block_plan(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                          seg.pair_max, seg.pair_sub, F16_TABLE, np.zeros(0, np.uint8), reader.head_blocks)
+            blockmax._block_plan(q_j, q_w, seg.kernel_arrays(), np.zeros(0, np.uint8), reader.head_blocks, 0, -1)
             plan.append((time.thread_time() - c) * 1000)
         print(f"  profile: the block plan (block bounds, visit order, the head blocks' run table) takes CPU p50 "
               f"{np.median(plan):.2f} ms of the {cpu_ms['p50_ms']:.2f} ms")

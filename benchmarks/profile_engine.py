@@ -7,7 +7,10 @@ Builds the engine on a cached synthetic corpus (same generator and seed as the c
    candidate blocks, matched docs) when it reports them, and the time of its set-up pass (block
    upper-bound table and visit order, ``kernels._block_plan``);
 3. the engine's own strategies forced one at a time (block-max, term-at-a-time) and the scipy CSC
-   brute force, as reference points for what the layout allows.
+   brute force, as reference points for what the layout allows;
+4. a roofline (:mod:`benchmarks.roofline`): the machine's copy bandwidth and scatter-add rate,
+   measured in the same run, beside each figure's postings/s and GB/s; and which strategy
+   ``auto`` chose.
 
 The kernel is called exactly as ``EngineIndex._search`` calls it (the same ``search_segment``
 arguments, TAAT scratch and ``head_blocks``), and the set-up pass timed is the kernel's own
@@ -28,6 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from . import roofline
 from .corpora import CorpusSpec, load_corpus
 
 
@@ -49,6 +54,7 @@ def main(argv=None) -> int:
 
     from stair_es.engine import EngineIndex
     from stair_es.engine import kernels as K
+    from stair_es.engine.kernels import blockmax
     from stair_es.query import SearchRequest, SparseClause
     from stair_es.schema import IndexSchema
     from stair_es.sparse import SparseVector
@@ -85,22 +91,22 @@ def main(argv=None) -> int:
         print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:3000])
         print("```\n")
 
-        arrays = (seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.pair_max, seg.pair_sub)
+        arrays = seg.kernel_arrays()
         qj, qw = [], []
         for i in range(nq):
             tok, w = qs.row(i)
             j = seg.term_index(0, tok)
             qj.append(j[j >= 0].astype(np.int64))
             qw.append(np.ascontiguousarray(w[j >= 0], np.float32))
-        f16 = K.F16_TABLE
+        plan = blockmax._block_plan
         no_filter = np.zeros(0, np.uint8)
 
         def kernel(i, hits=None, strategy=K.STRATEGY_BLOCKMAX):
             """One call of the engine's kernel on segment arrays, with the arguments EngineIndex._search passes."""
-            hs, hq, hr = np.zeros(a.k, np.float32), np.zeros(a.k, np.uint64), np.zeros(a.k, np.int64)
-            state = np.array([0, 0, 1, 0, 0, 0, 0], np.int64)
-            K.search_segment(qj[i], qw[i], seg.n_docs, seg.bshift, *arrays, seg.post_off, seg.post_w, f16, no_filter,
-                             seg.seq, np.int64(0), a.k, hs, hq, hr, state, idx.head_blocks, strategy, acc)
+            top = K.TopK.empty(a.k)
+            hs, hq, hr, state = top
+            K.search_segment(qj[i], qw[i], arrays, no_filter, np.int64(0), top, K.SearchOptions(strategy, idx.head_blocks),
+                             acc, None)
             if hits is not None:
                 n = int(state[0])
                 order = np.lexsort((hq[:n], -hs[:n]))
@@ -110,13 +116,13 @@ def main(argv=None) -> int:
         acc = np.zeros(seg.n_docs, np.float32)
         kernel(0)
         kernel(0, strategy=K.STRATEGY_TAAT)
-        K._block_plan(qj[0], qw[0], seg.n_docs, seg.bshift, *arrays, f16, no_filter, idx.head_blocks)
+        plan(qj[0], qw[0], arrays, no_filter, idx.head_blocks, 0, -1)
         t_kernel, t_setup, t_taat, states, posts_tot, same = [], [], [], [], 0, 0
         for i in range(nq):
             t0 = time.perf_counter()
             states.append(kernel(i))
             t1 = time.perf_counter()
-            K._block_plan(qj[i], qw[i], seg.n_docs, seg.bshift, *arrays, f16, no_filter, idx.head_blocks)
+            plan(qj[i], qw[i], arrays, no_filter, idx.head_blocks, 0, -1)
             t2 = time.perf_counter()
             kernel(i, strategy=K.STRATEGY_TAAT)
             t3 = time.perf_counter()
@@ -158,8 +164,22 @@ def main(argv=None) -> int:
         print("| exact search on the same corpus | median ms/query |\n|---|---:|")
         print(f"| engine `search()` end to end | {e2e:.3f} |")
         print(f"| engine kernel `search_segment` on arrays, block-max | {kernel_ms:.3f} |")
-        print(f"| engine kernel `search_segment` on arrays, TAAT (dense accumulator + top-k pass) | {med(t_taat):.3f} |")
+        print(f"| engine kernel `search_segment` on arrays, TAAT (document-blocked: L1-resident windows) | {med(t_taat):.3f} |")
         print(f"| scipy CSC brute force (float32) | {t_brute:.3f} |")
+        # the roofline: the same work against this machine's limits, measured now
+        limits = roofline.measure_limits(seg.n_docs)
+        ppq = posts_tot / nq
+        rows = [("engine `search()` end to end (auto)", roofline.entry("embedded", e2e, ppq, limits)),
+                ("engine kernel, block-max", roofline.entry("embedded", kernel_ms, ppq, limits)),
+                ("engine kernel, TAAT", roofline.entry("embedded", med(t_taat), ppq, limits)),
+                ("scipy CSC brute force", roofline.entry("bruteforce", t_brute, ppq, limits))]
+        print(f"\n{roofline.limits_line(limits)}\n\n{roofline.table(rows)}\n")
+        used: dict[str, int] = {}
+        for r in reqs:
+            idx.search(r)
+            for u in idx.last_search_strategies:
+                used[u] = used.get(u, 0) + 1
+        print(f"`auto` chose, per segment search: {', '.join(f'{k2} {v}' for k2, v in sorted(used.items()))}\n")
         del truth_taat
         idx.close()
     return 0

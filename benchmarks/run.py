@@ -6,6 +6,11 @@ builds the index, measures single-query latency on one thread, batched throughpu
 ``batch_threads`` and writes the top-k of every query. The parent then scores recall@10 against
 the exact ranking of the same run (sparse: brute force on the full, un-pruned corpus; dense: FAISS
 Flat) and hands everything to :mod:`benchmarks.report`.
+
+The exact sparse systems are also put on a roofline (:mod:`benchmarks.roofline`): the machine's
+copy/triad bandwidth and scalar scatter-add rate, measured once in the same run, beside each
+system's postings scored per second and bytes read per query (printed at the end, and under
+``roofline`` in ``results.json``).
 """
 
 from __future__ import annotations
@@ -254,7 +259,7 @@ def _spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
 def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Callable[[str], None] | None = None,
                cache_dir: Path | None = None) -> dict[str, Any]:
     """Run every (size, top-n, system) of ``cfg``; write and return the report dict."""
-    from . import report
+    from . import report, roofline
 
     say = progress or (lambda msg: log.info(msg))
     out_dir = Path(out_dir or RESULTS_DIR / cfg["name"])
@@ -268,6 +273,8 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
     t_run = time.perf_counter()
     machine = machine_info()  # load average at the start; the end's is added below
     rows: list[dict[str, Any]] = []
+    limits: dict[str, Any] | None = None  # the machine's limits, measured once in this run (benchmarks.roofline)
+    roof_rows: list[tuple[str, dict[str, Any]]] = []
     corpora_info = {}
     with tempfile.TemporaryDirectory(prefix="stair-bench-") as tmp:
         for size in sizes:
@@ -277,6 +284,7 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
             corpora_info[str(size)] = corpus.info
             say(f"[{size:,} docs] corpus ready in {time.perf_counter() - t:.1f} s ({corpus.info['docs']['nnz_mean']:.0f} tokens/doc)")
             truth: dict[str, np.ndarray] = {}
+            ppq: float | None = None  # median postings of the query terms per query (the roofline's work)
             variants: list[tuple[int | None, list[dict[str, Any]]]] = [(None, systems)]
             if sweep:
                 names = set(sweep.get("systems", ["engine"]))
@@ -317,6 +325,19 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
                             else:
                                 n = min(len(ref), len(topk))
                                 st["recall@10"] = id_recall(topk[:n], ref[:n])
+                        if res.get("exact") and res.get("modality") == "sparse" and top_n is None:
+                            if limits is None:
+                                limits = roofline.measure_limits(size)
+                                say(roofline.limits_line(limits))
+                            if ppq is None:
+                                from .corpora import VOCAB_SIZE
+
+                                q = truth_corpus.queries
+                                ppq = float(np.median(roofline.postings_per_query(
+                                    truth_corpus.docs.indices, VOCAB_SIZE, [q.row(i)[0] for i in range(q.n_rows)])))
+                            for st in res["settings"]:
+                                st["roofline"] = roofline.entry(s["kind"], stat(st["latency_ms"], "p50"), ppq, limits)
+                                roof_rows.append((f"{label} @ {size:,}", st["roofline"]))
                         best = min(res["settings"], key=lambda st: stat(st["latency_ms"], "p50"))
                         say(f"[{size:,}] {label}: build {res['build_s']:.1f} s, p50 {stat(best['latency_ms'], 'p50'):.3f} ms, "
                             f"recall@10 {best.get('recall@10')}, peak {res['peak_rss_mb']:.0f} MB")
@@ -332,9 +353,13 @@ def run_config(cfg: dict[str, Any], out_dir: Path | None = None, *, progress: Ca
         "versions": library_versions(),
         "corpora": corpora_info,
         "results": rows,
+        "roofline": {"limits": limits, "systems": [{"system": lab, **e} for lab, e in roof_rows]} if limits else None,
         "run_wall_s": time.perf_counter() - t_run,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(time.time() - (time.perf_counter() - t_run))),
     }
+    if limits:
+        say("roofline of the exact sparse systems (benchmarks/roofline.py):\n" + roofline.limits_line(limits) + "\n"
+            + roofline.table(roof_rows))
     report.write_reports(result, out_dir)
     say(f"report written to {out_dir} (run took {result['run_wall_s']:.0f} s)")
     return result

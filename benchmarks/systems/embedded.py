@@ -109,8 +109,8 @@ class EmbeddedEngine(System):
             seg = segs[0].seg
             if len(segs) != 1 or segs[0].deleted is not None:
                 raise SkipSystem("raw kernel timing needs a single segment without deletions")
-            arrays = (seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w, K.F16_TABLE)
-            n_docs, bshift, seq = seg.n_docs, seg.bshift, seg.seq
+            arrays = seg.kernel_arrays()
+            opts = K.SearchOptions(K.STRATEGY_AUTO, self.index.head_blocks)
             no_filter = np.zeros(0, np.uint8)
             search = K.search_segment
         except (AttributeError, ImportError, IndexError) as e:
@@ -119,9 +119,9 @@ class EmbeddedEngine(System):
         def raw(tok, w, k):
             j = seg.term_index(fi, tok.astype(np.int64))
             ok = j >= 0
-            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
-            state = np.array([0, 0, 1], np.int64)
-            search(j[ok], w[ok], n_docs, bshift, *arrays, no_filter, seq, np.int64(0), k, hs, hq, hr, state)
+            top = K.TopK.empty(k)
+            hs, hq, hr, state = top
+            search(j[ok], w[ok], arrays, no_filter, np.int64(0), top, opts, None, None)
             n = int(state[0])
             order = np.lexsort((hq[:n], -hs[:n]))
             # doc ids were added as str(row) in row order into one segment: local doc == row

@@ -15,9 +15,13 @@ One module per job:
 * ``columns``: the columnar batch a segment is built from, metadata columns, packed strings;
 * ``filters``: a filter tree evaluated on one segment into a document mask;
 * ``storage``: atomic files and the checksummed array container;
+* ``pages``: ``madvise`` hints for memory-mapped segments (the first query's page faults);
 * ``checksum``: the registry of compiled checksum helpers (numba, when loaded);
-* ``layout``: constants shared by the kernels and their twins;
-* ``kernels`` / ``npkernels``: the numba kernels and their numpy twins for small work.
+* ``layout``: constants and the tuples (segment arrays, top-k heap, options) shared by the
+  kernels and their twins;
+* ``kernels/``: the numba kernels, one job a module (``verify``, ``ids``, ``build``, ``postings``,
+  ``heap``, ``taat``, ``blockmax``, ``search``, ``simd``); ``npkernels/``: their numpy twins
+  for small work, under the same module names.
 """
 
 from .check import check_index

@@ -186,6 +186,10 @@ class EngineIndex(Searcher):
         # "auto" searches a segment with numpy when its query terms have at most this many postings
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
+        self._auto_seen: dict[str, tuple[float, float, int]] = {}  # see Searcher._auto_options
+        # map a query's postings with madvise before their first read (Segment.prefetch_terms): off, as it
+        # maps whole terms that block-max mostly skips (docs/scale.md, "The first query")
+        self.prefetch = False
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1
@@ -232,6 +236,8 @@ class EngineIndex(Searcher):
             idx._load()
             if writable:
                 idx._clean_unreferenced()
+            elif os.environ.get("STAIR_ES_WARM", "").strip().lower() in ("1", "true", "yes", "on"):
+                idx.warm()  # $STAIR_ES_WARM: every reader ready for its first query (Searcher.warm)
         except BaseException:
             idx.close()
             raise

@@ -1,10 +1,13 @@
 """Constants of the postings layout shared by the numba kernels (:mod:`.kernels`) and their
 numpy twins (:mod:`.npkernels`): the float16 decoding table, the sub-block bounds of segment
-format 2 and the exact search strategies. A leaf: it imports numpy only, so both kernel modules
-read it without importing each other.
+format 2, the exact search strategies, and the two tuples the search kernels take (a segment's
+arrays, the top-k heap). A leaf: it imports numpy only, so both kernel packages read it without
+importing each other.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,3 +37,62 @@ STRATEGY_BLOCKMAX = 1
 STRATEGY_TAAT = 2
 STRATEGY_NUMPY = 3
 STRATEGY_NAMES = ("auto", "blockmax", "taat", "numpy")
+
+#: documents per window of the TAAT kernel: 4,096 float32 sums = 16 KiB, half of a 32 KiB L1
+#: data cache (the postings stream past it); a caller's accumulator is at least this long.
+#: 4,096 and 16,384 ran alike on the 100k Zipf corpus (2026-11-27, AMD EPYC)
+TAAT_WINDOW_DOCS = 4096
+
+
+class SegmentArrays(NamedTuple):
+    """What a search kernel reads of one segment (numba takes it as one named tuple: attribute
+    access in compiled code, one argument instead of a dozen). The layout of the postings is
+    described in :mod:`.kernels`; ``pair_sub`` is empty for a segment without sub-block codes
+    (format 1); ``f16`` decodes the stored float16 bits (:data:`F16_TABLE`)."""
+
+    n_docs: int
+    bshift: int
+    post_ptr: np.ndarray  # int64, per term: its first posting (and the end)
+    pair_ptr: np.ndarray  # int64, per term: its first (block, count) pair (and the end)
+    pair_block: np.ndarray  # uint16, per pair: the block
+    pair_cnt: np.ndarray  # uint8, per pair: postings in the block - 1
+    pair_max: np.ndarray  # uint16, per pair: the block maximum's float16 bits
+    pair_sub: np.ndarray  # uint8, per pair: the sub-block code (empty: none)
+    post_off: np.ndarray  # uint8, per posting: the doc's offset in its block
+    post_w: np.ndarray  # uint16, per posting: the weight's float16 bits
+    seq: np.ndarray  # uint64, per doc: its sequence number (ties go to the lower)
+    f16: np.ndarray  # float32[65536]: float16 bits -> value
+
+
+class TopK(NamedTuple):
+    """The top-k heap a search kernel merges its hits into (root = the worst kept hit: lowest
+    score, then highest sequence number), shared by the segments of one search.
+
+    ``state`` = [heap size, matched docs, 1 if matched is exact, blocks scored, candidate blocks,
+    postings streamed, lookups, first damaged chunk or -1]."""
+
+    scores: np.ndarray  # float32[k]
+    seqs: np.ndarray  # uint64[k]
+    refs: np.ndarray  # int64[k]: segment << 32 | local doc
+    state: np.ndarray  # int64[8]
+
+    @classmethod
+    def empty(cls, k: int) -> "TopK":
+        state = np.zeros(8, np.int64)
+        state[2], state[7] = 1, -1
+        return cls(np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64), state)
+
+
+class SearchOptions(NamedTuple):
+    """How a search kernel searches one segment: the strategy (``STRATEGY_*``), the head size of
+    block-max's visit order, the block range [block_lo, block_hi) (-1: to the end) that
+    block-max searches (one query split over threads by block ranges), and for ``auto``'s cost
+    model what block-max did on this segment's recent queries: the share of the query terms'
+    postings it streamed and of the blocks it scored (-1: not known)."""
+
+    strategy: int = 0
+    head_blocks: int = 64
+    block_lo: int = 0
+    block_hi: int = -1
+    streamed_share: float = -1.0
+    scored_share: float = -1.0

@@ -17,10 +17,16 @@ from ..errors import InvalidInputError
 from ..query import SearchRequest
 from ..schema import Hit, SearchResult
 from . import npkernels as NP
+from .layout import TAAT_WINDOW_DOCS, TopK
 from .npkernels import K
 
 #: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
 SPLIT_MIN_DOCS = 1 << 16
+#: ``auto`` runs block-max again on a segment after this many of its queries went to TAAT, so that
+#: its record of how well block-max prunes there follows the queries (see :meth:`Searcher._auto_options`)
+AUTO_RETRY = 32
+#: the weight of a new block-max run in that record (an exponential moving average)
+AUTO_EMA = 0.25
 
 
 def _add_state(state: np.ndarray, part: np.ndarray) -> None:
@@ -58,10 +64,11 @@ class Searcher:
         except ValueError:
             raise InvalidInputError(f"unknown search strategy {self.strategy!r}; use one of {', '.join(NP.STRATEGY_NAMES)}") from None
 
-    def _taat_scratch(self, n_docs: int) -> np.ndarray:
+    def _taat_scratch(self) -> np.ndarray:
+        """This thread's TAAT accumulator window (the kernel leaves it all zeros)."""
         buf = getattr(self._scratch, "acc", None)
-        if buf is None or buf.size < n_docs:
-            buf = np.zeros(max(n_docs, 1), np.float32)  # the kernel leaves it all zeros
+        if buf is None:
+            buf = np.zeros(TAAT_WINDOW_DOCS, np.float32)
             self._scratch.acc = buf
         return buf
 
@@ -80,8 +87,75 @@ class Searcher:
         result, state, used = self._search(req, self._segs, self._strategy_code(), t0, n)
         # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
         self.last_search_stats = state
-        self.last_search_strategies = used  # per searched segment: "blockmax" or "taat"
+        self.last_search_strategies = used  # per searched segment: "blockmax", "taat" or "numpy"
         return result
+
+    def _auto_options(self, seg, strategy: int) -> tuple:
+        """The kernel's options (a plain :class:`.layout.SearchOptions`) for one segment. With
+        ``auto`` they carry block-max's record on this segment -- the shares of the query terms'
+        postings it streamed and of the blocks it scored, averaged over its recent runs -- from
+        which the kernel's cost model predicts block-max against TAAT for this query
+        (``kernels.search.choose_strategy``); once TAAT has taken :data:`AUTO_RETRY` queries in
+        a row, block-max runs again to renew the record."""
+        rec = self._auto_seen.get(seg.name) if strategy == NP.STRATEGY_AUTO else None
+        if rec is None:
+            return (strategy, self.head_blocks, 0, -1, -1.0, -1.0)
+        streamed, scored, since = rec
+        if since >= AUTO_RETRY:
+            return (NP.STRATEGY_BLOCKMAX, self.head_blocks, 0, -1, -1.0, -1.0)
+        return (strategy, self.head_blocks, 0, -1, streamed, scored)
+
+    def _auto_record(self, seg, ran: str, work: np.ndarray, postings: int) -> None:
+        """Fold one kernel run into ``auto``'s record of the segment (``work``: the blocks scored
+        and postings streamed by that run)."""
+        rec = self._auto_seen.get(seg.name)
+        if ran == "blockmax":
+            n_blocks = max((seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift, 1)
+            streamed, scored = float(work[1]) / max(postings, 1), float(work[0]) / n_blocks
+            if rec is not None:
+                streamed = rec[0] + AUTO_EMA * (streamed - rec[0])
+                scored = rec[1] + AUTO_EMA * (scored - rec[1])
+            self._auto_seen[seg.name] = (streamed, scored, 0)
+        elif rec is not None:
+            self._auto_seen[seg.name] = (rec[0], rec[1], rec[2] + 1)
+
+    def warm(self) -> dict[str, float]:
+        """Ready this reader for its first query, so that it runs as fast as the hundredth: every
+        segment's pages mapped now (:meth:`Segment.prefetch_all`), every byte verified against its
+        checksums (what first reads would verify chunk by chunk), and the numba search kernels
+        loaded for this index's array types (from numba's cache, or compiled on a first run).
+        Returns the seconds each step took. Costs a read of the whole index: for a server at
+        start, not for a one-off search."""
+        out = {}
+        self.refresh()
+        t = time.perf_counter()
+        for s in self._segs:
+            s.seg.prefetch_all()
+        out["map_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        kernel = K.search_segment  # imports the kernels (and registers the compiled CRC-32 used below)
+        out["import_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for s in self._segs:
+            s.seg.verify_all()
+        out["verify_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        for s in self._segs[:1]:  # every segment has the same array types
+            seg = s.seg
+            for strategy in (NP.STRATEGY_BLOCKMAX, NP.STRATEGY_TAAT):  # an empty query: loads, reads nothing
+                kernel(*none, tuple(seg.kernel_arrays()), np.zeros(0, np.uint8), np.int64(0), tuple(TopK.empty(1)),
+                       (strategy, self.head_blocks, 0, -1, -1.0, -1.0), self._taat_scratch(), seg.kernel_check())
+            K.choose_strategy(none[0], tuple(seg.kernel_arrays()), tuple(TopK.empty(1)), (0, self.head_blocks, 0, -1, -1.0, -1.0))
+        out["kernels_s"] = time.perf_counter() - t
+        return out
+
+    def auto_record(self) -> dict[str, dict[str, float]]:
+        """What ``auto`` knows of block-max on each segment searched so far (for profiles):
+        shares of the query terms' postings streamed and of the blocks scored, and the queries
+        since its last block-max run there."""
+        return {name: {"streamed_share": r[0], "scored_share": r[1], "queries_since_blockmax": r[2]}
+                for name, r in self._auto_seen.items()}
 
     def search_batch(self, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
         """Search several requests at once on ``threads`` threads (default: one per CPU).
@@ -104,15 +178,16 @@ class Searcher:
 
     def _split_search(self, kernel, args: tuple, chk, n_blocks: int, parts: int, k: int) -> list[tuple[np.ndarray, ...]]:
         """Block-max over ``parts`` block ranges of one segment at once (the kernel releases the
-        GIL), each into its own heap; returns (heap scores, seqs, refs, state) per part."""
+        GIL), each into its own heap; ``args`` = (q_j, q_w, segment arrays, allowed, ref base);
+        returns (heap scores, seqs, refs, state) per part."""
         cuts = np.linspace(0, n_blocks, parts + 1).astype(np.int64)
 
         def run(i: int):
-            hs, hq, hr = np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64)
-            st = np.zeros(8, np.int64)
-            st[2], st[7] = 1, -1
-            kernel(*args, hs, hq, hr, st, self.head_blocks, NP.STRATEGY_BLOCKMAX, None, chk, cuts[i], cuts[i + 1])
-            return hs[:st[0]], hq[:st[0]], hr[:st[0]], st
+            top = TopK.empty(k)
+            kernel(*args, tuple(top), (NP.STRATEGY_BLOCKMAX, self.head_blocks, int(cuts[i]), int(cuts[i + 1]), -1.0, -1.0),
+                   None, chk)
+            n = top.state[0]
+            return top.scores[:n], top.seqs[:n], top.refs[:n], top.state
 
         return self._run_parallel([(lambda i=i: run(i)) for i in range(parts)])
 
@@ -170,11 +245,8 @@ class Searcher:
         """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
         (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
         k = req.top_k
-        hs = np.zeros(k, np.float32)
-        hq = np.zeros(k, np.uint64)
-        hr = np.zeros(k, np.int64)
-        state = np.zeros(8, np.int64)
-        state[2] = 1
+        heap = tuple(TopK.empty(k))
+        hs, hq, hr, state = heap
         used = []
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
         for si in which:
@@ -192,14 +264,14 @@ class Searcher:
             q_w = np.concatenate(ws).astype(np.float32)
             allowed = self._allowed(s, req.filter)
             seg = s.seg
-            if strategy == NP.STRATEGY_NUMPY or (
-                    strategy == NP.STRATEGY_AUTO and NP.postings_touched(q_j, seg.post_ptr) <= self.numpy_max_postings):
+            if self.prefetch:
+                seg.prefetch_terms(q_j)  # their pages mapped in a few calls, not faulted in one by one
+            postings = NP.postings_touched(q_j, seg.post_ptr)
+            if strategy == NP.STRATEGY_NUMPY or (strategy == NP.STRATEGY_AUTO and postings <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba
                 seg.verify_arrays(("seq",))  # checksummed segments: verify what the search reads, before it reads
                 seg.verify_terms(q_j)
-                sc, sq, refs, matched, read = NP.search_segment(
-                    q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                    seg.post_off, seg.post_w, allowed, seg.seq, np.int64(si) << 32, k)
+                sc, sq, refs, matched, read = NP.search_segment(q_j, q_w, seg.kernel_arrays(), allowed, np.int64(si) << 32, k)
                 small.append((sc, sq, refs))
                 state[1] += matched
                 state[5] += read
@@ -215,29 +287,31 @@ class Searcher:
             else:
                 seg.verify_term_tables(q_j)
             state[7] = -1
+            # (plain tuples: numba types them from Python in a third of the time of named ones; the
+            # kernel names them again: SegmentArrays, TopK, SearchOptions)
+            arrays = tuple(seg.kernel_arrays())
+            opts = self._auto_options(seg, strategy)
             if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
-                    strategy == NP.STRATEGY_BLOCKMAX or K.choose_strategy(
-                        q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, k, state) == NP.STRATEGY_BLOCKMAX):
-                args = (q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                        seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                        np.int64(si) << 32, k)
+                    opts[0] == NP.STRATEGY_BLOCKMAX or K.choose_strategy(q_j, arrays, heap, opts) == NP.STRATEGY_BLOCKMAX):
+                args = (q_j, q_w, arrays, allowed, np.int64(si) << 32)
                 n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
+                before = state[[3, 5]].copy()
                 for hs_i, hq_i, hr_i, st in self._split_search(kernel, args, chk, n_blocks, threads, k):
                     if st[7] >= 0:
                         seg.raise_damaged_chunk(int(st[7]))
                     small.append((hs_i, hq_i, hr_i))
                     _add_state(state, st)
                 used.append("blockmax")
+                if strategy == NP.STRATEGY_AUTO:
+                    self._auto_record(seg, "blockmax", state[[3, 5]] - before, postings)
                 continue
-            ran = kernel(q_j, q_w, seg.n_docs, seg.bshift, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                         seg.pair_max, seg.pair_sub, seg.post_off, seg.post_w, NP.F16_TABLE, allowed, seg.seq,
-                         np.int64(si) << 32, k, hs, hq, hr, state, self.head_blocks, strategy,
-                         self._taat_scratch(seg.n_docs), chk, 0, -1)
-            # (every argument given: a call that leaves defaults to numba is dispatched through its
-            # Python fallback, which types all 25 arguments again: ~0.2 ms per call)
+            before = state[[3, 5]].copy()
+            ran = kernel(q_j, q_w, arrays, allowed, np.int64(si) << 32, heap, opts, self._taat_scratch(), chk)
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
+            if strategy == NP.STRATEGY_AUTO:
+                self._auto_record(seg, NP.STRATEGY_NAMES[ran], state[[3, 5]] - before, postings)
         return hs, hq, hr, state, small, used
 
     def _finish(self, req: SearchRequest, segs: list, hs, hq, hr, state, small, used, t0: float):

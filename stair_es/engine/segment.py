@@ -19,12 +19,13 @@ import numpy as np
 
 from ..schema import format_date
 from ..vocab import VOCAB_SIZE
-from . import checksum
+from . import checksum, pages
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
 from .columns import (DATE_MISSING, Batch, column_arrays, columns_from_rows, concat_columns,  # noqa: F401 - segment's API
                       encode_ids, encode_strings, str_at, take_columns)
 from .filters import SegmentFilters
+from .layout import SegmentArrays
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
 
 # 2 (2026-11-26): adds ``pair_sub``, one byte of sub-block bounds per (term, block) pair (see
@@ -89,6 +90,8 @@ class Segment(SegmentFilters):
         self._doc_plan: tuple | None = None  # see _doc_layout
         self._doc_rows: tuple | None = None  # the same as int64 tables, for kernels.verify_docs
         self._chk: tuple | None = None  # see kernel_check
+        self._arrays: SegmentArrays | None = None  # see kernel_arrays
+        self._mapped: np.ndarray | None = None  # per term: its postings asked for with madvise (prefetch_terms)
         self._table_layout: tuple | None = None  # see verify_term_tables
         self.checksummed: bool | None = None
         self.outdated = False  # written in an older container or segment format (set by open)
@@ -202,6 +205,39 @@ class Segment(SegmentFilters):
             self._chk = (v, (v.mm, v.table, v.ok, np.int64(v.shift), np.int64(v.content),
                              np.int64(self.offsets["post_off"]), np.int64(self.offsets["post_w"])))
         return self._chk[1]
+
+    def prefetch_terms(self, js: np.ndarray) -> None:
+        """Map the postings and block tables of terms ``js`` now, a few ``madvise`` calls for all
+        of them (:mod:`.pages`), rather than page by page as the kernel first reads them. Once
+        per term and process; a hint only."""
+        if self._mapped is None:
+            self._mapped = np.zeros(self.keys.size, bool)
+        js = np.asarray(js, np.int64)
+        js = js[~self._mapped[js]]
+        if js.size == 0:
+            return
+        for name in ("post_off", "post_w") + self._table_names():
+            arr = self.a.get(name)
+            if arr is None or arr.size == 0:
+                continue
+            ptr = self.post_ptr if name.startswith("post_") else self.pair_ptr
+            pages.advise_ranges(arr.ctypes.data, ptr[js] * arr.itemsize, ptr[js + 1] * arr.itemsize)
+        self._mapped[js] = True
+
+    def prefetch_all(self) -> None:
+        """Map every array of the segment now (a warm-up)."""
+        for arr in self.a.values():
+            if arr.size:
+                pages.advise(arr.ctypes.data, arr.nbytes)
+        self._mapped = np.ones(self.keys.size, bool)
+
+    def kernel_arrays(self) -> SegmentArrays:
+        """The arrays the search kernels read, as the one tuple they take (made once)."""
+        if self._arrays is None:
+            self._arrays = SegmentArrays(self.n_docs, self.bshift, self.post_ptr, self.pair_ptr, self.pair_block,
+                                         self.pair_cnt, self.pair_max, self.pair_sub, self.post_off, self.post_w,
+                                         self.seq, F16_TABLE)
+        return self._arrays
 
     def raise_damaged_chunk(self, chunk: int) -> None:
         """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""

@@ -304,7 +304,7 @@ class ChunkVerifier:
         elif bool((last - first <= 1).all()):
             chunks = np.concatenate([first, last])
         else:
-            from .npkernels import _ranges
+            from .npkernels.postings import _ranges
 
             chunks = _ranges(first, last + 1)
         need = np.sort(chunks[~self.ok[chunks]])

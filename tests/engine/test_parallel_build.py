@@ -78,7 +78,7 @@ def test_chunks_are_whole_blocks_covering_every_document(target):
     indptr = np.zeros(lens.size + 1, np.int64)
     np.cumsum(lens, out=indptr[1:])
     for bshift in (1, 4, 8):
-        b = K._chunk_bounds(indptr, lens.size, bshift, target)
+        b = K.build._chunk_bounds(indptr, lens.size, bshift, target)
         assert b[0] == 0 and b[-1] == lens.size and np.all(np.diff(b) > 0)
         assert np.all(b[1:-1] % (1 << bshift) == 0)
         if target == 1:  # every block with postings a chunk of its own

@@ -1,0 +1,142 @@
+"""The first query after a start against the hundredth: ``python benchmarks/first_query.py --index DIR``.
+
+Each variant runs in a fresh process (the index files in the page cache, as after a restart of
+the searching process; nothing is mapped, verified or loaded in it yet), searches every query
+once (the *first pass*: each query's terms are read for the first time, or nearly) and then
+again (*steady*), and reports both p50 (wall clock) and their ratio. The variants take the
+first pass apart:
+
+* ``today``: a reader as it starts (the default: kernels loaded on first use, no prefetch):
+  kernel load, checksums of the first-read chunks and page faults, all in the first queries;
+* ``kernels-loaded``: the numba kernels loaded before the first pass (untimed), prefetch off:
+  the first pass then pays checksums and page faults only;
+* ``no-verify``: kernels loaded, ``STAIR_ES_VERIFY=size`` (no chunk checksums), prefetch off:
+  page faults only;
+* ``prefetch``: ``EngineIndex.prefetch = True``: each query's postings mapped with one
+  ``madvise`` per range before their first read (``Segment.prefetch_terms``);
+* ``warm``: ``EngineIndex.warm()`` first (timed apart): every page mapped, every byte verified,
+  the kernels loaded.
+
+Queries: ``engine_bench``'s Zipf queries (``--weights``, ``--seed``) or ``--queries-npz``. Every
+figure is printed with the load average beside it; run it on a quiet machine for absolute values,
+and compare variants within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+VARIANTS = ("today", "kernels-loaded", "no-verify", "prefetch", "warm")
+
+
+def worker(args) -> None:
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    t_import = time.perf_counter()
+    import numpy as np
+
+    sys.path.insert(0, str(HERE.parent))
+    from engine_ab import _queries
+
+    from stair_es.engine import EngineIndex
+    from stair_es.query import SearchRequest, SparseClause
+    from stair_es.sparse import SparseVector
+
+    if args.queries_npz:
+        z = np.load(args.queries_npz)
+        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
+        pairs = [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
+    else:
+        pairs = _queries(args.queries, args.seed, args.weights)
+    reqs = [SearchRequest([SparseClause("image", SparseVector.from_arrays(i, w))], top_k=10) for i, w in pairs]
+    out = {"import_s": time.perf_counter() - t_import}
+    t = time.perf_counter()
+    ix = EngineIndex.open(Path(args.index))
+    out["open_s"] = time.perf_counter() - t
+    ix.prefetch = args.variant == "prefetch"
+    if args.variant in ("kernels-loaded", "no-verify"):
+        from stair_es.engine import kernels as K
+        from stair_es.engine.layout import TopK
+
+        seg = ix.snapshot().segments[0].seg
+        t = time.perf_counter()
+        none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+        for strategy in (1, 2):
+            K.search_segment(*none, tuple(seg.kernel_arrays()), np.zeros(0, np.uint8), np.int64(0), tuple(TopK.empty(1)),
+                             (strategy, 64, 0, -1, -1.0, -1.0), np.zeros(4096, np.float32), seg.kernel_check())
+        out["kernel_load_s"] = time.perf_counter() - t
+    if args.variant == "warm":
+        out["warm"] = ix.warm()
+    first, steady = [], []
+    for r in reqs:
+        t = time.perf_counter()
+        ix.search(r)
+        first.append((time.perf_counter() - t) * 1e3)
+    for r in reqs:
+        t = time.perf_counter()
+        ix.search(r)
+        steady.append((time.perf_counter() - t) * 1e3)
+    out.update(first=first, steady=steady, load=os.getloadavg()[0])
+    json.dump(out, sys.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--weights", choices=("idf", "iid"), default="idf")
+    ap.add_argument("--queries-npz", help="queries from an .npz of CSR arrays (indptr, indices, weights)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=2, help="processes per variant (interleaved)")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant:
+        worker(args)
+        return 0
+    import numpy as np
+
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown variant(s) {bad}; use some of {', '.join(VARIANTS)}")
+    res: dict[str, list[dict]] = {v: [] for v in names}
+    for r in range(args.rounds):
+        for v in (names if r % 2 == 0 else names[::-1]):
+            env = dict(os.environ, NUMBA_NUM_THREADS="1")
+            if v == "no-verify":
+                env["STAIR_ES_VERIFY"] = "size"
+            cmd = [sys.executable, str(HERE), "--variant", v, "--index", args.index, "--queries", str(args.queries),
+                   "--seed", str(args.seed), "--weights", args.weights]
+            if args.queries_npz:
+                cmd += ["--queries-npz", str(Path(args.queries_npz).resolve())]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if p.returncode:
+                raise SystemExit(f"variant {v} failed:\n{p.stderr[-3000:]}")
+            res[v].append(json.loads(p.stdout))
+    print(f"index {args.index}, {args.queries} queries, {args.rounds} processes per variant (interleaved)")
+    print("| variant | first pass p50 ms | steady p50 ms | first / steady | first pass total s | set-up before it | load |")
+    print("|---|---|---|---|---|---|---|")
+    for v in names:
+        f = float(np.median([np.median(x["first"]) for x in res[v]]))
+        s = float(np.median([np.median(x["steady"]) for x in res[v]]))
+        tot = float(np.median([sum(x["first"]) / 1e3 for x in res[v]]))
+        setup = ""
+        if "kernel_load_s" in res[v][0]:
+            setup = f"kernels loaded in {np.median([x['kernel_load_s'] for x in res[v]]):.2f} s"
+        if "warm" in res[v][0]:
+            w = {k: float(np.median([x["warm"][k] for x in res[v]])) for k in res[v][0]["warm"]}
+            setup = "warm(): " + ", ".join(f"{k[:-2]} {val:.2f} s" for k, val in w.items())
+        load = ", ".join(f"{x['load']:.1f}" for x in res[v])
+        print(f"| {v} | {f:.3f} | {s:.3f} | x{f / s:.2f} | {tot:.2f} | {setup} | {load} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Walking built postings: the merge of several segments' postings, postings back to CSR rows,
+one document's row, a term's documents, document frequencies."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def merge_postings(kstart, kend, keys_u, pair_block, pair_cnt, post_off, post_w, post_start, newdoc, doc_base, bshift_in, bshift):
+    """Merge the postings of several segments term by term (streaming, no transposition).
+
+    ``kstart[s, u]`` / ``kend[s, u]``: pair range of union key u in segment s (concatenated
+    arrays; kstart = kend when absent); ``post_start[s, u]``: its first posting. Local doc
+    d of segment s becomes ``newdoc[doc_base[s] + d]`` (-1 = deleted). Output as
+    :func:`build_postings`.
+    """
+    S = kstart.shape[0]
+    U = keys_u.size
+    cnt_post = np.zeros(U, np.int64)
+    cnt_pair = np.zeros(U, np.int64)
+    for u in range(U):
+        last = -1
+        for s in range(S):
+            q = post_start[s, u]
+            for p in range(kstart[s, u], kend[s, u]):
+                base = np.int64(pair_block[p]) << bshift_in
+                for _ in range(np.int64(pair_cnt[p]) + 1):
+                    nd = newdoc[doc_base[s] + base + post_off[q]]
+                    q += 1
+                    if nd >= 0:
+                        cnt_post[u] += 1
+                        b = nd >> bshift
+                        if b != last:
+                            cnt_pair[u] += 1
+                            last = b
+    T = 0
+    for u in range(U):
+        if cnt_post[u] > 0:
+            T += 1
+    keys = np.empty(T, np.uint32)
+    post_ptr = np.zeros(T + 1, np.int64)
+    pair_ptr = np.zeros(T + 1, np.int64)
+    j = 0
+    for u in range(U):
+        if cnt_post[u] > 0:
+            keys[j] = keys_u[u]
+            post_ptr[j + 1] = post_ptr[j] + cnt_post[u]
+            pair_ptr[j + 1] = pair_ptr[j] + cnt_pair[u]
+            j += 1
+    o_block = np.empty(pair_ptr[T], np.uint16)
+    o_cnt = np.empty(pair_ptr[T], np.uint8)
+    o_max = np.empty(pair_ptr[T], np.uint16)
+    o_off = np.empty(post_ptr[T], np.uint8)
+    o_w = np.empty(post_ptr[T], np.uint16)
+    mask = (1 << bshift) - 1
+    j = 0
+    for u in range(U):
+        if cnt_post[u] == 0:
+            continue
+        k = pair_ptr[j] - 1
+        r = post_ptr[j]
+        last = -1
+        c = 0
+        for s in range(S):
+            q = post_start[s, u]
+            for p in range(kstart[s, u], kend[s, u]):
+                base = np.int64(pair_block[p]) << bshift_in
+                for _ in range(np.int64(pair_cnt[p]) + 1):
+                    nd = newdoc[doc_base[s] + base + post_off[q]]
+                    w = post_w[q]
+                    q += 1
+                    if nd < 0:
+                        continue
+                    b = nd >> bshift
+                    if b != last:
+                        if k >= pair_ptr[j]:
+                            o_cnt[k] = c - 1
+                        k += 1
+                        o_block[k] = b
+                        o_max[k] = w
+                        c = 0
+                        last = b
+                    elif w > o_max[k]:
+                        o_max[k] = w
+                    o_off[r] = nd & mask
+                    o_w[r] = w
+                    r += 1
+                    c += 1
+        o_cnt[k] = c - 1
+        j += 1
+    return keys, post_ptr, pair_ptr, o_block, o_cnt, o_max, o_off, o_w
+
+
+@njit(cache=True)
+def postings_to_csr(n_docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, key_lo, key_hi, bshift, keep_map):
+    """Term-major postings of keys in [key_lo, key_hi) -> doc-major CSR over kept docs.
+
+    ``keep_map[d]`` is the new row of local doc d (-1 = dropped). Returns indptr, token ids
+    (key - key_lo), fp16 weight bits; token ids within a row come out sorted.
+    """
+    n_out = 0
+    for d in range(n_docs):
+        if keep_map[d] >= 0:
+            n_out += 1
+    counts = np.zeros(n_out + 1, np.int64)
+    for j in range(keys.size):
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        q = post_ptr[j]
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                r = keep_map[base + post_off[q]]
+                if r >= 0:
+                    counts[r + 1] += 1
+                q += 1
+    indptr = np.cumsum(counts)
+    pos = indptr[:-1].copy()
+    ids = np.empty(indptr[n_out], np.int32)
+    wb = np.empty(indptr[n_out], np.uint16)
+    for j in range(keys.size):  # keys ascending -> ids ascending within each row
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        tok = np.int32(keys[j] - key_lo)
+        q = post_ptr[j]
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                r = keep_map[base + post_off[q]]
+                if r >= 0:
+                    ids[pos[r]] = tok
+                    wb[pos[r]] = post_w[q]
+                    pos[r] += 1
+                q += 1
+    return indptr, ids, wb
+
+
+@njit(cache=True)
+def doc_row(doc, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift):
+    """All (key, fp16 bits) of one local doc, keys ascending."""
+    b = doc >> bshift
+    off = doc & ((1 << bshift) - 1)
+    out_k = np.empty(keys.size, np.uint32)
+    out_w = np.empty(keys.size, np.uint16)
+    n = 0
+    for j in range(keys.size):
+        lo = pair_ptr[j]
+        hi = pair_ptr[j + 1]
+        # binary search of block b in this term's pairs
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if pair_block[mid] < b:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < pair_ptr[j + 1] and pair_block[lo] == b:
+            q = post_ptr[j]
+            for p in range(pair_ptr[j], lo):
+                q += np.int64(pair_cnt[p]) + 1
+            for qq in range(q, q + np.int64(pair_cnt[lo]) + 1):
+                if post_off[qq] == off:
+                    out_k[n] = keys[j]
+                    out_w[n] = post_w[qq]
+                    n += 1
+                    break
+    return out_k[:n], out_w[:n]
+
+
+@njit(cache=True)
+def term_docs(j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, out_mask):
+    """Set ``out_mask[d] = 1`` for every local doc in term j's postings."""
+    q = post_ptr[j]
+    for p in range(pair_ptr[j], pair_ptr[j + 1]):
+        base = np.int64(pair_block[p]) << bshift
+        for _ in range(np.int64(pair_cnt[p]) + 1):
+            out_mask[base + post_off[q]] = 1
+            q += 1
+
+
+@njit(cache=True)
+def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, live, key_lo, key_hi, out):
+    """Live document frequency per key in [key_lo, key_hi) added into out[key - key_lo]."""
+    all_live = live.size == 0
+    for j in range(keys.size):
+        if keys[j] < key_lo or keys[j] >= key_hi:
+            continue
+        if all_live:
+            out[keys[j] - key_lo] += post_ptr[j + 1] - post_ptr[j]
+            continue
+        q = post_ptr[j]
+        c = 0
+        for p in range(pair_ptr[j], pair_ptr[j + 1]):
+            base = np.int64(pair_block[p]) << bshift
+            for _ in range(np.int64(pair_cnt[p]) + 1):
+                if live[base + post_off[q]]:
+                    c += 1
+                q += 1
+        out[keys[j] - key_lo] += c

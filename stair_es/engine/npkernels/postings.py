@@ -1,0 +1,53 @@
+"""Walking built postings in numpy (twins of :mod:`..kernels.postings`): every posting of some
+terms, a term's documents, document frequencies."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import DamagedIndexError
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, e)`` for each pair, in order (int64)."""
+    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(ends, np.int64) - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.zeros(lens.size, np.int64)
+    np.cumsum(lens[:-1], out=offs[1:])
+    return np.repeat(starts - offs, lens) + np.arange(total, dtype=np.int64)
+
+
+def term_postings(q_j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(local doc, posting index, query-term position) of every posting of the terms ``q_j``,
+    term after term, docs ascending within a term."""
+    q_j = np.asarray(q_j, np.int64)
+    pidx = _ranges(pair_ptr[q_j], pair_ptr[q_j + 1])
+    qidx = _ranges(post_ptr[q_j], post_ptr[q_j + 1])
+    runs = pair_cnt[pidx].astype(np.int64) + 1
+    if int(runs.sum()) != qidx.size:
+        raise DamagedIndexError("the block counts of a segment's postings do not add up to its postings pointers; "
+                                "the index is damaged: run `stair-es index check`")
+    docs = np.repeat(pair_block[pidx].astype(np.int64) << bshift, runs) + post_off[qidx]
+    term = np.repeat(np.arange(q_j.size), post_ptr[q_j + 1] - post_ptr[q_j])
+    return docs, qidx, term
+
+
+def term_docs(j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift) -> np.ndarray:
+    """Local docs of term ``j``'s postings."""
+    return term_postings(np.array([j]), post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)[0]
+
+
+def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift, live, key_lo, key_hi, out) -> None:
+    """Live document frequency per key in [key_lo, key_hi) added into ``out[key - key_lo]``."""
+    lo, hi = np.searchsorted(keys, [key_lo, key_hi])
+    if hi <= lo:
+        return
+    js = np.arange(lo, hi)
+    if live.size == 0:
+        np.add.at(out, keys[js].astype(np.int64) - key_lo, post_ptr[js + 1] - post_ptr[js])
+        return
+    docs, _, term = term_postings(js, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)
+    counts = np.bincount(term[live[docs] != 0], minlength=js.size)
+    np.add.at(out, keys[js].astype(np.int64) - key_lo, counts)

@@ -1,0 +1,70 @@
+"""Page hints for memory-mapped segment files: ``madvise(2)`` through the C library.
+
+A process's first read of a memory-mapped range faults it in page by page (a trap and a page
+table update each, even when the file is in the page cache; a disk read when it is not). Asking
+for a whole range at once -- ``MADV_POPULATE_READ`` (Linux 5.14+: the pages are mapped now, in
+one call) or else ``MADV_WILLNEED`` (read-ahead started, mapped on first touch) -- replaces those
+faults by one system call. Only a hint: where ``madvise`` is missing (not Linux, no libc) the
+calls do nothing and reads fault as before. Knows nothing about segments.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+MADV_WILLNEED = 3
+MADV_POPULATE_READ = 22
+PAGE = mmap.PAGESIZE
+
+_libc = None  # loaded on the first hint (ctypes.CDLL(None): the C library Python runs on, no ldconfig call)
+_populate = True  # until the kernel says it does not know MADV_POPULATE_READ
+
+
+def _madvise():
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL(None, use_errno=True)
+                lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+                lib.madvise.restype = ctypes.c_int
+                _libc = lib
+            except (OSError, AttributeError):  # pragma: no cover - no madvise: hints are no-ops
+                _libc = False
+    return _libc
+
+
+def advise(addr: int, nbytes: int) -> bool:
+    """Ask for the ``nbytes`` bytes at address ``addr`` (of a read-only file mapping) to be
+    mapped now (or read ahead). Returns whether a hint was given."""
+    global _populate
+    lib = _madvise()
+    if not lib or nbytes <= 0:
+        return False
+    a = addr & ~(PAGE - 1)
+    n = addr + nbytes - a
+    if _populate:
+        if lib.madvise(a, n, MADV_POPULATE_READ) == 0:
+            return True
+        if ctypes.get_errno() == 22:  # EINVAL: a kernel without it; read-ahead below from now on
+            _populate = False
+    return lib.madvise(a, n, MADV_WILLNEED) == 0
+
+
+def advise_ranges(base: int, starts, ends, gap: int = 16 * PAGE) -> int:
+    """:func:`advise` the byte ranges [starts[i], ends[i]) past address ``base``, neighbours
+    less than ``gap`` apart merged into one call. Returns the number of calls made."""
+    spans = sorted((int(s), int(e)) for s, e in zip(starts, ends) if e > s)
+    calls = 0
+    i = 0
+    while i < len(spans):
+        lo, hi = spans[i]
+        i += 1
+        while i < len(spans) and spans[i][0] - hi < gap:
+            hi = max(hi, spans[i][1])
+            i += 1
+        calls += advise(base + lo, hi - lo)
+    return calls
