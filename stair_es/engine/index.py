@@ -17,11 +17,10 @@ than ``max_segments`` (8), the writer merges the ``merge_factor`` (8) smallest i
 right after the commit (a tiered policy: each document is rewritten O(log n) times);
 ``optimize()`` merges everything and drops deleted documents.
 
-Scores: weights are stored as IEEE float16 (11 significant bits, relative rounding error
-<= 2**-11, values above 65504 are clipped, below ~6e-8 dropped); scores are the float32 sum
-of ``clause weight x query weight x stored weight`` in a fixed order, exact with respect to
-the stored weights. Ties are broken by insertion order (older first; an update counts as a
-new insertion).
+Scores: weights are stored as IEEE float16 (relative error <= 2**-11, above 65504 clipped,
+below ~6e-8 dropped); scores are the float32 sum of ``clause weight x query weight x stored weight`` in a fixed
+order, exact with respect to the stored weights. Ties are broken by insertion order (older
+first; an update counts as a new insertion).
 """
 
 from __future__ import annotations
