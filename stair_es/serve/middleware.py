@@ -1,0 +1,225 @@
+"""Pure ASGI middleware of `stair-es serve`, run before any route: the Host allow-list and
+browser security headers (:class:`HostGuard`), the API key gate (:class:`KeyGate`) and the
+request body's size, time and text checks (:class:`BodyGuard`).
+
+Each answers a refused request itself, in the one error shape of :mod:`.errors`. This module
+must not know any route or the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+from .errors import error_body
+from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
+
+
+# --- body guard (size and time caps before any route runs) -------------------------------------
+class BodyGuard:
+    """Pure ASGI middleware: reads a request body whole, refusing more than ``max_bytes`` (413)
+    or a client slower than ``timeout`` seconds to send it (408); then replays it to the app.
+    A slow or huge client ties up only its own connection, never a worker."""
+
+    def __init__(self, app, max_bytes: int, timeout: float):
+        self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less "
+                                                 "(fewer inputs, smaller images)")
+        chunks: list[bytes] = []
+        size = 0
+
+        async def read_all() -> bool:
+            nonlocal size
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return False
+                body = msg.get("body", b"")
+                size += len(body)
+                if size > self.max_bytes:
+                    raise OverflowError
+                chunks.append(body)
+                if not msg.get("more_body", False):
+                    return True
+
+        try:
+            complete = await asyncio.wait_for(read_all(), self.timeout)
+        except OverflowError:
+            return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less")
+        except asyncio.TimeoutError:
+            return await self._refuse(send, 408, f"the request body did not arrive within {self.timeout:g} s; "
+                                                 "send it faster or in a smaller request")
+        if not complete:
+            return
+        body = b"".join(chunks)
+        bad = bad_text(body)
+        if bad:
+            return await self._refuse(send, 400, bad)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send, status: int, message: str) -> None:
+        payload = json.dumps(error_body(2, "InvalidInputError", message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def bad_text(body: bytes) -> str | None:
+    """The message for a body whose text is not valid Unicode (a lone surrogate such as
+    ``"\\ud800"``, or bytes that are not UTF-8), naming the first field that holds it; None if
+    the text is fine. Valid UTF-8 without a surrogate escape is let through without parsing."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        utf8 = False
+        where = f"byte 0x{body[e.start]:02x} at offset {e.start}"
+    else:
+        utf8 = True
+        if not _SURROGATE_ESCAPE.search(body):
+            return None
+    try:
+        data = json.loads(body.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        if utf8:
+            return None  # not JSON: the route's own parser says so
+        return f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
+    field = _bad_field(data)
+    if field is None:
+        return None if utf8 else f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
+    return (f"{field}: the text holds a lone surrogate (such as \\ud800) or bytes that are not UTF-8; "
+            "send valid Unicode text")
+
+
+def _bad_field(data: Any) -> str | None:
+    stack: list[tuple[str, Any]] = [("body", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for k, v in reversed(items):
+                key_path = k if path == "body" else f"{path}.{k}"
+                if _SURROGATE.search(k):
+                    return f"{path} (a key)" if path != "body" else "a field name"
+                stack.append((key_path, v))
+        elif isinstance(value, list):
+            for i in range(len(value) - 1, -1, -1):
+                stack.append((f"{path}[{i}]", value[i]))
+    return None
+
+
+#: Seconds a client is told to wait (``Retry-After``) after a 503 or 429.
+RETRY_AFTER_S = b"1"
+
+
+class HostGuard:
+    """Pure ASGI middleware: a request whose ``Host`` is not one the server answers to gets 400
+    (a web page that rebinds its DNS name to 127.0.0.1 cannot read this server from a user's
+    browser); HTML answers get the browser security headers (CSP, nosniff, no referrer, no framing);
+    503 and 429 answers get ``Retry-After``."""
+
+    def __init__(self, app, allowed: frozenset[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = next((v for k, v in scope.get("headers") or [] if k == b"host"), None)
+        host_s = host.decode("latin-1") if host is not None else None
+        if not host_allowed(host_s, self.allowed):
+            payload = json.dumps(error_body(2, "InvalidInputError", (
+                f"Host {host_s[:100]!r} is not a name this server answers to; reach it by an allowed name, or "
+                "start it with --allowed-host NAME"))).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(payload)).encode())]})
+            return await send({"type": "http.response.body", "body": payload})
+        start: dict | None = None
+        chunks: list[bytes] = []
+
+        async def send_wrapped(msg):
+            nonlocal start
+            if msg["type"] == "http.response.start" and msg["status"] in (429, 503):
+                # a shed or not-ready answer says when to come back (RFC 9110: seconds)
+                hs = list(msg.get("headers") or [])
+                if not any(k.lower() == b"retry-after" for k, _ in hs):
+                    msg = {**msg, "headers": hs + [(b"retry-after", RETRY_AFTER_S)]}
+            if msg["type"] == "http.response.start":
+                ctype = next((v for k, v in msg.get("headers") or [] if k.lower() == b"content-type"), b"")
+                if ctype.startswith(b"text/html"):
+                    start = msg  # held until the body is known (the CSP names its inline scripts' hashes)
+                    return None
+                return await send(msg)
+            if start is not None and msg["type"] == "http.response.body":
+                chunks.append(msg.get("body", b""))
+                if msg.get("more_body", False):
+                    return None
+                html = b"".join(chunks)
+                extra = {"Content-Security-Policy": content_security_policy(html), **HTML_HEADERS}
+                headers = [(k, v) for k, v in start.get("headers") or [] if k.decode("latin-1").title() not in extra]
+                headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+                await send({**start, "headers": headers})
+                start = None
+                return await send({"type": "http.response.body", "body": html, "more_body": False})
+            return await send(msg)
+
+        await self.app(scope, receive, send_wrapped)
+
+
+#: Open to everyone even when an API key is set (probes); the docs too with --public-docs.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+DOCS_ASSETS = "/static-offline-docs/"
+
+
+class KeyGate:
+    """Pure ASGI middleware: with an API key set, every path but ``/healthz`` and ``/readyz``
+    (and the OpenAPI pages with ``public_docs``) needs the key, checked before the body is read.
+    ``/readyz`` is let through and says only ready or not to a caller without the key."""
+
+    def __init__(self, app, api_key: str | None, public_docs: bool):
+        self.app, self.api_key, self.public_docs = app, api_key, public_docs
+
+    def _public(self, path: str) -> bool:
+        return path in PUBLIC_PATHS or (self.public_docs and (path in DOCS_PATHS or path.startswith(DOCS_ASSETS)))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self.api_key:
+            return await self.app(scope, receive, send)
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers") or []}
+        given = key_from_headers(headers.get(b"authorization"), headers.get(b"x-api-key"))
+        scope.setdefault("state", {})["key_ok"] = ok = key_matches(self.api_key, given)
+        if ok or self._public(scope.get("path", "")):
+            return await self.app(scope, receive, send)
+        message = ("this server requires an API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
+                   if given is None else "wrong API key")
+        payload = json.dumps(error_body(2, "AuthError", message)).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": payload})
