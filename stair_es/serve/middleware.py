@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
-from .errors import error_body
+from ..errors import InvalidInputError
+from .errors import error_body, retry_headers
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 
 
@@ -23,8 +24,9 @@ class BodyGuard:
     or a client slower than ``timeout`` seconds to send it (408); then replays it to the app.
     A slow or huge client ties up only its own connection, never a worker."""
 
-    def __init__(self, app, max_bytes: int, timeout: float):
+    def __init__(self, app, max_bytes: int, timeout: float, parse: Callable[[str], Any] | None = None):
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
+        self.parse = parse or json.loads
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -61,9 +63,19 @@ class BodyGuard:
         if not complete:
             return
         body = b"".join(chunks)
-        bad = bad_text(body)
-        if bad:
-            return await self._refuse(send, 400, bad)
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if body and (not ctype or ctype == b"application/json" or ctype.endswith(b"+json")):
+            # parsed once, here, within the per-request limits (jsonbody); the routes take it from the scope
+            bad, data = self.parsed(body)
+            if bad:
+                return await self._refuse(send, 400, bad)
+            scope.setdefault("state", {})[PARSED_JSON] = data
+        elif body:
+            try:  # not JSON to the routes (they answer 422), but never text that is not UTF-8
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return await self._refuse(send, 400, f"the request body is not valid UTF-8 (byte 0x{body[e.start]:02x} at "
+                                                     f"offset {e.start}); send JSON encoded as UTF-8")
         sent = False
 
         async def replay():
@@ -75,6 +87,31 @@ class BodyGuard:
 
         await self.app(scope, replay, send)
 
+    def parsed(self, body: bytes) -> tuple[str | None, Any]:
+        """(the refusal, None) or (None, the body as JSON): not UTF-8, not JSON, past a
+        per-request limit, or text holding a lone surrogate (naming its field) are refused."""
+        try:
+            text, utf8, where = body.decode("utf-8"), True, ""
+        except UnicodeDecodeError as e:
+            text, utf8, where = body.decode("utf-8", "surrogateescape"), False, f"byte 0x{body[e.start]:02x} at offset {e.start}"
+        try:
+            data = self.parse(text)
+        except InvalidInputError as e:  # a per-request limit, met while parsing: nothing past it was built
+            return str(e), None
+        except ValueError as e:
+            if not utf8:
+                return f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8", None
+            return f"the request body is not valid JSON ({getattr(e, 'msg', e)}); send a JSON object", None
+        if utf8 and not _SURROGATE_ESCAPE.search(body):
+            return None, data
+        field = _bad_field(data)
+        if field is not None:
+            return (f"{field}: the text holds a lone surrogate (such as \\ud800) or bytes that are not UTF-8; "
+                    "send valid Unicode text"), None
+        if not utf8:
+            return f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8", None
+        return None, data
+
     async def _refuse(self, send, status: int, message: str) -> None:
         payload = json.dumps(error_body(2, "InvalidInputError", message)).encode()
         await send({"type": "http.response.start", "status": status,
@@ -82,6 +119,9 @@ class BodyGuard:
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})
 
+
+#: Where :class:`BodyGuard` leaves the parsed JSON body for the routes (:class:`~.runtime.ParsedJSONRoute`).
+PARSED_JSON = "stair_es.json_body"
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -223,3 +263,32 @@ class KeyGate:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                                 (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": payload})
+
+
+class InFlightGate:
+    """Pure ASGI middleware, outermost: at most ``limit`` HTTP requests in the app at once, on
+    any route but ``/healthz``; beyond, 429 at once with ``Retry-After`` (seconds) and
+    ``Retry-After-Ms``. It replaces uvicorn's ``limit_concurrency``, whose 503 says neither
+    when to come back nor anything in JSON."""
+
+    def __init__(self, app, limit: int, retry_after_ms: Callable[[], int]):
+        self.app, self.limit, self.retry_after_ms = app, max(1, int(limit)), retry_after_ms
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") == "/healthz":
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.limit:
+            ms = self.retry_after_ms()
+            payload = json.dumps(error_body(5, "ServerBusyError", (
+                f"the server is busy: {self.in_flight} requests in progress, the most it holds; retry after {ms} ms"),
+                ms)).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+            headers += [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
+            await send({"type": "http.response.start", "status": 429, "headers": headers})
+            return await send({"type": "http.response.body", "body": payload})
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

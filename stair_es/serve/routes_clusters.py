@@ -3,14 +3,14 @@ connector) call; their request and response shapes are the engines', not ours.""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 
 from ..errors import InvalidInputError
-from .runtime import Runtime, read_json, require_key, runtime
+from .runtime import ParsedJSONRoute, Runtime, read_json, require_key, runtime
 
-router = APIRouter(tags=["clusters"], dependencies=[Depends(require_key)])
+router = APIRouter(route_class=ParsedJSONRoute, tags=["clusters"], dependencies=[Depends(require_key)])
 
 
 @router.post("/v1/elasticsearch/sparse_embedding")
@@ -23,7 +23,8 @@ async def es_sparse_embedding(request: Request, kind: Literal["text", "image", "
     if not isinstance(body, dict) or "input" not in body:
         raise InvalidInputError('send {"input": ["text", ...]} (the custom service\'s ${input})')
     k = body.get("input_type") or kind
-    return await rt.run(rt.service.es_sparse_embedding, body["input"], k)
+    items = await _inputs(rt, body["input"], k)
+    return await rt.run(rt.service.es_sparse_embedding, None, k, items)
 
 
 @router.post("/v1/opensearch/sparse_encoding")
@@ -36,4 +37,12 @@ async def os_sparse_encoding(request: Request, kind: Literal["text", "image", "a
     inputs = body.get("input", body.get("inputs")) if isinstance(body, dict) else body
     if inputs is None:
         raise InvalidInputError('send a JSON array of strings (or {"input": [...]})')
-    return await rt.run(rt.service.os_sparse_encoding, inputs, kind, keys)
+    items = await _inputs(rt, inputs, kind)
+    return await rt.run(rt.service.os_sparse_encoding, None, kind, keys, items)
+
+
+async def _inputs(rt: Runtime, inputs, kind: str) -> list[tuple[str, Any]]:
+    """The call's inputs, checked and capped, their image URLs fetched (never on a worker)."""
+    items = rt.service.cluster_inputs(inputs, kind)
+    await rt.fetch_images([ref for k, ref in items if k == "image"])
+    return items

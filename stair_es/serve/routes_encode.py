@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends
 
 from ..errors import InvalidInputError
 from .models import EncodeRequest, EncodeResponse
-from .runtime import Runtime, require_key, runtime
+from .runtime import ParsedJSONRoute, Runtime, require_key, runtime
 
-router = APIRouter(tags=["encode"], dependencies=[Depends(require_key)])
+router = APIRouter(route_class=ParsedJSONRoute, tags=["encode"], dependencies=[Depends(require_key)])
 
 
 @router.post("/v1/encode", response_model=EncodeResponse)
@@ -20,5 +20,6 @@ async def encode(body: EncodeRequest, rt: Runtime = Depends(runtime)):
     for n, it in enumerate(items):
         if ("text" in it) == ("image" in it):
             raise InvalidInputError(f"input {n}: give exactly one of 'text' or 'image'")
+    await rt.fetch_images([it["image"] for it in items if "image" in it])  # URLs: fetched here, not on a worker
     results = await rt.run(svc.encode, items, body.top_k)
     return {"encoder": svc.encoder().name, "results": results}

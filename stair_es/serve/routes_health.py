@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from ..errors import StairError
-from .errors import error_response
-from .runtime import Runtime, runtime
+from .handlers import error_response
+from .runtime import ParsedJSONRoute, Runtime, runtime
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=ParsedJSONRoute, tags=["health"])
 
 
 @router.get("/healthz")

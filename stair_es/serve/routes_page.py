@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
 
 from .page import render_page
-from .runtime import Runtime, require_key, runtime
+from .runtime import ParsedJSONRoute, Runtime, require_key, runtime
 
-router = APIRouter(dependencies=[Depends(require_key)], include_in_schema=False)
+router = APIRouter(route_class=ParsedJSONRoute, dependencies=[Depends(require_key)], include_in_schema=False)
 
 
 @router.get("/", response_class=HTMLResponse)

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from .models import ExplainBody, SearchBody
-from .runtime import Runtime, dumps, require_key, runtime
+from .runtime import ParsedJSONRoute, Runtime, dumps, require_key, runtime
 
-router = APIRouter(tags=["search"], dependencies=[Depends(require_key)])
+router = APIRouter(route_class=ParsedJSONRoute, tags=["search"], dependencies=[Depends(require_key)])
 
 
 @router.post("/v1/search")
@@ -25,15 +25,13 @@ async def search(body: SearchBody, rt: Runtime = Depends(runtime)):
     t0 = time.perf_counter()
     svc = rt.service
     svc.check_limits(vars(body))  # before any work: a capped body is refused at once
+    item = body.model_dump(exclude_none=True)
+    await rt.fetch_images([item.get("image")])  # an image URL is fetched here, never on a worker
     if not rt.batching:
-        payload = await rt.run(lambda b: dumps(svc.search(b)), body.model_dump(exclude_none=True))
+        payload = await rt.run(lambda b: dumps(svc.search(b)), item)
         timing = f"app;dur={(time.perf_counter() - t0) * 1000:.2f}"
     else:
-        rt.admit()
-        try:
-            payload, t = await rt.batcher().submit(body.model_dump(exclude_none=True))
-        finally:
-            rt.release()
+        payload, t = await rt.search_batched(item)
         timing = (f"queue;dur={t.queued * 1000:.2f}, prepare;dur={t.prepare * 1000:.2f};desc=\"batch of {t.size}\", "
                   f"wait;dur={t.wait * 1000:.2f}, search;dur={t.run * 1000:.2f}, "
                   f"app;dur={(time.perf_counter() - t0) * 1000:.2f}")
@@ -44,7 +42,9 @@ async def search(body: SearchBody, rt: Runtime = Depends(runtime)):
 async def explain(body: ExplainBody, rt: Runtime = Depends(runtime)):
     """Why document ``id`` scores what it does: per-token contributions that sum to the score."""
     rt.service.check_limits(vars(body))
-    return await rt.run(rt.service.explain, body.model_dump(exclude_none=True))
+    item = body.model_dump(exclude_none=True)
+    await rt.fetch_images([item.get("image")])
+    return await rt.run(rt.service.explain, item)
 
 
 @router.get("/v1/indices")

@@ -7,47 +7,73 @@ This module owns how CPU work reaches the worker threads; it must not know any r
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
+import time
 from typing import Any, Callable
 
-import anyio
 from fastapi import Header, Request
+from fastapi.routing import APIRoute
 
 from ..errors import InvalidInputError
-from .batching import Batcher
-from .errors import ServerBusyError
+from .admission import Admission
+from .batching import Batcher, Timing
+from .fetch import UrlFetcher
+from .jsonbody import caps_of, parse_capped
+from .middleware import PARSED_JSON
 from .security import AuthError, key_from_headers, key_matches
 from .service import ServeConfig, Service
 
 
 class Runtime:
-    """The service and how work reaches it: at most ``workers`` calls at once in worker
-    threads, past ``workers + max_queue`` requests in progress a refusal at once."""
+    """The service and how work reaches it (:class:`~.admission.Admission`): at most
+    ``workers`` calls at once on worker threads, ``max_queue`` more waiting first come first
+    served, 429 beyond, 504 past ``request_timeout``. ``/v1/search`` with batching on waits in
+    the batcher's own first-come-first-served queue, counted by the same admission. Image
+    URLs are fetched by the :class:`~.fetch.UrlFetcher`, before the work reaches a worker."""
 
     def __init__(self, config: ServeConfig, service: Service):
         self.config, self.service = config, service
-        self.limiter = anyio.CapacityLimiter(max(1, config.workers))
-        self.pending = 0
+        self.admission = Admission(config.workers, config.max_queue, config.request_timeout)
+        self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes)
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
 
-    def admit(self) -> None:
-        # one count for every route: past workers + max_queue requests in progress, 503 at once
-        if self.pending >= self.config.workers + self.config.max_queue:
-            raise ServerBusyError(f"the server is busy ({self.pending} requests in progress); retry shortly",
-                                  status=503)
-        self.pending += 1
-
-    def release(self) -> None:
-        self.pending -= 1
-
     async def run(self, fn: Callable, *args: Any) -> Any:
-        self.admit()
+        return await self.admission.run(fn, *args)
+
+    async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing]:
+        adm = self.admission
+        adm.enter()
         try:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
+            t0 = time.monotonic()
+            submitted = self.batcher().submit(body)
+            if adm.request_timeout is None:
+                payload, t = await submitted
+            else:
+                try:
+                    payload, t = await asyncio.wait_for(submitted, adm.request_timeout)
+                except asyncio.TimeoutError:  # the batcher drops it if it has not started
+                    raise adm.timeout(time.monotonic() - t0, started=None) from None
+            adm.observe(t.run + t.prepare / max(1, t.size))
+            return payload, t
         finally:
-            self.release()
+            adm.leave()
+
+    async def fetch_images(self, refs: list[dict[str, Any]]) -> None:
+        """Fetches the image URLs among ``refs`` (image reference dicts) now, on the fetch pool;
+        each ref gets the bytes under ``fetched`` (:func:`~.inputs.open_image` reads them)."""
+        todo = [r for r in refs if isinstance(r, dict) and r.get("url") and "fetched" not in r]
+        if not todo:
+            return
+        if not self.config.allow_image_urls:
+            raise InvalidInputError("image URLs are refused by this server; send the image as base64, name a file under "
+                                    "an image root, or start the server with --allow-image-urls")
+        results = await asyncio.gather(*(self.fetcher.fetch(r["url"]) for r in todo), return_exceptions=True)
+        for r, res in zip(todo, results):
+            if isinstance(res, BaseException):
+                raise res
+            r["fetched"] = res
 
     def batcher(self) -> Batcher:
         if not self._batchers:
@@ -61,6 +87,8 @@ class Runtime:
     def close(self) -> None:
         while self._batchers:
             self._batchers.pop().close()
+        self.admission.close()
+        self.fetcher.close()
         self.service.close()
 
 
@@ -89,9 +117,35 @@ def dumps(data: Any) -> bytes:
     return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
+class ParsedJSONRequest(Request):
+    """A request whose ``json()`` is the body :class:`~.middleware.BodyGuard` already parsed
+    within the per-request limits, or (a body it left alone) parsed here within them."""
+
+    async def json(self) -> Any:
+        state = self.scope.get("state") or {}
+        if PARSED_JSON in state:
+            return state[PARSED_JSON]
+        if not hasattr(self, "_json"):
+            raw = await self.body()
+            caps, other = caps_of(self.app.state.config)
+            self._json = parse_capped(raw.decode("utf-8"), caps, other)
+        return self._json
+
+
+class ParsedJSONRoute(APIRoute):
+    """The route class of every router: its JSON body is never parsed past the limits."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            return await handler(ParsedJSONRequest(request.scope, request.receive))
+
+        return route
+
+
 async def read_json(request: Request) -> Any:
-    raw = await request.body()
     try:
-        return json.loads(raw)
+        return await request.json()
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidInputError(f"the request body is not valid JSON ({getattr(e, 'msg', e)}); send JSON") from None
