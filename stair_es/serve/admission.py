@@ -55,13 +55,18 @@ class Admission:
         return None if self.request_timeout is None else time.monotonic() + self.request_timeout
 
     # --- admission ---------------------------------------------------------------------------------
+    def full(self) -> bool:
+        return self.admitted >= self.workers + self.max_queue
+
+    def busy_message(self) -> str:
+        return (f"the server is busy: {self.admitted} requests are running or queued, the most it holds (--workers "
+                f"{self.workers} + --max-queue {self.max_queue}); retry after {self.retry_after_ms()} ms")
+
     def enter(self) -> None:
         """Counts a request in, or refuses it (429) when workers + max_queue are already admitted."""
-        if self.admitted >= self.workers + self.max_queue:
+        if self.full():
             self.shed += 1
-            raise ServerBusyError(f"the server is busy: {self.admitted} requests are running or queued, the most it "
-                                  f"holds (--workers {self.workers} + --max-queue {self.max_queue}); retry after "
-                                  f"{self.retry_after_ms()} ms", self.retry_after_ms())
+            raise ServerBusyError(self.busy_message(), self.retry_after_ms())
         self.admitted += 1
 
     def leave(self) -> None:

@@ -24,7 +24,7 @@ from . import routes_clusters, routes_encode, routes_health, routes_page, routes
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
-from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, bad_text  # noqa: F401 - re-exported
+from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate, bad_text  # noqa: F401 - re-exported
 from .runtime import Runtime, dumps  # noqa: F401 - re-exported
 from .security import host_names
 from .service import ServeConfig, Service
@@ -71,6 +71,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     caps, other = caps_of(config)
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
                        parse=lambda text: parse_capped(text, caps, other))
+    app.add_middleware(QueueFullGate, admission=rt.admission)  # a full queue sheds before the body is read
     app.add_middleware(KeyGate, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
     app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))
     app.add_middleware(InFlightGate, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms)  # first

@@ -292,3 +292,26 @@ class InFlightGate:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+class QueueFullGate:
+    """Pure ASGI middleware, after the Host and key checks and before the body is read: when the
+    admission queue is already full, a request for work (``/v1/...`` and the page) gets its 429
+    at once, without its body being read, parsed or validated, so shedding stays cheap while the
+    workers are saturated. (The route's own admission check still decides the close cases.)"""
+
+    def __init__(self, app, admission):
+        self.app, self.admission = app, admission
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            if (path.startswith("/v1/") or path == "/") and self.admission.full():
+                ms = self.admission.retry_after_ms()
+                self.admission.shed += 1
+                payload = json.dumps(error_body(5, "ServerBusyError", self.admission.busy_message(), ms)).encode()
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+                headers += [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
+                await send({"type": "http.response.start", "status": 429, "headers": headers})
+                return await send({"type": "http.response.body", "body": payload})
+        return await self.app(scope, receive, send)

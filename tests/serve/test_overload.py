@@ -78,10 +78,13 @@ def test_queue_is_first_come_first_served_and_sheds_beyond_it(home, image_root):
                 queued.append(asyncio.create_task(enc(t)))
                 await asyncio.sleep(0.05)
             shed = await enc("shed")  # the queue (3) is full: refused at once, not queued
+            # refused before its body is read: not even a malformed one is parsed while the queue is full
+            unread = await http.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
             gate.open.set()
-            return await first, [await q for q in queued], shed
+            return await first, [await q for q in queued], shed, unread
 
-    first, queued, shed = asyncio.run(main())
+    first, queued, shed, unread = asyncio.run(main())
+    assert unread.status_code == 429
     assert first.status_code == 200 and [q.status_code for q in queued] == [200, 200, 200]
     assert gate.seen == ["first", "q1", "q2", "q3"]  # served in arrival order; "shed" never reached the model
     e = err(shed, 429, 5)
