@@ -484,7 +484,8 @@ def open_loop_main(args) -> None:
 
     print(f"# stair-es serve open-loop load: commit {git_commit_short()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
-          f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, top_k {args.top_k}, "
+          f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
+          f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
           f"{args.seconds:g} s per rate", flush=True)
     print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
           "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
@@ -497,7 +498,7 @@ def open_loop_main(args) -> None:
         batching, _, max_batch = args.batching.split(",")[0].partition(":")
         proc, url = start_server(args.home, name, args.workers, batching, int(max_batch or args.max_batch or 0),
                                  args.batch_window_ms, max_queue=args.max_queue,
-                                 extra=["--request-timeout", str(args.request_timeout)])
+                                 extra=["--request-timeout", str(args.request_timeout)] + args.server_args.split())
         rows = []
         try:
             sat = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k, 0,
@@ -550,8 +551,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,10,50", help="Concurrent client counts, comma-separated.")
     ap.add_argument("--think-ms", default="0", help="Mean think time between a client's answer and its next request "
                                                    "(exponential), comma-separated; 0: none (saturation).")
-    ap.add_argument("--batching", default="off,on", help="stair-es serve --batching settings to compare, comma-separated; "
-                                                         "on:N sets --max-batch N for that one.")
+    ap.add_argument("--batching", default=None, help="stair-es serve --batching settings to compare, comma-separated; "
+                                                     "on:N sets --max-batch N for that one (default: off,on; open loop: "
+                                                     "the server's own, auto).")
     ap.add_argument("--rounds", type=int, default=3, help="Slices per row: the settings take turns this many times.")
     ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own).")
     ap.add_argument("--batch-window-ms", type=float, default=0.0, help="stair-es serve --batch-window-ms.")
@@ -568,10 +570,13 @@ def main() -> None:
     ap.add_argument("--max-queue", type=int, default=None,
                     help="stair-es serve --max-queue (default: 1000 closed loop, 64 open loop, the server's own).")
     ap.add_argument("--request-timeout", type=float, default=30.0, help="Open loop: stair-es serve --request-timeout.")
+    ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
     args = ap.parse_args()
     if args.open_loop:
         args.max_queue = 64 if args.max_queue is None else args.max_queue
+        args.batching = args.batching or "auto"
         return open_loop_main(args)
+    args.batching = args.batching or "off,on"
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -50,6 +50,9 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Seconds for one image URL fetch in total: connecting, redirects and every byte.")
 @click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds a client may take to send a request's headers; the connection is closed beyond.")
+@click.option("--worker-nice", default=0, show_default=True, type=click.IntRange(0, 19),
+              help="Run the worker threads this many nice steps below the thread that accepts, sheds and answers "
+                   "requests (Linux), so shedding stays fast while the workers use every core.")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
               help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
                    "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "
@@ -83,7 +86,8 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @encoder_options(default="default")
 @backend_options
 def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, api_key_file, default_index, workers,
-          max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, batching, max_batch,
+          max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
+          max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, log_level, encoder, model, encoder_opts,
           backend) -> None:
@@ -120,7 +124,8 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          max_explain_hits=max_explain_hits, max_text_chars=max_text_chars, bind_host=host,
                          allowed_hosts=list(allowed_hosts), public_docs=public_docs,
                          request_timeout=request_timeout or None, max_in_flight=max_in_flight,
-                         max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout)
+                         max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
+                         worker_nice=worker_nice)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -29,16 +31,30 @@ from typing import Any, Callable
 from .errors import RequestTimeoutError, ServerBusyError
 
 
+def lower_thread_priority(steps: int) -> None:
+    """Run in a new worker thread: raises that thread's nice value by ``steps`` (Linux schedules
+    threads one by one), so the event loop's thread, which accepts, sheds and answers, gets the
+    CPU first when the workers saturate it. A no-op where not supported."""
+    if steps <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except (AttributeError, OSError):
+        pass
+
+
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
-                 name: str = "stair-es-worker"):
+                 name: str = "stair-es-worker", worker_nice: int = 0):
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
         self.admitted = 0  # running + waiting, on every path (the search batcher's queue included)
         self._busy = 0  # worker slots held by pool work
         self._waiting: deque[asyncio.Future] = deque()
         self._mean_s = 0.005  # moving average of service times (seconds); a guess until the first request
-        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
+                                        initializer=lower_thread_priority, initargs=(worker_nice,))
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
 

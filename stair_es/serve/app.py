@@ -24,7 +24,7 @@ from . import routes_clusters, routes_encode, routes_health, routes_page, routes
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
-from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate, bad_text  # noqa: F401 - re-exported
+from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate  # noqa: F401 - re-exported
 from .runtime import Runtime, dumps  # noqa: F401 - re-exported
 from .security import host_names
 from .service import ServeConfig, Service

@@ -74,7 +74,8 @@ class Batcher:
     threads; at most ``workers`` run at once, taken in arrival order."""
 
     def __init__(self, prepare: Callable[[list[Any]], Sequence[Any]], run: Callable[[Any], Any], *, workers: int = 2,
-                 max_batch: int = 16, window: float = 0.0, name: str = "stair-es-batcher"):
+                 max_batch: int = 16, window: float = 0.0, name: str = "stair-es-batcher",
+                 thread_init: Callable[[], None] | None = None):
         if max_batch < 1 or workers < 1:
             raise ValueError("max_batch and workers must be at least 1")
         self.prepare, self.run = prepare, run
@@ -83,7 +84,8 @@ class Batcher:
         self._queue: deque[_Job] = deque()
         self._closed = False
         self._free = threading.Semaphore(workers)  # the dispatcher hands on a request only to a free thread
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name + "-search")
+        self._thread_init = thread_init
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name + "-search", initializer=thread_init)
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self._thread = threading.Thread(target=self._dispatch, name=name, daemon=True)
@@ -128,6 +130,8 @@ class Batcher:
             pass
 
     def _dispatch(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         while True:
             batch = self._take()
             if batch is None:

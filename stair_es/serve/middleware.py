@@ -1,6 +1,8 @@
-"""Pure ASGI middleware of `stair-es serve`, run before any route: the Host allow-list and
-browser security headers (:class:`HostGuard`), the API key gate (:class:`KeyGate`) and the
-request body's size, time and text checks (:class:`BodyGuard`).
+"""Pure ASGI middleware of `stair-es serve`, run before any route, in this order: the cap on
+requests in flight (:class:`InFlightGate`), the Host allow-list and browser security headers
+(:class:`HostGuard`), the API key gate (:class:`KeyGate`), the early 429 of a full queue
+(:class:`QueueFullGate`), and the request body's size, time, text and JSON checks
+(:class:`BodyGuard`, which parses the body once within the per-request limits).
 
 Each answers a refused request itself, in the one error shape of :mod:`.errors`. This module
 must not know any route or the service.
@@ -125,32 +127,6 @@ PARSED_JSON = "stair_es.json_body"
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def bad_text(body: bytes) -> str | None:
-    """The message for a body whose text is not valid Unicode (a lone surrogate such as
-    ``"\\ud800"``, or bytes that are not UTF-8), naming the first field that holds it; None if
-    the text is fine. Valid UTF-8 without a surrogate escape is let through without parsing."""
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        utf8 = False
-        where = f"byte 0x{body[e.start]:02x} at offset {e.start}"
-    else:
-        utf8 = True
-        if not _SURROGATE_ESCAPE.search(body):
-            return None
-    try:
-        data = json.loads(body.decode("utf-8", "surrogateescape"))
-    except (ValueError, RecursionError):
-        if utf8:
-            return None  # not JSON: the route's own parser says so
-        return f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
-    field = _bad_field(data)
-    if field is None:
-        return None if utf8 else f"the request body is not valid UTF-8 ({where}); send JSON encoded as UTF-8"
-    return (f"{field}: the text holds a lone surrogate (such as \\ud800) or bytes that are not UTF-8; "
-            "send valid Unicode text")
 
 
 def _bad_field(data: Any) -> str | None:

@@ -8,6 +8,7 @@ This module owns how CPU work reaches the worker threads; it must not know any r
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from fastapi import Header, Request
 from fastapi.routing import APIRoute
 
 from ..errors import InvalidInputError
-from .admission import Admission
+from .admission import Admission, lower_thread_priority
 from .batching import Batcher, Timing
 from .fetch import UrlFetcher
 from .jsonbody import caps_of, parse_capped
@@ -34,7 +35,8 @@ class Runtime:
 
     def __init__(self, config: ServeConfig, service: Service):
         self.config, self.service = config, service
-        self.admission = Admission(config.workers, config.max_queue, config.request_timeout)
+        self.admission = Admission(config.workers, config.max_queue, config.request_timeout,
+                                   worker_nice=config.worker_nice)
         self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes)
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
@@ -81,7 +83,8 @@ class Runtime:
             # the answer's JSON is made on the search thread too, not on the event loop
             self._batchers.append(Batcher(svc.prepare_searches, lambda p: dumps(svc.run_search(p)),
                                           workers=config.workers, max_batch=config.max_batch,
-                                          window=config.batch_window_ms / 1000.0, name="stair-es-search"))
+                                          window=config.batch_window_ms / 1000.0, name="stair-es-search",
+                                          thread_init=functools.partial(lower_thread_priority, config.worker_nice)))
         return self._batchers[0]
 
     def close(self) -> None:

@@ -411,3 +411,18 @@ def test_url_fetches_never_run_on_a_worker(home, image_root, upstream, monkeypat
 
     for r in asyncio.run(main()):
         assert r.status_code == 200, r.text
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_worker_threads_can_run_below_the_event_loop(home, image_root):
+    import os
+
+    from stair_es.serve.admission import Admission
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    adm = Admission(1, 1, worker_nice=3)
+    try:
+        assert asyncio.run(adm.run(os.getpriority, os.PRIO_PROCESS, 0)) == min(19, base + 3)
+    finally:
+        adm.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the event loop's thread keeps its own
