@@ -515,6 +515,11 @@ def open_loop_main(args) -> None:
                        "load_average": os.getloadavg()[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            # the machine's other load changes: S again, to show how far it moved during the rates
+            after = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k,
+                                  0, proc.pid)
+            print(f"# {n:,} docs: saturation after the rates = {after['qps']:.1f} searches/s (before: {s_qps:.1f})",
+                  flush=True)
         finally:
             proc.send_signal(signal.SIGINT)
             try:

@@ -50,7 +50,7 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Seconds for one image URL fetch in total: connecting, redirects and every byte.")
 @click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds a client may take to send a request's headers; the connection is closed beyond.")
-@click.option("--worker-nice", default=0, show_default=True, type=click.IntRange(0, 19),
+@click.option("--worker-nice", default=5, show_default=True, type=click.IntRange(0, 19),
               help="Run the worker threads this many nice steps below the thread that accepts, sheds and answers "
                    "requests (Linux), so shedding stays fast while the workers use every core.")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),

@@ -44,5 +44,5 @@ async def os_sparse_encoding(request: Request, kind: Literal["text", "image", "a
 async def _inputs(rt: Runtime, inputs, kind: str) -> list[tuple[str, Any]]:
     """The call's inputs, checked and capped, their image URLs fetched (never on a worker)."""
     items = rt.service.cluster_inputs(inputs, kind)
-    await rt.fetch_images([ref for k, ref in items if k == "image"])
+    await rt.fetch_images([ref if k == "image" else None for k, ref in items], [f"input {n}" for n in range(len(items))])
     return items

@@ -20,6 +20,7 @@ async def encode(body: EncodeRequest, rt: Runtime = Depends(runtime)):
     for n, it in enumerate(items):
         if ("text" in it) == ("image" in it):
             raise InvalidInputError(f"input {n}: give exactly one of 'text' or 'image'")
-    await rt.fetch_images([it["image"] for it in items if "image" in it])  # URLs: fetched here, not on a worker
+    # image URLs are fetched here, on the fetch pool, never on a worker
+    await rt.fetch_images([it.get("image") for it in items], [f"input {n}" for n in range(len(items))])
     results = await rt.run(svc.encode, items, body.top_k)
     return {"encoder": svc.encoder().name, "results": results}

@@ -62,17 +62,20 @@ class Runtime:
         finally:
             adm.leave()
 
-    async def fetch_images(self, refs: list[dict[str, Any]]) -> None:
-        """Fetches the image URLs among ``refs`` (image reference dicts) now, on the fetch pool;
-        each ref gets the bytes under ``fetched`` (:func:`~.inputs.open_image` reads them)."""
-        todo = [r for r in refs if isinstance(r, dict) and r.get("url") and "fetched" not in r]
+    async def fetch_images(self, refs: list[Any], labels: list[str] | None = None) -> None:
+        """Fetches the image URLs among ``refs`` (image reference dicts) now, on the fetch pool,
+        before the work reaches a worker; each ref gets the bytes under ``fetched`` (which
+        :func:`~.inputs.open_image` reads). ``labels`` name the refs in errors (``input 2``)."""
+        todo = [(n, r) for n, r in enumerate(refs) if isinstance(r, dict) and r.get("url") and "fetched" not in r]
         if not todo:
             return
         if not self.config.allow_image_urls:
             raise InvalidInputError("image URLs are refused by this server; send the image as base64, name a file under "
                                     "an image root, or start the server with --allow-image-urls")
-        results = await asyncio.gather(*(self.fetcher.fetch(r["url"]) for r in todo), return_exceptions=True)
-        for r, res in zip(todo, results):
+        results = await asyncio.gather(*(self.fetcher.fetch(r["url"]) for _, r in todo), return_exceptions=True)
+        for (n, r), res in zip(todo, results):
+            if isinstance(res, InvalidInputError) and labels:  # ImageError too: name the input, as encoding does
+                raise type(res)(f"{labels[n]}: {res}") from None
             if isinstance(res, BaseException):
                 raise res
             r["fetched"] = res

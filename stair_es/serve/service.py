@@ -53,7 +53,7 @@ class ServeConfig:
     max_url_fetches: int = 4  # image URL fetches at once (their own threads, never the workers)
     url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
-    worker_nice: int = 0  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
+    worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call

@@ -326,6 +326,7 @@ def test_slow_image_urls_hold_neither_encoding_nor_search(home, image_root, tric
     assert text.status_code == 200 and search.status_code == 200
     assert pending == 3  # answered while every slow fetch was still going on
     msgs = [err(r, r.status_code, r.json()["error"]["code"])["message"] for r in slow]
+    assert all(m.startswith("input 0: image URL http://127.0.0.1:") for m in msgs if "within 2 s" in m), msgs
     # cut at the total deadline although a byte arrived every second; the third waited for a slot within it
     assert sum("not fetched within 2 s" in m for m in msgs) >= 2, msgs
     assert all(r.status_code in (422, 503) for r in slow)
