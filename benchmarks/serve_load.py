@@ -33,9 +33,12 @@ Open loop (``--open-loop``), the measure of a server under a given offered load 
   keep-alive connection or a new one, whether or not earlier ones were answered; latency is
   counted from the moment a request was due, not sent, so a generator that falls behind
   cannot hide the server's queueing (coordinated omission);
+* the rates take turns in ``--rounds`` slices (as the closed-loop settings do), so a change in
+  the machine's other load falls on all of them alike, and S is measured again at the end;
 * per rate: answered (200) per second, p50/p99 of the answered, the slowest response of any
   kind, the share shed (429) and how fast those came back, other errors, and the server's
-  resident memory at the start and its peak during the rate (sampled every 0.25 s).
+  resident memory before the first rate and its peak during that rate's slices (sampled every
+  0.25 s).
 
     python -m benchmarks.serve_load --docs 100000,1000000 --clients 1,10,50 --seconds 24
     python -m benchmarks.serve_load --docs 1000000 --clients 50 --think-ms 1000,3000 --seconds 30
@@ -486,7 +489,7 @@ def open_loop_main(args) -> None:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
           f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
           f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
-          f"{args.seconds:g} s per rate", flush=True)
+          f"{args.seconds:g} s per rate in {args.rounds} slices", flush=True)
     print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
           "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
     for n in [int(x) for x in args.docs.split(",")]:
@@ -508,10 +511,23 @@ def open_loop_main(args) -> None:
                   f"no think time, {args.saturation_seconds:g} s; statuses other than 200: {sat['errors']})", flush=True)
             rates = ([float(x) for x in args.rate.split(",")] if args.rate
                      else [round(f * s_qps, 1) for f in (float(x) for x in args.fractions.split(","))])
-            for i, rate in enumerate(rates):
-                rss0 = process_rss_mb(proc.pid)
-                r = run_generator(f"open:{rate}", url, qfile, args.seconds, args.top_k, i + 1, proc.pid)
-                row = {"docs": n, "S": s_qps, "fraction": rate / s_qps, **summarize_open(rate, r, args.seconds, rss0),
+            # the rates take turns in --rounds slices, so a change in the machine's other load falls on all alike
+            rss0 = process_rss_mb(proc.pid)
+            pooled: dict[float, dict] = {}
+            for rnd in range(args.rounds):
+                for i, rate in enumerate(rates):
+                    r = run_generator(f"open:{rate}", url, qfile, args.seconds / args.rounds, args.top_k,
+                                      1 + i + rnd * len(rates), proc.pid)
+                    acc = pooled.setdefault(rate, {"results": [], "sent": 0, "connections": 0, "rss_peak_mb": None})
+                    acc["results"] += r["results"]
+                    acc["sent"] += r["offered"] * args.seconds / args.rounds
+                    acc["connections"] = max(acc["connections"], r["connections"])
+                    if r.get("rss_peak_mb") is not None:
+                        acc["rss_peak_mb"] = max(acc["rss_peak_mb"] or 0.0, r["rss_peak_mb"])
+            for rate in rates:
+                acc = pooled[rate]
+                acc["offered"] = acc["sent"] / args.seconds
+                row = {"docs": n, "S": s_qps, "fraction": rate / s_qps, **summarize_open(rate, acc, args.seconds, rss0),
                        "load_average": os.getloadavg()[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
