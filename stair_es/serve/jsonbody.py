@@ -57,7 +57,10 @@ def caps_of(config) -> tuple[dict[str, Cap], int]:
 def parse_capped(text: str, caps: Mapping[str, Cap], other: int, *, small: int = SMALL_BODY) -> Any:
     """``text`` as JSON, refusing (:class:`LimitExceededError`) past a cap; JSONDecodeError if not JSON."""
     if len(text) <= small:
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except RecursionError:  # tens of thousands of brackets fit in a small body
+            raise LimitExceededError(f"the body nests lists and objects deeper than {MAX_DEPTH}; send a flatter body") from None
     return _Parser(text, caps, other).parse()
 
 

@@ -253,6 +253,8 @@ def test_parsing_stops_at_the_cap_and_allocates_little():
 def test_huge_nested_or_listed_bodies_are_400_not_500(client):
     r = client.post("/v1/search", content=b"[" * 200_000 + b"]" * 200_000, headers={"content-type": "application/json"})
     assert "deeper than 32" in err(r, 400, 2)["message"]
+    r = client.post("/v1/search", content=b"[" * 30_000 + b"]" * 30_000, headers={"content-type": "application/json"})
+    assert "deeper than 32" in err(r, 400, 2)["message"]  # a small body, through json.loads
     r = client.post("/v1/opensearch/sparse_encoding", json=["a"] * 100_000)
     assert "--max-inputs" in err(r, 400, 2)["message"]
     r = client.post("/v1/search", content=b'{"text": "red", "where": [' + b'"a=1",' * 20_000 + b'"a=1"] ',
