@@ -38,6 +38,15 @@ probability each token receives:
   only blurs rankings (``chordate``, ``vertebrate``, ``placental``...) is skipped but the
   walk goes on through it.
 
+* **context words** (script version 3), what a class says about the rest of the picture: up
+  to :data:`DEFINITION_WORDS` words of the synset's definition (:data:`DEFINITION_SHARE`:
+  ``beach`` -> ``sea``, ``ocean``), the two parts of a head written as one word
+  (:data:`COMPOUND_SHARE`: ``lakeside`` -> ``lake``), and ``person`` for classes under
+  clothing, headdress, footwear, jewelry, masks and cosmetics (:data:`WORN_SHARE`). Each is a
+  colour name or a common noun (not a proper noun, not mostly an adjective or verb in WordNet's
+  tagged counts, ``cntlist.rev``) whose most frequent sense lies in a lexicographer file of
+  things one can see (:data:`PICTURABLE_LEXFILES`).
+
 A token reached several ways keeps its largest share. Stopwords and punctuation are never
 tokens. The output records its provenance (WordNet 3.0 with the WordNet licence notice,
 which requires the notice to go with copies of derived data), the parameters, and a
@@ -79,7 +88,7 @@ from stair_es.encoders.imagenet import (  # noqa: E402
 )
 from stair_es.vocab import default_vocabulary  # noqa: E402
 
-SCRIPT_VERSION = 2
+SCRIPT_VERSION = 3
 SYNONYM_FACTOR = 0.8
 LEMMAS_PER_HYPERNYM = 2
 HYPERNYM_FIRST = 0.85
@@ -103,6 +112,29 @@ construction cover covering mechanism constraint restraint obstruction formation
 elevation apparatus lodging housing""".split())
 # (Version 2 added the last two lines: WordNet's category words for buildings, landforms and
 # gadgets -- "construction" was on 59 classes, "cover" on 34 -- which nobody types.)
+
+# Context words (version 3): what a class says about the rest of the picture.
+#: share of a word of the class's WordNet definition ("beach" -> sea, ocean; "ski" -> snow)
+DEFINITION_SHARE = 0.35
+#: at most this many definition words per class, in the definition's order
+DEFINITION_WORDS = 4
+#: share of each part of a class head written as two words ("snowmobile" -> snow, "lakeside" -> lake)
+COMPOUND_SHARE = 0.5
+#: share of ``person`` for things people wear (a suit, a bikini, a sombrero are on someone)
+WORN_SHARE = 0.5
+#: WordNet lexicographer files of things one can see: definition words and compound parts are
+#: kept only when their most frequent noun sense is in one of them (noun.animal, .artifact,
+#: .body, .food, .object, .person, .phenomenon, .plant, .substance), so "any", "time", "kind",
+#: "Europe" or "measure" never become image tokens
+PICTURABLE_LEXFILES = frozenset({5, 6, 8, 13, 17, 18, 19, 20, 27})
+#: the WordNet synsets (first sense of each lemma) under which a class is worn by a person
+WORN_ROOTS = ("clothing", "headdress", "footwear", "jewelry", "mask", "protective_garment", "cosmetic")
+#: definition words never kept (function words WordNet's glosses are made of; "can" is nearly
+#: always the modal there, which WordNet does not list)
+DEFINITION_STOPWORDS = frozenset("""a an the of or and to in on for with by from as at is are be that which who
+its it this used usually often especially any some one two such other various small large very typically
+having has have made something someone part kind type form sort piece member body act thing things set
+several like same can world""".split())
 
 
 def ensure_wordnet(folder: Path) -> Path:
@@ -171,6 +203,21 @@ def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
                 if sym in ("@", "@i") and pos == "n":
                     hyper.append(target)
             out[offset] = ([re.sub(r"\(.*\)$", "", w) for w in words], hyper)
+    return out
+
+
+def read_definitions(folder: Path) -> dict[str, tuple[str, int]]:
+    """offset -> (definition, lexicographer file number) for every noun synset of ``data.noun``
+    (the definition is the gloss up to its first ``;``, quoted examples removed)."""
+    out: dict[str, tuple[str, int]] = {}
+    with open(folder / "data.noun", encoding="latin-1") as f:
+        for line in f:
+            if line.startswith("  "):
+                continue
+            head, _, gloss = line.partition(" | ")
+            fields = head.split()
+            definition = re.sub(r'"[^"]*"', " ", gloss).split(";")[0]
+            out[fields[0]] = (definition, int(fields[1]))
     return out
 
 
@@ -247,6 +294,87 @@ class Builder:
             if not frontier:
                 break
         return path
+
+
+class Context:
+    """Context words of a class (script version 3): definition words, compound parts, and
+    ``person`` for what people wear. Each is a whole BERT token whose most frequent WordNet
+    noun sense is something one can see (:data:`PICTURABLE_LEXFILES`)."""
+
+    def __init__(self, wordnet: Path, wn: dict, vocab) -> None:
+        from stair_es.encoders.colour import COLOUR_TOKENS
+
+        self.index = read_index(wordnet)
+        self.defs = read_definitions(wordnet)
+        self.wn = wn
+        self.vocab = vocab
+        self.worn = {self.index[w][0] for w in WORN_ROOTS if w in self.index}
+        self.colours = frozenset(COLOUR_TOKENS)
+        # how often each word was tagged as a noun, verb or adjective in WordNet's semantic
+        # concordance (cntlist.rev): "american", "short", "flat" are adjectives first
+        self.tagged: dict[tuple[str, str], int] = {}
+        with open(wordnet / "cntlist.rev", encoding="latin-1") as f:
+            for line in f:
+                key, _, count = line.split()
+                lemma, _, rest = key.partition("%")
+                pos = {"1": "n", "2": "v", "3": "a", "5": "a"}.get(rest[:1])
+                if pos:
+                    self.tagged[(lemma, pos)] = self.tagged.get((lemma, pos), 0) + int(count)
+
+    def picturable(self, word: str) -> bool:
+        """A colour name, or a word used mostly as a common noun whose most frequent sense is
+        something one can see (not "Africa", not "short")."""
+        i = self.vocab.get(word)
+        if i is None or self.vocab.is_special(i):
+            return False
+        if word in self.colours:
+            return True
+        senses = self.index.get(word)
+        if not senses or self.defs[senses[0]][1] not in PICTURABLE_LEXFILES:
+            return False
+        if any(w.lower() == word and w != w.lower() for w in self.wn[senses[0]][0]):
+            return False  # a proper noun
+        noun = self.tagged.get((word, "n"), 0)
+        return noun >= max(self.tagged.get((word, "v"), 0), self.tagged.get((word, "a"), 0))
+
+    def definition_words(self, offset: str) -> list[str]:
+        words = []
+        for w in re.findall(r"[a-z]+", self.defs[offset][0].lower()):
+            if len(w) >= 3 and w not in DEFINITION_STOPWORDS and w not in words and self.picturable(w):
+                words.append(w)
+        return words[:DEFINITION_WORDS]
+
+    def compound_parts(self, word: str) -> list[str]:
+        """``snowmobile`` -> [snow, mobile]: the first split into two picturable words of 3+ letters."""
+        w = word.lower()
+        if not w.isalpha() or len(w) < 7:
+            return []
+        for k in range(3, len(w) - 2):
+            if self.picturable(w[:k]) and self.picturable(w[k:]):
+                return [w[:k], w[k:]]
+        return []
+
+    def is_worn(self, offset: str) -> bool:
+        seen, stack = set(), [offset]
+        while stack:
+            for h in self.wn[stack.pop()][1]:
+                if h not in seen:
+                    seen.add(h)
+                    stack.append(h)
+        return bool(seen & self.worn)
+
+    def add(self, offset: str, names: list[str], tokens: dict[str, float]) -> None:
+        extra: dict[str, float] = {}
+        for w in self.definition_words(offset):
+            extra[w] = max(extra.get(w, 0.0), DEFINITION_SHARE)
+        for name in names:
+            for w in self.compound_parts(name.replace("_", " ").split()[-1]):
+                extra[w] = max(extra.get(w, 0.0), COMPOUND_SHARE)
+        if self.is_worn(offset):
+            extra["person"] = max(extra.get("person", 0.0), WORN_SHARE)
+        for w, share in extra.items():  # a token reached several ways keeps its largest share
+            if share > tokens.get(w, 0.0):
+                tokens[w] = share
 
 
 QUERY_SYNONYM_SHARE = 0.8
@@ -327,6 +455,7 @@ def build_query_expansion(wordnet: Path, synsets: list[str], image_map: dict) ->
 def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
     wn = read_wordnet(wordnet)
     b = Builder()
+    context = Context(wordnet, wn, b.vocab)
     classes = []
     for idx, (wnid, cname) in enumerate(zip(synsets, classnames)):
         offset = wnid[1:]
@@ -347,6 +476,7 @@ def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
             # every relative is a category word (toaster, syringe, salt shaker: "device",
             # "container"...): the nearest one still says more than nothing
             b.hypernym_shares(offset, wn, tokens, first_share=HEAD_SHARE, skip=frozenset())
+        context.add(offset, lemmas[:1] + [cname], tokens)
         ordered = dict(sorted(tokens.items(), key=lambda kv: (-kv[1], kv[0])))
         classes.append({"index": idx, "wnid": wnid, "name": cname, "lemmas": [w.replace("_", " ") for w in lemmas],
                         "tokens": ordered})
@@ -356,6 +486,8 @@ def build(wordnet: Path, synsets: list[str], classnames: list[str]) -> dict:
         "hypernym_first": HYPERNYM_FIRST, "hypernym_step": HYPERNYM_STEP, "hypernym_floor": HYPERNYM_FLOOR,
         "whole_words_only": True, "head_from_relative": True,
         "max_depth": MAX_DEPTH, "stop_synsets": sorted(STOP_SYNSETS), "skip_words": sorted(SKIP_WORDS),
+        "definition_share": DEFINITION_SHARE, "definition_words": DEFINITION_WORDS, "compound_share": COMPOUND_SHARE,
+        "worn_share": WORN_SHARE, "worn_roots": list(WORN_ROOTS), "picturable_lexfiles": sorted(PICTURABLE_LEXFILES),
     }
     content = json.dumps([c["tokens"] for c in classes], sort_keys=True).encode()
     version = f"wordnet3.0-v{SCRIPT_VERSION}-{hashlib.sha256(content).hexdigest()[:12]}"

@@ -27,15 +27,17 @@ from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_availabl
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
 IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene")
-#: the sources every install of the ``encoders`` extra can run
-BASE_SOURCES = ("imagenet", "colour", "clipart")
+#: the sources every install of the ``encoders`` extra can run (``scene``, numpy only, became a
+#: default with token map v3: it gives photos sky, clouds, water, trees, snow, night words)
+BASE_SOURCES = ("imagenet", "colour", "clipart", "scene")
 
 
 def default_sources() -> tuple[str, ...]:
     """The image token sources used when none are named: the base sources, plus ``ocr``
     (words, letters and digits read from pictures that look drawn) when RapidOCR is
     installed, as it is with the ``encoders`` extra. The index config records the sources
-    actually used, so an index built with ``ocr`` is never extended without it by accident."""
+    actually used, so an index built with ``ocr`` is never extended without it by accident,
+    and an index built before ``scene`` was a default goes on without it."""
     from .ocr import ocr_available
 
     return BASE_SOURCES + ("ocr",) if ocr_available() else BASE_SOURCES

@@ -66,6 +66,10 @@ SKIP_RELATIONS: frozenset[str] = frozenset()
 MAX_HYPONYM_DISTANCE = 2
 #: a word's relatives share the best one's mass (see plan_query)
 SPREAD = True
+#: counting words are never grounded: WordNet's nouns for them are playing cards and dice
+#: ("two" -> deuce -> card, paper), which a query for "two people" does not mean
+NUMBER_WORDS = frozenset("""zero one two three four five six seven eight nine ten eleven twelve dozen
+hundred thousand million""".split())
 
 
 @dataclass(frozen=True)
@@ -446,6 +450,8 @@ def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Itera
         # the word's own entry if WordNet has one, else its first base form that it has
         # ("gander" is a lemma: never also read as "gand" + "-er")
         forms = [f for f in the_map().lemmas(w) if f in the_map()][:1] if w.isalpha() else []
+        if w in NUMBER_WORDS:
+            forms = []
         step = ground(w, forms) if forms else GroundingStep(w, "not found")
         step.dropped = fragments(w)
         # only for words WordNet does not know: "dandelion" is never "dan" + "del" + "ion"

@@ -29,7 +29,15 @@ punctuation, a possessive ``'s`` and stopwords (``of``, ``the``...) are dropped.
   name as above, the synset's WordNet synonyms, and its hypernym chain with decaying shares
   (``beagle`` -> ``hound``/``dog`` 0.85, ``canine`` 0.64, ``mammal`` 0.5, ``animal``;
   ``espresso`` -> ``coffee``, ``drink``, ``beverage``), because ImageNet names rarely say
-  what a thing is. The map's ``version`` is recorded in the encoder config;
+  what a thing is. Map version 3 adds *context words*, what a class says about the rest of
+  the picture: up to four words of the class's WordNet definition (share 0.35: ``beach`` ->
+  ``sea``, ``ocean``; ``snowmobile`` -> ``snow``), the parts of a name written as one word
+  (0.5: ``lakeside`` -> ``lake``) and ``person`` for things people wear (0.5: a suit, a
+  sombrero), each a common noun (or a colour name) whose most frequent sense is something one
+  can see. On the public real-photo set this took P@1 from 0.295 to 0.348 with the ``scene``
+  source (docs/encoders.md). The map's ``version`` is recorded in the encoder config, and
+  the earlier map is still shipped (:data:`EARLIER_MAPS`) so that an index built with it keeps
+  taking new images;
 * a token that appears several times in one class keeps its largest share.
 
 For an image with class probabilities ``p_c`` the raw score of token ``t`` is the **sum**
@@ -173,21 +181,29 @@ def imagenet_classnames() -> tuple[str, ...]:
     return tuple(names)
 
 
-@lru_cache(maxsize=1)
-def wordnet_token_map() -> dict[str, Any]:
-    """The generated class -> token map (``configs/imagenet_wordnet.json``), checked."""
-    data = read_packaged_map("imagenet_wordnet.json", "the ImageNet token map")
+#: earlier token maps still shipped, so that an index built with one keeps taking new images
+#: (version -> file in ``configs/``); the current map is ``imagenet_wordnet.json``
+EARLIER_MAPS = {"wordnet3.0-v2-c2697a5c533e": "imagenet_wordnet_v2.json"}
+
+
+@lru_cache(maxsize=4)
+def wordnet_token_map(version: str | None = None) -> dict[str, Any]:
+    """The generated class -> token map (``configs/imagenet_wordnet.json``), checked; with
+    ``version``, that earlier map when stair_es still ships it (:data:`EARLIER_MAPS`)."""
+    filename = EARLIER_MAPS.get(version or "", "imagenet_wordnet.json")
+    data = read_packaged_map(filename, "the ImageNet token map")
     classes = data.get("classes") if isinstance(data, dict) else None
     if not isinstance(classes, list) or len(classes) != 1000 or not data.get("version"):
-        raise ModelError("the ImageNet token map imagenet_wordnet.json is damaged (expected 1000 classes and a version); "
+        raise ModelError(f"the ImageNet token map {filename} is damaged (expected 1000 classes and a version); "
                          "reinstall stair-es or regenerate it with scripts/build_imagenet_tokens.py")
     return data
 
 
-def wordnet_class_shares(vocab: Vocabulary) -> list[dict[int, float]]:
-    """Per class, ``{token id: share}`` from the generated WordNet map."""
+def wordnet_class_shares(vocab: Vocabulary, version: str | None = None) -> list[dict[int, float]]:
+    """Per class, ``{token id: share}`` from the generated WordNet map (``version``: see
+    :func:`wordnet_token_map`)."""
     table = []
-    for c in wordnet_token_map()["classes"]:
+    for c in wordnet_token_map(version)["classes"]:
         shares: dict[int, float] = {}
         for tok, share in c["tokens"].items():
             i = vocab.get(tok)
@@ -356,7 +372,9 @@ class ImageNetLabelEncoder(Encoder):
         self.device = device
         self.classnames = imagenet_classnames()
         self._shares: list[dict[int, float]] | None = None  # built on first use (a text query never needs it)
-        self.token_map = wordnet_token_map()["version"] if hypernyms else NAMES_ONLY_MAP
+        # an index built with an earlier map that stair_es still ships goes on with that map
+        earlier = token_map if hypernyms and token_map in EARLIER_MAPS else None
+        self.token_map = wordnet_token_map(earlier)["version"] if hypernyms else NAMES_ONLY_MAP
         #: an index built with another token map: its text queries are unaffected (they never read the
         #: map), but an image encoded here would not be comparable, so encoding one raises this
         self.version_error: EncoderVersionError | None = None
@@ -372,7 +390,7 @@ class ImageNetLabelEncoder(Encoder):
     def _table(self) -> list[dict[int, float]]:
         """Per ImageNet class, ``{token id: share}``."""
         if self._shares is None:
-            self._shares = (wordnet_class_shares(self.vocab) if self.hypernyms
+            self._shares = (wordnet_class_shares(self.vocab, self.token_map) if self.hypernyms
                             else class_token_shares(self.classnames, self.vocab, whole_words=True))
         return self._shares
 

@@ -29,7 +29,8 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     cfg.pop("grounding", None)  # query-side (tests/encoders/test_grounding.py)
     assert cfg == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
                    "temperature": 1.0, "class_mass": 0.99, "label_scale": 10.0,
-                   "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour", "clipart"],
+                   "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour", "clipart", "scene"],
+                   "scene": "scene-v1",
                    "clipart_head": head_provenance()["version"] + "+flatgate1"}
     (vec,) = enc.encode_texts(["a dog"])
     assert vec.to_token_map() == {"dog": 1.0}
@@ -41,10 +42,10 @@ def test_default_sources_read_words_when_rapidocr_is_installed(monkeypatch):
 
     monkeypatch.setattr(ocr_mod, "ocr_available", lambda: True)
     cfg = DefaultEncoder().config()
-    assert cfg["sources"] == ["imagenet", "colour", "clipart", "ocr"]
+    assert cfg["sources"] == ["imagenet", "colour", "clipart", "scene", "ocr"]
     assert (cfg["ocr"], cfg["ocr_images"]) == (VERSION, "drawings")  # recorded: an index says what it was read with
     monkeypatch.setattr(ocr_mod, "ocr_available", lambda: False)
-    assert DefaultEncoder().config()["sources"] == ["imagenet", "colour", "clipart"]
+    assert DefaultEncoder().config()["sources"] == ["imagenet", "colour", "clipart", "scene"]
     # sources named explicitly are used as given, whatever is installed
     assert DefaultEncoder(sources="imagenet,colour").config()["sources"] == ["imagenet", "colour"]
 

@@ -228,3 +228,15 @@ def test_query_words_are_the_words_bert_basic_tokenizer_finds():
     for text in ("a red car", "BlueMan#212", "café crème", "l'été", "e-mail 3.5kg", "日本 tokyo", "x_y", "naïve Ñandú",
                  "Part of the Flat Icon Collection (Wed Aug 25 23:23:49 2004)"):
         assert query_words(text) == [w for w in basic_tokenize(text) if any(c.isalnum() for c in w)], text
+
+
+def test_counting_words_are_never_grounded_onto_playing_cards():
+    # WordNet's nouns "two", "three" are also a deuce and a trey: cards, made of paper
+    stats = stats_of("people", "card", "paper", "person")
+    plan = plan_query("two people", VOCAB, stats, DEFAULT_STOPWORDS)
+    steps = {s.word: s for s in plan.steps}
+    assert steps["two"].action == "not found" and not steps["two"].tokens
+    q = BagOfWordsEncoder().encode_query("three people", index_stats=stats)
+    assert not {"card", "paper"} & set(q.vector.to_token_map())
+    # a counting word the index holds is still searched as itself
+    assert "two" in BagOfWordsEncoder().encode_query("two", index_stats=stats_of("two")).vector.to_token_map()

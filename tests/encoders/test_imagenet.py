@@ -98,6 +98,37 @@ def test_a_class_whose_name_is_no_token_is_carried_by_its_relatives():
     assert all(t and max(t.values()) == 1.0 for t in wordnet_class_shares(V))
 
 
+def test_context_words_say_what_else_the_picture_shows():
+    # map version 3: words of the class's WordNet definition, parts of a compound name, and
+    # "person" for what people wear -- so "snow", "lake", "sea", "woman in a suit" find photos
+    assert _wordnet_shares("snowmobile")["snow"] >= 0.35  # "tracked vehicle for travel on snow"
+    assert _wordnet_shares("lakeshore")["lake"] == 0.5  # lake + side
+    assert {"sea", "ocean"} <= set(_wordnet_shares("beach"))
+    assert _wordnet_shares("suit")["person"] == 0.5 and "person" in _wordnet_shares("sombrero")
+    assert "person" not in _wordnet_shares("beagle") and "person" not in _wordnet_shares("banana")
+    # abstract, adjectival or place words of the definitions ("any", "kind", "American", "short",
+    # "Africa") are never added: only what the earlier map (names and hypernyms) already had
+    from stair_es.encoders.imagenet import EARLIER_MAPS, wordnet_class_shares
+
+    (v2,) = EARLIER_MAPS
+    added = {V.token(i) for new, old in zip(wordnet_class_shares(V), wordnet_class_shares(V, v2)) for i in set(new) - set(old)}
+    assert {"snow", "lake", "sea", "person", "white"} <= added
+    assert not {"any", "kind", "time", "used", "one", "world", "africa", "american", "short", "can"} & added
+
+
+def test_an_index_built_with_the_earlier_map_keeps_taking_images():
+    from stair_es.encoders.imagenet import EARLIER_MAPS, wordnet_token_map
+
+    (v2,) = EARLIER_MAPS
+    old = ImageNetLabelEncoder(token_map=v2)
+    assert old.version_error is None and old.config()["token_map"] == v2 != wordnet_token_map()["version"]
+    snowmobile = imagenet_classnames().index("snowmobile")
+    p = np.full(1000, 1e-6)
+    p[snowmobile] = 1.0
+    assert "snow" not in old.vector_from_probabilities(p).to_token_map()  # exactly the vectors it was built with
+    assert "snow" in ImageNetLabelEncoder().vector_from_probabilities(p).to_token_map()
+
+
 def test_an_index_built_with_another_token_map_is_refused_clearly():
     from stair_es.errors import EncoderVersionError
 
@@ -141,7 +172,10 @@ def test_top_classes_and_min_weight_prune():
     p = np.full(1000, 0.5 / 999)
     p[enc.classnames.index("goldfish")] = 0.5
     vec = enc.vector_from_probabilities(p)
-    assert set(vec.to_token_map()) == {"fish", "animal"}
+    # the goldfish class alone: its WordNet words and its definition's ("small golden or orange-red
+    # freshwater fishes ... used as pond or aquarium fishes")
+    assert {"fish", "animal"} <= set(vec.to_token_map()) <= {"fish", "animal", "freshwater", "pond", "aquarium",
+                                                              "orange", "golden", "red"}
     assert ImageNetLabelEncoder(min_weight=5.0).vector_from_probabilities(p).nnz == 0
 
 
