@@ -41,13 +41,13 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     async def lifespan(app: FastAPI):
         if config.load_encoder_at_start:
             try:
-                await rt.run(svc.warm_up)  # models load once, before the first request
+                await rt.run_aside(svc.warm_up)  # models load once, before the first request
             except StairError as e:
                 log.error("the encoder could not be loaded: %s (the server answers /readyz with 503)", e)
             except Exception as e:  # noqa: BLE001 - logged; encode requests will report it
                 log.error("the encoder failed its warm-up: %s: %s", type(e).__name__, e)
             try:
-                await rt.run(svc.warm_indices)  # open the indices and load their query encoders now
+                await rt.run_aside(svc.warm_indices)  # open the indices and load their query encoders now
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
         yield

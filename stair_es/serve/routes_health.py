@@ -23,7 +23,7 @@ async def readyz(request: Request, rt: Runtime = Depends(runtime)):
     API key set, a caller without it learns only ready or not (no settings, no reason)."""
     told = not rt.config.api_key or request.scope.get("state", {}).get("key_ok", False)
     try:
-        info = await rt.run(rt.service.ready)
+        info = await rt.run_aside(rt.service.ready)  # never queued behind searches
     except StairError as e:
         reason = f"not ready: {rt.service.scrub(str(e))}" if told else "not ready"
         return error_response(503, e.exit_code, type(e).__name__ if told else "NotReady", reason)

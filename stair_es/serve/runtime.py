@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from fastapi import Header, Request
@@ -40,9 +41,17 @@ class Runtime:
         self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes)
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
+        self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-aside")
 
     async def run(self, fn: Callable, *args: Any) -> Any:
+        """A request's work: admitted, queued first come first served, under --request-timeout."""
         return await self.admission.run(fn, *args)
+
+    async def run_aside(self, fn: Callable, *args: Any) -> Any:
+        """Work that must not wait behind requests nor be cut by their deadline: the warm-up at
+        start (loading a model may take minutes) and the readiness probe (cheap, and a probe
+        queued behind a minute of searches would call a busy server dead). One thread of its own."""
+        return await asyncio.get_running_loop().run_in_executor(self._aside, functools.partial(fn, *args))
 
     async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing]:
         adm = self.admission
@@ -95,6 +104,7 @@ class Runtime:
             self._batchers.pop().close()
         self.admission.close()
         self.fetcher.close()
+        self._aside.shutdown(wait=False, cancel_futures=True)
         self.service.close()
 
 

@@ -429,3 +429,40 @@ def test_worker_threads_can_run_below_the_event_loop(home, image_root):
     finally:
         adm.close()
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the event loop's thread keeps its own
+
+
+def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
+    """A readiness probe queued behind a full worker pool would call a busy server dead; a
+    warm-up cut by --request-timeout would leave a slow-loading model unloaded."""
+    gate = Gate("gate-probe")
+
+    class SlowStart(ColorEncoder):
+        def encode_texts(self, texts, **kw):
+            time.sleep(0.5)  # longer than the request timeout below
+            return super().encode_texts(texts, **kw)
+
+    SlowStart.name = "slow-start"
+    register_encoder("slow-start", SlowStart)
+    app = create_app(make_config(home, image_root, encoder="slow-start", request_timeout=0.2))
+    from fastapi.testclient import TestClient
+
+    caplog.set_level("WARNING")
+    with TestClient(app):  # the warm-up (0.5 s per text) ran to the end despite the 0.2 s request timeout
+        assert "slow-start" in app.state.service.loaded_models()
+    assert "could not be loaded" not in caplog.text and "RequestTimeoutError" not in caplog.text, caplog.text
+
+    app = create_app(make_config(home, image_root, encoder="gate-probe", workers=1, max_queue=0,
+                                 load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            held = asyncio.create_task(http.post("/v1/encode", json={"inputs": [{"text": "hold"}]}))
+            await until(lambda: gate.seen == ["hold"])
+            busy = await http.post("/v1/encode", json={"inputs": [{"text": "more"}]})
+            ready = await http.get("/readyz")
+            gate.open.set()
+            return await held, busy, ready
+
+    held, busy, ready = asyncio.run(main())
+    assert held.status_code == 200 and busy.status_code == 429
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
