@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import Timer, machine_info  # noqa: E402
+
 
 def _photos(n: int) -> list[Any]:
     """``n`` real photos (scikit-image), cycled, as RGB PIL images."""
@@ -107,11 +109,6 @@ ENCODERS: dict[str, Callable[[Path, argparse.Namespace], tuple[Any, dict[str, An
 }
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def run_one(name: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     enc, notes = ENCODERS[name](workdir, args)
@@ -120,11 +117,10 @@ def run_one(name: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any
     enc.encode_images(images[: min(4, len(images))], batch_size=args.batch)  # warm-up (sessions, thread pools)
     rates, cpu_ms = [], []
     for _ in range(args.runs):
-        c0, t0 = _cpu(), time.perf_counter()
-        vecs = enc.encode_images(images, batch_size=args.batch)
-        wall, cpu = time.perf_counter() - t0, _cpu() - c0
-        rates.append(len(images) / wall)
-        cpu_ms.append(1000 * cpu / len(images))
+        with Timer() as t:
+            vecs = enc.encode_images(images, batch_size=args.batch)
+        rates.append(len(images) / t.wall_s)
+        cpu_ms.append(1000 * t.cpu_s / len(images))
     return {"encoder": name, "images": len(images), "batch": args.batch, "runs": args.runs,
             "images_per_s": round(statistics.median(rates), 2), "images_per_s_all": [round(r, 2) for r in rates],
             "cpu_ms_per_image": round(statistics.median(cpu_ms), 1), "setup_s": round(setup_s, 1),
@@ -133,8 +129,6 @@ def run_one(name: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any
 
 def machine() -> dict[str, Any]:
     """benchmarks.common's provenance, with ONNX Runtime's version and thread setting."""
-    from benchmarks.common import machine_info
-
     info = machine_info(("stair-es", "numpy", "onnxruntime", "transformers", "torch"))
     info["ort_threads"] = os.environ.get("STAIR_ES_ORT_THREADS", "all")
     return info

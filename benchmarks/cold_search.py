@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import provenance_line  # noqa: E402
+
 QUERY = "a red car"
 
 
@@ -138,7 +142,7 @@ def main() -> None:
 
         write_sample_catalog(catalog)
         manifest = catalog / "manifest.jsonl"
-        print(f"# cold search {QUERY!r}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.2f}")
+        print(f"# cold search {QUERY!r}, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.2f}\n# {provenance_line()}")
         rows = [("this checkout", here)] + ([("baseline", args.baseline)] if args.baseline else [])
         cmds, envs = {}, {}
         for label, cli in rows:

@@ -8,6 +8,7 @@
   (``/proc/self/status``, see :mod:`benchmarks.procstat`).
 * :func:`machine_info` -- where a figure comes from: commit (``+dirty`` with local changes), CPU,
   cores, RAM, load average, Python and package versions, arguments, start time (UTC).
+  :func:`provenance_line` gives the same as one line for the foot of a printed report.
 * :class:`Timer` -- wall-clock and CPU seconds of a block (``with Timer() as t: ...; t.wall_s``).
 """
 
@@ -26,7 +27,8 @@ try:
 except ImportError:  # run as `python benchmarks/x.py`: this folder is on sys.path
     from procstat import peak_rss_mb, rss_mb  # type: ignore[no-redef]
 
-__all__ = ["PERCENTILES", "Timer", "git_commit", "machine_info", "peak_rss_mb", "percentiles", "rss_mb", "stat"]
+__all__ = ["PERCENTILES", "Timer", "git_commit", "machine_info", "peak_rss_mb", "percentiles", "provenance_line", "rss_mb",
+           "stat"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PERCENTILES = (50, 95, 99)
@@ -118,3 +120,12 @@ def machine_info(packages: Iterable[str] = PACKAGES) -> dict[str, Any]:
             "ram_gb": ram_gb, "platform": platform.platform(), "python": platform.python_version(),
             "loadavg_start": list(os.getloadavg()), "versions": versions, "argv": sys.argv[1:],
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def provenance_line(info: Mapping[str, Any] | None = None) -> str:
+    """``commit abc1234; <CPU>, 2 cores, 23.4 GB RAM; Python 3.11.2; 2026-11-27 04:00:00 UTC`` (of
+    :func:`machine_info`, or of ``info`` when given)."""
+    m = info or machine_info()
+    return (f"commit {m['commit'] or 'unknown'}; {m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM; "
+            f"Python {m['python']}; {m['started']}")
+

@@ -39,6 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import provenance_line  # noqa: E402
+
 ANSWER = r"""
 import json, sys, numpy as np
 from stair_es.engine import EngineIndex
@@ -140,7 +144,7 @@ def flips(n: int, n_docs: int, seed: int) -> None:
         import stair_es
 
         print(f"# {n} random bit flips, stair_es from {Path(stair_es.__file__).parent}, index of {n_docs} docs "
-              f"({len(by_kind['segment'])} segments, tombstones); search path: {KERNELS}")
+              f"({len(by_kind['segment'])} segments, tombstones); search path: {KERNELS}\n# {provenance_line()}")
         print(f"{'file kind':<12} {'flips':>5} {'detected':>9} {'same':>5} {'WRONG':>6} {'CRASH':>6}")
         total = Counter()
         for kind, c in sorted(table.items()):
@@ -238,7 +242,8 @@ def cost(n_docs: int, runs: int, keep: str | None = None) -> None:
         import stair_es
 
         print(f"# stair_es from {Path(stair_es.__file__).parent}, {n_docs:,} docs, {size:.0f} MB; medians of {runs} fresh processes per mode, the modes interleaved; "
-              "search = 100 queries of 20 tokens, top 10, pass 1 (first reads) then 2 more passes (steady state)")
+              "search = 100 queries of 20 tokens, top 10, pass 1 (first reads) then 2 more passes (steady state)\n"
+              f"# {provenance_line()}")
         modes = (("checksums", "full"), ("sizes only", "size"))
         got: dict[str, list] = {label: [] for label, _ in modes}
         for _ in range(runs):  # interleaved, so both modes see the same machine load

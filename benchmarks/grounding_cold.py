@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import provenance_line  # noqa: E402
 from cold_search import _user_env, run_once  # noqa: E402
 
 VARIANTS = {
@@ -53,7 +54,7 @@ def main() -> None:
         for cmd in cmds.values():
             run_once(cmd, env)  # first use: query tower export, bytecode
         print(f"# cold search with/without grounding, {os.cpu_count()} cpus, load avg {os.getloadavg()[0]:.2f}, "
-              f"{args.runs} runs, medians")
+              f"{args.runs} runs, medians\n# {provenance_line()}")
         res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in cmds}
         for _ in range(args.runs):
             for k, cmd in cmds.items():

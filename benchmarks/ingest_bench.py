@@ -33,6 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import provenance_line  # noqa: E402
+
 from PIL import Image
 
 
@@ -98,7 +102,7 @@ def main() -> None:
         paths = make_folder(folder, args.images)
         size_mb = sum(p.stat().st_size for p in paths) / 1e6
         print(f"# {args.images} JPEG files ({size_mb:.0f} MB; 1600x1200 and 4000x3000), {os.cpu_count()} cpus, "
-              f"load avg {os.getloadavg()[0]:.2f}")
+              f"load avg {os.getloadavg()[0]:.2f}\n# {provenance_line()}")
         old = decode_speed(paths[:40], target_max_side=1024)
         new = decode_speed(paths[:40], min_side=256)
         print(f"decode only: long side <= 1024 {old:6.1f} img/s | min_side 256 {new:6.1f} img/s | x{new / old:.2f}")

@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import git_commit  # noqa: E402
+from benchmarks.common import machine_info, provenance_line  # noqa: E402
 
 COMMIT = "b" * 40
 
@@ -104,10 +103,11 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     rows = {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
                 "max": max(r[k] for r in runs)} for k in runs[0]}
-    commit = git_commit()
-    report = {"commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "load_average": os.getloadavg(), "weights_mb": args.mb, "runs": args.runs, "figures": rows}
-    print(f"model store, {args.mb} MiB of weights, median of {args.runs} runs (commit {commit}, load {os.getloadavg()[0]:.1f})")
+    machine = machine_info()
+    report = {"commit": machine["commit"], "machine": machine, "load_average": os.getloadavg(), "weights_mb": args.mb,
+              "runs": args.runs, "figures": rows}
+    print(f"model store, {args.mb} MiB of weights, median of {args.runs} runs ({provenance_line(machine)}, "
+          f"load {os.getloadavg()[0]:.1f})")
     for k, v in rows.items():
         unit = "" if k.startswith("size") else " s"
         print(f"  {k:<22} {v['median']:8.2f}{unit}   (min {v['min']:.2f}, max {v['max']:.2f})")

@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from benchmarks.common import provenance_line
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
             b.close()
     m = statistics.median
     print(f"# neighbour statistics, {args.docs} documents (60 image tokens, 10-word captions); measured ingest: "
-          f"one call of {len(extra)} documents in batches of {args.batch}")
+          f"one call of {len(extra)} documents in batches of {args.batch}\n# {provenance_line()}")
     print(f"first use (scan + count + store): {m(first):.2f} s")
     print(f"use with a current file (load + verify): {m(use) * 1000:.0f} ms")
     print(f"ingest call: {m(plain) * 1000:.0f} ms without statistics, {m(kept) * 1000:.0f} ms keeping them "

@@ -26,10 +26,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import Timer, provenance_line  # noqa: E402
 
 
 def photos():
@@ -47,10 +50,9 @@ def photos():
 
 
 def timed(fn, x: np.ndarray) -> tuple[float, float, np.ndarray]:
-    c, w = time.process_time(), time.perf_counter()
-    out = fn(x)
-    wall, cpu = time.perf_counter() - w, time.process_time() - c
-    return len(x) / wall, cpu / len(x) * 1000, out
+    with Timer() as t:
+        out = fn(x)
+    return len(x) / t.wall_s, t.cpu_s / len(x) * 1000, out
 
 
 def main() -> None:
@@ -59,12 +61,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-int8", action="store_true", help="leave out the int8 tower")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import onnxruntime as ort
     import torch
 
     from stair_es.encoders.imagenet import ImageNetLabelEncoder, load_efficientnet
-    from stair_es.encoders.runtime import OnnxTower, load_tower
+    from stair_es.encoders.runtime import OnnxTower
 
     enc = ImageNetLabelEncoder(runtime="onnx")
     fp32 = enc.load()
@@ -85,7 +86,8 @@ def main() -> None:
     pixels = np.stack([enc.preprocess(i) for i in ims]).astype(np.float32)
     batch = np.ascontiguousarray(np.resize(pixels, (args.batch,) + pixels.shape[1:]))
     print(f"# EfficientNet-Lite0, batch {args.batch}, {os.cpu_count()} cpus, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), onnxruntime {ort.__version__}, load avg {os.getloadavg()[0]:.2f}")
+          f"({torch.get_num_threads()} threads), onnxruntime {ort.__version__}, load avg {os.getloadavg()[0]:.2f}\n"
+          f"# {provenance_line()}")
     with torch.no_grad():
         for fn in variants.values():
             fn(batch)  # warm-up

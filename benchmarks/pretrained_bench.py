@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import git_commit  # noqa: E402
+from benchmarks.common import Timer, machine_info, percentiles, provenance_line  # noqa: E402
 from benchmarks.encoder_bench import sample_photos  # noqa: E402
 
 
@@ -168,14 +167,15 @@ def time_text_row(row: Row, work: Path, runs: int) -> dict[str, Any]:
     enc = row.make(work)
     enc.encode_texts(["warm up"])  # loads, exports if needed
     setup = time.perf_counter() - started
-    times = []
+    ms = []
     for _ in range(runs):
         for q in QUERIES:
-            t0 = time.perf_counter()
-            enc.encode_texts([q])
-            times.append(time.perf_counter() - t0)
-    return {"row": row.name, "what": row.what, "queries": len(times), "ms_median": round(1000 * statistics.median(times), 1),
-            "ms_min": round(1000 * min(times), 1), "ms_max": round(1000 * max(times), 1), "setup_s": round(setup, 1)}
+            with Timer() as t:
+                enc.encode_texts([q])
+            ms.append(t.wall_ms)
+    return {"row": row.name, "what": row.what, "queries": len(ms),
+            **{k: round(v, 1) for k, v in percentiles(ms, (50, 95)).items() if k != "n"},
+            "min_ms": round(min(ms), 1), "max_ms": round(max(ms), 1), "setup_s": round(setup, 1)}
 
 
 def main() -> None:
@@ -201,14 +201,9 @@ def main() -> None:
         im = photos[i % len(photos)]
         scale = 640 / max(im.size)
         images.append(im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale)))))
-    report = {
-        "commit": git_commit(),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                    "loadavg_before": [round(x, 2) for x in os.getloadavg()]},
-        "rows": [],
-        "text_rows": [],
-    }
-    print(f"# pretrained encoders  commit {report['commit']}  {report['machine']}")
+    machine = machine_info()
+    report = {"commit": machine["commit"], "machine": machine, "rows": [], "text_rows": []}
+    print(f"# pretrained encoders  {provenance_line(machine)}")
     image_rows = [r for r in ROWS if r.name in wanted]
     if image_rows:
         print(f"{'row':<8} {'images/s (median)':>18} {'min':>7} {'max':>7} {'tokens':>7} {'setup s':>8}  what")
@@ -219,13 +214,14 @@ def main() -> None:
               f"{result['images_per_s_max']:>7} {result['median_tokens']:>7} {result['setup_s']:>8}  {row.what}", flush=True)
     text_rows = [r for r in TEXT_ROWS if r.name in wanted]
     if text_rows:
-        print(f"\n{'row':<8} {'ms per query (median)':>22} {'min':>7} {'max':>7} {'setup s':>8}  what")
+        print(f"\n{'row':<8} {'p50 ms per query':>22} {'p95':>7} {'min':>7} {'max':>7} {'setup s':>8}  what")
     for row in text_rows:
         result = time_text_row(row, work, args.runs)
         report["text_rows"].append(result)
-        print(f"{row.name:<8} {result['ms_median']:>22} {result['ms_min']:>7} {result['ms_max']:>7} {result['setup_s']:>8}  "
+        print(f"{row.name:<8} {result['p50_ms']:>22} {result['p95_ms']:>7} {result['min_ms']:>7} {result['max_ms']:>7} "
+              f"{result['setup_s']:>8}  "
               f"{row.what}", flush=True)
-    report["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["machine"]["loadavg_end"] = list(os.getloadavg())
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

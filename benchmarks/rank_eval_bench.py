@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import git_commit  # noqa: E402
+from benchmarks.common import provenance_line  # noqa: E402
 
 
 def build(home: Path) -> Path:
@@ -64,7 +64,7 @@ def main() -> None:
 
     backend = get_backend("embedded", home=str(home))
     rated = read_ratings(ratings)
-    print(f"commit {git_commit()}, {os.cpu_count()} cores, {len(rated.queries)} rated queries on the sample photos")
+    print(f"{provenance_line()}; {len(rated.queries)} rated queries on the sample photos")
     ev = evaluate(backend, "samples", rated.queries)  # also warms the ONNX towers and numba kernels
     print("default query encoder: " + ", ".join(f"{k} {v:.3f}" for k, v in ev.metrics.items()))
     for _ in range(args.runs):

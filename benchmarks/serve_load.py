@@ -65,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import percentiles
+from benchmarks.common import Timer, git_commit, percentiles
 from benchmarks.corpora import CACHE_DIR, CorpusSpec, load_corpus
 
 FIELD = "image"
@@ -113,15 +113,15 @@ def in_process_p50(home: Path, name: str, queries: list[dict[str, float]], top_k
     times = []
     deadline = time.monotonic() + seconds
     for i, qm in enumerate(queries * 10):
-        t = time.perf_counter()
-        req, _ = make_request(b, name, QuerySpec(tokens=qm, top_k=top_k, caption_weight=0))
-        b.search(name, req)
+        with Timer() as t:
+            req, _ = make_request(b, name, QuerySpec(tokens=qm, top_k=top_k, caption_weight=0))
+            b.search(name, req)
         if i >= 5:
-            times.append((time.perf_counter() - t) * 1000)
+            times.append(t.wall_ms)
         if time.monotonic() > deadline and len(times) >= 20:
             break
     b.close()
-    return statistics.median(times)
+    return percentiles(times, (50,))["p50_ms"]
 
 
 def process_cpu(pid: int) -> float | None:
@@ -253,7 +253,6 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
     answer, think (exponential pause of mean ``think_ms``; 0: none), send the next. Client k sends
     queries k, k+C, k+2C, ... of the list, so concurrent requests are distinct queries."""
     import random
-    import resource
     from urllib.parse import urlsplit
 
     u = urlsplit(url)
@@ -289,16 +288,13 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
             if think_ms > 0:  # never past the end: the wall time below is the load's, not a last pause's
                 await asyncio.sleep(max(0.0, min(rng.expovariate(1000 / think_ms), stop - time.monotonic())))
 
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(k) for k in range(clients)))
-    wall = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    with Timer() as load:
+        await asyncio.gather(*(client(k) for k in range(clients)))
     for c in conns:
         c.close()
     return {"latencies": latencies, "app": [t["app"] for t in timings if "app" in t],
-            "sizes": [t["batch_size"] for t in timings if "batch_size" in t], "errors": errors, "wall": wall,
-            "client_cpu": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}
+            "sizes": [t["batch_size"] for t in timings if "batch_size" in t], "errors": errors, "wall": load.wall_s,
+            "client_cpu": load.cpu_s}
 
 
 def summarize(slices: list[dict]) -> dict:
@@ -599,12 +595,7 @@ def main() -> None:
         return open_loop_main(args)
     args.batching = args.batching or "off,on"
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "?"
-    print(f"# stair-es serve load: commit {commit}, {os.cpu_count()} cores, load average "
+    print(f"# stair-es serve load: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, "
           f"--max-batch {args.max_batch or 'default'}, "
           f"--batch-window-ms {args.batch_window_ms:g}, top_k {args.top_k}, {args.seconds:g} s per row", flush=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, percentiles, provenance_line  # noqa: E402
 
 RUNS = {
     "multi": dict(head="sparse", stages=("1", "2", "3"), lam=1e-3),
@@ -155,8 +156,6 @@ def cmd_heads(a) -> None:
     (tie-correct) evaluation, in its indexed form, plus the bag-of-words query for stair and vdr,
     VisualSparta at other top-n (an index-time choice: no retraining), and encode latency
     (PyTorch, one thread: ms per image in batches of 32, ms per query one at a time)."""
-    import statistics
-
     import torch
 
     torch.set_num_threads(a.threads)
@@ -195,7 +194,7 @@ def cmd_heads(a) -> None:
                 ids, mask, _ = model.tokenize([c])
                 model.encode_text(ids, mask)
                 txt_t.append((time.perf_counter() - t) * 1000)
-        lat = {"image_ms": statistics.median(img_t), "query_ms": statistics.median(txt_t)}
+        lat = {"image_ms": percentiles(img_t)["p50_ms"], "query_ms": percentiles(txt_t)["p50_ms"]}  # medians
         base_top_n = model.config.top_n
         for label, change, mode in variants:
             model.config.top_n = change.get("top_n", base_top_n)
@@ -216,13 +215,11 @@ def cmd_heads(a) -> None:
         lines.append(f"| {r['head']} | {r['train_s']:.0f} | " + " | ".join(pct(c) for c in cols) +
                      f" | {act('active_tokens_image')} | {act('active_tokens_text')} | {pct('interp_p@1')} | {pct('interp_r@5')} | "
                      f"{r['image_ms']:.2f} | {q_ms} |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch threads {a.threads}"
+    machine = machine_info()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = f"commit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    (out / "results.md").write_text("\n".join(lines) + f"\n\n{stamp}\n")
-    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "rows": rows}, indent=2) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + f"\n\n{provenance_line(machine)}; torch threads {a.threads}\n")
+    (out / "results.json").write_text(json.dumps({"commit": machine["commit"], "machine": machine, "rows": rows}, indent=2) + "\n")
     print("\n".join(lines))
 
 
@@ -256,10 +253,9 @@ def cmd_report(a) -> None:
             stage_lines.append(f"| {name} | {h['stage']} | {100*h['t2i_r@1']:.1f} | {100*h['i2t_r@1']:.1f} | "
                                f"{100*h.get('interp_p@1', float('nan')):.1f} | {100*h.get('interp_r@5', float('nan')):.1f} | "
                                f"{h.get('active_tokens_image', float('nan')):.0f} | {h.get('active_tokens_text', float('nan')):.0f} |")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    (out / "results.md").write_text("\n".join(lines) + "\n\nPer stage:\n\n" + "\n".join(stage_lines) + f"\n\ncommit {commit}; {machine}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "results": {k: {"history": v["history"], "steps": v["steps"], "spec": v["spec"], "seconds": v["seconds"]} for k, v in results.items()}}, indent=2) + "\n")
+    machine = machine_info()
+    (out / "results.md").write_text("\n".join(lines) + "\n\nPer stage:\n\n" + "\n".join(stage_lines) + f"\n\n{provenance_line(machine)}\n")
+    (out / "results.json").write_text(json.dumps({"commit": machine["commit"], "machine": machine, "results": {k: {"history": v["history"], "steps": v["steps"], "spec": v["spec"], "seconds": v["seconds"]} for k, v in results.items()}}, indent=2) + "\n")
     # plot 1: R@1 and grounding per run
     fin = {n: (r.get("final") or r["history"][-1]) for n, r in results.items()}
     names = list(results)

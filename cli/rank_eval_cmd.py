@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from stair_es.errors import InvalidInputError
@@ -58,9 +60,7 @@ def _config_options(f):
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_option
 @backend_options
-def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, caption_weight, image_weight, query_top_k, min_weight,
-              expand, force, compare_encoder, compare_model, compare_opts, compare_caption_weight, compare_image_weight,
-              compare_expand, encoder, model, encoder_opts, progress, as_json, backend) -> None:
+def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, progress, as_json, backend, **config) -> None:
     """Evaluate INDEX's ranking on rated queries: P@1, P@5, MRR@10, nDCG@10, R@5, R@10.
 
     RATINGS is JSONL, one query a line (the equivalent of Elasticsearch's _rank_eval):
@@ -99,20 +99,19 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, c
 
     rated = read_ratings(ratings, queries_path)
     queries = rated.queries[:limit] if limit else rated.queries
-    config_a = QueryConfig(encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
-                           caption_weight=caption_weight, image_weight=image_weight, query_top_k=query_top_k,
-                           min_weight=min_weight, expand=expand, force=force, label="A")
-    comparing = bool(compare_encoder or compare_model or compare_opts or compare_caption_weight is not None
-                     or compare_image_weight is not None or compare_expand is not None)
+    # the --compare-* options describe configuration B; the others are QueryConfig's fields by name
+    b = {k.removeprefix("compare_"): config.pop(k) for k in list(config) if k.startswith("compare_")}
+    b["encoder_opts"] = b.pop("opts")
+    encoder = config.pop("encoder")
+    a_options = encoder_kwargs(config.pop("model"), config.pop("encoder_opts"))
+    config_a = QueryConfig(encoder=encoder, encoder_options=a_options, label="A", **config)
+    changed = {k: b[k] for k in ("caption_weight", "image_weight", "expand") if b[k] is not None}
     show_bar = stderr_is_tty() if progress is None else progress
-    if comparing:
-        b_options = encoder_kwargs(compare_model, compare_opts)
-        if not compare_encoder:  # B is A with these options changed
+    if b["encoder"] or b["model"] or b["encoder_opts"] or changed:
+        b_options = encoder_kwargs(b["model"], b["encoder_opts"])
+        if not b["encoder"]:  # B is A with these options changed
             b_options = {**config_a.encoder_options, **b_options}
-        config_b = QueryConfig(encoder=compare_encoder or encoder, encoder_options=b_options,
-                               caption_weight=_pick(compare_caption_weight, caption_weight),
-                               image_weight=_pick(compare_image_weight, image_weight), query_top_k=query_top_k,
-                               min_weight=min_weight, expand=_pick(compare_expand, expand), force=force, label="B")
+        config_b = replace(config_a, encoder=b["encoder"] or encoder, encoder_options=b_options, label="B", **changed)
         if config_b.describe() | {"label": "A"} == config_a.describe():
             raise InvalidInputError("the --compare-* options describe the same configuration as A: change the encoder, "
                                     "an encoder option or a weight")
@@ -131,10 +130,6 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, c
             _print_evaluation(result, show, explain_words)
     if not evaluated:
         raise InvalidInputError(_nothing_evaluated(ratings, errors))
-
-
-def _pick(b, a):
-    return a if b is None else b
 
 
 def _nothing_evaluated(path: str, errors) -> str:

@@ -79,8 +79,15 @@ def hybrid_options(f: Callable) -> Callable:
     return f
 
 
-def _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers=None, vector_file=None):
-    """(HybridOptions, dense query vector or None) from the CLI's options."""
+_HYBRID_KEYS = ("hybrid", "retrievers", "vector_file", "fusion", "rrf_k", "weights", "window")
+
+
+def _hybrid_opts(text, q):
+    """(HybridOptions, dense query vector or None) from the --hybrid options, taken out of the
+    command's keyword arguments ``q``; (None, None) without a hybrid search."""
+    hybrid, retrievers, vector_file, fusion, rrf_k, weights, window = (q.pop(k) for k in _HYBRID_KEYS)
+    if not (hybrid or retrievers or vector_file):
+        return None, None
     from stair_es.fusion import parse_weights
     from stair_es.hybrid import DEFAULT_RETRIEVERS, HybridOptions, parse_retrievers
 
@@ -100,16 +107,11 @@ def _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers=None, vector_f
     return HybridOptions(fusion, rrf_k, w, window, retrievers=names), vector
 
 
-def _make_request(backend, index, text, token_map, wheres, requires, require_all, excludes, query_excludes, expr,
-                  token_field, caption_weight, image_weight, top_k, query_top_k, min_weight, encoder, model, encoder_opts,
-                  force=False, image_path=None, expand=0, expand_weight=0.5, expand_min_count=2):
-    """The CLI's options as one :class:`stair_es.search.QuerySpec`, turned into a request by the library."""
-    spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None, wheres=wheres,
-                     requires=requires, require_all=require_all, excludes=excludes, query_excludes=query_excludes,
-                     expr=expr, token_field=token_field, caption_weight=caption_weight, image_weight=image_weight,
-                     top_k=top_k, query_top_k=query_top_k, min_weight=min_weight, encoder=encoder,
-                     encoder_options=encoder_kwargs(model, encoder_opts), force=force, expand=expand,
-                     expand_weight=expand_weight, expand_min_count=expand_min_count)
+def _make_request(backend, index, text, *, token_map=None, image_path=None, model=None, encoder_opts=(), **spec):
+    """The CLI's query options as one :class:`stair_es.search.QuerySpec` (the options named as its
+    fields go in as they are), turned into a request by the library."""
+    spec = QuerySpec(text=text or None, tokens=token_map or None, image=image_path or None,
+                     encoder_options=encoder_kwargs(model, encoder_opts), **spec)
     return make_request(backend, index, spec)
 
 
@@ -123,8 +125,7 @@ def _make_request(backend, index, text, token_map, wheres, requires, require_all
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
-           **q) -> None:
+def search(index, text, explain_hits, as_json, backend, **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -150,11 +151,9 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
     caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a
     min-max normalised weighted sum).
     """
-    hybrid = hybrid or bool(retrievers) or bool(vector_file)
-    if hybrid:
-        opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file)
+    opts, vector = _hybrid_opts(text, q)
     request, qvec = _make_request(backend, index, text, **q)
-    if hybrid:
+    if opts is not None:
         from stair_es.hybrid import hybrid_search
 
         result = hybrid_search(backend, index, request, text, opts, explain=explain_hits, vector=vector)
@@ -216,8 +215,7 @@ def search(index, text, explain_hits, hybrid, retrievers, vector_file, fusion, r
 @encoder_options(default=None)
 @json_option
 @backend_options
-def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion, rrf_k, weights, window, as_json, backend,
-            **q) -> None:
+def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
     """Why DOC_ID scores what it does for TEXT (or --tokens); without a query, its top tokens.
 
     Each row is one token: query weight x document weight = contribution; the rows sum to the score.
@@ -233,8 +231,7 @@ def explain(index, doc_id, text, limit, hybrid, retrievers, vector_file, fusion,
             click.echo(f"{f} tokens of {doc.id!r} ({doc.vectors[f].nnz} non-zero):")
             click.echo("  " + _fmt_tokens(tm.items()))
         return
-    hybrid = hybrid or bool(retrievers) or bool(vector_file)
-    opts, vector = _hybrid_opts(text, fusion, rrf_k, weights, window, retrievers, vector_file) if hybrid else (None, None)
+    opts, vector = _hybrid_opts(text, q)
     request, _ = _make_request(backend, index, text, **q)
     exp = backend.explain(index, doc_id, request)
     fused = None

@@ -48,8 +48,8 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate of stages 1, 2 and single.")
 @click.option("--stage3-lr", type=float, default=1e-4, show_default=True, help="Peak learning rate of stage 3 (lower, against forgetting).")
 @click.option("--lambda", "lam", type=float, default=1e-3, show_default=True, help="FLOPs weight for both modalities (grows quadratically at the start of a stage).")
-@click.option("--warmup", type=int, default=50, show_default=True, help="Learning-rate warm-up steps per stage (capped at a fifth of the stage).")
-@click.option("--flops-warmup", type=int, default=200, show_default=True, help="Steps over which lambda grows from 0.")
+@click.option("--warmup", "warmup_steps", type=int, default=50, show_default=True, help="Learning-rate warm-up steps per stage (capped at a fifth of the stage).")
+@click.option("--flops-warmup", "flops_warmup_steps", type=int, default=200, show_default=True, help="Steps over which lambda grows from 0.")
 @click.option("--eval-data", type=click.Path(exists=True, dir_okay=False), help="A held-out JSONL/CSV evaluated after every stage (logged to metrics.jsonl).")
 @click.option("--images", "image_root", type=click.Path(file_okay=False), help="Image folder for a Karpathy split file (COCO: the folder holding train2014/ and val2014/) or for a JSONL's relative paths.")
 @click.option("--split", "splits", default="train,restval", show_default=True, help="Karpathy splits to train on.")
@@ -64,7 +64,7 @@ def _floats(text: str) -> tuple[str, ...]:
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
-def train_cmd(data, output, model_config, head, top_n, vdr_k, no_cts_mask, text_tower, image_tower, freeze_image_tower, stages, steps, batch_size, lr, stage3_lr, lam, warmup, flops_warmup, eval_data, image_root, splits, stream, shuffle_buffer, accum_steps, precision, checkpoint_every, log_every, resume, device, threads, seed):
+def train_cmd(data, output, model_config, stages, steps, lam, no_cts_mask, **opts):
     """Train a model with the --head of choice (STAIR by default; VisualSparta, VDR, dense) on DATA: JSONL lines
     {"image": path, "caption": str | "captions": [...]}, a CSV with image,caption columns,
     a Karpathy split file (dataset_coco.json / dataset_flickr30k.json, with --images), or
@@ -74,24 +74,24 @@ def train_cmd(data, output, model_config, head, top_n, vdr_k, no_cts_mask, text_
     captions truncated; all are counted in the summary and in metrics.jsonl. Under torchrun,
     each process takes batch-size / processes pairs and the loss sees all of them.
     """
+    from dataclasses import fields
+
     import torch
 
     from stair_es.stair.config import load_config
     from stair_es.stair.data import load_caption_data
     from stair_es.stair.datasets import PairStream, open_source
-    from stair_es.stair.train import TrainConfig, init_distributed, new_model, train
+    from stair_es.stair.train import TrainConfig, dist_info, init_distributed, new_model, train
 
-    device = init_distributed() or device
-    from stair_es.stair.train import dist_info
-
+    device = init_distributed() or opts["device"]
     if dist_info()[1] != 0:  # one voice under torchrun: only rank 0 prints
         echo = lambda *a, **k: None  # noqa: E731
     else:
         echo = click.echo
-    if threads:
-        torch.set_num_threads(threads)
+    if opts["threads"]:
+        torch.set_num_threads(opts["threads"])
     cfg = load_config(model_config)
-    changes = {k: v for k, v in (("head", head), ("top_n", top_n), ("vdr_k", vdr_k)) if v is not None}
+    changes = {k: opts[k] for k in ("head", "top_n", "vdr_k") if opts[k] is not None}
     if changes:
         cfg = cfg.replace(**changes)
     if stages is None:
@@ -101,24 +101,26 @@ def train_cmd(data, output, model_config, head, top_n, vdr_k, no_cts_mask, text_
         step_list = tuple(int(s) for s in _floats(steps))
     except ValueError:
         raise click.BadParameter(f"--steps wants integers separated by commas, got {steps!r}") from None
-    tc = TrainConfig(stages=stage_list, steps=step_list, batch_size=batch_size, lr=lr, stage3_lr=stage3_lr,
-                     lambda_image=lam, lambda_text=lam, flops_warmup_steps=flops_warmup, warmup_steps=warmup, seed=seed,
-                     freeze_image_tower=freeze_image_tower, accum_steps=accum_steps, precision=precision, checkpoint_every=checkpoint_every, log_every=log_every,
-                     vdr_cts_mask=not no_cts_mask)
+    # the options named as TrainConfig's fields go in as they are
+    tc = TrainConfig(stages=stage_list, steps=step_list, lambda_image=lam, lambda_text=lam, vdr_cts_mask=not no_cts_mask,
+                     **{f.name: opts[f.name] for f in fields(TrainConfig) if f.name in opts})
+    seed, text_tower, image_tower = tc.seed, opts["text_tower"], opts["image_tower"]
     model = new_model(cfg, device, seed=seed, text_tower=text_tower, image_tower=image_tower)
     cfg = model.config
     if text_tower or image_tower:
         echo(f"towers: text {cfg.text_tower or 'random'} ({cfg.text_width} wide), image {cfg.image_tower or 'random'} "
                    f"({cfg.image_width} wide, {cfg.image_size} px)", err=True)
-    if stream or not data.lower().endswith((".jsonl", ".ndjson", ".csv", ".tsv")):
-        source = open_source(data, image_root=image_root, splits=_floats(splits))
-        train_data = PairStream(source, image_size=cfg.image_size, max_length=cfg.text_max_length, seed=seed, buffer=shuffle_buffer)
+    if opts["stream"] or not data.lower().endswith((".jsonl", ".ndjson", ".csv", ".tsv")):
+        source = open_source(data, image_root=opts["image_root"], splits=_floats(opts["splits"]))
+        train_data = PairStream(source, image_size=cfg.image_size, max_length=cfg.text_max_length, seed=seed,
+                                buffer=opts["shuffle_buffer"])
         echo(f"streaming {source.name}", err=True)
     else:
         train_data = load_caption_data(data, image_size=cfg.image_size, max_length=cfg.text_max_length)
         echo(train_data.report.summary(), err=True)
+    eval_data = opts["eval_data"]
     held = load_caption_data(eval_data, image_size=cfg.image_size, max_length=cfg.text_max_length) if eval_data else None
-    res = train(model, train_data, tc, output, resume=resume, eval_data=held)
+    res = train(model, train_data, tc, output, resume=opts["resume"], eval_data=held)
     if isinstance(train_data, PairStream):
         echo(train_data.report.summary(), err=True)
     echo(f"model saved to {output} ({res['seconds']:.0f} s)")

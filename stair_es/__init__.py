@@ -25,12 +25,14 @@ __all__ = [
 
 
 def get_backend(name: str = "embedded", **options):
+    # lazy: `import stair_es` stays light (the backends and encoders load on first use)
     from .backends.base import get_backend as _get
 
     return _get(name, **options)
 
 
 def get_encoder(name: str = "default", **options):
+    # lazy: `import stair_es` stays light (the backends and encoders load on first use)
     from .encoders.base import get_encoder as _get
 
     return _get(name, **options)

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import DamagedIndexError, InvalidInputError, InvalidVectorError, ModelError, StairError
+from .lexical import commit_key
 from .schema import DENSE_FIELD, DTYPES, MAX_DIMS, SIMILARITIES, DenseSpec, as_vector  # noqa: F401 - the dense API
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class DenseEncoder:
     name = "stair-dense"
 
     def __init__(self, model: str, device: str | None = None):
+        # lazy: torch takes seconds to import; loaded only when a model runs
         import torch
 
         from .stair.model import StairModel
@@ -189,6 +191,7 @@ def read_spec(index_path: str | Path) -> DenseSpec | None:
 
 
 def write_spec(index_path: str | Path, spec: DenseSpec) -> None:
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import atomic_write_json, fsync_dir
 
     d = folder(index_path)
@@ -198,6 +201,7 @@ def write_spec(index_path: str | Path, spec: DenseSpec) -> None:
 
 
 def _ids_arrays(ids: Sequence[str]) -> dict[str, np.ndarray]:
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.segment import encode_ids
 
     blob, offs = encode_ids(list(ids))
@@ -210,6 +214,7 @@ def _ids_from(arrays: Mapping[str, np.ndarray]) -> list[str]:
 
 
 def _load(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import read_arrays, verified_once
 
     try:
@@ -266,6 +271,7 @@ class DenseStore:
     # --- writing (by the index's one writer) ----------------------------------------------------
     def begin(self, ix: Any, ids: Sequence[str], vectors: Sequence[np.ndarray]) -> None:
         """Before the engine commit of a batch: save its vectors under their ids."""
+        # lazy: the engine (numba) loads only when an embedded index is opened
         from .engine.storage import write_arrays
 
         self.recover(ix)
@@ -291,6 +297,7 @@ class DenseStore:
     def recover(self, ix: Any, batch: tuple | None = None) -> None:
         """Turn a pending file into a part file (the vectors of its committed documents) and remove it.
         ``batch``: the pending file's (arrays, meta) when the caller has them in memory."""
+        # lazy: the engine (numba) loads only when an embedded index is opened
         from .engine.storage import write_arrays
 
         p = self.dir / PENDING
@@ -323,6 +330,7 @@ class DenseStore:
         when the files hold more than twice as many rows as the index has live documents, or
         with ``force``, all of them become one. A crash between writing the merged file and
         removing the old ones leaves the same vectors twice under the same ``seq``: harmless."""
+        # lazy: the engine (numba) loads only when an embedded index is opened
         from .engine.storage import fsync_dir, write_arrays
 
         parts = self.parts()
@@ -408,8 +416,6 @@ class DenseView:
             claimed[li] = True
             if rows.size:
                 chunks.append((vecs, rows, pos[li], loc[li], seq[li]))
-        from .lexical import commit_key
-
         return cls(store.spec, chunks, commit_key(ix))
 
     def matrix(self) -> np.ndarray:
@@ -525,6 +531,7 @@ def check_files(index_path: str | Path, *, repair: bool = False) -> dict[str, An
     discardable: its batch is in a part file or was never committed); the documents left
     without a vector are listed by id (ingest them again with ``--reindex``). None when the
     index has no dense field."""
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import verify_file
 
     spec = read_spec(index_path)
@@ -549,6 +556,7 @@ def check_files(index_path: str | Path, *, repair: bool = False) -> dict[str, An
             damaged.append(f)
     out: dict[str, Any] = {"dims": spec.dims, "dtype": spec.dtype, "files": rows, "ok": not damaged, "repaired": False}
     if damaged and repair:
+        # lazy: the engine (numba) loads only when an embedded index is opened
         from .engine import EngineIndex
 
         for f in damaged:

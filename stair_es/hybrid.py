@@ -15,7 +15,7 @@ This module owns the options and the fusion; each backend runs its retrievers in
 ``hybrid_search`` (:class:`~stair_es.backends.base.SearchBackend`). Where the fusion runs:
 
 * embedded engine: in stair_es (BM25 from :mod:`stair_es.lexical`, dense from :mod:`stair_es.dense`);
-* Elasticsearch (:mod:`stair_es.backends.cluster_hybrid`): the ``retriever`` API, ``rrf`` (8.14+) or ``linear`` with ``minmax`` (8.18+/9.0+),
+* Elasticsearch (:mod:`stair_es.backends.cluster.hybrid`): the ``retriever`` API, ``rrf`` (8.14+) or ``linear`` with ``minmax`` (8.18+/9.0+),
   over ``standard`` retrievers and a ``knn`` retriever on ``dense``;
 * OpenSearch: the ``hybrid`` query (a ``knn`` sub-query on ``dense``) with a temporary search
   pipeline in the request body, ``score-ranker-processor`` (RRF, 2.19+) or

@@ -67,6 +67,7 @@ def _stem_words(words: list[str]) -> list[str]:
         with _stemmer_lock:
             if _stemmer is None:
                 try:
+                    # lazy: optional (extra hybrid), needed only for BM25
                     import Stemmer
                 except ImportError:
                     raise MissingDependencyError("BM25 (hybrid search)", "hybrid", "PyStemmer bm25s") from None
@@ -94,6 +95,7 @@ def document_text(caption: str | None, metadata: dict[str, Any] | None) -> str:
 
 def _bm25s():
     try:
+        # lazy: optional (extra hybrid), needed only for BM25
         import bm25s
     except ImportError:
         raise MissingDependencyError("BM25 (hybrid search)", "hybrid", "bm25s PyStemmer") from None
@@ -222,6 +224,7 @@ def _file(ix: Any) -> Path:
 def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
     """The BM25 index of the engine index ``ix`` at its current commit: from memory, from its
     file (checksum verified), or rebuilt from the segments and saved (best effort)."""
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import read_arrays, verify_file, write_arrays
 
     ix.refresh()

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import DamagedIndexError, InvalidInputError, UnsupportedError  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
+from .errors import DamagedIndexError, InvalidInputError, MissingDependencyError, UnsupportedError  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
 from .sparse import SparseVector
 from .vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 
@@ -93,10 +93,9 @@ def _word_mask(vocab: Vocabulary) -> np.ndarray:
 def _sparse():
     """scipy.sparse, or a clear message naming the extra that installs it."""
     try:
+        # lazy: optional (extra neighbours), needed only for neighbour statistics
         import scipy.sparse as sp
     except ImportError:
-        from .errors import MissingDependencyError
-
         raise MissingDependencyError("co-occurrence neighbours (stair-es neighbours, search --expand)", "neighbours",
                                      "scipy") from None
     return sp
@@ -247,6 +246,7 @@ def _stats_path(folder: Path) -> Path:
 
 def save_counts(folder: Path, counts: Cooccurrence, generation: int) -> Path:
     """Write ``counts`` (describing ``generation``) crash-safely beside an embedded index."""
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import write_arrays
 
     wi, ii = counts.word_image.tocsr(), counts.image_image.tocsr()
@@ -265,6 +265,7 @@ def load_counts(folder: Path) -> Cooccurrence | None:
 
     The file's checksum is verified; a damaged or foreign file raises :class:`DamagedIndexError`
     (delete it: it is recomputed from the index)."""
+    # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import read_arrays, verify_file
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 def entry_points(group: str) -> Any:
     """The entry points of ``group`` (e.g. ``stair_es.backends``)."""
+    # lazy: entry points are read only when a plugin name is looked up
     from importlib.metadata import entry_points as _entry_points
 
     return _entry_points(group=group)

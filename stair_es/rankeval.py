@@ -351,6 +351,7 @@ def read_ratings(path: str | Path, queries: str | Path | None = None) -> Ratings
 
 def _ir_measures():
     try:
+        # lazy: optional (extra eval), needed only by rank-eval
         import ir_measures
     except ImportError:
         raise MissingDependencyError("rank-eval's metrics (ir-measures)", "eval", "ir-measures") from None
@@ -434,6 +435,7 @@ class QueryConfig:
 
     def spec(self, query: RatedQuery, top_k: int, encoder: Any = None):
         """The :class:`stair_es.search.QuerySpec` that ``stair-es search QUERY --where ...`` would build."""
+        # lazy: search brings the encoders; only running queries needs it
         from .search import QuerySpec
 
         kwargs: dict[str, Any] = {k: getattr(self, k) for k in
@@ -480,6 +482,7 @@ def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]
     hundreds of queries would spend minutes building the same encoder. Each query's
     ``QuerySpec.encoder_instance`` is this one.
     """
+    # lazy: search brings the encoders; only running queries needs it
     from .search import VERSIONED_ENCODERS, query_encoder
 
     schema = backend.index_info(index).schema
@@ -625,6 +628,7 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
          bar: Any) -> dict[str, Any]:
     """query id -> (SearchResult, query vector, {grounding, notes, expanded_tokens}) or the InvalidInputError
     that query raised."""
+    # lazy: search brings the encoders; only running queries needs it
     from .search import make_request
 
     out: dict[str, Any] = {}
@@ -659,6 +663,7 @@ def _results(queries: Sequence[RatedQuery], runs: Mapping[str, Any], missing: Ma
 
 
 def _progress(total: int, enabled: bool):
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from .encoders.base import progress_bar
 
     return progress_bar(total, "rank-eval", enabled)

@@ -57,11 +57,13 @@ SAMPLES: tuple[Sample, ...] = (
 
 def _load(loader: str):
     """Return a PIL image for a sample; raises MissingDependencyError naming the extra."""
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image
 
     kind, _, name = loader.partition(":")
     try:
         if kind == "skimage":
+            # lazy: image libraries load only when images are read or drawn
             import numpy as np
             import skimage.data
 
@@ -70,10 +72,12 @@ def _load(loader: str):
                 arr = arr.astype(np.uint8) * 255
             return Image.fromarray(arr)
         if kind == "sklearn":
+            # lazy: image libraries load only when images are read or drawn
             from sklearn.datasets import load_sample_images
 
             return Image.fromarray(load_sample_images().images[int(name)])
         if kind == "matplotlib":
+            # lazy: image libraries load only when images are read or drawn
             import matplotlib
 
             return Image.open(os.path.join(matplotlib.get_data_path(), "sample_data", name))

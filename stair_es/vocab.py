@@ -147,6 +147,7 @@ def hf_tokenizer(vocab: Vocabulary | None = None, *, max_length: int | None = No
         base = _build_hf_tokenizer(tuple(vocab.tokens))
     if max_length is None:
         return base
+    # lazy: tokenizers loads only when text is tokenized
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(base.to_str())
@@ -161,6 +162,7 @@ def _shipped_hf_tokenizer():
 
 def _build_hf_tokenizer(tokens: tuple[str, ...]):
     try:
+        # lazy: tokenizers loads only when text is tokenized
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     except ImportError:
         raise ModelError(

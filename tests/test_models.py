@@ -560,7 +560,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(hub, home, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", "model.safetensors")
 
-    monkeypatch.setattr(models, "_link_or_copy", full)
+    monkeypatch.setattr(models.download, "_link_or_copy", full)
     with pytest.raises(ModelError, match="pulling the model failed: No space left on device"):
         models.pull("acme/tiny")
     assert models.entries() == [] and not list((home / "_models" / "store").glob(".tmp-*"))

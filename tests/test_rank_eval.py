@@ -473,7 +473,7 @@ def test_on_a_cluster_the_figures_hold_and_the_index_is_scanned_once_per_run(fla
     pytest.importorskip("elasticsearch" if flavor == "elasticsearch" else "opensearchpy")
     from backends.fake_cluster import FakeCluster
 
-    from stair_es.backends._cluster import ClusterBackend
+    from stair_es.backends.cluster import ClusterBackend
     from stair_es.backends.base import get_backend
 
     scans = []

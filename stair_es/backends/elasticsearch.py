@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import BackendError, MissingDependencyError
-from ._cluster import ClusterBackend, EngineAdapter, _error_body_reason
-from .connection import ClusterConfig
-from .dsl import mapping, query_dsl, translate
+from .cluster import ClusterBackend, ClusterConfig, EngineAdapter
+from .cluster.mapping import mapping
+from .cluster.translate import query_dsl, translate
+from .cluster.transport import error_body_reason
 from .codec import decode_token, encode_token, stored_value
 
 __all__ = ["ElasticsearchBackend", "mapping", "query_dsl", "translate", "encode_token", "decode_token", "stored_value"]
@@ -28,6 +29,7 @@ _JSON = {"accept": "application/json", "content-type": "application/json"}
 
 def _client_module():
     try:
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         import elasticsearch
     except ImportError:
         raise MissingDependencyError("the Elasticsearch backend", "elasticsearch", "'elasticsearch>=8.15,<9'") from None
@@ -72,11 +74,13 @@ class ElasticsearchAdapter(EngineAdapter):
         return resp.body
 
     def streaming_bulk(self):
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         from elasticsearch.helpers import streaming_bulk
 
         return streaming_bulk
 
     def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
+        # lazy: optional client (extra elasticsearch), imported when the backend is used
         import elastic_transport as et
 
         es = self.es
@@ -90,7 +94,7 @@ class ElasticsearchAdapter(EngineAdapter):
             return "connection", None, _short(exc)
         if isinstance(exc, es.ApiError):
             status = getattr(exc.meta, "status", None)
-            typ, reason = _error_body_reason(exc.body)
+            typ, reason = error_body_reason(exc.body)
             return "api", status, f"{typ}: {reason}" if typ else (reason or str(exc.message))
         if isinstance(exc, et.TransportError):
             return "connection", None, _short(exc)
@@ -110,7 +114,4 @@ class ElasticsearchBackend(ClusterBackend):
     """stair_es indices on Elasticsearch 8.x/9.x (``rank_features`` by default, or ``sparse_vector``)."""
 
     name = "elasticsearch"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self.adapter = ElasticsearchAdapter()
-        super().__init__(*args, **kwargs)
+    adapter_class = ElasticsearchAdapter

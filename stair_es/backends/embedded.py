@@ -21,9 +21,9 @@ import numpy as np
 
 from ..engine import EngineIndex
 from ..neighbours import StatsUpdater
-from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError
+from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError, StairError
 from ..query import SearchRequest
-from ..schema import Document, Explanation, Hit, IndexSchema, IngestReport, SearchResult
+from ..schema import Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult
 from .base import IndexInfo, ProgressCallback, SearchBackend
 
 
@@ -42,9 +42,8 @@ def _dense_checked(batch, spec, index):
     """The documents whose dense vector (if any) fits the index's dense field with those vectors in
     their stored form (None: no vector), and an error item for each document that does not fit
     (checked per document, before anything is written)."""
+    # lazy: a plain search needs no dense code (about 15 ms of import)
     from ..dense import prepare
-    from ..errors import StairError
-    from ..schema import ItemResult
 
     todo, vectors, refused = [], [], {}
     for k, d in enumerate(batch):
@@ -148,6 +147,7 @@ class EmbeddedBackend(SearchBackend):
             if exist_ok:
                 return
             raise IndexExistsError(f"index {index!r} already exists in {self.home}; delete it first or pick another name")
+        # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import DenseSpec, write_spec
 
         spec = DenseSpec.from_dict(schema.dense)
@@ -158,6 +158,7 @@ class EmbeddedBackend(SearchBackend):
 
     def dense_spec(self, index: str):
         """The index's :class:`~stair_es.dense.DenseSpec`, or None when it has no dense field."""
+        # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import read_spec
 
         return read_spec(self._reader(index).path)
@@ -200,6 +201,7 @@ class EmbeddedBackend(SearchBackend):
         batch: list[Document] = []
 
         upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
+        # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import DenseStore, read_spec
 
         spec = read_spec(ix.path)
@@ -238,6 +240,7 @@ class EmbeddedBackend(SearchBackend):
         doc = ix.get(doc_id)
         spec = self.dense_spec(index)
         if spec is not None:
+            # lazy: a plain search needs no dense code (about 15 ms of import)
             from ..dense import vector_of
 
             doc.dense = vector_of(ix, spec, doc_id)  # as stored: unit length for cosine, float16-rounded
@@ -272,6 +275,7 @@ class EmbeddedBackend(SearchBackend):
         """Hybrid search fused in stair_es (BM25 from :mod:`stair_es.lexical`, dense from
         :mod:`stair_es.dense`); every hit carries each retriever's rank and score (``explain``
         changes nothing here)."""
+        # lazy: hybrid search loads only when asked for (fusion and BM25 code)
         from ..hybrid import checked_options, fuse_results, fusion_note
 
         opts = checked_options(request, text, opts)
@@ -281,6 +285,7 @@ class EmbeddedBackend(SearchBackend):
         notes = list(req.notes)
         lists: dict[str, list] = {}
         if "dense" in opts.retrievers:
+            # lazy: a plain search needs no dense code (about 15 ms of import)
             from ..dense import no_dense_error, query_vector, search_embedded as dense_search
 
             spec = self.dense_spec(index)
@@ -293,6 +298,7 @@ class EmbeddedBackend(SearchBackend):
             if not req.clauses:
                 notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
         if "bm25" in opts.retrievers:
+            # lazy: BM25 loads only for hybrid search
             from ..lexical import search_embedded
 
             lists["bm25"] = [_hit(s, d, score) for s, d, score in search_embedded(ix, text, opts.window, req.filter, notes)]
@@ -303,6 +309,7 @@ class EmbeddedBackend(SearchBackend):
     def check(self, index: str, *, repair: bool = False) -> dict:
         """:func:`stair_es.engine.check_index` of the index folder, with its dense vector files
         (:func:`stair_es.dense.check_files`) under ``"dense"`` when it has any."""
+        # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import check_files
         from ..engine import check_index
 

@@ -141,6 +141,7 @@ def read_records(path: str | Path, report: DataReport) -> list[tuple[str, list[s
 
 
 def decode_image(path: str, size: int) -> np.ndarray:
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image, UnidentifiedImageError
 
     try:

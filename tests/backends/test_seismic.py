@@ -7,8 +7,8 @@ import pytest
 
 from .fake_cluster import FakeCluster
 from stair_es.backends.base import get_backend
-from stair_es.backends.dsl import translate
-from stair_es.backends.seismic import SeismicParams, quantise
+from stair_es.backends.cluster.translate import translate
+from stair_es.backends.opensearch import SeismicParams, quantise
 from stair_es.errors import InvalidInputError
 from stair_es.query import SearchRequest, SparseClause, Term
 from stair_es.schema import Document, IndexSchema

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from stair_es.backends.elasticsearch import mapping, query_dsl
-from stair_es.backends.dsl import translate
+from stair_es.backends.cluster.translate import translate
 from stair_es.errors import InvalidInputError
 from stair_es.query import HasTokens, Not, Range, SearchRequest, SparseClause, Term, Terms, parse_token_expression
 from stair_es.schema import IndexSchema

@@ -1,8 +1,9 @@
 """The hybrid request JSON for Elasticsearch (retriever API) and OpenSearch (hybrid query +
 search pipeline), and the mapping's BM25 field with stair_es's analyzer."""
 
-from stair_es.backends.dsl import mapping, translate
-from stair_es.backends.cluster_hybrid import hybrid_body
+from stair_es.backends.cluster.mapping import mapping
+from stair_es.backends.cluster.translate import translate
+from stair_es.backends.cluster.hybrid import hybrid_body
 from stair_es.hybrid import HybridOptions
 from stair_es.query import SearchRequest, SparseClause, Term
 from stair_es.schema import IndexSchema
@@ -96,7 +97,7 @@ def test_opensearch_hybrid_with_a_knn_query_and_its_filter_inside():
 
 
 def test_a_knn_without_a_filter_has_none():
-    from stair_es.backends.cluster_hybrid import es_knn, os_knn
+    from stair_es.backends.cluster.hybrid import es_knn, os_knn
 
     plain = {"bool": {"should": [], "minimum_should_match": 1}}
     assert "filter" not in es_knn(VEC, plain, 10)

@@ -71,7 +71,7 @@ def _skip_without_knn(name, b):
     from stair_es.errors import BackendError
 
     try:
-        b._call("POST", "/stair-dense/_search", {"query": {"knn": {"dense": {"vector": [1.0] * DIMS, "k": 1}}}, "size": 1},
+        b.request("POST", "/stair-dense/_search", {"query": {"knn": {"dense": {"vector": [1.0] * DIMS, "k": 1}}}, "size": 1},
                 action="probe knn", retry=False)
     except BackendError as e:
         if "not supported" in str(e):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stair_es.backends.dsl import translate
+from stair_es.backends.cluster.translate import translate
 from stair_es.backends.base import get_backend
 from stair_es.backends.codec import stored_value
 from stair_es.query import HasTokens, Not, Range, SearchRequest, SparseClause, Term

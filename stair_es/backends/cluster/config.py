@@ -1,8 +1,9 @@
-"""Connection settings for the Elasticsearch and OpenSearch backends.
+"""Settings of the Elasticsearch and OpenSearch backends: :class:`ClusterConfig` and :class:`BulkPolicy`.
 
 Owns: resolving URLs, credentials, TLS and timeouts from flags > ``STAIR_ES_*`` environment
-variables > a TOML/JSON config file, and redacting secrets from anything that may be printed
-or logged. Must not know about queries, mappings or client libraries.
+variables > a TOML/JSON config file, the index options given as flags (field type, refresh,
+clause limit, pruning, dense dimension), the bulk/retry policy, and redacting secrets from
+anything that may be printed or logged. Must not know about queries or client libraries.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-
-from ..errors import (
-    InvalidInputError,
-)
+from ...errors import InvalidInputError
+from .mapping import FIELD_TYPES
+from .translate import DEFAULT_MAX_CLAUSES
 
 DEFAULT_URL = "http://localhost:9200"
 
@@ -52,7 +53,8 @@ DEFAULT_CONFIG = Path("~/.config/stair-es/config.toml")
 
 @dataclass(repr=False)
 class ClusterConfig:
-    """Where the cluster is and how to authenticate. ``repr`` and ``describe`` never show secrets."""
+    """Where the cluster is, how to authenticate, and how stair_es lays out its indices there.
+    ``repr`` never shows secrets."""
 
     urls: list[str] = field(default_factory=lambda: [DEFAULT_URL])
     api_key: str | None = None
@@ -62,12 +64,27 @@ class ClusterConfig:
     ca_certs: str | None = None
     verify_certs: bool = True
     timeout: float = 30.0
+    # index options (flags only; not read from the environment or the config file)
+    field_type: str = "auto"  # auto (= rank_features), rank_features or sparse_vector
+    refresh: bool | str = True  # True: refresh once after an ingest; False; "wait_for" on every bulk request
+    max_clauses: int = DEFAULT_MAX_CLAUSES  # the cluster's indices.query.bool.max_clause_count
+    prune: bool = False  # Elasticsearch sparse_vector index-time pruning
+    dense_dims: int | None = None  # a cosine dense field for indices whose schema has none
+
+    def __post_init__(self) -> None:
+        if self.field_type not in ("auto",) + FIELD_TYPES:
+            raise InvalidInputError(f"field type must be auto, rank_features or sparse_vector, got {self.field_type!r}")
+        if self.refresh not in (True, False, "wait_for"):
+            raise InvalidInputError(f"refresh must be true, false or wait_for, got {self.refresh!r}")
+        self.max_clauses = _number("max_clauses", self.max_clauses, int)
+        if self.max_clauses < 1:
+            raise InvalidInputError(f"max_clauses must be >= 1, got {self.max_clauses}")
 
     @classmethod
     def resolve(cls, engine: str, config_file: str | os.PathLike | None = None, **given: Any) -> "ClusterConfig":
         """Flags (``given``, ``None`` = not given) > ``STAIR_ES_*`` environment > config file > defaults."""
         values: dict[str, Any] = {}
-        values.update(_read_config_file(engine, config_file))
+        values.update({k: v for k, v in _read_config_file(engine, config_file).items() if k not in _INDEX_OPTIONS})
         for key, env in _ENV.items():
             v = os.environ.get(env)
             if v:
@@ -107,6 +124,7 @@ class ClusterConfig:
             ca_certs=values.get("ca_certs"),
             verify_certs=bool(verify),
             timeout=timeout,
+            **{k: values[k] for k in _INDEX_OPTIONS if k in values},
         )
 
     @property
@@ -128,10 +146,69 @@ class ClusterConfig:
         return (
             f"ClusterConfig(urls={self.display_urls!r}, auth={self.auth_kind!r}, api_key={shown['api_key']}, "
             f"password={shown['password']}, bearer_token={shown['bearer_token']}, ca_certs={self.ca_certs!r}, "
-            f"verify_certs={self.verify_certs}, timeout={self.timeout})"
+            f"verify_certs={self.verify_certs}, timeout={self.timeout}, field_type={self.field_type!r})"
         )
 
     __str__ = __repr__
+
+
+_INDEX_OPTIONS = ("field_type", "refresh", "max_clauses", "prune", "dense_dims")
+
+
+@dataclass(frozen=True)
+class BulkPolicy:
+    """How bulk requests are cut and how failed requests and items are retried.
+
+    Chunks hold at most ``chunk_docs`` documents and ``chunk_bytes`` bytes; a request or item
+    answered 429/502/503/504 (or lost to a connection error) is re-sent after an exponential
+    back-off from ``backoff`` seconds plus up to ``backoff`` of jitter, capped at ``backoff_max``,
+    at most ``max_retries`` times. Reads and admin calls use the same retries and back-off.
+    """
+
+    chunk_docs: int = 500
+    chunk_bytes: int = 10 * 1024 * 1024
+    max_retries: int = 5
+    backoff: float = 0.5
+    backoff_max: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.chunk_docs < 1 or self.chunk_bytes < 1024 or self.max_retries < 0:
+            raise InvalidInputError("chunk_docs must be >= 1, chunk_bytes >= 1024, max_retries >= 0")
+        if not (self.backoff >= 0 and self.backoff_max >= 0):
+            raise InvalidInputError("backoff and backoff_max must be >= 0 seconds")
+
+    def wait(self) -> Callable[[Any], float]:
+        """The back-off as a plain function of tenacity's retry state (the same on every tenacity version)."""
+        base, cap = float(self.backoff), float(self.backoff_max)
+
+        def wait(retry_state: Any) -> float:
+            n = max(int(getattr(retry_state, "attempt_number", 1)), 1)
+            return min(base * 2.0 ** min(n - 1, 60) + random.uniform(0.0, base), cap)
+
+        return wait
+
+
+def settings_from_options(engine: str, options: Mapping[str, Any]) -> tuple[ClusterConfig, BulkPolicy]:
+    """The flat keyword options of ``get_backend("elasticsearch", ...)`` as a resolved
+    :class:`ClusterConfig` and a :class:`BulkPolicy` (``None`` = not given: the default)."""
+    opts = {k: v for k, v in options.items() if v is not None}
+    if "url" in opts:
+        opts.setdefault("urls", opts.pop("url"))
+    bulk_keys = {f.name for f in fields(BulkPolicy)}
+    known = bulk_keys | {f.name for f in fields(ClusterConfig)} | {"config_file"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise InvalidInputError(f"unknown {engine} backend option(s) {', '.join(unknown)}: use {', '.join(sorted(known))}")
+    bulk = BulkPolicy(**{k: _number(k, opts.pop(k), int if k != "backoff" and k != "backoff_max" else float)
+                         for k in sorted(bulk_keys & set(opts))})
+    return ClusterConfig.resolve(engine, opts.pop("config_file", None), **opts), bulk
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be a number, got {value!r}") from None
 
 
 def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, Any]:
@@ -147,6 +224,7 @@ def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, 
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
+            # lazy: only a TOML config file needs it
             import tomllib
 
             data = tomllib.loads(text)

@@ -10,7 +10,7 @@
 When a cluster refuses the server-side form (an older version, or an emulator without it), the
 same queries are run as plain searches and fused in stair_es, and the result notes say so.
 The body builders are pure functions (no client needed); :class:`ClusterHybrid` is the part of
-:class:`~stair_es.backends._cluster.ClusterBackend` that sends them.
+:class:`~stair_es.backends.cluster.ClusterBackend` that sends them.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..errors import InvalidInputError, StairError
-from ..hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, fusion_note
-from ..lexical import TEXT_FIELD
-from ..query import SearchRequest
-from ..schema import DENSE_FIELD, Hit, SearchResult
-def _filter_of(sparse_query: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``filter`` / ``must_not`` of the sparse query's ``bool`` (what every retriever shares)."""
-    b = sparse_query.get("bool", {})
-    return {k: b[k] for k in ("filter", "must_not") if b.get(k)}
+from ...dense import DenseSpec, no_dense_error, query_vector
+from ...errors import InvalidInputError, StairError
+from ...hybrid import MAX_WINDOW, HybridOptions, checked_options, fuse_results, fusion_note
+from ...lexical import TEXT_FIELD
+from ...query import SearchRequest
+from ...schema import DENSE_FIELD, Hit, SearchResult
+from .translate import filter_of
 
 
 def bm25_query(text: str, sparse_query: Mapping[str, Any]) -> dict[str, Any]:
     """BM25 on ``bm25_text`` with the sparse query's filter and exclusions (from its ``bool``)."""
-    return {"bool": {"must": [{"match": {TEXT_FIELD: {"query": text}}}], **_filter_of(sparse_query)}}
+    return {"bool": {"must": [{"match": {TEXT_FIELD: {"query": text}}}], **filter_of(sparse_query)}}
 
 
 def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
@@ -39,7 +37,7 @@ def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[st
     ``k`` = the window, ``num_candidates`` = twice that (at most 10,000), the shared filter."""
     out: dict[str, Any] = {"field": DENSE_FIELD, "query_vector": [float(x) for x in vector], "k": window,
                            "num_candidates": min(MAX_WINDOW, 2 * window)}
-    f = _filter_of(sparse_query)
+    f = filter_of(sparse_query)
     if f:
         out["filter"] = {"bool": f}
     return out
@@ -48,7 +46,7 @@ def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[st
 def os_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
     """OpenSearch ``knn`` query on ``dense`` (``k`` = the window; the filter inside, as efficient filtering)."""
     inner: dict[str, Any] = {"vector": [float(x) for x in vector], "k": window}
-    f = _filter_of(sparse_query)
+    f = filter_of(sparse_query)
     if f:
         inner["filter"] = {"bool": f}
     return {"knn": {DENSE_FIELD: inner}}
@@ -119,13 +117,11 @@ def hybrid_body(engine: str, sparse_query: Mapping[str, Any], text: str | None, 
 
 
 class ClusterHybrid:
-    """The hybrid search of :class:`~stair_es.backends._cluster.ClusterBackend` (a mixin: it
+    """The hybrid search of :class:`~stair_es.backends.cluster.ClusterBackend` (a mixin: it
     uses the backend's metadata cache, translation and requests)."""
 
     def hybrid_search(self, index: str, request: SearchRequest, text: str | None, opts: HybridOptions | None = None,
                       *, explain: bool = False, vector: Any = None) -> SearchResult:
-        from .dsl import translate
-
         opts = checked_options(request, text, opts)
         t0 = time.perf_counter()
         meta = self._meta(index)
@@ -136,25 +132,17 @@ class ClusterHybrid:
             )
         engine = self.adapter.engine
         if "dense" in opts.retrievers:
-            from ..dense import DenseSpec, no_dense_error, query_vector
-
             spec = DenseSpec.from_dict(meta.schema.dense)
             if spec is None or not meta.has_dense:
                 raise no_dense_error(index)
             vector = query_vector(spec, index, text=text, vector=vector)
         req = request.prepared(meta.schema, self.vocab)
-        tr = translate(req, engine=engine, field_type=meta.field_type, max_clauses=self.max_clauses - 1,
-                       vocab=self.vocab, seismic=self.seismic)
+        tr = self.translate_request(req, meta, max_clauses=self.config.max_clauses - 1)
         notes = list(req.notes) + tr.notes
         source = {"excludes": list(meta.schema.sparse_fields) + [DENSE_FIELD, TEXT_FIELD]}
         use_sparse = "sparse" in opts.retrievers and bool(req.clauses)
         if "sparse" in opts.retrievers and not req.clauses:
             notes.append("the query gave no tokens for the sparse retriever: the other retrievers rank the hits")
-
-        def hit(h: Mapping[str, Any]) -> Hit:
-            src = h.get("_source") or {}
-            return Hit(h["_id"], float(h.get("_score") or 0.0), self._metadata_out(src, meta.schema),
-                       src.get("caption_text"), src.get("path"))
 
         def component_lists() -> dict[str, list[Hit]]:
             lists: dict[str, list[Hit]] = {}
@@ -165,7 +153,7 @@ class ClusterHybrid:
                 body = {**component_query(engine, name, tr.query, text, vector, opts.window), "size": opts.window,
                         "_source": source}
                 res = self.request("POST", self._path(index, "_search"), body, action=f"search {index!r} ({name})", index=index)
-                lists[name] = [hit(h) for h in res.get("hits", {}).get("hits", [])]
+                lists[name] = [self._hit(h, meta) for h in res.get("hits", {}).get("hits", [])]
             return lists
 
         server_ok = opts.server and len(opts.retrievers) > 1 and ("sparse" not in opts.retrievers or use_sparse)
@@ -179,7 +167,7 @@ class ClusterHybrid:
                 notes.append(f"the cluster refused the server-side hybrid search ({str(e).splitlines()[0][:200]}); "
                              "the result lists were fused in stair_es instead")
             else:
-                hits = [hit(h) for h in res.get("hits", {}).get("hits", [])][: req.top_k]
+                hits = [self._hit(h, meta) for h in res.get("hits", {}).get("hits", [])][: req.top_k]
                 if explain:
                     ranks = {name: {h.id: (r, h.score) for r, h in enumerate(lst, start=1)}
                              for name, lst in component_lists().items()}

@@ -1,7 +1,8 @@
-"""Pure translation of stair_es queries and schemas into Elasticsearch/OpenSearch JSON.
+"""Pure translation of stair_es queries into Elasticsearch/OpenSearch query DSL.
 
-Owns: the index mapping built from the JSON files in ``stair_es.mappings`` and the translation of
-a :class:`~stair_es.query.SearchRequest` into query DSL. Nothing here needs a client or a
+Owns: the translation of a :class:`~stair_es.query.SearchRequest` (sparse clauses, filters,
+the cluster's clause limit) into query DSL, and the ``method_parameters`` of ``neural_sparse``
+on OpenSearch SEISMIC fields (:class:`SeismicParams`). Nothing here needs a client or a
 cluster, so users can take the output into their own deployments.
 
 Scoring is the exact dot product: a ``rank_feature`` query with the ``linear`` function
@@ -12,113 +13,84 @@ the encoders are trained for (the default ``saturation`` function is not a dot p
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from importlib import resources
-from typing import Any
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import (
-    BackendError,
-    InvalidInputError,
-)
-from ..query import And, Exists, Filter, HasTokens, Not, Or, Range, SearchRequest, SparseClause, Term, Terms
-from ..schema import (
-    IndexSchema,
-)
-from ..sparse import SparseVector
-from ..vocab import Vocabulary, default_vocabulary
-from .codec import encode_token, feature_map
+from ...errors import InvalidInputError
+from ...query import And, Exists, Filter, HasTokens, Not, Or, Range, SearchRequest, SparseClause, Term, Terms
+from ...schema import IndexSchema
+from ...sparse import SparseVector
+from ...vocab import Vocabulary, default_vocabulary
+from ..codec import encode_token, feature_map
 
-ENGINES = ("elasticsearch", "opensearch")
-FIELD_TYPES = ("rank_features", "sparse_vector")
 DEFAULT_MAX_CLAUSES = 1024
-META_KEY = "stair_es"
-
-
-# --- mappings ----------------------------------------------------------------------------
-def _load_json(name: str) -> dict[str, Any]:
-    return json.loads(resources.files("stair_es.mappings").joinpath(name).read_text(encoding="utf-8"))
-
-
-def _mapping_file(engine: str, field_type: str, prune: bool) -> str:
-    if engine not in ENGINES:
-        raise InvalidInputError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
-    if field_type not in FIELD_TYPES:
-        raise InvalidInputError(f"unknown field type {field_type!r}; use one of {', '.join(FIELD_TYPES)} or auto")
-    prefix = "es" if engine == "elasticsearch" else "os"
-    if prune:
-        if (engine, field_type) != ("elasticsearch", "sparse_vector"):
-            raise InvalidInputError("index-time pruning is an option of the Elasticsearch sparse_vector field only")
-        return "es_sparse_vector_pruned.json"
-    return f"{prefix}_{field_type}.json"
-
-
-def mapping(
-    engine: str = "elasticsearch",
-    field_type: str = "rank_features",
-    schema: IndexSchema | None = None,
-    *,
-    prune: bool = False,
-    dense_dims: int | None = None,
-    version: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
-    """The create-index body (``settings`` + ``mappings``) for ``schema``; pure, no client needed.
-
-    Built from the JSON files in ``stair_es.mappings`` (``es_rank_features.json`` ...): every
-    sparse field of the schema gets the template of ``image``; metadata fields get
-    ``metadata_types.json``; the schema itself is kept in ``mappings._meta.stair_es`` so
-    stair_es can reopen the index. ``bm25_text`` (caption + keyword metadata, analysed as in
-    :mod:`stair_es.lexical`) is the BM25 side of hybrid search. A dense field (``schema.dense``, or
-    ``dense_dims`` for a cosine one) adds the ``dense`` vector field that hybrid search's dense
-    retriever queries (``dense_vector`` / ``knn_vector``).
-    ``version`` (the cluster's) drops ``index_options`` on Elasticsearch versions without it.
-    """
-    schema = schema or IndexSchema()
-    body = _load_json(_mapping_file(engine, field_type, prune))
-    m = body["mappings"]
-    props = m["properties"]
-    template = props["image"]
-    for name in ("image", "caption"):
-        props.pop(name, None)
-    if engine == "elasticsearch" and field_type == "sparse_vector" and version is not None and not _es_has_index_options(version):
-        if prune:
-            raise BackendError(f"Elasticsearch {'.'.join(map(str, version))} has no index-time pruning option (8.19 / 9.1+)")
-        template = {k: v for k, v in template.items() if k != "index_options"}
-    for name in schema.sparse_fields:
-        props[name] = json.loads(json.dumps(template))
-    types = _load_json("metadata_types.json")
-    for name, ftype in schema.fields.items():
-        props[name] = dict(types[ftype])
-    spec = schema.dense or ({"dims": int(dense_dims), "similarity": "cosine"} if dense_dims else None)
-    if spec:
-        dense = _load_json("es_dense_vector.json" if engine == "elasticsearch" else "os_dense_vector.json")
-        dense["dims" if engine == "elasticsearch" else "dimension"] = int(spec["dims"])
-        # cosine vectors are unit length (stair_es normalises them), so the dot product is the cosine;
-        # dot_product vectors keep their length: the engines' unbounded inner product
-        if engine == "elasticsearch":
-            dense["similarity"] = "dot_product" if spec.get("similarity", "cosine") == "cosine" else "max_inner_product"
-        else:
-            dense["space_type"] = "innerproduct"
-        props["dense"] = dense
-        if engine == "opensearch":
-            body.setdefault("settings", {}).setdefault("index", {})["knn"] = True
-    # BM25 text for hybrid search (caption + keyword metadata), with stair_es's analyzer
-    from ..lexical import CLUSTER_ANALYZER, TEXT_FIELD
-
-    props[TEXT_FIELD] = {"type": "text", "analyzer": "stair_es_text"}
-    body.setdefault("settings", {})["analysis"] = json.loads(json.dumps(CLUSTER_ANALYZER))
-    m["_meta"][META_KEY]["schema"] = schema.to_dict()
-    return body
-
-
-def _es_has_index_options(version: tuple[int, ...]) -> bool:
-    major, minor = (tuple(version) + (0, 0))[:2]
-    return (major == 8 and minor >= 19) or (major == 9 and minor >= 1) or major >= 10
+DEFAULT_OVERFETCH = 4
 
 
 # --- query translation ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class SeismicParams:
+    """The ``method_parameters`` of ``neural_sparse`` on an OpenSearch SEISMIC field (OpenSearch's
+    neural sparse ANN documentation).
+
+    ``k``: hits the ANN search returns per shard and clause, always sent: ``top_k``, times
+    ``filter_overfetch`` (default 4) with a filter, which also goes inside ``method_parameters``
+    (SEISMIC applies it itself: an exact search over the filtered documents when they are at most
+    ``k``, otherwise the ANN search with the filter), so a filtered search still fills its
+    ``top_k``. ``top_n`` (query tokens kept, strongest first) and ``heap_factor`` (recall vs speed;
+    higher is better recall) are sent only when given (the engine's defaults: 10 and 1.0).
+    """
+
+    k: int | None = None
+    top_n: int | None = None
+    heap_factor: float | None = None
+    filter_overfetch: int = DEFAULT_OVERFETCH
+
+    @classmethod
+    def from_options(cls, options: "Mapping[str, Any] | SeismicParams | None") -> "SeismicParams":
+        """From ``{"k": .., "top_n": .., "heap_factor": .., "filter_overfetch": ..}``, checked."""
+        if options is None:
+            return cls()
+        if isinstance(options, SeismicParams):
+            return options.checked()
+        unknown = set(options) - {"k", "top_n", "heap_factor", "filter_overfetch"}
+        if unknown:
+            raise InvalidInputError(f"unknown seismic parameter(s) {', '.join(sorted(unknown))}: use k, top_n, heap_factor, "
+                                    "filter_overfetch")
+        return cls(**dict(options)).checked()
+
+    def checked(self) -> "SeismicParams":
+        def whole(name: str, v: Any, lo: int, hi: int) -> None:
+            if v is None:
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise InvalidInputError(f"seismic {name} must be a whole number from {lo} to {hi}, got {v!r}")
+
+        whole("k", self.k, 1, 10_000)
+        whole("top_n", self.top_n, 1, 10_000)
+        whole("filter_overfetch", self.filter_overfetch, 1, 100)
+        h = self.heap_factor
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h)
+                              or not 0 < h <= 1000):
+            raise InvalidInputError(f"seismic heap_factor must be a number above 0 (at most 1000; 1.0 is the engine's "
+                                    f"default, higher gives better recall), got {h!r}")
+        return self
+
+    def method_parameters(self, top_k: int, filter_dsl: Mapping[str, Any] | None) -> dict[str, Any]:
+        k = self.k if self.k is not None else (top_k * self.filter_overfetch if filter_dsl else top_k)
+        out: dict[str, Any] = {"k": int(max(k, top_k))}
+        if self.top_n is not None:
+            out["top_n"] = int(self.top_n)
+        if self.heap_factor is not None:
+            out["heap_factor"] = float(self.heap_factor)
+        if filter_dsl:
+            out["filter"] = dict(filter_dsl)
+        return out
+
+
 def default_query_form(engine: str, field_type: str) -> str:
     if field_type == "rank_features":
         return "rank_feature"
@@ -142,11 +114,11 @@ def translate(
     vocab: Vocabulary | None = None,
     text: str | None = None,
     text_weight: float = 1.0,
-    seismic: Any = None,
+    seismic: "SeismicParams | None" = None,
 ) -> Translation:
-    """Translate a prepared request; see :func:`query_dsl`. ``seismic`` (a
-    :class:`~stair_es.backends.seismic.SeismicParams`) sets ``method_parameters`` of ``neural_sparse``
-    queries on OpenSearch ``sparse_vector`` (SEISMIC) fields; they get the defaults without it."""
+    """Translate a prepared request; see :func:`query_dsl`. ``seismic`` sets ``method_parameters``
+    of ``neural_sparse`` queries on OpenSearch ``sparse_vector`` (SEISMIC) fields; they get the
+    defaults without it."""
     vocab = vocab or default_vocabulary()
     form = form or default_query_form(engine, field_type)
     if form not in ("rank_feature", "sparse_vector", "neural_sparse"):
@@ -184,8 +156,6 @@ def translate(
         else:
             ns = {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}
             if keys == "id":  # OpenSearch sparse_vector (SEISMIC): k, top_n, heap_factor and the filter
-                from .seismic import SeismicParams
-
                 flt = {k: v for k, v in (("filter", filters), ("must_not", must_not)) if v}
                 ns["method_parameters"] = (seismic or SeismicParams()).method_parameters(
                     request.top_k, {"bool": flt} if flt else None)
@@ -198,9 +168,13 @@ def translate(
         bool_q["filter"] = filters
     if must_not:
         bool_q["must_not"] = must_not
-    from dataclasses import replace
-
     return Translation({"bool": bool_q}, notes, replace(request, clauses=clauses))
+
+
+def filter_of(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``filter`` / ``must_not`` of a translated query's ``bool`` (what every retriever and count shares)."""
+    b = query.get("bool", {})
+    return {k: b[k] for k in ("filter", "must_not") if b.get(k)}
 
 
 def _fit_clauses(clauses: list[SparseClause], budget: int, notes: list[str], limit: int) -> list[SparseClause]:
