@@ -481,7 +481,7 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
 def open_loop_main(args) -> None:
     import tempfile
 
-    print(f"# stair-es serve open-loop load: commit {git_commit_short()}, {os.cpu_count()} cores, load average "
+    print(f"# stair-es serve open-loop load: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
           f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
           f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
@@ -550,14 +550,6 @@ def open_loop_main(args) -> None:
                   f"{r['shed_pct']:.1f} | {r['shed_p50_from_sent_ms']:.1f} / {r['shed_p99_from_sent_ms']:.1f} | "
                   f"{r['shed_p99_ms']:.1f} | {errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
                   f"{r['rss_peak_mb']:.0f} | {r['rss_growth_pct']:+.1f} |")
-
-
-def git_commit_short() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "?"
-    except OSError:
-        return "?"
 
 
 def main() -> None:
