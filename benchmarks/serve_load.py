@@ -22,9 +22,29 @@ Load model (printed with every report):
 Little's law bounds what a closed loop can show: with no think time the mean latency is
 C / QPS, so the report ends with the bound the engine's own throughput sets at 50 clients.
 
+Open loop (``--open-loop``), the measure of a server under a given offered load (issue 26):
+
+* the load generator is another process (``python -m benchmarks.serve_load --generate ...``),
+  so its CPU is not this process's, though it shares the machine's cores with the server;
+* saturation S: the answers per second of ``--saturation-clients`` closed-loop clients with no
+  think time (the most the server answers here, now);
+* then, per rate (``--rate R,...`` in searches/s, or ``--fractions 0.5,0.8,1.5`` of S):
+  requests arrive as a Poisson process of that rate for ``--seconds``, each on an idle
+  keep-alive connection or a new one, whether or not earlier ones were answered; latency is
+  counted from the moment a request was due, not sent, so a generator that falls behind
+  cannot hide the server's queueing (coordinated omission);
+* the rates take turns in ``--rounds`` slices (as the closed-loop settings do), so a change in
+  the machine's other load falls on all of them alike, and S is measured again at the end;
+* per rate: answered (200) per second, p50/p99 of the answered, the slowest response of any
+  kind, the share shed (429) and how fast those came back, other errors, and the server's
+  resident memory before the first rate and its peak during that rate's slices (sampled every
+  0.25 s).
+
     python -m benchmarks.serve_load --docs 100000,1000000 --clients 1,10,50 --seconds 24
     python -m benchmarks.serve_load --docs 1000000 --clients 50 --think-ms 1000,3000 --seconds 30
     python -m benchmarks.serve_load --docs 100000 --clients 50 --batching off,on:2,on:16
+    python -m benchmarks.serve_load --open-loop --docs 1000000 --fractions 0.5,0.8,1.5 --seconds 20
+    python -m benchmarks.serve_load --open-loop --docs 100000 --rate 50,100,200 --max-queue 16
 
 Every request loop is bounded in count and time and talks only to 127.0.0.1.
 """
@@ -120,12 +140,14 @@ def free_port() -> int:
 
 
 def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int | None = None,
-                 window_ms: float = 0.0) -> tuple[subprocess.Popen, str]:
+                 window_ms: float = 0.0, max_queue: int = 1000, extra: list[str] | None = None
+                 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
-                             "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue", "1000",
-                             "--batching", batching, "--batch-window-ms", str(window_ms), "--log-level", "warning"]
-                            + (["--max-batch", str(max_batch)] if max_batch else []),
+                             "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue",
+                             str(max_queue), "--batching", batching, "--batch-window-ms", str(window_ms),
+                             "--log-level", "warning"]
+                            + (["--max-batch", str(max_batch)] if max_batch else []) + (extra or []),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     import urllib.request
@@ -321,14 +343,226 @@ def in_process_batch_qps(home: Path, name: str, queries: list[dict[str, float]],
     return qps
 
 
+# --- open loop ---------------------------------------------------------------------------------
+async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seconds: float, top_k: int,
+                    seed: int = 0, max_connections: int = 2000) -> dict:
+    """Poisson arrivals of ``rate`` searches/s for ``seconds``; each request goes out when due on
+    an idle keep-alive connection (or a new one), whatever the state of the earlier ones."""
+    import random
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    raws = [search_request(u.hostname, u.port, q, top_k) for q in queries]
+    rng = random.Random(seed)
+    idle: list[Connection] = []
+    opened = 0
+    out: list[tuple[int, float, float]] = []  # (status, ms from due to answer, ms from due to sent)
+    # a few connections open before the clock starts, as a steady client population would have
+    warm = [Connection(u.hostname, u.port) for _ in range(8)]
+    await asyncio.gather(*(c.request(raws[i % len(raws)]) for i, c in enumerate(warm)))
+    idle.extend(warm)
+    opened = len(warm)
+
+    async def one(k: int, due: float) -> None:
+        nonlocal opened
+        conn = idle.pop() if idle else None
+        if conn is None:
+            if opened >= max_connections:
+                out.append((-1, float("nan"), 0.0))  # the generator's own limit: counted, never hidden
+                return
+            conn = Connection(u.hostname, u.port)
+            opened += 1
+        sent = time.perf_counter()
+        status, _ = await conn.request(raws[k % len(raws)])
+        done = time.perf_counter()
+        out.append((status, (done - due) * 1000, (sent - due) * 1000))
+        if status:
+            idle.append(conn)
+
+    tasks = []
+    start = time.perf_counter()
+    due, k = start, 0
+    end = start + seconds
+    while True:
+        due += rng.expovariate(rate)
+        if due >= end:
+            break
+        wait = due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(k, due)))
+        k += 1
+    await asyncio.wait(tasks, timeout=120)
+    for c in idle:
+        c.close()
+    return {"offered": k / seconds, "results": out, "connections": opened}
+
+
+def generator_main(argv: list[str]) -> None:
+    """The load generator process: ``--generate open:RATE|closed:CLIENTS URL QUERIES.json SECONDS TOP_K SEED``;
+    prints one JSON line of results."""
+    mode, url, qfile, seconds, top_k, seed = argv
+    queries = json.loads(Path(qfile).read_text())
+    kind, _, n = mode.partition(":")
+    if kind == "open":
+        r = asyncio.run(open_loop(url, queries, float(n), float(seconds), int(top_k), int(seed)))
+    else:
+        r = asyncio.run(load(url, queries, int(n), float(seconds), int(top_k), 10_000_000))
+        r = {"qps": len(r["latencies"]) / r["wall"], "errors": r["errors"], "requests": len(r["latencies"])}
+    print(json.dumps(r))
+
+
+def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, seed: int, pid: int) -> dict:
+    """The generator in its own process, the server's resident memory sampled meanwhile."""
+    import threading
+
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            mb = process_rss_mb(pid)
+            if mb is not None:
+                samples.append(mb)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--generate", mode, url, str(qfile),
+                            str(seconds), str(top_k), str(seed)], capture_output=True, text=True,
+                           timeout=seconds + 300, cwd=Path(__file__).resolve().parents[1])
+    finally:
+        stop.set()
+        t.join()
+    if p.returncode != 0:
+        raise SystemExit(f"the load generator failed: {p.stderr[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["rss_peak_mb"] = max(samples) if samples else None
+    return r
+
+
+def process_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None) -> dict:
+    res = r["results"]
+    ok = [ms for st, ms, _ in res if st == 200]
+    shed = [ms for st, ms, _ in res if st == 429]
+    other: dict[str, int] = {}
+    for st, _, _ in res:
+        if st not in (200, 429):
+            other[str(st)] = other.get(str(st), 0) + 1
+    every = [ms for st, ms, _ in res if st > 0]
+    a, b = percentiles(ok, (50, 99)), percentiles(shed, (50, 99))
+    # from the moment it was sent: without the generator's own lateness (it shares the cores)
+    ok_sent = percentiles([ms - lt for st, ms, lt in res if st == 200], (99,))
+    shed_sent = percentiles([ms - lt for st, ms, lt in res if st == 429], (50, 99))
+    late = percentiles([lt for _, _, lt in res], (99,))
+    nan = float("nan")
+    growth = (None if rss_start is None or r.get("rss_peak_mb") is None
+              else (r["rss_peak_mb"] - rss_start) / rss_start * 100)
+    return {"rate": rate, "offered": r["offered"], "sent": len(res), "qps": len(ok) / seconds,
+            "p50_ms": a.get("p50_ms", nan), "p99_ms": a.get("p99_ms", nan), "max_ms": max(every) if every else nan,
+            "shed_pct": 100 * len(shed) / max(1, len(res)), "shed_p50_ms": b.get("p50_ms", nan),
+            "shed_p99_ms": b.get("p99_ms", nan), "shed_max_ms": max(shed) if shed else nan, "errors": other,
+            "p99_from_sent_ms": ok_sent.get("p99_ms", nan), "shed_p50_from_sent_ms": shed_sent.get("p50_ms", nan),
+            "shed_p99_from_sent_ms": shed_sent.get("p99_ms", nan),
+            "sent_late_p99_ms": late.get("p99_ms", nan), "connections": r["connections"],
+            "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
+
+
+def open_loop_main(args) -> None:
+    import tempfile
+
+    print(f"# stair-es serve open-loop load: commit {git_commit()}, {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
+          f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
+          f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
+          f"{args.seconds:g} s per rate in {args.rounds} slices", flush=True)
+    print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
+          "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
+    for n in [int(x) for x in args.docs.split(",")]:
+        name = f"load-{n}"
+        corpus = build_index(args.home, name, n)
+        queries = query_maps(corpus, 1000)
+        qfile = Path(tempfile.mkdtemp(prefix="stair-serve-load-")) / "queries.json"
+        qfile.write_text(json.dumps(queries))
+        batching, _, max_batch = args.batching.split(",")[0].partition(":")
+        proc, url = start_server(args.home, name, args.workers, batching, int(max_batch or args.max_batch or 0),
+                                 args.batch_window_ms, max_queue=args.max_queue,
+                                 extra=["--request-timeout", str(args.request_timeout)] + args.server_args.split())
+        rows = []
+        try:
+            sat = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k, 0,
+                                proc.pid)
+            s_qps = sat["qps"]
+            print(f"# {n:,} docs: saturation S = {s_qps:.1f} searches/s ({args.saturation_clients} closed-loop clients, "
+                  f"no think time, {args.saturation_seconds:g} s; statuses other than 200: {sat['errors']})", flush=True)
+            rates = ([float(x) for x in args.rate.split(",")] if args.rate
+                     else [round(f * s_qps, 1) for f in (float(x) for x in args.fractions.split(","))])
+            # the rates take turns in --rounds slices, so a change in the machine's other load falls on all alike
+            rss0 = process_rss_mb(proc.pid)
+            pooled: dict[float, dict] = {}
+            for rnd in range(args.rounds):
+                for i, rate in enumerate(rates):
+                    r = run_generator(f"open:{rate}", url, qfile, args.seconds / args.rounds, args.top_k,
+                                      1 + i + rnd * len(rates), proc.pid)
+                    acc = pooled.setdefault(rate, {"results": [], "sent": 0, "connections": 0, "rss_peak_mb": None})
+                    acc["results"] += r["results"]
+                    acc["sent"] += r["offered"] * args.seconds / args.rounds
+                    acc["connections"] = max(acc["connections"], r["connections"])
+                    if r.get("rss_peak_mb") is not None:
+                        acc["rss_peak_mb"] = max(acc["rss_peak_mb"] or 0.0, r["rss_peak_mb"])
+            for rate in rates:
+                acc = pooled[rate]
+                acc["offered"] = acc["sent"] / args.seconds
+                row = {"docs": n, "S": s_qps, "fraction": rate / s_qps, **summarize_open(rate, acc, args.seconds, rss0),
+                       "load_average": os.getloadavg()[0]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            # the machine's other load changes: S again, to show how far it moved during the rates
+            after = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k,
+                                  0, proc.pid)
+            print(f"# {n:,} docs: saturation after the rates = {after['qps']:.1f} searches/s (before: {s_qps:.1f})",
+                  flush=True)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        print()
+        print("| docs | rate /s | x S | sent | QPS | p50 ms | p99 ms | p99 from sent ms | slowest ms | shed % | "
+              "shed p50 / p99 from sent ms | shed p99 ms | other errors | sent late p99 ms | RSS start MB | "
+              "RSS peak MB | RSS growth % |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+        for r in rows:
+            errs = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"
+            print(f"| {r['docs']:,} | {r['rate']:.1f} | {r['fraction']:.2f} | {r['sent']} | {r['qps']:.1f} | "
+                  f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p99_from_sent_ms']:.1f} | {r['max_ms']:.0f} | "
+                  f"{r['shed_pct']:.1f} | {r['shed_p50_from_sent_ms']:.1f} / {r['shed_p99_from_sent_ms']:.1f} | "
+                  f"{r['shed_p99_ms']:.1f} | {errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
+                  f"{r['rss_peak_mb']:.0f} | {r['rss_growth_pct']:+.1f} |")
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--generate":
+        return generator_main(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", default="100000", help="Corpus sizes, comma-separated (e.g. 100000,1000000).")
     ap.add_argument("--clients", default="1,10,50", help="Concurrent client counts, comma-separated.")
     ap.add_argument("--think-ms", default="0", help="Mean think time between a client's answer and its next request "
                                                    "(exponential), comma-separated; 0: none (saturation).")
-    ap.add_argument("--batching", default="off,on", help="stair-es serve --batching settings to compare, comma-separated; "
-                                                         "on:N sets --max-batch N for that one.")
+    ap.add_argument("--batching", default=None, help="stair-es serve --batching settings to compare, comma-separated; "
+                                                     "on:N sets --max-batch N for that one (default: off,on; open loop: "
+                                                     "the server's own, auto).")
     ap.add_argument("--rounds", type=int, default=3, help="Slices per row: the settings take turns this many times.")
     ap.add_argument("--max-batch", type=int, help="stair-es serve --max-batch (default: its own).")
     ap.add_argument("--batch-window-ms", type=float, default=0.0, help="stair-es serve --batch-window-ms.")
@@ -337,7 +571,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="stair-es serve --workers.")
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--home", type=Path, default=Path(CACHE_DIR) / "serve_load", help="Where the indices are built.")
+    ap.add_argument("--open-loop", action="store_true", help="Open loop: saturation S, then Poisson arrivals at each rate.")
+    ap.add_argument("--rate", help="Open loop: arrival rates in searches/s, comma-separated (default: --fractions of S).")
+    ap.add_argument("--fractions", default="0.5,0.8,1.5", help="Open loop: rates as fractions of the saturation S.")
+    ap.add_argument("--saturation-clients", type=int, default=16, help="Open loop: closed-loop clients measuring S.")
+    ap.add_argument("--saturation-seconds", type=float, default=15.0)
+    ap.add_argument("--max-queue", type=int, default=None,
+                    help="stair-es serve --max-queue (default: 1000 closed loop, 64 open loop, the server's own).")
+    ap.add_argument("--request-timeout", type=float, default=30.0, help="Open loop: stair-es serve --request-timeout.")
+    ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
     args = ap.parse_args()
+    if args.open_loop:
+        args.max_queue = 64 if args.max_queue is None else args.max_queue
+        args.batching = args.batching or "auto"
+        return open_loop_main(args)
+    args.batching = args.batching or "off,on"
 
     print(f"# stair-es serve load: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, "

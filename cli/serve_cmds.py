@@ -37,7 +37,22 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Encode/search calls run at once (threads).")
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
-              help="Requests that may wait for a worker; more get 503 at once.")
+              help="Requests that may wait for a worker, first come first served; more get 429 at once, with "
+                   "Retry-After (seconds) and Retry-After-Ms.")
+@click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
+@click.option("--max-in-flight", type=click.IntRange(1, 1000000),
+              help="HTTP requests in progress at once on any route but /healthz; more get 429. "
+                   "[default: workers + max-queue + 64]")
+@click.option("--max-url-fetches", default=4, show_default=True, type=click.IntRange(1, 256),
+              help="Image URL fetches at once (with --allow-image-urls), on threads of their own, never the workers.")
+@click.option("--url-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 600),
+              help="Seconds for one image URL fetch in total: connecting, redirects and every byte.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds a client may take to send a request's headers; the connection is closed beyond.")
+@click.option("--worker-nice", default=5, show_default=True, type=click.IntRange(0, 19),
+              help="Run the worker threads this many nice steps below the thread that accepts, sheds and answers "
+                   "requests (Linux), so shedding stays fast while the workers use every core.")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
               help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
                    "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "
@@ -70,7 +85,9 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, api_key_file, default_index, workers, max_queue, batching, max_batch,
+def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, api_key_file, default_index, workers,
+          max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
+          max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, log_level, encoder, model, encoder_opts,
           backend) -> None:
@@ -89,6 +106,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
         import uvicorn
 
         from stair_es.serve.app import create_app
+        from stair_es.serve.protocol import header_deadline_protocol
         from stair_es.serve.security import check_bind, load_api_key
         from stair_es.serve.service import ServeConfig, Service
     except ModuleNotFoundError as e:
@@ -104,16 +122,20 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
                          max_clause_tokens=max_clause_tokens, max_query_tokens=max_query_tokens, max_top_k=max_top_k,
                          max_explain_hits=max_explain_hits, max_text_chars=max_text_chars, bind_host=host,
-                         allowed_hosts=list(allowed_hosts), public_docs=public_docs)
+                         allowed_hosts=list(allowed_hosts), public_docs=public_docs,
+                         request_timeout=request_timeout or None, max_in_flight=max_in_flight,
+                         max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
+                         worker_nice=worker_nice)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()
     click.echo(f"stair-es serve on http://{host}:{port} (backend {d['backend']}, encoder {d['encoder']}, "
                f"{workers} workers, search batching {batching}, API key {'required' if api_key else 'off'}, image roots: "
                f"{', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
-    # uvicorn's access log shows method, path and status only: never headers (where the key travels)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5,
-                limit_concurrency=workers + max_queue + 64, server_header=False)
+    # uvicorn's access log shows method, path and status only: never headers (where the key travels).
+    # No limit_concurrency: the app's own gate answers 429 with Retry-After instead of uvicorn's bare 503.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5, server_header=False,
+                http=header_deadline_protocol(header_timeout), h11_max_incomplete_event_size=16 * 1024)
 
 
 # --- cluster set-up ---------------------------------------------------------------------------

@@ -16,7 +16,10 @@ slowest search of the batch ends, and the threads that finished first wait for i
 thread per request, as the other routes do: requests then also fight over the GIL while they
 are prepared, and are not served strictly in arrival order.
 
-This module knows asyncio, not FastAPI; admission (503 when too many wait) is the caller's.
+A request whose caller stopped waiting (its deadline passed, or the client left) is dropped
+before its preparation and before its search, if it has not started them yet.
+
+This module knows asyncio, not FastAPI; admission (429 when too many wait) is the caller's.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class Batcher:
     threads; at most ``workers`` run at once, taken in arrival order."""
 
     def __init__(self, prepare: Callable[[list[Any]], Sequence[Any]], run: Callable[[Any], Any], *, workers: int = 2,
-                 max_batch: int = 16, window: float = 0.0, name: str = "stair-es-batcher"):
+                 max_batch: int = 16, window: float = 0.0, name: str = "stair-es-batcher",
+                 thread_init: Callable[[], None] | None = None):
         if max_batch < 1 or workers < 1:
             raise ValueError("max_batch and workers must be at least 1")
         self.prepare, self.run = prepare, run
@@ -80,7 +84,8 @@ class Batcher:
         self._queue: deque[_Job] = deque()
         self._closed = False
         self._free = threading.Semaphore(workers)  # the dispatcher hands on a request only to a free thread
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name + "-search")
+        self._thread_init = thread_init
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name + "-search", initializer=thread_init)
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self._thread = threading.Thread(target=self._dispatch, name=name, daemon=True)
@@ -113,7 +118,9 @@ class Batcher:
                     if left <= 0:
                         break
                     self._cond.wait(left)
-            return [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
+            taken = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
+            # a request whose caller gave up (past --request-timeout, or gone) is dropped unprepared
+            return [j for j in taken if not j.future.done()]
 
     @staticmethod
     def _answer(job: _Job, result: Any, timing: Timing | None) -> None:
@@ -123,10 +130,14 @@ class Batcher:
             pass
 
     def _dispatch(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         while True:
             batch = self._take()
             if batch is None:
                 return
+            if not batch:
+                continue
             t0 = time.perf_counter()
             try:
                 prepared = list(self.prepare([j.item for j in batch]))
@@ -143,6 +154,9 @@ class Batcher:
                     self._answer(job, p, None)
                     continue
                 self._free.acquire()
+                if job.future.done():  # its caller gave up while it waited for a thread: not searched
+                    self._free.release()
+                    continue
                 self._pool.submit(self._run_one, job, p, Timing(t0 - job.t_submit, t1 - t0, 0.0, 0.0, len(batch)), t1)
 
     def _run_one(self, job: _Job, prepared: Any, timing: Timing, t_prepared: float) -> None:

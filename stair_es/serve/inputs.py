@@ -2,7 +2,8 @@
 
 Every reference is checked before anything is decoded: paths are confined to the image
 roots (:mod:`.security`), base64 is capped in size, URLs are fetched only when the server
-was started with ``--allow-image-urls`` (http/https only, with a timeout and a byte cap).
+was started with ``--allow-image-urls`` (http/https only, one total deadline, a byte cap;
+:mod:`.fetch`).
 Decoding goes through :func:`stair_es.images.load_image` (pixel caps, clear errors).
 """
 
@@ -10,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ImageError, InvalidInputError
 from ..images import load_image
+from .fetch import fetch_blocking, public_url
 from .security import ImageRoots
 
 
@@ -45,26 +45,12 @@ def decode_base64(data: str, max_bytes: int) -> bytes:
 
 
 def fetch_url(url: str, policy: ImagePolicy) -> bytes:
+    """The bytes at an image URL (total deadline ``policy.url_timeout``, redirects re-checked;
+    see :mod:`.fetch`)."""
     if not policy.allow_urls:
         raise InvalidInputError("image URLs are refused by this server; send the image as base64, name a file under an "
                                 "image root, or start the server with --allow-image-urls")
-    if not url.lower().startswith(("http://", "https://")):
-        raise InvalidInputError(f"image URL {url[:100]!r}: only http:// and https:// URLs are fetched")
-    req = urllib.request.Request(url, headers={"User-Agent": "stair-es-serve"})
-    try:
-        with urllib.request.urlopen(req, timeout=policy.url_timeout) as resp:  # noqa: S310 - scheme checked above
-            length = resp.headers.get("Content-Length")
-            if length and length.isdigit() and int(length) > policy.max_image_bytes:
-                raise ImageError(f"image URL {url[:100]}: {length} bytes, more than the {policy.max_image_bytes}-byte cap")
-            raw = resp.read(policy.max_image_bytes + 1)
-    except urllib.error.HTTPError as e:
-        raise ImageError(f"image URL {url[:100]}: the server answered HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise ImageError(f"image URL {url[:100]}: cannot fetch it ({reason})") from None
-    if len(raw) > policy.max_image_bytes:
-        raise ImageError(f"image URL {url[:100]}: more than the {policy.max_image_bytes}-byte cap")
-    return raw
+    return fetch_blocking(url, policy.max_image_bytes, policy.url_timeout)
 
 
 def open_image(ref: dict[str, Any], policy: ImagePolicy, min_side: int | None = None):
@@ -82,8 +68,11 @@ def open_image(ref: dict[str, Any], policy: ImagePolicy, min_side: int | None = 
         source = decode_base64(ref["base64"], policy.max_image_bytes)
         name = "base64 image"
     else:
-        source = fetch_url(ref["url"], policy)
-        name = f"image URL {ref['url'][:100]}"
+        # `stair-es serve` fetches URLs before the work reaches a worker (stair_es.serve.fetch) and
+        # hands the bytes in as `fetched`; a library caller without them fetches here
+        fetched = ref.get("fetched")
+        source = fetched if isinstance(fetched, bytes) else fetch_url(ref["url"], policy)
+        name = f"image URL {public_url(ref['url'])}"
     try:
         return load_image(source, min_side=min_side)
     except ImageError as e:

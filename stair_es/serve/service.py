@@ -28,6 +28,7 @@ from ..query import SearchRequest
 from ..search import VERSIONED_ENCODERS, QuerySpec, idf, make_request, query_encoder
 from ..sparse import SparseVector
 from ..vocab import default_vocabulary
+from .errors import ThumbnailUnavailable
 from .inputs import ImagePolicy, open_image, text_or_image
 from .security import ImageRoots
 
@@ -46,7 +47,13 @@ class ServeConfig:
     allow_image_urls: bool = False
     api_key: str | None = field(default=None, repr=False)
     workers: int = 2  # encode/search calls running at once
-    max_queue: int = 64  # requests waiting for a worker before the server answers 503
+    max_queue: int = 64  # requests waiting for a worker before the server answers 429 (stair_es.serve.admission)
+    request_timeout: float | None = 30.0  # seconds to an answer; 504 beyond, queued work dropped (None/0: no limit)
+    max_in_flight: int | None = None  # HTTP requests in the app at once (any route), 429 beyond; None: workers + max_queue + 64
+    max_url_fetches: int = 4  # image URL fetches at once (their own threads, never the workers)
+    url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
+    header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
+    worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call
@@ -76,10 +83,15 @@ class ServeConfig:
             raise InvalidInputError(f"batching {self.batching!r}: use auto, on or off")
         return self.batching == "on" or (self.batching == "auto" and in_process)
 
+    def in_flight_limit(self) -> int:
+        """HTTP requests the app holds at once, on any route (429 beyond)."""
+        return self.max_in_flight or self.workers + self.max_queue + 64
+
     def describe(self) -> dict[str, Any]:
         """For logs and /readyz: no key, no backend credentials."""
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
                 "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
+                "max_queue": self.max_queue, "request_timeout": self.request_timeout,
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
 
@@ -292,7 +304,9 @@ class Service:
         return out  # type: ignore[return-value]
 
     # --- Elasticsearch / OpenSearch inference shapes -------------------------------------------
-    def _cluster_inputs(self, inputs: Any, kind: str) -> list[tuple[str, Any]]:
+    def cluster_inputs(self, inputs: Any, kind: str) -> list[tuple[str, Any]]:
+        """The inputs of an Elasticsearch/OpenSearch call as ("text", str) / ("image", ref) pairs
+        (checked and capped; nothing is read or fetched yet)."""
         if isinstance(inputs, str):
             inputs = [inputs]
         if not isinstance(inputs, list):
@@ -302,22 +316,25 @@ class Service:
             raise InvalidInputError(f"kind {kind!r}: use text, image or auto")
         return [text_or_image(s, kind, self.policy) for s in inputs]
 
-    def es_sparse_embedding(self, inputs: Any, kind: str = "text") -> dict[str, Any]:
+    def es_sparse_embedding(self, inputs: Any, kind: str = "text", items: list[tuple[str, Any]] | None = None
+                            ) -> dict[str, Any]:
         """The response the Elasticsearch `custom` service reads with
         ``token_path $.result.sparse_embeddings[*].embedding[*].token`` and
         ``weight_path $.result.sparse_embeddings[*].embedding[*].weight`` (lists, not maps:
         its json_parser does not read maps). Tokens are the backends' feature names."""
-        vectors = self.encode_vectors(self._cluster_inputs(inputs, kind))
+        vectors = self.encode_vectors(items if items is not None else self.cluster_inputs(inputs, kind))
         return {"result": {"sparse_embeddings": [
             {"index": i, "embedding": [{"token": t, "weight": w} for t, w in feature_map(v, "token").items()]}
             for i, v in enumerate(vectors)]}}
 
-    def os_sparse_encoding(self, inputs: Any, kind: str = "text", keys: str = "token") -> list[dict[str, float]]:
+    def os_sparse_encoding(self, inputs: Any, kind: str = "text", keys: str = "token",
+                           items: list[tuple[str, Any]] | None = None) -> list[dict[str, float]]:
         """One ``{token: weight}`` map per input (``keys="id"``: token ids, for seismic ``sparse_vector``):
         the top-level JSON array that ml-commons hands to ``sparse_encoding`` as ``response``."""
         if keys not in ("token", "id"):
             raise InvalidInputError(f"keys {keys!r}: use token or id")
-        return [feature_map(v, keys) for v in self.encode_vectors(self._cluster_inputs(inputs, kind))]
+        pairs = items if items is not None else self.cluster_inputs(inputs, kind)
+        return [feature_map(v, keys) for v in self.encode_vectors(pairs)]
 
     # --- search / explain ------------------------------------------------------------------------
     def check_count(self, field_: str, n: int, what: str) -> None:
@@ -641,6 +658,3 @@ class Service:
     def close(self) -> None:
         self.backend.close()
 
-
-class ThumbnailUnavailable(StairError):
-    exit_code = 4

@@ -108,7 +108,7 @@ def client(config):
 class ThreadServer:
     """A real uvicorn server on 127.0.0.1 (random port) in a background thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config):
         import uvicorn
 
         with socket.socket() as s:
@@ -116,7 +116,7 @@ class ThreadServer:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+                                                    lifespan="on", **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20

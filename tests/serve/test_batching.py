@@ -216,7 +216,7 @@ def test_bad_batching_mode_is_refused(home, image_root):
         create_app(make_config(home, image_root, batching="sometimes"))
 
 
-def test_batched_searches_past_the_queue_get_503(home, image_root):
+def test_batched_searches_past_the_queue_get_429(home, image_root):
     httpx = pytest.importorskip("httpx")
     import time
 
@@ -235,7 +235,11 @@ def test_batched_searches_past_the_queue_get_503(home, image_root):
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
                 return await asyncio.gather(*(http.post("/v1/search", json={"text": "red"}) for _ in range(4)))
 
-        codes = sorted(r.status_code for r in asyncio.run(main()))
+        answers = asyncio.run(main())
+        codes = sorted(r.status_code for r in answers)
     finally:
         register_encoder("fake-color", ColorEncoder)
-    assert codes == [200, 200, 503, 503], codes  # workers + max_queue = 2 admitted, the rest refused at once
+    assert codes == [200, 200, 429, 429], codes  # workers + max_queue = 2 admitted, the rest refused at once
+    shed = next(r for r in answers if r.status_code == 429)
+    assert int(shed.headers["retry-after"]) >= 1 and int(shed.headers["retry-after-ms"]) >= 1
+    assert shed.json()["error"]["retry_after_ms"] == int(shed.headers["retry-after-ms"])

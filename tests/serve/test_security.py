@@ -205,9 +205,9 @@ def test_cli_refuses_public_bind_without_key(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "API key" in r.output and "Traceback" not in r.output
 
 
-# --- a full worker pool answers 503 at once instead of queueing without end ---------------------
+# --- a full worker pool and queue answer 429 at once instead of queueing without end -------------
 @pytest.mark.process
-def test_busy_server_answers_503_and_recovers(home, image_root):
+def test_busy_server_answers_429_and_recovers(home, image_root):
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -234,8 +234,8 @@ def test_busy_server_answers_503_and_recovers(home, image_root):
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(call, range(4)))
         codes = sorted(r.status_code for r in answers)
-        assert codes.count(200) >= 1 and 503 in codes, codes
-        busy = next(r for r in answers if r.status_code == 503).json()["error"]
+        assert codes.count(200) >= 1 and 429 in codes, codes
+        busy = next(r for r in answers if r.status_code == 429).json()["error"]
         assert busy["code"] == 5 and "busy" in busy["message"]
         assert call(0).status_code == 200  # and it recovers
     finally:

@@ -1,0 +1,175 @@
+"""Admission control of `stair-es serve`, like Elasticsearch's search thread pool and queue.
+
+At most ``workers`` requests run at once (in worker threads); up to ``max_queue`` more wait
+in one first-come-first-served queue; a request beyond that is refused at once with 429 and
+a ``Retry-After`` (whole seconds, as HTTP wants) plus the exact delay in milliseconds
+(``Retry-After-Ms`` and the body's ``retry_after_ms``). The delay is the time the requests
+already admitted need to drain: admitted x mean service time / workers, the mean being a
+moving average of the service times seen.
+
+With a ``request_timeout``, a request not answered in that time gets 504: if it was still
+waiting, it leaves the queue and its work never starts; if it was running, its answer is
+abandoned and the worker finishes it (a thread cannot be stopped mid-search), its slot held
+until then, so the pool never runs more than ``workers`` at once.
+
+Everything here runs on the event loop (no locks); work runs on a pool of ``workers``
+threads that only ever holds as many tasks as there are free slots. This module knows
+asyncio, not FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from .errors import RequestTimeoutError, ServerBusyError
+
+
+def lower_thread_priority(steps: int) -> None:
+    """Run in a new worker thread: raises that thread's nice value by ``steps`` (Linux schedules
+    threads one by one), so the event loop's thread, which accepts, sheds and answers, gets the
+    CPU first when the workers saturate it. A no-op where not supported."""
+    if steps <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except (AttributeError, OSError):
+        pass
+
+
+class Admission:
+    def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
+                 name: str = "stair-es-worker", worker_nice: int = 0):
+        self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
+        self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
+        self.admitted = 0  # running + waiting, on every path (the search batcher's queue included)
+        self._busy = 0  # worker slots held by pool work
+        self._waiting: deque[asyncio.Future] = deque()
+        self._mean_s = 0.005  # moving average of service times (seconds); a guess until the first request
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
+                                        initializer=lower_thread_priority, initargs=(worker_nice,))
+        self.shed = 0  # counters, for tests and curious operators
+        self.timed_out = 0
+
+    # --- the numbers a refused client is told ----------------------------------------------------
+    def observe(self, seconds: float) -> None:
+        """One service time (seconds) into the moving average."""
+        self._mean_s += 0.1 * (max(0.0, seconds) - self._mean_s)
+
+    def retry_after_ms(self) -> int:
+        """When a refused client should come back: the admitted requests' drain time, 1 ms to 60 s."""
+        return int(min(60_000, max(1, math.ceil(max(1, self.admitted) * self._mean_s * 1000 / self.workers))))
+
+    def deadline(self) -> float | None:
+        return None if self.request_timeout is None else time.monotonic() + self.request_timeout
+
+    # --- admission ---------------------------------------------------------------------------------
+    def full(self) -> bool:
+        return self.admitted >= self.workers + self.max_queue
+
+    def busy_message(self) -> str:
+        return (f"the server is busy: {self.admitted} requests are running or queued, the most it holds (--workers "
+                f"{self.workers} + --max-queue {self.max_queue}); retry after {self.retry_after_ms()} ms")
+
+    def enter(self) -> None:
+        """Counts a request in, or refuses it (429) when workers + max_queue are already admitted."""
+        if self.full():
+            self.shed += 1
+            raise ServerBusyError(self.busy_message(), self.retry_after_ms())
+        self.admitted += 1
+
+    def leave(self) -> None:
+        self.admitted -= 1
+
+    def timeout(self, waited: float, started: bool | None) -> RequestTimeoutError:
+        """The 504 of a request past its deadline: ``started`` says whether its work had begun (None: unknown)."""
+        self.timed_out += 1
+        what = {True: "did not finish; its answer was abandoned (the worker completes the running work and takes "
+                      "nothing else meanwhile)",
+                False: "did not get a worker; it left the queue before any work",
+                None: "did not finish; its work was dropped if it had not started"}[started]
+        return RequestTimeoutError(f"the request {what} within --request-timeout {self.request_timeout:g} s "
+                                   f"(after {waited:.2f} s); retry later, send less work, or raise --request-timeout",
+                                   self.retry_after_ms())
+
+    async def _slot(self, deadline: float | None, t0: float) -> None:
+        if self._busy < self.workers and not self._waiting:
+            self._busy += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        try:
+            if deadline is None:
+                await fut
+            else:
+                await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.monotonic()))
+        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+            if fut.done() and not fut.cancelled():  # the slot was handed over just now: pass it on
+                self._free()
+            else:
+                fut.cancel()
+                try:
+                    self._waiting.remove(fut)
+                except ValueError:
+                    pass
+            if isinstance(e, asyncio.TimeoutError):
+                raise self.timeout(time.monotonic() - t0, started=False) from None
+            raise
+
+    def _free(self) -> None:
+        """A slot is free: hand it to the first live waiter, in arrival order."""
+        while self._waiting:
+            fut = self._waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot stays held, now by that waiter
+                return
+        self._busy -= 1
+
+    async def run(self, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` on a worker thread, admitted, queued first come first served, under the deadline."""
+        self.enter()
+        try:
+            t0 = time.monotonic()
+            deadline = self.deadline()
+            await self._slot(deadline, t0)
+            loop = asyncio.get_running_loop()
+            started = time.monotonic()
+
+            def call() -> Any:
+                try:
+                    return fn(*args)
+                finally:
+                    try:
+                        loop.call_soon_threadsafe(self._done, time.monotonic() - started)
+                    except RuntimeError:  # the event loop is closed: nobody waits for the slot
+                        pass
+
+            try:
+                cf = self._pool.submit(call)
+            except BaseException:
+                self._free()
+                raise
+            job = asyncio.wrap_future(cf)
+            if deadline is None:
+                return await job
+            try:
+                return await asyncio.wait_for(asyncio.shield(job), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                job.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error, if any, is nobody's now
+                raise self.timeout(time.monotonic() - t0, started=True) from None
+        finally:
+            self.leave()
+
+    def _done(self, took: float) -> None:
+        self.observe(took)
+        self._free()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,65 @@
+"""The HTTP/1.1 protocol `stair-es serve` runs uvicorn with: uvicorn's own, plus a deadline
+for a request's headers.
+
+uvicorn closes a keep-alive connection idle between requests (``timeout_keep_alive``) and
+the body guard bounds the time to send a body, but a connection that sends half a header and
+stops was kept open for good. Here a connection must complete each request's headers within
+``header_timeout`` seconds of opening or of its previous answer, or it is closed. This module
+knows uvicorn's protocol classes only through their public ``connection_made`` /
+``data_received`` / ``on_response_complete`` / ``connection_lost`` and the ``cycle`` each
+request gets when its headers are complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+#: Seconds a client may take to send a request's headers (the ``--header-timeout`` default).
+HEADER_TIMEOUT = 10.0
+
+
+def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type | None = None) -> type:
+    """uvicorn's HTTP/1.1 protocol class (httptools if installed, else h11) with a header deadline."""
+    if base is None:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # noqa: N813
+
+    class HeaderDeadline(base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+        _armed_cycle = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._armed_cycle = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout, self._header_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_late(self) -> None:
+            self._header_timer = None
+            idle = self.cycle is None or self.cycle.response_complete  # not while a request is being answered
+            if self.cycle is self._armed_cycle and idle and not self.transport.is_closing():
+                self.transport.close()  # no complete header since the deadline was armed
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._header_timer is not None and self.cycle is not self._armed_cycle:
+                self._disarm()  # a request's headers are complete: the body has its own deadline
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers (an idle connection: uvicorn closes it sooner)
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    HeaderDeadline.__name__ = HeaderDeadline.__qualname__ = f"HeaderDeadline{base.__name__}"
+    return HeaderDeadline

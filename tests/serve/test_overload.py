@@ -1,0 +1,468 @@
+"""Issue 26 under overload: admission (a bounded first-come-first-served queue, 429 with
+Retry-After beyond it, 504 past --request-timeout with queued work dropped), uvicorn's bare
+503 replaced, image URL fetches kept off the workers (total deadline, a cap, redirects
+re-checked, credentials never echoed), a deadline on request headers (finding 6) and JSON
+bodies never parsed past the limits (finding 1). Each test failed on the code before."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import socket
+import threading
+import time
+import tracemalloc
+
+import httpx
+import pytest
+
+from fakes import ColorEncoder
+from stair_es.encoders.base import register_encoder
+from stair_es.serve.app import create_app
+
+from .conftest import ThreadServer, make_config, png_bytes
+
+
+def err(r, status, code):
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert e["code"] == code and e["message"] and e["type"]
+    return e
+
+
+class Gate:
+    """An encoder whose encode_texts blocks until released, recording the texts in the order it gets them."""
+
+    def __init__(self, name: str):
+        self.open = threading.Event()
+        self.seen: list[str] = []
+        gate = self
+
+        class Gated(ColorEncoder):
+            def encode_texts(self, texts, **kw):
+                gate.seen.extend(texts)
+                if not any(t == "warm up" for t in texts):
+                    gate.open.wait(20)
+                return super().encode_texts(texts, **kw)
+
+        Gated.name = name
+        register_encoder(name, Gated)
+
+
+def asgi(app):
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=30)
+
+
+async def until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+# --- finding 7: admission control --------------------------------------------------------------
+def test_queue_is_first_come_first_served_and_sheds_beyond_it(home, image_root):
+    gate = Gate("gate-fifo")
+    app = create_app(make_config(home, image_root, encoder="gate-fifo", workers=1, max_queue=3,
+                                 load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            enc = lambda t: http.post("/v1/encode", json={"inputs": [{"text": t}]})  # noqa: E731
+            first = asyncio.create_task(enc("first"))
+            await until(lambda: gate.seen == ["first"])  # it holds the only worker
+            queued = []
+            for t in ("q1", "q2", "q3"):  # arrive one after the other
+                queued.append(asyncio.create_task(enc(t)))
+                await asyncio.sleep(0.05)
+            shed = await enc("shed")  # the queue (3) is full: refused at once, not queued
+            # refused before its body is read: not even a malformed one is parsed while the queue is full
+            unread = await http.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"})
+            gate.open.set()
+            return await first, [await q for q in queued], shed, unread
+
+    first, queued, shed, unread = asyncio.run(main())
+    assert unread.status_code == 429
+    assert first.status_code == 200 and [q.status_code for q in queued] == [200, 200, 200]
+    assert gate.seen == ["first", "q1", "q2", "q3"]  # served in arrival order; "shed" never reached the model
+    e = err(shed, 429, 5)
+    assert e["type"] == "ServerBusyError" and "--max-queue 3" in e["message"]
+    ms = int(shed.headers["retry-after-ms"])
+    assert e["retry_after_ms"] == ms >= 1 and int(shed.headers["retry-after"]) == -(-ms // 1000)
+
+
+def test_request_timeout_drops_queued_work_and_abandons_running_work(home, image_root):
+    gate = Gate("gate-timeout")
+    app = create_app(make_config(home, image_root, encoder="gate-timeout", workers=1, max_queue=4,
+                                 request_timeout=0.6, load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            enc = lambda t: http.post("/v1/encode", json={"inputs": [{"text": t}]})  # noqa: E731
+            running = asyncio.create_task(enc("running"))
+            await until(lambda: gate.seen == ["running"])
+            queued = await enc("queued")  # waits behind it, past the deadline
+            running = await running
+            gate.open.set()
+            await asyncio.sleep(0.2)  # the worker finishes the abandoned one, then is free again
+            after = await enc("after")
+            return running, queued, after
+
+    running, queued, after = asyncio.run(main())
+    e = err(queued, 504, 5)
+    assert e["type"] == "RequestTimeoutError" and "left the queue before any work" in e["message"]
+    assert "--request-timeout 0.6 s" in e["message"] and int(queued.headers["retry-after"]) >= 1
+    assert "answer was abandoned" in err(running, 504, 5)["message"]
+    assert after.status_code == 200
+    assert gate.seen == ["running", "after"]  # the queued request's work never started
+
+
+def test_batched_search_past_its_deadline_is_dropped_before_its_search(home, image_root):
+    gate = Gate("fake-color")  # the index's query encoder: the batch's preparation blocks
+    searched = []
+    try:
+        app = create_app(make_config(home, image_root, workers=1, max_queue=8, request_timeout=0.5,
+                                     load_encoder_at_start=False))
+        svc = app.state.service
+        real = svc.run_search
+        svc.run_search = lambda p: searched.append(p) or real(p)
+
+        async def main():
+            async with asgi(app) as http:
+                first = asyncio.create_task(http.post("/v1/search", json={"text": "red"}))
+                await until(lambda: gate.seen == ["red"])
+                late = await http.post("/v1/search", json={"text": "blue"})  # queued behind the blocked batch
+                gate.open.set()
+                return await first, late
+
+        first, late = asyncio.run(main())
+    finally:
+        register_encoder("fake-color", ColorEncoder)
+    assert err(first, 504, 5)["type"] == "RequestTimeoutError"
+    assert err(late, 504, 5)["type"] == "RequestTimeoutError"
+    assert "blue" not in gate.seen and searched == []  # neither was searched once its caller gave up
+
+
+def test_in_flight_gate_answers_429_with_retry_after_instead_of_a_bare_503(home, image_root):
+    gate = Gate("gate-inflight")
+    app = create_app(make_config(home, image_root, encoder="gate-inflight", workers=1, max_queue=10, max_in_flight=1,
+                                 load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            held = asyncio.create_task(http.post("/v1/encode", json={"inputs": [{"text": "hold"}]}))
+            await until(lambda: gate.seen == ["hold"])
+            refused = await http.get("/v1/indices")
+            health = await http.get("/healthz")
+            gate.open.set()
+            return await held, refused, health
+
+    held, refused, health = asyncio.run(main())
+    assert held.status_code == 200 and health.status_code == 200  # the liveness probe is never shed
+    e = err(refused, 429, 5)
+    assert "busy" in e["message"] and refused.headers["retry-after"] and refused.headers["retry-after-ms"]
+
+
+def test_cli_runs_uvicorn_without_its_bare_503_and_with_a_header_deadline(tmp_path, monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append((app.state.config, kw)))
+    monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--request-timeout", "2.5",
+                                 "--header-timeout", "3", "--max-url-fetches", "2", "--url-timeout", "4"])
+    assert r.exit_code == 0, r.output
+    config, kw = started[0]
+    assert "limit_concurrency" not in kw and kw["http"].__name__.startswith("HeaderDeadline")
+    assert (config.request_timeout, config.header_timeout, config.max_url_fetches, config.url_timeout) == (2.5, 3, 2, 4)
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--request-timeout", "0"])
+    assert started[1][0].request_timeout is None
+
+
+# --- finding 6: a connection that sends half a header is closed --------------------------------
+@pytest.mark.process
+@pytest.mark.parametrize("base", ["httptools", "h11"])
+def test_half_a_header_is_closed_at_the_header_deadline(config, base):
+    import importlib
+
+    from stair_es.serve.protocol import header_deadline_protocol
+
+    mod, cls = {"httptools": ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol"),
+                "h11": ("uvicorn.protocols.http.h11_impl", "H11Protocol")}[base]
+    proto = header_deadline_protocol(0.5, getattr(importlib.import_module(mod), cls))
+    srv = ThreadServer(create_app(config), http=proto, timeout_keep_alive=30)
+    try:
+        for opening in (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ", b""):  # half a header; nothing
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
+                s.sendall(opening)
+                assert s.recv(100) == b""  # closed by the server (before the test's own 20 s timeout)
+        # a complete request on a keep-alive connection is answered, and the next half one closed again
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert b'"status":"ok"' in s.recv(1000)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+            assert s.recv(100) == b""
+        # a slow body is the body guard's (--body-timeout), not cut by the header deadline
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s:
+            s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 15\r\n\r\n{\"te")
+            time.sleep(1.0)  # past the header deadline
+            s.sendall(b'xt": "red"}')
+            assert s.recv(1000).startswith(b"HTTP/1.1 200")
+    finally:
+        srv.close()
+
+
+# --- finding 1: a capped body is never parsed past the cap ---------------------------------------
+def test_parsing_stops_at_the_cap_and_allocates_little():
+    from stair_es.serve.jsonbody import caps_of, parse_capped
+    from stair_es.serve.service import LimitExceededError, ServeConfig
+
+    caps, other = caps_of(ServeConfig())
+    text = json.dumps({"text": "red", "where": ["year>=1999"] * 1_000_000})  # 14 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceededError, match=r"where: filters: more than 64; the limit is 64"):
+            parse_capped(text, caps, other)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, peak  # json.loads built a million strings (tens of MB) before any check
+    # nesting, a top-level list, a token map and the values of a whole body are bounded too
+    deep = "[" * 100_000 + "]" * 100_000 + " " * 70_000
+    with pytest.raises(LimitExceededError, match="deeper than 32"):
+        parse_capped(deep, caps, other)
+    with pytest.raises(LimitExceededError, match=r"inputs: more than 64; .*--max-inputs"):
+        parse_capped(json.dumps(["a"] * 100_000), caps, other)
+    with pytest.raises(LimitExceededError, match=r"tokens: entries in the token map: more than 2048"):
+        parse_capped(json.dumps({"tokens": {f"t{i}": 1 for i in range(100_000)}}), caps, other)
+    with pytest.raises(LimitExceededError, match="more than 2048 items"):
+        parse_capped(json.dumps({"text": "a", "other": list(range(100_000))}), caps, other)
+    # what fits is parsed exactly as json.loads does, small or large
+    body = {"text": "r\u00e9d \U0001F697", "where": ["a=1"] * 64, "tokens": {"x": 1.5e-3, "y": -2}, "n": None,
+            "b": [True, False, {"z": []}], "image": {"base64": "A" * 200_000}}
+    assert parse_capped(json.dumps(body), caps, other) == body
+    assert parse_capped(json.dumps(body), caps, other, small=0) == body
+
+
+def test_huge_nested_or_listed_bodies_are_400_not_500(client):
+    r = client.post("/v1/search", content=b"[" * 200_000 + b"]" * 200_000, headers={"content-type": "application/json"})
+    assert "deeper than 32" in err(r, 400, 2)["message"]
+    r = client.post("/v1/search", content=b"[" * 30_000 + b"]" * 30_000, headers={"content-type": "application/json"})
+    assert "deeper than 32" in err(r, 400, 2)["message"]  # a small body, through json.loads
+    r = client.post("/v1/opensearch/sparse_encoding", json=["a"] * 100_000)
+    assert "--max-inputs" in err(r, 400, 2)["message"]
+    r = client.post("/v1/search", content=b'{"text": "red", "where": [' + b'"a=1",' * 20_000 + b'"a=1"] ',
+                    headers={"content-type": "application/json"})
+    assert "--max-filters" in err(r, 400, 2)["message"]
+    assert client.post("/v1/search", json={"text": "red", "where": ["kind=vehicle"]}).status_code == 200
+
+
+# --- finding 3: slow upstreams are isolated from encoding and search ----------------------------
+class Trickle:
+    """A raw HTTP server on 127.0.0.1 that answers 200 and then one byte a second, forever."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        try:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.wait(1.0):
+                conn.sendall(b"x")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def trickle():
+    t = Trickle()
+    yield t
+    t.close()
+
+
+def test_slow_image_urls_hold_neither_encoding_nor_search(home, image_root, trickle):
+    app = create_app(make_config(home, image_root, allow_image_urls=True, workers=1, max_url_fetches=2,
+                                 url_timeout=2.0, load_encoder_at_start=False))
+    url = f"http://127.0.0.1:{trickle.port}/slow.png"
+
+    async def main():
+        async with asgi(app) as http:
+            slow = [asyncio.create_task(http.post("/v1/encode", json={"inputs": [{"image": {"url": url}}]}))
+                    for _ in range(3)]
+            await until(lambda: trickle.connections >= 2)  # both fetch slots are held by the trickling host
+            text = await http.post("/v1/encode", json={"inputs": [{"text": "red"}]})
+            search = await http.post("/v1/search", json={"text": "red", "top_k": 1})
+            pending = sum(not t.done() for t in slow)
+            return text, search, pending, [await t for t in slow]
+
+    text, search, pending, slow = asyncio.run(main())
+    assert text.status_code == 200 and search.status_code == 200
+    assert pending == 3  # answered while every slow fetch was still going on
+    msgs = [err(r, r.status_code, r.json()["error"]["code"])["message"] for r in slow]
+    assert all(m.startswith("input 0: image URL http://127.0.0.1:") for m in msgs if "within 2 s" in m), msgs
+    # cut at the total deadline although a byte arrived every second; the third waited for a slot within it
+    assert sum("not fetched within 2 s" in m for m in msgs) >= 2, msgs
+    assert all(r.status_code in (422, 503) for r in slow)
+    assert trickle.connections <= 3
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        if self.path == "/to-file":
+            self.send_response(302)
+            self.send_header("Location", "file:///etc/passwd")
+            self.end_headers()
+        elif self.path.startswith("/to-ok"):
+            self.send_response(302)
+            self.send_header("Location", "/ok.png")
+            self.end_headers()
+        elif self.path == "/ok.png":
+            body = png_bytes((220, 30, 30))
+            self.server.auth_seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.server.auth_seen.append(self.headers.get("Authorization"))
+            self.send_response(404)
+            self.end_headers()
+
+
+@pytest.fixture
+def upstream():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.auth_seen = []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_redirects_are_rechecked_and_credentials_never_echoed(home, image_root, upstream):
+    base = f"http://127.0.0.1:{upstream.server_port}"
+    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            post = lambda u: http.post("/v1/encode", json={"inputs": [{"image": {"url": u}}]})  # noqa: E731
+            return (await post(base + "/to-file"), await post(base + "/to-ok?sig=s3cr3t-sig"),
+                    await post(base.replace("http://", "http://alice:pa55word@") + "/missing.png?token=t0ken"),
+                    await http.post("/v1/opensearch/sparse_encoding?kind=image", json=[base + "/ok.png"]))
+
+    to_file, to_ok, missing, cluster = asyncio.run(main())
+    assert "redirected to a URL that is not http(s)" in err(to_file, 422, 2)["message"]
+    assert to_ok.status_code == 200 and to_ok.json()["results"][0]["kind"] == "image"
+    msg = err(missing, 422, 2)["message"]
+    assert "HTTP 404" in msg and "/missing.png" in msg
+    for secret in ("alice", "pa55word", "t0ken"):
+        assert secret not in missing.text
+    assert cluster.status_code == 200 and cluster.json()[0]  # the cluster endpoints fetch off the workers too
+    import base64
+
+    assert "Basic " + base64.b64encode(b"alice:pa55word").decode() in upstream.auth_seen  # as HTTP Basic, to that host
+
+
+def test_url_fetches_never_run_on_a_worker(home, image_root, upstream, monkeypatch):
+    import stair_es.serve.inputs as inputs
+
+    def no(*a, **kw):
+        raise AssertionError("an image URL was fetched on a worker thread")
+
+    monkeypatch.setattr(inputs, "fetch_blocking", no)
+    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+    url = f"http://127.0.0.1:{upstream.server_port}/ok.png"
+
+    async def main():
+        async with asgi(app) as http:
+            return (await http.post("/v1/encode", json={"inputs": [{"image": {"url": url}}]}),
+                    await http.post("/v1/search", json={"image": {"url": url}, "top_k": 1}),
+                    await http.post("/v1/elasticsearch/sparse_embedding", json={"input": [url], "input_type": "image"}))
+
+    for r in asyncio.run(main()):
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_worker_threads_can_run_below_the_event_loop(home, image_root):
+    import os
+
+    from stair_es.serve.admission import Admission
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    adm = Admission(1, 1, worker_nice=3)
+    try:
+        assert asyncio.run(adm.run(os.getpriority, os.PRIO_PROCESS, 0)) == min(19, base + 3)
+    finally:
+        adm.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the event loop's thread keeps its own
+
+
+def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
+    """A readiness probe queued behind a full worker pool would call a busy server dead; a
+    warm-up cut by --request-timeout would leave a slow-loading model unloaded."""
+    gate = Gate("gate-probe")
+
+    class SlowStart(ColorEncoder):
+        def encode_texts(self, texts, **kw):
+            time.sleep(0.5)  # longer than the request timeout below
+            return super().encode_texts(texts, **kw)
+
+    SlowStart.name = "slow-start"
+    register_encoder("slow-start", SlowStart)
+    app = create_app(make_config(home, image_root, encoder="slow-start", request_timeout=0.2))
+    from fastapi.testclient import TestClient
+
+    caplog.set_level("WARNING")
+    with TestClient(app):  # the warm-up (0.5 s per text) ran to the end despite the 0.2 s request timeout
+        assert "slow-start" in app.state.service.loaded_models()
+    assert "could not be loaded" not in caplog.text and "RequestTimeoutError" not in caplog.text, caplog.text
+
+    app = create_app(make_config(home, image_root, encoder="gate-probe", workers=1, max_queue=0,
+                                 load_encoder_at_start=False))
+
+    async def main():
+        async with asgi(app) as http:
+            held = asyncio.create_task(http.post("/v1/encode", json={"inputs": [{"text": "hold"}]}))
+            await until(lambda: gate.seen == ["hold"])
+            busy = await http.post("/v1/encode", json={"inputs": [{"text": "more"}]})
+            ready = await http.get("/readyz")
+            gate.open.set()
+            return await held, busy, ready
+
+    held, busy, ready = asyncio.run(main())
+    assert held.status_code == 200 and busy.status_code == 429
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
