@@ -34,6 +34,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
+def query_pairs(args) -> list:
+    """The benchmark's queries as (token ids, weights) pairs: ``--queries-npz`` (CSR arrays
+    indptr/indices/weights) when given, else ``--queries`` generated ones."""
+    import numpy as np
+
+    if args.queries_npz:
+        z = np.load(args.queries_npz)
+        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
+        return [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
+    return _queries(args.queries, args.seed, args.weights)
+
+
 def _queries(n: int, seed: int, weights: str):
     import numpy as np
 
@@ -63,12 +75,7 @@ def worker(args) -> None:
     from stair_es.query import SearchRequest, SparseClause
     from stair_es.sparse import SparseVector
 
-    if args.queries_npz:
-        z = np.load(args.queries_npz)
-        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
-        pairs = [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
-    else:
-        pairs = _queries(args.queries, args.seed, args.weights)
+    pairs = query_pairs(args)
     reqs = [SearchRequest([SparseClause(args.field, SparseVector.from_arrays(i, w))], top_k=args.k) for i, w in pairs]
     ix = EngineIndex.open(Path(args.index))
     ix.strategy = args.strategy

@@ -42,18 +42,13 @@ def worker(args) -> None:
     import numpy as np
 
     sys.path.insert(0, str(HERE.parent))
-    from engine_ab import _queries
+    from engine_ab import query_pairs
 
     from stair_es.engine import EngineIndex
     from stair_es.query import SearchRequest, SparseClause
     from stair_es.sparse import SparseVector
 
-    if args.queries_npz:
-        z = np.load(args.queries_npz)
-        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
-        pairs = [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
-    else:
-        pairs = _queries(args.queries, args.seed, args.weights)
+    pairs = query_pairs(args)
     reqs = [SearchRequest([SparseClause("image", SparseVector.from_arrays(i, w))], top_k=10) for i, w in pairs]
     out = {"import_s": time.perf_counter() - t_import}
     t = time.perf_counter()
