@@ -184,6 +184,25 @@ def test_cli_runs_uvicorn_without_its_bare_503_and_with_a_header_deadline(tmp_pa
     assert started[1][0].request_timeout is None
 
 
+def test_cli_warm_makes_every_embedded_reader_warm_itself(tmp_path, monkeypatch):
+    import os
+
+    import uvicorn
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
+    monkeypatch.delenv("STAIR_ES_WARM", raising=False)
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow"])
+    assert r.exit_code == 0, r.output
+    assert "STAIR_ES_WARM" not in os.environ
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--warm"])
+    assert r.exit_code == 0, r.output
+    assert os.environ["STAIR_ES_WARM"] == "1"  # EngineIndex.open warms each reader (tests/engine/test_warm.py)
+
+
 # --- finding 6: a connection that sends half a header is closed --------------------------------
 @pytest.mark.process
 @pytest.mark.parametrize("base", ["httptools", "h11"])
