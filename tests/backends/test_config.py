@@ -32,6 +32,23 @@ def test_flags_beat_environment_beat_config_file(tmp_path, monkeypatch):
     assert ClusterConfig.resolve("elasticsearch", cfg, urls=["http://flag:9200"]).urls == ["http://flag:9200"]
 
 
+def test_toml_config_on_a_python_without_tomllib(tmp_path, monkeypatch):
+    # Python 3.10 has no tomllib: the tomli backport reads the file, and without it the error
+    # says what to install or to use JSON
+    import types
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('url = "http://file:9200"\n')
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    fake = types.ModuleType("tomli")
+    fake.loads = lambda text: {"url": "http://from-tomli:9200"}
+    monkeypatch.setitem(sys.modules, "tomli", fake)
+    assert ClusterConfig.resolve("elasticsearch", cfg).urls == ["http://from-tomli:9200"]
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(InvalidInputError, match="pip install tomli, or write the settings as a .json file"):
+        ClusterConfig.resolve("elasticsearch", cfg)
+
+
 def test_json_config_and_default_location(tmp_path, monkeypatch):
     (tmp_path / "c.json").write_text('{"urls": ["http://j:1"], "verify_certs": false}')
     c = ClusterConfig.resolve("elasticsearch", tmp_path / "c.json")

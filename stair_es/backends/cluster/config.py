@@ -211,6 +211,21 @@ def _number(name: str, value: Any, kind: type) -> Any:
         raise InvalidInputError(f"{name} must be a number, got {value!r}") from None
 
 
+def _toml(path: Path):
+    """The TOML reader: the standard library's from Python 3.11, the ``tomli`` backport (a
+    dependency of stair-es on Python 3.10) before it."""
+    # lazy: only a TOML config file needs it
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise InvalidInputError(f"config file {str(path)!r} is TOML, which this Python reads with the tomli "
+                                    "package: pip install tomli, or write the settings as a .json file") from None
+    return tomllib
+
+
 def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, Any]:
     """Top-level keys, overridden by an ``[elasticsearch]``/``[opensearch]`` table if present."""
     explicit = path is not None
@@ -219,15 +234,9 @@ def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, 
         if explicit:
             raise InvalidInputError(f"config file {str(p)!r} does not exist")
         return {}
+    parser = json if p.suffix.lower() == ".json" else _toml(p)
     try:
-        text = p.read_text(encoding="utf-8")
-        if p.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            # lazy: only a TOML config file needs it
-            import tomllib
-
-            data = tomllib.loads(text)
+        data = parser.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         # the message of a parse error can quote the line, which may hold a secret: keep only its type
         raise InvalidInputError(f"cannot read config file {str(p)!r} ({type(e).__name__}); check its syntax") from None
