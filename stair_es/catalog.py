@@ -100,7 +100,8 @@ def count_catalog(source: str | Path) -> int | None:
     return None
 
 
-def _dedupe(items: Iterator[CatalogItem]) -> Iterator[CatalogItem]:
+def dedupe(items: Iterator[CatalogItem]) -> Iterator[CatalogItem]:
+    """``items`` with every repeat of an id replaced by a failed ItemResult naming the first."""
     seen: dict[str, str] = {}
     for item in items:
         if isinstance(item, CatalogEntry):
@@ -125,7 +126,7 @@ def read_manifest(path: Path) -> Iterator[CatalogItem]:
                     yield _manifest_entry(raw, base, origin)
                 except InvalidInputError as e:
                     yield ItemResult(None, False, str(e), source=origin)
-    return _dedupe(lines())
+    return dedupe(lines())
 
 
 def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
@@ -192,7 +193,7 @@ def _is_sidecar(file: Path) -> bool:
 
 def read_folder(folder: Path) -> Iterator[CatalogItem]:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    return _dedupe(_file_entry(f, folder) for f in files if not _is_sidecar(f))
+    return dedupe(_file_entry(f, folder) for f in files if not _is_sidecar(f))
 
 
 def read_glob(pattern: str) -> Iterator[CatalogItem]:
@@ -202,4 +203,4 @@ def read_glob(pattern: str) -> Iterator[CatalogItem]:
     files = sorted(Path(p) for p in _glob.glob(pattern, recursive=True) if Path(p).is_file())
     if not files:
         raise InvalidInputError(f"no files match {pattern!r}")
-    return _dedupe(_file_entry(f, root) for f in files if not _is_sidecar(f))
+    return dedupe(_file_entry(f, root) for f in files if not _is_sidecar(f))

@@ -212,7 +212,7 @@ def ingest_catalog(
                 encoder = encoder_factory()
         futures: dict[str, Future] = {}
         if encoder is not None or dense_enc is not None:
-            load = _safe_load(_image_loader(encoder) if encoder is not None else _image_loader(None))
+            load = safe_load(_image_loader(encoder) if encoder is not None else _image_loader(None))
             for e in ready:
                 needs = (encoder is not None and "image" not in (e.vectors or {})) or (dense_enc is not None and e.dense is None)
                 if e.path is not None and needs:
@@ -230,7 +230,7 @@ def ingest_catalog(
             if early:
                 emit(early)
             if ready:
-                docs, failed = _build_documents(ready, encoder, schema, opts, futures, dense_enc)
+                docs, failed = build_documents(ready, encoder, schema, opts, futures, dense_enc)
                 if failed:
                     emit(failed)
                 if docs:
@@ -248,7 +248,7 @@ def ingest_catalog(
     return report
 
 
-def _build_documents(
+def build_documents(
     entries: Sequence[CatalogEntry],
     encoder: Encoder | None,
     schema: IndexSchema,
@@ -256,6 +256,9 @@ def _build_documents(
     decoded: dict[str, Future],
     dense_enc: Any = None,
 ) -> tuple[list[Document], list[ItemResult]]:
+    """One batch of catalog entries as documents (token maps, image and caption vectors, dense
+    vectors), and the entries that failed with their reasons; ``stair-es ingest`` and
+    ``encode-catalog``'s workers (:mod:`stair_es.distributed.pipeline`) both build with it."""
     failed: list[ItemResult] = []
     vectors: dict[str, dict[str, SparseVector]] = {e.id: {} for e in entries}
 
@@ -353,7 +356,8 @@ def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:
     return partial(load_image, min_side=min_side) if min_side else load_image
 
 
-def _safe_load(load: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def safe_load(load: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``load`` that returns a failure as a StairError (one item's reason) instead of raising."""
     def run(path: Any) -> Any:
         try:
             return load(path)

@@ -12,7 +12,7 @@ and hands the rest to an engine:
 
 Both run the same :class:`ShardEncoder` per worker: the encoder loads once per process, with
 ONNX Runtime's threads sized to the worker's CPUs, and each shard is decoded and encoded by
-the very functions ``stair-es ingest`` uses (:func:`stair_es.ingest._build_documents`), so
+the very functions ``stair-es ingest`` uses (:func:`stair_es.ingest.build_documents`), so
 the weights are bit-for-bit those of ``ingest``. The worker writes the shard, its failures
 file, then its manifest entry (see :mod:`.shards`): a SIGKILL of the driver or a worker at any
 moment loses at most the shards in flight, which the next run encodes again under the same
@@ -144,12 +144,12 @@ class ShardEncoder:
     def __call__(self, task: ShardTask) -> dict[str, Any]:
         from concurrent.futures import ThreadPoolExecutor
 
-        from ..ingest import IngestOptions, _build_documents, _safe_load
+        from ..ingest import IngestOptions, build_documents, safe_load
         from .sources import location_loader
 
         t0, c0 = time.perf_counter(), time.process_time()
         opts = IngestOptions(batch_size=self.ctx.batch_size, encode_captions=self.ctx.encode_captions)
-        load = _safe_load(location_loader(getattr(self.encoder, "image_min_side", None)))
+        load = safe_load(location_loader(getattr(self.encoder, "image_min_side", None)))
         rows = ShardRows()
         problems: list[ItemResult] = [i for i in task.items if isinstance(i, ItemResult)]
         fields = self.schema.sparse_fields
@@ -170,7 +170,7 @@ class ShardEncoder:
             for nxt in itertools.chain(batches[1:], [None]):
                 batch, futures = staged
                 staged = stage(nxt) if nxt is not None else None
-                docs, failed = _build_documents(batch, self.encoder, self.schema, opts, futures)
+                docs, failed = build_documents(batch, self.encoder, self.schema, opts, futures)
                 problems += failed
                 by_id = {e.id: e for e in batch}
                 for d in docs:

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..catalog import CatalogEntry, CatalogItem, _dedupe, clean_caption, read_catalog
+from ..catalog import CatalogEntry, CatalogItem, dedupe, clean_caption, read_catalog
 from ..errors import ImageError, InvalidInputError
 from ..schema import ItemResult
 from .shards import is_remote, open_fs, pyarrow_modules
@@ -66,7 +66,7 @@ def read_list(location: str) -> Iterator[CatalogItem]:
             except InvalidInputError as e:
                 yield ItemResult(None, False, str(e), source=origin)
 
-    return _dedupe(rows())
+    return dedupe(rows())
 
 
 def _list_entry(rec: dict[str, Any], where: str, base: str, origin: str) -> CatalogEntry:

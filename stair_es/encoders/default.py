@@ -248,10 +248,10 @@ class DefaultEncoder(Encoder):
             from .runtime import weights_digest
 
             if part == "image":
-                from .imagenet import _weights_file
+                from .imagenet import weights_file
 
                 enc = self.image_encoder
-                files = [Path(enc.weights) if enc.weights else _weights_file(enc.model)]
+                files = [Path(enc.weights) if enc.weights else weights_file(enc.model)]
             elif self.text == "splade":
                 from ..errors import StairError
                 from .text import _WEIGHT_SUFFIXES, _model_folder

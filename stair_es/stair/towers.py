@@ -250,10 +250,10 @@ def _load_effnet(name: str) -> ImageTower:
     if variant not in _EFFNET_SIZE:
         raise ModelError(f"unknown EfficientNet tower {name!r}; known: {', '.join('efficientnet-' + v for v in _EFFNET_SIZE)}")
     # lazy: only the efficientnet-lite0 tower needs the weights file
-    from ..encoders.imagenet import _weights_file
+    from ..encoders.imagenet import weights_file
 
     net = EfficientNetPatches(variant)
-    path = _weights_file(variant)
+    path = weights_file(variant)
     try:
         net.net.load_state_dict(torch.load(str(path), map_location="cpu", weights_only=True), strict=True)
     except (RuntimeError, OSError) as e:

