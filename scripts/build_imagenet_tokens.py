@@ -185,14 +185,17 @@ def read_exceptions(folder: Path) -> dict[str, str]:
     return out
 
 
-def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
-    """offset -> (lemmas, hypernym offsets) for every noun synset of ``data.noun``."""
-    out: dict[str, tuple[list[str], list[str]]] = {}
+def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str], str, int]]:
+    """offset -> (lemmas, hypernym offsets, definition, lexicographer file number) for every noun
+    synset of ``data.noun`` (the definition is the gloss up to its first ``;``, quoted examples
+    removed)."""
+    out: dict[str, tuple[list[str], list[str], str, int]] = {}
     with open(folder / "data.noun", encoding="latin-1") as f:
         for line in f:
             if line.startswith("  "):
                 continue  # the licence header
-            fields = line.split(" | ")[0].split()
+            head, _, gloss = line.partition(" | ")
+            fields = head.split()
             offset, n_words = fields[0], int(fields[3], 16)
             words = [fields[4 + 2 * i] for i in range(n_words)]
             p = 4 + 2 * n_words
@@ -202,22 +205,8 @@ def read_wordnet(folder: Path) -> dict[str, tuple[list[str], list[str]]]:
                 sym, target, pos = fields[p + 1 + 4 * i : p + 4 + 4 * i]
                 if sym in ("@", "@i") and pos == "n":
                     hyper.append(target)
-            out[offset] = ([re.sub(r"\(.*\)$", "", w) for w in words], hyper)
-    return out
-
-
-def read_definitions(folder: Path) -> dict[str, tuple[str, int]]:
-    """offset -> (definition, lexicographer file number) for every noun synset of ``data.noun``
-    (the definition is the gloss up to its first ``;``, quoted examples removed)."""
-    out: dict[str, tuple[str, int]] = {}
-    with open(folder / "data.noun", encoding="latin-1") as f:
-        for line in f:
-            if line.startswith("  "):
-                continue
-            head, _, gloss = line.partition(" | ")
-            fields = head.split()
             definition = re.sub(r'"[^"]*"', " ", gloss).split(";")[0]
-            out[fields[0]] = (definition, int(fields[1]))
+            out[offset] = ([re.sub(r"\(.*\)$", "", w) for w in words], hyper, definition, int(fields[1]))
     return out
 
 
@@ -305,7 +294,6 @@ class Context:
         from stair_es.encoders.colour import COLOUR_TOKENS
 
         self.index = read_index(wordnet)
-        self.defs = read_definitions(wordnet)
         self.wn = wn
         self.vocab = vocab
         self.worn = {self.index[w][0] for w in WORN_ROOTS if w in self.index}
@@ -330,7 +318,7 @@ class Context:
         if word in self.colours:
             return True
         senses = self.index.get(word)
-        if not senses or self.defs[senses[0]][1] not in PICTURABLE_LEXFILES:
+        if not senses or self.wn[senses[0]][3] not in PICTURABLE_LEXFILES:
             return False
         if any(w.lower() == word and w != w.lower() for w in self.wn[senses[0]][0]):
             return False  # a proper noun
@@ -339,7 +327,7 @@ class Context:
 
     def definition_words(self, offset: str) -> list[str]:
         words = []
-        for w in re.findall(r"[a-z]+", self.defs[offset][0].lower()):
+        for w in re.findall(r"[a-z]+", self.wn[offset][2].lower()):
             if len(w) >= 3 and w not in DEFINITION_STOPWORDS and w not in words and self.picturable(w):
                 words.append(w)
         return words[:DEFINITION_WORDS]
