@@ -238,12 +238,9 @@ def test_every_package_folder_is_in_the_wheel():
     tomllib = pytest.importorskip("tomllib")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]
     listed = set(config["packages"])
-    missing = sorted(
-        ".".join(folder.relative_to(ROOT).parts)
-        for folder in (ROOT / "stair_es").rglob("*")
-        if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))
-        and ".".join(folder.relative_to(ROOT).parts) not in listed
-    )
+    packages = {".".join(folder.relative_to(ROOT).parts) for folder in (ROOT / "stair_es").rglob("*")
+                if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))}
+    missing = sorted(packages - listed)
     assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
