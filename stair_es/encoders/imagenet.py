@@ -186,11 +186,14 @@ def imagenet_classnames() -> tuple[str, ...]:
 EARLIER_MAPS = {"wordnet3.0-v2-c2697a5c533e": "imagenet_wordnet_v2.json"}
 
 
-@lru_cache(maxsize=4)
 def wordnet_token_map(version: str | None = None) -> dict[str, Any]:
     """The generated class -> token map (``configs/imagenet_wordnet.json``), checked; with
     ``version``, that earlier map when stair_es still ships it (:data:`EARLIER_MAPS`)."""
-    filename = EARLIER_MAPS.get(version or "", "imagenet_wordnet.json")
+    return _read_token_map(EARLIER_MAPS.get(version or "", "imagenet_wordnet.json"))
+
+
+@lru_cache(maxsize=None)  # one parse per shipped file, whichever way its version was named
+def _read_token_map(filename: str) -> dict[str, Any]:
     data = read_packaged_map(filename, "the ImageNet token map")
     classes = data.get("classes") if isinstance(data, dict) else None
     if not isinstance(classes, list) or len(classes) != 1000 or not data.get("version"):
