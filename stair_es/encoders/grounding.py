@@ -449,9 +449,8 @@ def plan_query(text: str, vocab: Vocabulary, stats: IndexStats, stopwords: Itera
             continue
         # the word's own entry if WordNet has one, else its first base form that it has
         # ("gander" is a lemma: never also read as "gand" + "-er")
-        forms = [f for f in the_map().lemmas(w) if f in the_map()][:1] if w.isalpha() else []
-        if w in NUMBER_WORDS:
-            forms = []
+        # (counting words never: see NUMBER_WORDS)
+        forms = [f for f in the_map().lemmas(w) if f in the_map()][:1] if w.isalpha() and w not in NUMBER_WORDS else []
         step = ground(w, forms) if forms else GroundingStep(w, "not found")
         step.dropped = fragments(w)
         # only for words WordNet does not know: "dandelion" is never "dan" + "del" + "ion"
