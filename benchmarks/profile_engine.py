@@ -175,11 +175,17 @@ def main(argv=None) -> int:
                 ("scipy CSC brute force", roofline.entry("bruteforce", t_brute, ppq, limits))]
         print(f"\n{roofline.limits_line(limits)}\n\n{roofline.table(rows)}\n")
         used: dict[str, int] = {}
+        example: dict[str, str] = {}
         for r in reqs:
-            idx.search(r)
-            for u in idx.last_search_strategies:
-                used[u] = used.get(u, 0) + 1
-        print(f"`auto` chose, per segment search: {', '.join(f'{k2} {v}' for k2, v in sorted(used.items()))}\n")
+            for row in idx.search(r).plan.to_dict()["segments"]:  # (the plan: what ran and why, per segment)
+                key = f"{row['strategy']} ({row['chosen_by']})"
+                used[key] = used.get(key, 0) + 1
+                example.setdefault(key, row["reason"])
+        print(f"`auto` chose, per segment search: {', '.join(f'{k2} {v}' for k2, v in sorted(used.items()))}; "
+              "one reason of each kind:\n")
+        for key, why in sorted(example.items()):
+            print(f"- {key}: {why}")
+        print()
         del truth_taat
         idx.close()
     return 0

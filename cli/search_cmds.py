@@ -164,6 +164,8 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
         data = result.to_dict()
         data["query_tokens"] = qvec.to_token_map(50)
         data["grounding"] = request.grounding
+        if getattr(result, "plan", None) is not None:  # the embedded engine: each segment's strategy and why
+            data["plan"] = result.plan.to_dict()
         if request.expansion:
             data["expanded_tokens"] = list(request.expansion.values())
         for h in data["hits"]:
@@ -201,6 +203,10 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
         if h.id in explanations:
             click.echo("")
             _print_explanation(explanations[h.id], limit=8, source_of=source_of, expansion=request.expansion)
+    if explain_hits and getattr(result, "plan", None) is not None:
+        click.echo("")
+        for line in result.plan.lines():
+            click.echo(f"searched {line}")
     total = "" if result.total is None else f"{result.total} matching, "
     click.echo(f"({total}{result.took_ms:.1f} ms)")
 

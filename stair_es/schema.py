@@ -436,6 +436,9 @@ class SearchResult:
     total: int | None  # documents that passed the filter and scored > 0 (None if unknown)
     took_ms: float
     notes: list[str] = field(default_factory=list)  # e.g. "query pruned to 1024 tokens"
+    # how the backend searched, when it says (the embedded engine: a stair_es.engine.plan.SearchPlan,
+    # each segment's strategy and why); shown by `search --explain` and `--json`, not part of to_dict()
+    plan: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total, "took_ms": self.took_ms, "notes": self.notes, "hits": [h.to_dict() for h in self.hits]}

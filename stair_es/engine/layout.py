@@ -38,6 +38,27 @@ STRATEGY_TAAT = 2
 STRATEGY_NUMPY = 3
 STRATEGY_NAMES = ("auto", "blockmax", "taat", "numpy")
 
+#: how a segment's strategy was chosen (``TopK.state[PLAN + 1]``): forced by the caller; ``auto``'s
+#: cost model fed with block-max's record on the segment; ``auto`` with no record yet, by the
+#: heap-rescoring rule (block-max kept, or TAAT); the query terms have no postings here
+CHOSEN_FORCED = 0
+CHOSEN_COST_MODEL = 1
+CHOSEN_RULE = 2
+CHOSEN_EMPTY = 3
+#: (set by the searcher, not the kernels) ``auto`` re-running block-max to renew its record; ``auto``
+#: giving small work to the numpy twin
+CHOSEN_RENEW = 4
+CHOSEN_NUMPY = 5
+#: where the plan starts in ``TopK.state``, its slots, and what each holds (int64; estimates in
+#: nanoseconds, -1 where not computed): the strategy run, how it was chosen (``CHOSEN_*``), the
+#: postings of the query terms, their (term, block) pairs, the TAAT estimate, the block-max
+#: estimate (with the cost model: set-up + blocks + postings; by the rule: the heap rescoring
+#: cost it compares with half the TAAT estimate), block-max's predicted blocks scored and
+#: postings streamed (from its record)
+PLAN = 8
+PLAN_FIELDS = ("strategy", "chosen", "postings", "pairs", "taat_ns", "blockmax_ns", "blocks_scored", "postings_streamed")
+PLAN_SLOTS = len(PLAN_FIELDS)
+
 #: documents per window of the TAAT kernel: 4,096 float32 sums = 16 KiB, half of a 32 KiB L1
 #: data cache (the postings stream past it); a caller's accumulator is at least this long.
 #: 4,096 and 16,384 ran alike on the 100k Zipf corpus (2026-11-27, AMD EPYC)
@@ -69,7 +90,9 @@ class TopK(NamedTuple):
     score, then highest sequence number), shared by the segments of one search.
 
     ``state`` = [heap size, matched docs, 1 if matched is exact, blocks scored, candidate blocks,
-    postings streamed, lookups, first damaged chunk or -1]."""
+    postings streamed, lookups, first damaged chunk or -1], then the *plan* of the last segment
+    searched (:data:`PLAN_SLOTS`, written by ``kernels.search.search_segment``, overwritten by each
+    segment): which strategy ran and why, with the cost model's estimates (see :data:`PLAN_FIELDS`)."""
 
     scores: np.ndarray  # float32[k]
     seqs: np.ndarray  # uint64[k]
@@ -78,7 +101,7 @@ class TopK(NamedTuple):
 
     @classmethod
     def empty(cls, k: int) -> "TopK":
-        state = np.zeros(8, np.int64)
+        state = np.zeros(8 + PLAN_SLOTS, np.int64)
         state[2], state[7] = 1, -1
         return cls(np.zeros(k, np.float32), np.zeros(k, np.uint64), np.zeros(k, np.int64), state)
 

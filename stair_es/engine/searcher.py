@@ -17,8 +17,9 @@ from ..errors import InvalidInputError
 from ..query import SearchRequest
 from ..schema import Hit, SearchResult
 from . import npkernels as NP
-from .layout import TAAT_WINDOW_DOCS, TopK
+from .layout import CHOSEN_FORCED, CHOSEN_NUMPY, CHOSEN_RENEW, PLAN, PLAN_SLOTS, TAAT_WINDOW_DOCS, TopK
 from .npkernels import K
+from .plan import SearchPlan, SegmentPlan
 
 #: segments smaller than this are searched on one thread whatever ``threads`` says (splitting costs more)
 SPLIT_MIN_DOCS = 1 << 16
@@ -88,6 +89,7 @@ class Searcher:
         # [hits, matched, total exact?, blocks scored, candidate blocks, postings streamed, lookups]: for tuning
         self.last_search_stats = state
         self.last_search_strategies = used  # per searched segment: "blockmax", "taat" or "numpy"
+        self.last_search_plan = result.plan  # the same, with why (stair_es.engine.plan.SearchPlan)
         return result
 
     def _auto_options(self, seg, strategy: int) -> tuple:
@@ -226,28 +228,34 @@ class Searcher:
                 loads[g] += segs[si].seg.n_docs
             parts = self._run_parallel([
                 (lambda grp=sorted(grp): self._search_segments(req, segs, grp, terms, strategy, 1)) for grp in groups])
-            state = np.zeros(8, np.int64)
+            state = np.zeros(8 + PLAN_SLOTS, np.int64)
             state[2] = 1
             small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
             used: list[str] = []
-            for hs_g, hq_g, hr_g, st, small_g, used_g in parts:
+            plans: list[SegmentPlan] = []
+            for hs_g, hq_g, hr_g, st, small_g, used_g, plans_g in parts:
                 n = int(st[0])
                 small.append((hs_g[:n], hq_g[:n], hr_g[:n]))
                 small.extend(small_g)
                 _add_state(state, st)
                 used.extend(used_g)
+                plans.extend(plans_g)
             hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         else:
-            hs, hq, hr, state, small, used = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
-        return self._finish(req, segs, hs, hq, hr, state, small, used, t0)
+            hs, hq, hr, state, small, used, plans = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
+        result, state, used = self._finish(req, segs, hs, hq, hr, state, small, used, t0)
+        result.plan = SearchPlan(NP.STRATEGY_NAMES[strategy], plans, self.numpy_max_postings)
+        return result, state, used
 
     def _search_segments(self, req: SearchRequest, segs: list, which, terms: list, strategy: int, threads: int):
         """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
-        (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies)."""
+        (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies, and
+        per segment its :class:`.plan.SegmentPlan`: the kernel's plan slots as written, words later)."""
         k = req.top_k
         heap = tuple(TopK.empty(k))
         hs, hq, hr, state = heap
         used = []
+        plans: list[SegmentPlan] = []
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # top k of numpy searches and of split parts
         for si in which:
             s = segs[si]
@@ -276,6 +284,8 @@ class Searcher:
                 state[1] += matched
                 state[5] += read
                 used.append("numpy")
+                how = CHOSEN_NUMPY if strategy == NP.STRATEGY_AUTO else CHOSEN_FORCED
+                plans.append(SegmentPlan(seg.name, seg.n_docs, seg.n_blocks, "numpy", [NP.STRATEGY_NUMPY, how, postings] + [-1] * 5))
                 continue
             # the kernel verifies each postings run the first time it reads it (block-max reads few of
             # them); it needs the query terms' block tables verified first
@@ -291,8 +301,10 @@ class Searcher:
             # kernel names them again: SegmentArrays, TopK, SearchOptions)
             arrays = tuple(seg.kernel_arrays())
             opts = self._auto_options(seg, strategy)
+            chosen = CHOSEN_RENEW if strategy == NP.STRATEGY_AUTO and opts[0] != strategy else -1
+            # (choose_strategy writes the plan: with auto it decides, else the plan's counts are what it adds)
             if threads > 1 and seg.n_docs >= SPLIT_MIN_DOCS and strategy in (NP.STRATEGY_AUTO, NP.STRATEGY_BLOCKMAX) and (
-                    opts[0] == NP.STRATEGY_BLOCKMAX or K.choose_strategy(q_j, arrays, heap, opts) == NP.STRATEGY_BLOCKMAX):
+                    K.choose_strategy(q_j, arrays, heap, opts) == NP.STRATEGY_BLOCKMAX or opts[0] == NP.STRATEGY_BLOCKMAX):
                 args = (q_j, q_w, arrays, allowed, np.int64(si) << 32)
                 n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
                 before = state[[3, 5]].copy()
@@ -302,6 +314,9 @@ class Searcher:
                     small.append((hs_i, hq_i, hr_i))
                     _add_state(state, st)
                 used.append("blockmax")
+                if strategy != NP.STRATEGY_AUTO:
+                    chosen = CHOSEN_FORCED
+                plans.append(SegmentPlan(seg.name, seg.n_docs, n_blocks, "blockmax", state[PLAN:].tolist(), chosen, threads))
                 if strategy == NP.STRATEGY_AUTO:
                     self._auto_record(seg, "blockmax", state[[3, 5]] - before, postings)
                 continue
@@ -310,9 +325,10 @@ class Searcher:
             if state[7] >= 0:
                 seg.raise_damaged_chunk(int(state[7]))
             used.append(NP.STRATEGY_NAMES[ran])
+            plans.append(SegmentPlan(seg.name, seg.n_docs, seg.n_blocks, NP.STRATEGY_NAMES[ran], state[PLAN:].tolist(), chosen))
             if strategy == NP.STRATEGY_AUTO:
                 self._auto_record(seg, NP.STRATEGY_NAMES[ran], state[[3, 5]] - before, postings)
-        return hs, hq, hr, state, small, used
+        return hs, hq, hr, state, small, used, plans
 
     def _finish(self, req: SearchRequest, segs: list, hs, hq, hr, state, small, used, t0: float):
         """The top k of the heap and the extra top-k lists, best first, as hits."""

@@ -68,6 +68,7 @@ class Segment(SegmentFilters):
         self.meta = meta
         self.n_docs = int(meta["n_docs"])
         self.bshift = int(meta["bshift"])
+        self.n_blocks = (self.n_docs + (1 << self.bshift) - 1) >> self.bshift
         self.fields: list[str] = list(meta["fields"])
         self.column_types: dict[str, str] = dict(meta["columns"])
         self.keys = arrays["keys"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..layout import STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_TAAT, SearchOptions, SegmentArrays, TopK
+from ..layout import (CHOSEN_COST_MODEL, CHOSEN_EMPTY, CHOSEN_FORCED, CHOSEN_RULE, PLAN, STRATEGY_AUTO, STRATEGY_BLOCKMAX,
+                      STRATEGY_TAAT, SearchOptions, SegmentArrays, TopK)
 from .blockmax import _blockmax_segment
 from .taat import TAAT_WINDOW_DOCS, _taat_segment
 
@@ -47,6 +48,9 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     s = opts.strategy
     if s == STRATEGY_AUTO:
         s = choose_strategy(q_j, seg, top, opts)
+    else:  # the plan says so (``top.state[PLAN:]``: what ran and why, for explain and profiles)
+        P, pairs = _query_counts(q_j, seg)
+        _set_plan(top.state, s, CHOSEN_FORCED, P, pairs, -1, -1, -1, -1)
     if s == STRATEGY_TAAT:
         need = max(TAAT_WINDOW_DOCS, 1 << seg.bshift)
         if scratch is None:
@@ -73,6 +77,34 @@ BM_NS_BLOCK = 410.0
 BM_NS_STREAMED = 2.8
 
 
+@njit(cache=True, inline="always")
+def _query_counts(q_j, seg):
+    """The postings of the query terms and their (term, block) pairs, from the pointers."""
+    P = 0
+    pairs = 0
+    for i in range(q_j.size):
+        P += seg.post_ptr[q_j[i] + 1] - seg.post_ptr[q_j[i]]
+        pairs += seg.pair_ptr[q_j[i] + 1] - seg.pair_ptr[q_j[i]]
+    return P, pairs
+
+
+@njit(cache=True, inline="always")
+def _set_plan(state, strategy, chosen, P, pairs, taat, bm, blocks, streamed):
+    """The plan slots of ``state`` (see :data:`..layout.PLAN_FIELDS`; a caller's older 8-slot
+    state has none)."""
+    if state.size < PLAN + 8:
+        return strategy
+    state[PLAN] = strategy
+    state[PLAN + 1] = chosen
+    state[PLAN + 2] = P
+    state[PLAN + 3] = pairs
+    state[PLAN + 4] = np.int64(taat)
+    state[PLAN + 5] = np.int64(bm)
+    state[PLAN + 6] = np.int64(blocks)
+    state[PLAN + 7] = np.int64(streamed)
+    return strategy
+
+
 @njit(cache=True)
 def choose_strategy(q_j, seg, top, opts):
     """The cheaper exact strategy for this query on this segment, from a cost model in
@@ -88,21 +120,23 @@ def choose_strategy(q_j, seg, top, opts):
     segment's first queries) block-max is kept unless rescoring its heap's entries in query-term
     order (~50 ns per query term; about k (1 + ln(n / k)) hits enter a heap of k over n
     documents in scan order, fewer when earlier segments filled it already) would cost more than
-    half of a TAAT pass: it wins by far whenever the weights let its bounds prune."""
+    half of a TAAT pass: it wins by far whenever the weights let its bounds prune.
+
+    The choice and its estimates are written to ``top.state[PLAN:]`` (:data:`..layout.PLAN_FIELDS`):
+    a few stores, so explain and profiles show them at no extra pass."""
     seg, top, opts = SegmentArrays(*seg), TopK(*top), SearchOptions(*opts)
-    post_ptr, pair_ptr, n_docs, k, state = seg.post_ptr, seg.pair_ptr, seg.n_docs, top.scores.size, top.state
-    P = 0
-    pairs = 0
-    for i in range(q_j.size):
-        P += post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
-        pairs += pair_ptr[q_j[i] + 1] - pair_ptr[q_j[i]]
+    n_docs, k, state = seg.n_docs, top.scores.size, top.state
+    P, pairs = _query_counts(q_j, seg)
     if P == 0 or n_docs == 0:
-        return STRATEGY_BLOCKMAX
+        return _set_plan(state, STRATEGY_BLOCKMAX, CHOSEN_EMPTY, P, pairs, 0, 0, 0, 0)
     taat = TAAT_NS_POSTING * P + TAAT_NS_DOC * n_docs
     if opts.streamed_share >= 0:
         n_blocks = (n_docs + (1 << seg.bshift) - 1) >> seg.bshift
-        bm = BM_NS_PAIR * pairs + BM_NS_BLOCK * opts.scored_share * n_blocks + BM_NS_STREAMED * opts.streamed_share * P
-        return STRATEGY_TAAT if taat < bm else STRATEGY_BLOCKMAX
+        blocks = opts.scored_share * n_blocks
+        streamed = opts.streamed_share * P
+        bm = BM_NS_PAIR * pairs + BM_NS_BLOCK * blocks + BM_NS_STREAMED * streamed
+        return _set_plan(state, STRATEGY_TAAT if taat < bm else STRATEGY_BLOCKMAX, CHOSEN_COST_MODEL, P, pairs,
+                         taat, bm, blocks, streamed)
     kk = float(max(k, 1))
     if state[0] >= k:  # the heap is full already: only docs beating earlier segments' hits enter
         seen = float(max(state[1], k))
@@ -111,6 +145,5 @@ def choose_strategy(q_j, seg, top, opts):
         pushes = kk * (1.0 + np.log(max(n_docs / kk, 1.0)))
     pushes = min(pushes, float(n_docs), float(P))
     rescoring = pushes * q_j.size * 50.0
-    if rescoring > 0.5 * taat:
-        return STRATEGY_TAAT
-    return STRATEGY_BLOCKMAX
+    return _set_plan(state, STRATEGY_TAAT if rescoring > 0.5 * taat else STRATEGY_BLOCKMAX, CHOSEN_RULE, P, pairs,
+                     taat, rescoring, -1, -1)
