@@ -8,7 +8,7 @@ from numba import njit
 
 from ..layout import SUB_BLOCKS, SUB_FRACTIONS
 from .heap import push
-from .simd import _add_scaled4, _prefetch
+from .simd import _add_scaled4, _prefetch, f16_value
 from .verify import check_run, prepare_terms
 
 LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
@@ -173,7 +173,7 @@ def _find_weight(post_off, post_w, f16, q0, cnt, o):
     if n == 1 and post_off[lo] < o:
         lo += 1
     if lo < q0 + cnt and post_off[lo] == o:
-        return f16[post_w[lo]]
+        return f16_value(f16, post_w[lo])
     return np.float32(0.0)
 
 
@@ -460,7 +460,7 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
                     return
             for q in range(q0, q0 + cnt):
                 o = np.int64(post_off[q])
-                s = acc[o] + w * f16[post_w[q]]
+                s = acc[o] + w * f16_value(f16, post_w[q])
                 acc[o] = s
                 mx = max(mx, s)
             n_stream += cnt
@@ -579,7 +579,7 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
                 else:  # stream the run: the dead docs' sums are never read again
                     n_stream += cnt
                     for q in range(q0, q0 + cnt):
-                        acc[post_off[q]] += w * f16[post_w[q]]
+                        acc[post_off[q]] += w * f16_value(f16, post_w[q])
                 # never below 0 here, whatever the rounding (a dead sub-block at 0 still keeps none of
                 # its docs: their sums are below thr on their own)
                 if has_sub:

@@ -11,6 +11,7 @@ from numba import njit
 
 from ..layout import TAAT_WINDOW_DOCS
 from .heap import push
+from .simd import f16_value
 from .verify import check_run
 
 #: documents per branch-free count of the heap pass (see :func:`_taat_segment`)
@@ -25,9 +26,11 @@ def _taat_segment(q_j, q_w, seg, allowed, ref_base, top, acc, chk):
     Per window and query term (in query-term order) the term's (block, count) pairs in the
     window are walked with one cursor per term and their postings added into ``acc``: no branch
     per posting, unsigned indices (numba adds a negative-index check to every signed one: with
-    them this loop took 1.7x as long). The float16 weights are decoded by the 256 KiB table:
-    widening them in registers (exponent re-bias, subnormal scaling, selects) took 2.3x as long
-    on this machine (AMD EPYC, 2026-11-27, ``python -m benchmarks.profile_engine``). Each window's bound (the sum over terms of
+    them this loop took 1.7x as long). The float16 weights are widened by the CPU's conversion
+    instruction (:func:`.simd.f16_value`, F16C): 0.85x the time of lookups in the 256 KiB table,
+    which miss the L1 cache (the table stays where the CPU has no such instruction); widening them
+    in integer registers (exponent re-bias, subnormal scaling, selects) took 2.3x as long (AMD
+    EPYC, 2026-11-27). Each window's bound (the sum over terms of
     query weight x the term's highest block maximum there) is summed on the way; when it is below
     the k-th score no doc of the window can enter the heap and the window is only counted (hit
     docs) and zeroed, else a branch-free count of the docs at or above the k-th score decides
@@ -77,7 +80,7 @@ def _taat_segment(q_j, q_w, seg, allowed, ref_base, top, acc, chk):
                 base = np.uint64((np.int64(pair_block[p]) - w0) << bshift)
                 c = np.int64(pair_cnt[p]) + 1
                 for qq in range(np.uint64(q), np.uint64(q + c)):
-                    acc[base + np.uint64(post_off[qq])] += w * f16[post_w[qq]]
+                    acc[base + np.uint64(post_off[qq])] += w * f16_value(f16, post_w[qq])
                 mx = max(mx, pair_max[p])
                 q += c
                 p += 1
