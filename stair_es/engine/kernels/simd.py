@@ -95,3 +95,45 @@ def _add_scaled4(typingctx, dst, di, src, si, a):
 
     return sig, codegen
 
+
+
+#: postings per call of :func:`_scatter_add8`
+SCATTER_LANES = 8
+
+
+@intrinsic
+def _scatter_add8(typingctx, acc, base, post_off, post_w, q, w):
+    """``acc[base + post_off[q + l]] += w * float32(post_w[q + l])`` for the 8 postings ``l < 8``
+    (float16 weight bits; their offsets distinct, as within one (term, block) run): the offsets and
+    weights are loaded as two vectors, widened and multiplied as one, then each lane is added to
+    its accumulator with scalar loads and stores -- the multiply, then the add, as the scalar loop
+    rounds them. Needs the CPU's float16 conversion (:data:`HAVE_F16C`).
+
+    Why: the scalar loop spends 4 memory operations a posting (offset, weight, accumulator load
+    and store); this one 2.25. 8 lanes ran 0.92x the scalar F16C loop's time on the 100k Zipf
+    corpus, 4 lanes 0.99x, 16 lanes 1.05x; AVX-512 gather and scatter of 8 or 16 lanes 1.6x (Zen 4
+    scatters slowly) (AMD EPYC, 2026-11-27)."""
+    sig = types.void(acc, base, post_off, post_w, q, w)
+    n = SCATTER_LANES
+
+    def codegen(context, builder, signature, args):
+        aty, _, oty, wty, _, _ = signature.args
+        a = context.make_array(aty)(context, builder, args[0])
+        o = context.make_array(oty)(context, builder, args[2])
+        wa = context.make_array(wty)(context, builder, args[3])
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        fv = ir.VectorType(f32, n)
+        op = builder.bitcast(cgutils.get_item_pointer(context, builder, oty, o, [args[4]]), ir.VectorType(ir.IntType(8), n).as_pointer())
+        wp = builder.bitcast(cgutils.get_item_pointer(context, builder, wty, wa, [args[4]]), ir.VectorType(ir.IntType(16), n).as_pointer())
+        offs = builder.zext(builder.load(op, align=1), ir.VectorType(i64, n))
+        vals = builder.fpext(builder.bitcast(builder.load(wp, align=2), ir.VectorType(ir.HalfType(), n)), fv)
+        wv = builder.insert_element(ir.Constant(fv, ir.Undefined), args[5], i32(0))
+        wv = builder.shuffle_vector(wv, ir.Constant(fv, ir.Undefined), ir.Constant(ir.VectorType(i32, n), [0] * n))
+        prod = builder.fmul(wv, vals)
+        bp = cgutils.get_item_pointer(context, builder, aty, a, [args[1]])
+        for lane in range(n):
+            p = builder.gep(bp, [builder.extract_element(offs, i32(lane))])
+            builder.store(builder.fadd(builder.load(p, align=4), builder.extract_element(prod, i32(lane))), p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
