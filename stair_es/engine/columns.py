@@ -41,7 +41,7 @@ def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
-    return bytes(blob[offs[i]:offs[i + 1]]).decode("utf-8")
+    return blob[offs[i]:offs[i + 1]].tobytes().decode("utf-8")  # (bytes(slice) took 3x as long: the buffer protocol)
 
 
 # --- the columnar batch a segment is built from ----------------------------------------------------

@@ -64,7 +64,7 @@ from .segment import (
     merge_segments,
     segment_capacity,
 )
-from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum,
+from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum, manifest_file,
                        missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
                        validate_manifest, writer_version)
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
@@ -260,7 +260,7 @@ class EngineIndex(Searcher):
 
     # --- manifest ---------------------------------------------------------------------------------
     def _stat_sig(self) -> tuple:
-        st = os.stat(self.path / MANIFEST)
+        st = os.stat(manifest_file(self.path))
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _load(self) -> None:

