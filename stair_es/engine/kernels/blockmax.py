@@ -8,7 +8,7 @@ from numba import njit
 
 from ..layout import SUB_BLOCKS, SUB_FRACTIONS
 from .heap import push
-from .simd import _add_scaled4, _prefetch, f16_value
+from .simd import HAVE_F16C, SCATTER_LANES, _add_scaled4, _prefetch, _scatter_add8, f16_value
 from .verify import check_run, prepare_terms
 
 LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
@@ -578,8 +578,13 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
                             acc[o] += w * y
                 else:  # stream the run: the dead docs' sums are never read again
                     n_stream += cnt
-                    for q in range(q0, q0 + cnt):
-                        acc[post_off[q]] += w * f16_value(f16, post_w[q])
+                    q = q0
+                    if HAVE_F16C:  # 8 postings at a time, as TAAT (offsets in a run are distinct)
+                        while q + SCATTER_LANES <= q0 + cnt:
+                            _scatter_add8(acc, 0, post_off, post_w, q, w)
+                            q += SCATTER_LANES
+                    for r in range(q, q0 + cnt):
+                        acc[post_off[r]] += w * f16_value(f16, post_w[r])
                 # never below 0 here, whatever the rounding (a dead sub-block at 0 still keeps none of
                 # its docs: their sums are below thr on their own)
                 if has_sub:
