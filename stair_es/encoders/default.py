@@ -26,7 +26,7 @@ from .imagenet import ImageNetLabelEncoder
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene", "objects")
 #: the sources every install of the ``encoders`` extra can run (``scene``, numpy only, became a
 #: default with token map v3: it gives photos sky, clouds, water, trees, snow, night words)
 BASE_SOURCES = ("imagenet", "colour", "clipart", "scene")
@@ -95,6 +95,8 @@ class DefaultEncoder(Encoder):
         ocr: str | None = None,
         scene: str | None = None,
         people: str | None = None,
+        objects: str | None = None,
+        objects_model: str | None = None,
         query_idf: bool = True,
         grounding: Any = "on",
         vocab: Vocabulary | None = None,
@@ -174,6 +176,13 @@ class DefaultEncoder(Encoder):
                                        allow_version_mismatch, "image vectors from the two are not comparable")
             except EncoderVersionError as e:
                 self._people_version_error = e  # text queries never read pictures: only image encoding is refused
+        self.objects = None
+        if "objects" in self.sources:  # COCO things and people counts from a detector (stair_es/encoders/objects.py)
+            from .objects import ObjectsSource
+
+            self.objects = ObjectsSource(model=objects_model, runtime=runtime, vocab=self.vocab)  # loaded on first image
+            check_recorded_version("the objects token source", objects, self.objects.version, allow_version_mismatch,
+                                   "image vectors from the two are not comparable")
         self.ocr = None
         self._ocr_version_error: EncoderVersionError | None = None
         if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
@@ -225,6 +234,8 @@ class DefaultEncoder(Encoder):
             cfg["scene"] = self.scene.version
         if self.people is not None:
             cfg["people"] = self.people.version
+        if self.objects is not None:
+            cfg["objects"] = self.objects.version
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
@@ -281,12 +292,12 @@ class DefaultEncoder(Encoder):
 
     def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None, dict[int, str]]:
         """What one chunk needs from its pixels besides the classifier: the classifier's input,
-        the pixel-only sources (colour, people, ocr), the clip-art drawing gate and the
+        the pixel-only sources (colour, scene, people, objects, ocr), the clip-art drawing gate and the
         pictures OCR failed on (index in the chunk -> reason)."""
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
-        if self.clipart is not None or self.ocr is not None or self.scene is not None or self.people is not None:
+        if any(s is not None for s in (self.clipart, self.ocr, self.scene, self.people, self.objects)):
             # one drawing score serves all
             from .clipart import drawing_gate, drawing_score
 
@@ -301,6 +312,9 @@ class DefaultEncoder(Encoder):
                 sides[i]["scene"] = self.scene.encode(small, scores[i] if scores is not None else None)
             if self.people is not None:
                 sides[i]["people"] = self.people.encode(im, scores[i] if scores is not None else None)
+        if self.objects is not None:  # one detector batch per chunk; drawings skipped
+            for i, v in enumerate(self.objects.encode_many(chunk, scores)):
+                sides[i]["objects"] = v
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
             for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
@@ -345,7 +359,7 @@ class DefaultEncoder(Encoder):
                     parts = {"imagenet": self.image_encoder.vector_from_probabilities(p)}
                     if c is not None:
                         parts["clipart"] = c
-                    parts.update(side)  # colour, people, ocr
+                    parts.update(side)  # colour, scene, people, objects, ocr
                     yield parts
                 bar.update(len(chunk))
 
@@ -363,6 +377,8 @@ class DefaultEncoder(Encoder):
             out.append("scene")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
+        if self.objects is not None and token in self.objects.tokens:
+            out.append("objects")
         if self.ocr is not None and self.ocr.can_read(token):
             out.append("ocr")
         return out
