@@ -21,7 +21,7 @@ sources, ``w = log(1 + 10 * share)``.
 
 The model runs as a PyTorch module made from the TensorFlow.js graph
 (:mod:`stair_es.encoders.tfjs_graph`), exported once to ONNX and cached like every tower
-(:mod:`stair_es.encoders.runtime`). It costs about 60 ms of CPU per picture at 320 px on one
+(:mod:`stair_es.encoders.runtime`). It costs about 50 ms of CPU per picture at 320 px on one
 core -- more than the rest of the image side together -- so it is off by default: enable it
 with ``--encoder-option sources=imagenet,colour,clipart,ocr,scene,objects``. The index records
 ``objects: VERSION`` (source rules + token map), so vectors from another detector or map are
@@ -245,7 +245,7 @@ class ObjectsSource:
     @property
     def version(self) -> str:
         """Recorded in an index's config: the rules, the input size, threshold and gain, and the token map."""
-        return (f"objects-v{SOURCE_VERSION}-s{self.size}-t{self.threshold:g}-g{self.gain:g}:{self.map_version}")
+        return f"objects-v{SOURCE_VERSION}-s{self.size}-t{self.threshold:g}-g{self.gain:g}:{self.map_version}"
 
     def _row(self, tokens: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         ids = [(self.vocab.get(t), float(s)) for t, s in tokens.items()]
@@ -296,6 +296,8 @@ class ObjectsSource:
                          sample=sample, input_names=["images"], output_names=["peaks", "person"],
                          dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
                          tolerance=1e-3, extra_key=f"size{size}", parallel=True)
+        # (a static int8 tower made as the classifier's is, calibrated on the same photos, moved the
+        # heatmaps by up to 0.44: not offered)
         tower = resolve_tower(spec, runtime_choice(self.runtime))
         if tower is not None:
             return lambda x: tower.run_parallel({"images": x})

@@ -222,7 +222,7 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                 inp = _same_pad(F, inp, w.shape[2], w.shape[3], strides[1], strides[2], dil[1], dil[2])
             elif _text(attr, "padding") != "VALID":
                 raise ModelError(f"{model_json}: padding {_text(attr, 'padding')!r} is not supported")
-            groups = inp.shape[1] if "Depthwise" in op else 1
+            groups = int(inp.shape[1]) if "Depthwise" in op else 1
             y = F.conv2d(inp, w, None, (strides[1], strides[2]), 0, (dil[1], dil[2]), groups)
             for fused in _texts(attr, "fused_ops"):
                 if fused == "BiasAdd":
@@ -263,7 +263,7 @@ def _declared_hw(nodes: dict[str, dict[str, Any]]) -> tuple[int, int] | None:
 def _same_pad(F: Any, x: Any, kh: int, kw: int, sh: int, sw: int, dh: int = 1, dw: int = 1,
               value: float = 0.0) -> Any:
     """TensorFlow's SAME padding: output = ceil(input / stride), the odd extra pixel at the end."""
-    h, w = x.shape[2], x.shape[3]
+    h, w = int(x.shape[2]), int(x.shape[3])  # ints: an exported graph pads by constants, not shape arithmetic
     ph = max((-(-h // sh) - 1) * sh + (kh - 1) * dh + 1 - h, 0)
     pw = max((-(-w // sw) - 1) * sw + (kw - 1) * dw + 1 - w, 0)
     if not ph and not pw:
@@ -279,7 +279,7 @@ def _legacy_resize(torch: Any, x: Any, out_h: int, out_w: int) -> Any:
         lo = src.floor().long().clamp(max=size - 1)
         return lo, (lo + 1).clamp(max=size - 1), src - lo.float()
 
-    lo, hi, f = taps(out_h, x.shape[2])
+    lo, hi, f = taps(out_h, int(x.shape[2]))
     x = x[:, :, lo] * (1 - f).view(1, 1, -1, 1) + x[:, :, hi] * f.view(1, 1, -1, 1)
-    lo, hi, f = taps(out_w, x.shape[3])
+    lo, hi, f = taps(out_w, int(x.shape[3]))
     return x[:, :, :, lo] * (1 - f).view(1, 1, 1, -1) + x[:, :, :, hi] * f.view(1, 1, 1, -1)
