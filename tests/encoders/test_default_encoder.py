@@ -217,3 +217,13 @@ def test_people_source_without_opencv_names_the_extra(monkeypatch):
     monkeypatch.setattr(people, "opencv_available", lambda: False)
     with pytest.raises(MissingDependencyError, match=r"stair-es\[people\]"):
         DefaultEncoder(text="bow", sources=["imagenet", "people"])
+
+
+def test_grounded_text_side_builds_and_round_trips():
+    """``text="grounded"`` used to fail at construction (the default encoder passes ``grounding``)."""
+    from stair_es.encoders import get_encoder
+
+    enc = get_encoder("default", text="grounded")
+    vec = enc.encode_texts(["a drake on a pond"])[0].to_token_map()
+    assert {"drake", "duck", "pond"} <= set(vec)
+    assert get_encoder(**enc.config()).config() == enc.config()
