@@ -216,6 +216,26 @@ def _local_peaks(heat: np.ndarray, threshold: float) -> int:
     return int(np.count_nonzero((heat >= neighbours) & (heat >= threshold)))
 
 
+def _detector_module(model_json: Path) -> Any:
+    """The detector as a torch module: images -> (each class's heatmap peak, the person heatmap)."""
+    import torch
+
+    from .tfjs_graph import graph_module
+
+    graph = graph_module(model_json, [KEYPOINTS])
+
+    class Detector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph = graph
+
+        def forward(self, images: Any) -> Any:
+            heat = self.graph(images)[0]
+            return heat.amax(dim=(2, 3)), heat[:, 0]
+
+    return Detector().eval()
+
+
 class ObjectsSource:
     """Image -> COCO object token weights (see the module docstring)."""
 
@@ -263,45 +283,35 @@ class ObjectsSource:
                 self._run = self._load()
             return self._run
 
-    def _load(self) -> Any:
-        from .runtime import TowerSpec, resolve_tower, runtime_choice
+    def tower_spec(self) -> Any:
+        """The detector as a :class:`~stair_es.encoders.runtime.TowerSpec` (fetching its files
+        first when needed); ``stair-es encoders export`` exports it ahead of first use."""
+        from .runtime import TowerSpec
 
         folder = model_folder(self.model)
         model_json = folder / "centernet.json"
         size = self.size
 
-        def build() -> Any:
-            import torch
-
-            from .tfjs_graph import graph_module
-
-            graph = graph_module(model_json, [KEYPOINTS])
-
-            class Head(torch.nn.Module):
-                def __init__(self) -> None:
-                    super().__init__()
-                    self.graph = graph
-
-                def forward(self, images: Any) -> Any:
-                    heat = self.graph(images)[0]
-                    return heat.amax(dim=(2, 3)), heat[:, 0]
-
-            return Head().eval()
-
         def sample() -> dict[str, np.ndarray]:
             rng = np.random.default_rng(0)
             return {"images": (rng.random((2, 3, size, size)) * 255).astype(np.float32)}
 
-        spec = TowerSpec(kind="coco-centernet", weight_files=[model_json, folder / "centernet.bin"], build=build,
-                         sample=sample, input_names=["images"], output_names=["peaks", "person"],
-                         dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
-                         tolerance=1e-3, extra_key=f"size{size}", parallel=True)
         # (a static int8 tower made as the classifier's is, calibrated on the same photos, moved the
         # heatmaps by up to 0.44: not offered)
+        return TowerSpec(kind="coco-centernet", weight_files=[model_json, folder / "centernet.bin"],
+                         build=lambda: _detector_module(model_json), sample=sample, input_names=["images"],
+                         output_names=["peaks", "person"],
+                         dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
+                         tolerance=1e-3, extra_key=f"size{size}", parallel=True)
+
+    def _load(self) -> Any:
+        from .runtime import resolve_tower, runtime_choice
+
+        spec = self.tower_spec()
         tower = resolve_tower(spec, runtime_choice(self.runtime))
         if tower is not None:
             return lambda x: tower.run_parallel({"images": x})
-        module = build()
+        module = spec.build()
 
         def run_torch(x: np.ndarray) -> list[np.ndarray]:
             import torch

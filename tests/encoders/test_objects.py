@@ -323,6 +323,7 @@ def test_the_real_detector_finds_the_person_and_the_cup(photos):
     if folder is None:
         pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
     src = obj.ObjectsSource(model=str(folder))
+    assert src.tower_spec().kind == "coco-centernet"  # what `stair-es encoders export` prepares
     astronaut, coffee = src.encode_many([photos["astronaut"], photos["coffee"]], [0.0, 0.0])
     assert "person" in astronaut.to_token_map()
     assert "cup" in coffee.to_token_map()
