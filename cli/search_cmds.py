@@ -120,7 +120,8 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
 @click.argument("text", required=False)
 @query_options
 @click.option("--explain", "explain_hits", is_flag=True,
-              help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score).")
+              help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score) and, "
+                   "on the embedded engine, which exact strategy searched each segment and why.")
 @hybrid_options
 @encoder_options(default=None)
 @json_option
