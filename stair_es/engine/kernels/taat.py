@@ -97,39 +97,50 @@ def _taat_segment(q_j, q_w, seg, allowed, ref_base, top, acc, chk):
         d0 = w0 << bshift
         m = min(w1 << bshift, n_docs) - d0
         if not full or bound * slack >= thr:
-            # the heap pass, 256 docs at a time: a branch-free count of the docs that may enter
-            # the heap (most runs of 256 have none once it is full), then those runs walked
+            # the heap pass, 256 docs at a time: one branch-free pass counts the docs hit (for the
+            # total) and those that may enter the heap (most runs of 256 have none once it is
+            # full), the runs with some are walked, then each run is zeroed while in cache
             for o0 in range(0, m, SCAN_DOCS):
                 part = acc[o0:min(o0 + SCAN_DOCS, m)]
                 hit = 0
+                if use_mask:
+                    ok = allowed[d0 + o0:d0 + o0 + part.size]
+                    for o in range(part.size):
+                        s = part[o]
+                        matched += (s > 0) & (ok[o] != 0)
+                        hit += (s > 0) & (s >= thr)
+                else:
+                    for o in range(part.size):
+                        s = part[o]
+                        matched += s > 0
+                        hit += (s > 0) & (s >= thr)
+                if hit > 0:
+                    for o in range(part.size):
+                        s = part[o]
+                        if s <= 0 or (full and s < thr):
+                            continue
+                        d = d0 + o0 + o
+                        if use_mask and not allowed[d]:
+                            continue
+                        push(top, s, seq[d], ref_base + d)
+                        if not full and state[0] >= k:
+                            full = True
+                        if full:
+                            thr = hs[0]
                 for o in range(part.size):
-                    s = part[o]
-                    hit += (s > 0) & (s >= thr)
-                if hit == 0:
-                    continue
-                for o in range(part.size):
-                    s = part[o]
-                    if s <= 0 or (full and s < thr):
-                        continue
-                    d = d0 + o0 + o
-                    if use_mask and not allowed[d]:
-                        continue
-                    push(top, s, seq[d], ref_base + d)
-                    if not full and state[0] >= k:
-                        full = True
-                    if full:
-                        thr = hs[0]
-        # count the hit docs and zero the window (branch-free)
-        win = acc[:m]
-        if use_mask:
-            ok = allowed[d0:d0 + m]
-            for o in range(m):
-                matched += (win[o] > 0) & (ok[o] != 0)
-                win[o] = 0.0
+                    part[o] = 0.0
         else:
-            for o in range(m):
-                matched += win[o] > 0
-                win[o] = 0.0
+            # no doc of the window can enter the heap: count the hit docs and zero it (branch-free)
+            win = acc[:m]
+            if use_mask:
+                ok = allowed[d0:d0 + m]
+                for o in range(m):
+                    matched += (win[o] > 0) & (ok[o] != 0)
+                    win[o] = 0.0
+            else:
+                for o in range(m):
+                    matched += win[o] > 0
+                    win[o] = 0.0
     state[1] += matched
     nb = b_hi - b_lo if b_hi > b_lo else 0
     state[3] += nb
