@@ -98,3 +98,18 @@ def test_cli_json_and_explain_show_the_plan(tmp_path, run):
     assert len(searched) == 1 and f": {seg['strategy']} ({seg['chosen_by']}): " in searched[0], r.output
     plain = run("search", "plans", "--tokens", tokens, "--top-k", "3")
     assert "searched " not in plain.output  # only with --explain
+
+
+def test_a_segment_split_over_threads_says_so(tmp_path, monkeypatch):
+    from stair_es.engine import searcher as searcher_mod
+
+    monkeypatch.setattr(searcher_mod, "SPLIT_MIN_DOCS", 0)  # a small segment: split it anyway
+    ix = _build(tmp_path / "ix", 3000)
+    ix.numpy_max_postings = 0
+    ix.strategy = "blockmax"
+    want = [(h.id, h.score) for h in ix.search(_request()).hits]
+    res = ix.search(_request(), threads=2)
+    assert [(h.id, h.score) for h in res.hits] == want
+    (seg,) = res.plan.to_dict()["segments"]
+    assert (seg["strategy"], seg["chosen_by"]) == ("blockmax", "forced")
+    assert seg["reason"].endswith("split over 2 threads by block ranges") and seg["estimates"]["postings"] > 0
