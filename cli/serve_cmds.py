@@ -86,6 +86,9 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Make each embedded index's first queries as fast as its hundredth: map its pages, verify its "
                    "checksums and load the search kernels when it is opened (about 0.5 s per million documents at "
                    "start; the same as STAIR_ES_WARM=1).")
+@click.option("--debug-stats", is_flag=True,
+              help="Keep where each recent request's time went and answer it at GET /debug/stats (the phases of "
+                   "searches, shed answers, event-loop stalls; behind the API key when one is set). Off by default.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
@@ -94,7 +97,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
           max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
-          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, log_level, encoder, model, encoder_opts,
+          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
           backend) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
@@ -132,7 +135,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          allowed_hosts=list(allowed_hosts), public_docs=public_docs,
                          request_timeout=request_timeout or None, max_in_flight=max_in_flight,
                          max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
-                         worker_nice=worker_nice)
+                         worker_nice=worker_nice, debug_stats=debug_stats)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

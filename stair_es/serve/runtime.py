@@ -25,6 +25,7 @@ from .jsonbody import caps_of, parse_capped
 from .middleware import PARSED_JSON
 from .security import AuthError, key_from_headers, key_matches
 from .service import ServeConfig, Service
+from .stats import ServeStats
 
 
 class Runtime:
@@ -42,6 +43,7 @@ class Runtime:
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-aside")
+        self.stats = ServeStats() if config.debug_stats else None
 
     async def run(self, fn: Callable, *args: Any) -> Any:
         """A request's work: admitted, queued first come first served, under --request-timeout."""
@@ -53,21 +55,23 @@ class Runtime:
         queued behind a minute of searches would call a busy server dead). One thread of its own."""
         return await asyncio.get_running_loop().run_in_executor(self._aside, functools.partial(fn, *args))
 
-    async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing]:
+    async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing, tuple[float, float, float, float]]:
+        """The JSON answer of one search, its :class:`~.batching.Timing` and its search's own
+        (engine wall, engine CPU, answer wall, answer CPU) in seconds."""
         adm = self.admission
         adm.enter()
         try:
             t0 = time.monotonic()
             submitted = self.batcher().submit(body)
             if adm.request_timeout is None:
-                payload, t = await submitted
+                (payload, detail), t = await submitted
             else:
                 try:
-                    payload, t = await asyncio.wait_for(submitted, adm.request_timeout)
+                    (payload, detail), t = await asyncio.wait_for(submitted, adm.request_timeout)
                 except asyncio.TimeoutError:  # the batcher drops it if it has not started
                     raise adm.timeout(time.monotonic() - t0, started=None) from None
             adm.observe(t.run + t.prepare / max(1, t.size))
-            return payload, t
+            return payload, t, detail
         finally:
             adm.leave()
 
@@ -93,7 +97,7 @@ class Runtime:
         if not self._batchers:
             svc, config = self.service, self.config
             # the answer's JSON is made on the search thread too, not on the event loop
-            self._batchers.append(Batcher(svc.prepare_searches, lambda p: dumps(svc.run_search(p)),
+            self._batchers.append(Batcher(svc.prepare_searches, functools.partial(svc.run_search_json, dumps=dumps),
                                           workers=config.workers, max_batch=config.max_batch,
                                           window=config.batch_window_ms / 1000.0, name="stair-es-search",
                                           thread_init=functools.partial(lower_thread_priority, config.worker_nice)))

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class ServeConfig:
     batching: str = "auto"
     max_batch: int = 16  # searches prepared together (their query texts encoded in one call)
     batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
+    debug_stats: bool = False  # GET /debug/stats: where the recent requests' time went (stair_es.serve.stats)
 
     def batches_searches(self, in_process: bool) -> bool:
         """Whether /v1/search goes through the batching queue, for a backend that searches
@@ -510,6 +512,18 @@ class Service:
     def run_search(self, p: PreparedSearch) -> dict[str, Any]:
         """The answer of one prepared search (see :meth:`prepare_searches`)."""
         return self._answer(p, self.backend.search(p.index, p.request))
+
+    def run_search_json(self, p: PreparedSearch, dumps) -> tuple[bytes, tuple[float, float, float, float]]:
+        """The answer of one prepared search as JSON (``dumps``), made on the calling thread, and
+        where its time went (seconds): the backend's search (wall, this thread's CPU) and the
+        answer's dicts and JSON (wall, CPU). Wall minus CPU is time the thread waited, for the
+        GIL or for a core."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        result = self.backend.search(p.index, p.request)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        payload = dumps(self._answer(p, result))
+        t2, c2 = time.perf_counter(), time.thread_time()
+        return payload, (t1 - t0, c1 - c0, t2 - t1, c2 - c1)
 
     # --- what leaves the server: no absolute server paths ------------------------------------------
     def _server_paths(self) -> list[tuple[str, str]]:
