@@ -39,7 +39,8 @@ class Runtime:
         self.config, self.service = config, service
         self.admission = Admission(config.workers, config.max_queue, config.request_timeout,
                                    worker_nice=config.worker_nice)
-        self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes)
+        self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes,
+                                  allow_private=config.allow_private_urls)
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-aside")

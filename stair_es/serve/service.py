@@ -46,6 +46,7 @@ class ServeConfig:
     encoder_options: dict[str, Any] = field(default_factory=dict)
     image_roots: Sequence[str] = ()
     allow_image_urls: bool = False
+    allow_private_urls: bool = False  # image URLs may reach loopback/private/link-local/... addresses (trusted networks)
     api_key: str | None = field(default=None, repr=False)
     workers: int = 2  # encode/search calls running at once
     max_queue: int = 64  # requests waiting for a worker before the server answers 429 (stair_es.serve.admission)
@@ -92,7 +93,7 @@ class ServeConfig:
     def describe(self) -> dict[str, Any]:
         """For logs and /readyz: no key, no backend credentials."""
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
-                "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
+                "allow_image_urls": self.allow_image_urls, "allow_private_urls": self.allow_private_urls, "workers": self.workers, "api_key": bool(self.api_key),
                 "max_queue": self.max_queue, "request_timeout": self.request_timeout,
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
@@ -182,6 +183,7 @@ class Service:
         self.backend = backend if backend is not None else get_backend(config.backend, **config.backend_options)
         self._commits = _CommitCache(self.backend)
         self.policy = ImagePolicy(ImageRoots(config.image_roots), allow_urls=config.allow_image_urls,
+                                  allow_private_urls=config.allow_private_urls,
                                   max_image_bytes=config.max_image_bytes)
         self._lock = threading.Lock()
         self._encoders: dict[str, Encoder] = {}

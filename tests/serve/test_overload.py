@@ -329,7 +329,7 @@ def trickle():
 
 
 def test_slow_image_urls_hold_neither_encoding_nor_search(home, image_root, trickle):
-    app = create_app(make_config(home, image_root, allow_image_urls=True, workers=1, max_url_fetches=2,
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, workers=1, max_url_fetches=2,
                                  url_timeout=2.0, load_encoder_at_start=False))
     url = f"http://127.0.0.1:{trickle.port}/slow.png"
 
@@ -393,7 +393,7 @@ def upstream():
 
 def test_redirects_are_rechecked_and_credentials_never_echoed(home, image_root, upstream):
     base = f"http://127.0.0.1:{upstream.server_port}"
-    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, load_encoder_at_start=False))
 
     async def main():
         async with asgi(app) as http:
@@ -422,7 +422,7 @@ def test_url_fetches_never_run_on_a_worker(home, image_root, upstream, monkeypat
         raise AssertionError("an image URL was fetched on a worker thread")
 
     monkeypatch.setattr(inputs, "fetch_blocking", no)
-    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, load_encoder_at_start=False))
     url = f"http://127.0.0.1:{upstream.server_port}/ok.png"
 
     async def main():
