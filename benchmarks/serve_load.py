@@ -69,6 +69,9 @@ from benchmarks.common import Timer, git_commit, percentiles
 from benchmarks.corpora import CACHE_DIR, CorpusSpec, load_corpus
 
 FIELD = "image"
+#: The Python and folder the server runs with (``--server-python``, ``--server-cwd``): another
+#: checkout's server can be measured with this benchmark's own generator and summary.
+SERVER = {"python": sys.executable, "cwd": None}
 
 
 def build_index(home: Path, name: str, n_docs: int):
@@ -143,12 +146,12 @@ def start_server(home: Path, index: str, workers: int, batching: str = "auto", m
                  window_ms: float = 0.0, max_queue: int = 1000, extra: list[str] | None = None
                  ) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
+    proc = subprocess.Popen([SERVER["python"], "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
                              "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue",
                              str(max_queue), "--batching", batching, "--batch-window-ms", str(window_ms),
                              "--log-level", "warning"]
                             + (["--max-batch", str(max_batch)] if max_batch else []) + (extra or []),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=SERVER["cwd"])
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -545,7 +548,8 @@ def open_loop_main(args) -> None:
     print(f"# stair-es serve open-loop load: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
           f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
-          f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
+          f"{args.server_args or 'no other server options'}, server code {args.server_cwd or 'this checkout'}, "
+          f"top_k {args.top_k}, "
           f"{args.seconds:g} s per rate in {args.rounds} slices", flush=True)
     print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
           "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
@@ -675,8 +679,12 @@ def main() -> None:
                          "server's cores; its lateness is counted in the latencies, and reported apart).")
     ap.add_argument("--generator-cpus", default="",
                     help="Open loop: pin the load generator to these CPUs (comma-separated ids; default: any).")
+    ap.add_argument("--server-python", default=sys.executable,
+                    help="Open loop: the Python that runs the server (e.g. another checkout's .venv/bin/python).")
+    ap.add_argument("--server-cwd", help="Open loop: the folder the server runs in (another checkout, to compare).")
     ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
     args = ap.parse_args()
+    SERVER.update(python=args.server_python, cwd=args.server_cwd)
     if args.open_loop:
         args.max_queue = 64 if args.max_queue is None else args.max_queue
         args.batching = args.batching or "auto"

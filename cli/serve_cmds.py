@@ -45,6 +45,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
               help="Requests that may wait for a worker, first come first served; more get 429 at once, with "
                    "Retry-After (seconds) and Retry-After-Ms.")
+@click.option("--max-queue-ms", default=0.0, show_default=True, type=click.FloatRange(0, 3_600_000),
+              help="Also answer 429 at once when the requests ahead would take longer than this to drain (requests "
+                   "ahead x mean service time / workers): the queue follows the server's speed of the moment "
+                   "(0: off, only --max-queue counts).")
 @click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000000),
@@ -101,8 +105,8 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file, default_index, workers,
-          max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
+def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file,
+          default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, gil_switch_ms, debug_stats, log_level, encoder, model, encoder_opts,
@@ -138,7 +142,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
     config = ServeConfig(backend=backend.name, encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
                          image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
                          allow_private_urls=allow_private_urls,
-                         workers=workers, max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                         workers=workers, max_queue=max_queue, max_queue_ms=max_queue_ms or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
                          max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
                          body_timeout=body_timeout, default_index=default_index, batching=batching,
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,

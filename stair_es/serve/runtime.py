@@ -38,7 +38,7 @@ class Runtime:
     def __init__(self, config: ServeConfig, service: Service):
         self.config, self.service = config, service
         self.admission = Admission(config.workers, config.max_queue, config.request_timeout,
-                                   worker_nice=config.worker_nice)
+                                   worker_nice=config.worker_nice, max_wait_ms=config.max_queue_ms)
         self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes,
                                   allow_private=config.allow_private_urls)
         self.batching = config.batches_searches(service.backend.in_process)

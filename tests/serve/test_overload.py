@@ -485,3 +485,37 @@ def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog)
     held, busy, ready = asyncio.run(main())
     assert held.status_code == 200 and busy.status_code == 429
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+def test_max_queue_ms_sheds_when_the_wait_ahead_exceeds_the_budget():
+    """The queue follows the server's speed: with 2 requests admitted on 1 worker at a mean
+    service time of 100 ms, the next would wait about 200 ms; a 150 ms budget refuses it at
+    once (429, naming --max-queue-ms) though --max-queue has room, and lets it in once the
+    service times are short again."""
+    from stair_es.serve.admission import Admission
+
+    adm = Admission(workers=1, max_queue=64, max_wait_ms=150)
+    try:
+        adm._mean_s = 0.100
+        adm.enter()
+        adm.enter()
+        assert adm.expected_wait_ms() == 200 and adm.full()
+        with pytest.raises(Exception) as e:
+            adm.enter()
+        assert "--max-queue-ms 150" in str(e.value) and e.value.retry_after_ms >= 200
+        adm.observe(0.0)
+        for _ in range(40):  # faster service: the same queue is now within the budget
+            adm.observe(0.010)
+        assert not adm.full()
+        adm.enter()
+        assert adm.admitted == 3
+    finally:
+        adm.close()
+    off = Admission(workers=1, max_queue=64)
+    try:
+        off._mean_s = 10.0
+        for _ in range(5):
+            off.enter()
+        assert not off.full()  # without a budget, only --max-queue counts
+    finally:
+        off.close()
