@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -95,9 +94,6 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Make each embedded index's first queries as fast as its hundredth: map its pages, verify its "
                    "checksums and load the search kernels when it is opened (about 0.5 s per million documents at "
                    "start; the same as STAIR_ES_WARM=1).")
-@click.option("--gil-switch-ms", default=5.0, show_default=True, type=click.FloatRange(0.05, 100),
-              help="How long a Python thread may hold the GIL while another waits for it (sys.setswitchinterval): "
-                   "shorter lets the event loop accept, shed and answer sooner while search threads run Python code.")
 @click.option("--debug-stats", is_flag=True,
               help="Keep where each recent request's time went and answer it at GET /debug/stats (the phases of "
                    "searches, shed answers, event-loop stalls; behind the API key when one is set). Off by default.")
@@ -109,7 +105,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
           default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
-          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, gil_switch_ms, debug_stats, log_level, encoder, model, encoder_opts,
+          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
           backend) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
@@ -152,7 +148,6 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          request_timeout=request_timeout or None, max_in_flight=max_in_flight,
                          max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
                          worker_nice=worker_nice, debug_stats=debug_stats)
-    sys.setswitchinterval(gil_switch_ms / 1000)  # process-wide: this process is the server
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()
