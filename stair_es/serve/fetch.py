@@ -21,7 +21,6 @@ fetch's deadline: a resolver that hangs costs the fetch its deadline, not its sl
 Environment proxies are not used then (the proxy, not this server, would resolve the name).
 
 This module knows urllib and asyncio, not FastAPI or any encoder.
-
 """
 
 from __future__ import annotations
@@ -140,7 +139,8 @@ def vetted_addresses(host: str, port: int, deadline: float) -> list[str]:
         try:
             addrs = job.result(timeout=left)
         except FutureTimeout:
-            job.add_done_callback(lambda f: f.exception())  # its outcome is nobody's now
+            if not job.cancel():  # still queued behind hung lookups: it never runs; else its outcome is nobody's
+                job.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise socket.timeout("the host name was not resolved in time") from None
         except (OSError, UnicodeError) as e:
             raise ImageError(f"host {shown}: its name cannot be resolved ({type(e).__name__})") from None
