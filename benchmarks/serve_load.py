@@ -69,6 +69,9 @@ from benchmarks.common import Timer, git_commit, percentiles
 from benchmarks.corpora import CACHE_DIR, CorpusSpec, load_corpus
 
 FIELD = "image"
+#: The Python and folder the server runs with (``--server-python``, ``--server-cwd``): another
+#: checkout's server can be measured with this benchmark's own generator and summary.
+SERVER = {"python": sys.executable, "cwd": None}
 
 
 def build_index(home: Path, name: str, n_docs: int):
@@ -143,12 +146,12 @@ def start_server(home: Path, index: str, workers: int, batching: str = "auto", m
                  window_ms: float = 0.0, max_queue: int = 1000, extra: list[str] | None = None
                  ) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
+    proc = subprocess.Popen([SERVER["python"], "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
                              "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue",
                              str(max_queue), "--batching", batching, "--batch-window-ms", str(window_ms),
                              "--log-level", "warning"]
                             + (["--max-batch", str(max_batch)] if max_batch else []) + (extra or []),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=SERVER["cwd"])
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 
@@ -356,7 +359,7 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
     rng = random.Random(seed)
     idle: list[Connection] = []
     opened = 0
-    out: list[tuple[int, float, float]] = []  # (status, ms from due to answer, ms from due to sent)
+    out: list[tuple[int, float, float, str]] = []  # (status, ms from due to answer, ms from due to sent, Server-Timing)
     # a few connections open before the clock starts, as a steady client population would have
     warm = [Connection(u.hostname, u.port) for _ in range(8)]
     await asyncio.gather(*(c.request(raws[i % len(raws)]) for i, c in enumerate(warm)))
@@ -368,14 +371,14 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
         conn = idle.pop() if idle else None
         if conn is None:
             if opened >= max_connections:
-                out.append((-1, float("nan"), 0.0))  # the generator's own limit: counted, never hidden
+                out.append((-1, float("nan"), 0.0, ""))  # the generator's own limit: counted, never hidden
                 return
             conn = Connection(u.hostname, u.port)
             opened += 1
         sent = time.perf_counter()
-        status, _ = await conn.request(raws[k % len(raws)])
+        status, timing = await conn.request(raws[k % len(raws)])
         done = time.perf_counter()
-        out.append((status, (done - due) * 1000, (sent - due) * 1000))
+        out.append((status, (done - due) * 1000, (sent - due) * 1000, timing.decode("latin-1") if status == 200 else ""))
         if status:
             idle.append(conn)
 
@@ -401,20 +404,35 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
 def generator_main(argv: list[str]) -> None:
     """The load generator process: ``--generate open:RATE|closed:CLIENTS URL QUERIES.json SECONDS TOP_K SEED``;
     prints one JSON line of results."""
+    import resource
+
     mode, url, qfile, seconds, top_k, seed = argv
     queries = json.loads(Path(qfile).read_text())
     kind, _, n = mode.partition(":")
+    ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     if kind == "open":
         r = asyncio.run(open_loop(url, queries, float(n), float(seconds), int(top_k), int(seed)))
     else:
         r = asyncio.run(load(url, queries, int(n), float(seconds), int(top_k), 10_000_000))
         r = {"qps": len(r["latencies"]) / r["wall"], "errors": r["errors"], "requests": len(r["latencies"])}
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    # the generator's own CPU (it shares the server's cores): seconds used, over the wall time
+    r["generator_cpu_s"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    r["generator_wall_s"] = time.perf_counter() - t0
     print(json.dumps(r))
 
 
-def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, seed: int, pid: int) -> dict:
-    """The generator in its own process, the server's resident memory sampled meanwhile."""
+def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, seed: int, pid: int,
+                  nice: int = 0, cpus: set[int] | None = None) -> dict:
+    """The generator in its own process (``nice`` steps below this one, on ``cpus`` only if given),
+    the server's resident memory sampled meanwhile and its CPU time counted."""
     import threading
+
+    def place() -> None:  # in the generator's process, before it runs
+        if nice:
+            os.nice(nice)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
 
     samples: list[float] = []
     stop = threading.Event()
@@ -427,17 +445,21 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
+    cpu0 = process_cpu(pid)
     try:
         p = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--generate", mode, url, str(qfile),
                             str(seconds), str(top_k), str(seed)], capture_output=True, text=True,
-                           timeout=seconds + 300, cwd=Path(__file__).resolve().parents[1])
+                           timeout=seconds + 300, cwd=Path(__file__).resolve().parents[1],
+                           preexec_fn=place if (nice or cpus) else None)
     finally:
         stop.set()
         t.join()
+    cpu1 = process_cpu(pid)
     if p.returncode != 0:
         raise SystemExit(f"the load generator failed: {p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["rss_peak_mb"] = max(samples) if samples else None
+    r["server_cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return r
 
 
@@ -451,30 +473,72 @@ def process_rss_mb(pid: int) -> float | None:
     return None
 
 
+#: The Server-Timing phases of a search, in the order they happen (see POST /v1/search).
+PHASES = ("pre", "queue", "prepare", "wait", "engine", "answer", "deliver")
+
+
+def breakdown(res: list, tail_pct: float = 99.0) -> dict:
+    """Where the answered requests' time went: per phase its p50 and p99 over all answered
+    requests, and its mean over the slowest ``100 - tail_pct`` % of them (the tail), with
+    ``outside`` = the client's time minus the server's (``pre`` + ``app``): the generator's
+    lateness, the network, uvicorn's parsing and any event-loop delay before the app saw it."""
+    rows = []
+    for item in res:
+        st, ms, late, timing = item[0], item[1], item[2], (item[3] if len(item) > 3 else "")
+        if st != 200 or not timing:
+            continue
+        t = server_timing(timing.encode("latin-1"))
+        if "app" not in t:
+            continue
+        t["total"] = ms
+        t["late"] = late
+        t["outside"] = ms - late - t.get("pre", 0.0) - t["app"]
+        t["engine_wait"] = max(0.0, t.get("engine", 0.0) - t.get("engine_cpu", 0.0))
+        t["answer_wait"] = max(0.0, t.get("answer", 0.0) - t.get("answer_cpu", 0.0))
+        rows.append(t)
+    if not rows:
+        return {}
+    names = ("late", "outside") + PHASES + ("engine_cpu", "engine_wait", "answer_cpu", "answer_wait", "total")
+    totals = np.array([r["total"] for r in rows])
+    cut = np.percentile(totals, tail_pct)
+    tail = [r for r in rows if r["total"] >= cut]
+    out = {}
+    for k in names:
+        v = np.array([r.get(k, 0.0) for r in rows])
+        out[k] = {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                  "tail_mean": float(np.mean([r.get(k, 0.0) for r in tail]))}
+    return out
+
+
 def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None) -> dict:
     res = r["results"]
-    ok = [ms for st, ms, _ in res if st == 200]
-    shed = [ms for st, ms, _ in res if st == 429]
+    ok = [x[1] for x in res if x[0] == 200]
+    shed = [x[1] for x in res if x[0] == 429]
     other: dict[str, int] = {}
-    for st, _, _ in res:
-        if st not in (200, 429):
-            other[str(st)] = other.get(str(st), 0) + 1
-    every = [ms for st, ms, _ in res if st > 0]
+    for x in res:
+        if x[0] not in (200, 429):
+            other[str(x[0])] = other.get(str(x[0]), 0) + 1
+    every = [x[1] for x in res if x[0] > 0]
     a, b = percentiles(ok, (50, 99)), percentiles(shed, (50, 99))
     # from the moment it was sent: without the generator's own lateness (it shares the cores)
-    ok_sent = percentiles([ms - lt for st, ms, lt in res if st == 200], (99,))
-    shed_sent = percentiles([ms - lt for st, ms, lt in res if st == 429], (50, 99))
-    late = percentiles([lt for _, _, lt in res], (99,))
+    ok_sent = percentiles([x[1] - x[2] for x in res if x[0] == 200], (99,))
+    shed_sent = percentiles([x[1] - x[2] for x in res if x[0] == 429], (50, 99))
+    late = percentiles([x[2] for x in res], (99,))
     nan = float("nan")
     growth = (None if rss_start is None or r.get("rss_peak_mb") is None
               else (r["rss_peak_mb"] - rss_start) / rss_start * 100)
+    n = max(1, len(res))
     return {"rate": rate, "offered": r["offered"], "sent": len(res), "qps": len(ok) / seconds,
             "p50_ms": a.get("p50_ms", nan), "p99_ms": a.get("p99_ms", nan), "max_ms": max(every) if every else nan,
-            "shed_pct": 100 * len(shed) / max(1, len(res)), "shed_p50_ms": b.get("p50_ms", nan),
+            "shed_pct": 100 * len(shed) / n, "shed_p50_ms": b.get("p50_ms", nan),
             "shed_p99_ms": b.get("p99_ms", nan), "shed_max_ms": max(shed) if shed else nan, "errors": other,
             "p99_from_sent_ms": ok_sent.get("p99_ms", nan), "shed_p50_from_sent_ms": shed_sent.get("p50_ms", nan),
             "shed_p99_from_sent_ms": shed_sent.get("p99_ms", nan),
             "sent_late_p99_ms": late.get("p99_ms", nan), "connections": r["connections"],
+            "generator_cpu_ms_per_request": (r.get("generator_cpu_s") or 0.0) * 1000 / n,
+            "generator_core_pct": 100 * (r.get("generator_cpu_s") or 0.0) / max(1e-9, r.get("generator_wall_s") or seconds),
+            "server_cpu_ms_per_request": (None if r.get("server_cpu_s") is None else r["server_cpu_s"] * 1000 / n),
+            "breakdown": breakdown(res),
             "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
 
 
@@ -484,10 +548,13 @@ def open_loop_main(args) -> None:
     print(f"# stair-es serve open-loop load: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, --workers {args.workers}, --max-queue {args.max_queue}, "
           f"--request-timeout {args.request_timeout:g}, batching {args.batching.split(',')[0]}, "
-          f"{args.server_args or 'no other server options'}, top_k {args.top_k}, "
+          f"{args.server_args or 'no other server options'}, server code {args.server_cwd or 'this checkout'}, "
+          f"top_k {args.top_k}, "
           f"{args.seconds:g} s per rate in {args.rounds} slices", flush=True)
     print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
           "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
+    gen_cpus = {int(c) for c in args.generator_cpus.split(",")} if args.generator_cpus else None
+    print(f"# generator: nice +{args.generator_nice}, CPUs {sorted(gen_cpus) if gen_cpus else 'any'}", flush=True)
     for n in [int(x) for x in args.docs.split(",")]:
         name = f"load-{n}"
         corpus = build_index(args.home, name, n)
@@ -501,7 +568,7 @@ def open_loop_main(args) -> None:
         rows = []
         try:
             sat = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k, 0,
-                                proc.pid)
+                                proc.pid, args.generator_nice, gen_cpus)
             s_qps = sat["qps"]
             print(f"# {n:,} docs: saturation S = {s_qps:.1f} searches/s ({args.saturation_clients} closed-loop clients, "
                   f"no think time, {args.saturation_seconds:g} s; statuses other than 200: {sat['errors']})", flush=True)
@@ -513,9 +580,16 @@ def open_loop_main(args) -> None:
             for rnd in range(args.rounds):
                 for i, rate in enumerate(rates):
                     r = run_generator(f"open:{rate}", url, qfile, args.seconds / args.rounds, args.top_k,
-                                      1 + i + rnd * len(rates), proc.pid)
-                    acc = pooled.setdefault(rate, {"results": [], "sent": 0, "connections": 0, "rss_peak_mb": None})
+                                      1 + i + rnd * len(rates), proc.pid, args.generator_nice, gen_cpus)
+                    acc = pooled.setdefault(rate, {"results": [], "sent": 0, "connections": 0, "rss_peak_mb": None,
+                                                   "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0})
                     acc["results"] += r["results"]
+                    acc["generator_cpu_s"] += r.get("generator_cpu_s", 0.0)
+                    acc["generator_wall_s"] += r.get("generator_wall_s", 0.0)
+                    if acc["server_cpu_s"] is not None and r.get("server_cpu_s") is not None:
+                        acc["server_cpu_s"] += r["server_cpu_s"]
+                    else:
+                        acc["server_cpu_s"] = None
                     acc["sent"] += r["offered"] * args.seconds / args.rounds
                     acc["connections"] = max(acc["connections"], r["connections"])
                     if r.get("rss_peak_mb") is not None:
@@ -529,7 +603,7 @@ def open_loop_main(args) -> None:
                 print(json.dumps(row), flush=True)
             # the machine's other load changes: S again, to show how far it moved during the rates
             after = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k,
-                                  0, proc.pid)
+                                  0, proc.pid, args.generator_nice, gen_cpus)
             print(f"# {n:,} docs: saturation after the rates = {after['qps']:.1f} searches/s (before: {s_qps:.1f})",
                   flush=True)
         finally:
@@ -550,6 +624,27 @@ def open_loop_main(args) -> None:
                   f"{r['shed_pct']:.1f} | {r['shed_p50_from_sent_ms']:.1f} / {r['shed_p99_from_sent_ms']:.1f} | "
                   f"{r['shed_p99_ms']:.1f} | {errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
                   f"{r['rss_peak_mb']:.0f} | {r['rss_growth_pct']:+.1f} |")
+        print()
+        print("| x S | generator CPU ms/req | generator % of a core | server CPU ms/req |")
+        print("|---:|---:|---:|---:|")
+        for r in rows:
+            scpu = r["server_cpu_ms_per_request"]
+            print(f"| {r['fraction']:.2f} | {r['generator_cpu_ms_per_request']:.2f} | {r['generator_core_pct']:.1f} | "
+                  f"{'-' if scpu is None else f'{scpu:.2f}'} |")
+        print()
+        print("Where the answered searches' time went (ms; Server-Timing of each answer): p50 / p99 of each phase, "
+              "and its mean over the slowest 1 % (the tail). late: the generator sent it after its due time; "
+              "outside: client time minus the server's pre + app (network, uvicorn, event-loop delay before the app)")
+        print()
+        cols = ("late", "outside") + PHASES + ("engine_cpu", "engine_wait", "answer_wait", "total")
+        print("| x S | | " + " | ".join(cols) + " |")
+        print("|---:|---|" + "---:|" * len(cols))
+        for r in rows:
+            bd = r["breakdown"]
+            if not bd:
+                continue
+            for what in ("p50", "p99", "tail_mean"):
+                print(f"| {r['fraction']:.2f} | {what} | " + " | ".join(f"{bd[c][what]:.1f}" for c in cols) + " |")
 
 
 def main() -> None:
@@ -579,8 +674,17 @@ def main() -> None:
     ap.add_argument("--max-queue", type=int, default=None,
                     help="stair-es serve --max-queue (default: 1000 closed loop, 64 open loop, the server's own).")
     ap.add_argument("--request-timeout", type=float, default=30.0, help="Open loop: stair-es serve --request-timeout.")
+    ap.add_argument("--generator-nice", type=int, default=0,
+                    help="Open loop: run the load generator this many nice steps below the benchmark (it shares the "
+                         "server's cores; its lateness is counted in the latencies, and reported apart).")
+    ap.add_argument("--generator-cpus", default="",
+                    help="Open loop: pin the load generator to these CPUs (comma-separated ids; default: any).")
+    ap.add_argument("--server-python", default=sys.executable,
+                    help="Open loop: the Python that runs the server (e.g. another checkout's .venv/bin/python).")
+    ap.add_argument("--server-cwd", help="Open loop: the folder the server runs in (another checkout, to compare).")
     ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
     args = ap.parse_args()
+    SERVER.update(python=args.server_python, cwd=args.server_cwd)
     if args.open_loop:
         args.max_queue = 64 if args.max_queue is None else args.max_queue
         args.batching = args.batching or "auto"

@@ -31,6 +31,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="With an API key: serve /docs, /redoc and /openapi.json without it (otherwise only /healthz and "
                    "/readyz are public).")
 @click.option("--allow-image-urls", is_flag=True, help="Fetch http(s) image URLs given by clients (off by default).")
+@click.option("--allow-private-urls", is_flag=True, envvar="STAIR_ES_SERVE_ALLOW_PRIVATE_URLS", show_envvar=True,
+              help="With --allow-image-urls: also fetch from hosts that resolve to loopback, private, link-local, "
+                   "multicast, reserved or unspecified addresses (refused by default, at every redirect; only on a "
+                   "trusted network).")
 @click.option("--api-key-file", type=click.Path(dir_okay=False),
               help="File whose first line is the API key clients must send (Authorization: Bearer KEY). "
                    "[env: STAIR_ES_SERVE_API_KEY]")
@@ -40,6 +44,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--max-queue", default=64, show_default=True, type=click.IntRange(0, 10000),
               help="Requests that may wait for a worker, first come first served; more get 429 at once, with "
                    "Retry-After (seconds) and Retry-After-Ms.")
+@click.option("--max-queue-ms", default=0.0, show_default=True, type=click.FloatRange(0, 3_600_000),
+              help="Also answer 429 at once when the requests ahead would take longer than this to drain (requests "
+                   "ahead x mean service time / workers): the queue follows the server's speed of the moment "
+                   "(0: off, only --max-queue counts).")
 @click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000000),
@@ -86,15 +94,18 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Make each embedded index's first queries as fast as its hundredth: map its pages, verify its "
                    "checksums and load the search kernels when it is opened (about 0.5 s per million documents at "
                    "start; the same as STAIR_ES_WARM=1).")
+@click.option("--debug-stats", is_flag=True,
+              help="Keep where each recent request's time went and answer it at GET /debug/stats (the phases of "
+                   "searches, shed answers, event-loop stalls; behind the API key when one is set). Off by default.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, api_key_file, default_index, workers,
-          max_queue, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
+def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file,
+          default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
-          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, log_level, encoder, model, encoder_opts,
+          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
           backend) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
@@ -119,11 +130,15 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
 
     api_key = load_api_key(api_key_file)
     check_bind(host, api_key)
+    if allow_private_urls and not allow_image_urls:
+        click.echo("warning: --allow-private-urls has no effect without --allow-image-urls (no image URL is fetched)",
+                   err=True)
     if warm:  # read by every embedded index reader this process opens (EngineIndex.open)
         os.environ["STAIR_ES_WARM"] = "1"
     config = ServeConfig(backend=backend.name, encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
                          image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
-                         workers=workers, max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                         allow_private_urls=allow_private_urls,
+                         workers=workers, max_queue=max_queue, max_queue_ms=max_queue_ms or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
                          max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
                          body_timeout=body_timeout, default_index=default_index, batching=batching,
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
@@ -132,7 +147,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          allowed_hosts=list(allowed_hosts), public_docs=public_docs,
                          request_timeout=request_timeout or None, max_in_flight=max_in_flight,
                          max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
-                         worker_nice=worker_nice)
+                         worker_nice=worker_nice, debug_stats=debug_stats)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

@@ -7,6 +7,13 @@ a ``Retry-After`` (whole seconds, as HTTP wants) plus the exact delay in millise
 already admitted need to drain: admitted x mean service time / workers, the mean being a
 moving average of the service times seen.
 
+With a wait budget (``max_wait_ms``, ``--max-queue-ms``) a request is also refused when the
+requests ahead of it would take longer than that to drain (requests ahead x mean service time
+/ workers): the queue's length then follows the server's speed of the moment, so when the
+machine slows down (other processes take the cores) the admitted requests still wait about
+the budget at most instead of ``max_queue`` slow service times, and the excess is told to
+come back at once.
+
 With a ``request_timeout``, a request not answered in that time gets 504: if it was still
 waiting, it leaves the queue and its work never starts; if it was running, its answer is
 abandoned and the worker finishes it (a thread cannot be stopped mid-search), its slot held
@@ -46,8 +53,9 @@ def lower_thread_priority(steps: int) -> None:
 
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
-                 name: str = "stair-es-worker", worker_nice: int = 0):
+                 name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None):
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
+        self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
         self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
         self.admitted = 0  # running + waiting, on every path (the search batcher's queue included)
         self._busy = 0  # worker slots held by pool work
@@ -71,10 +79,24 @@ class Admission:
         return None if self.request_timeout is None else time.monotonic() + self.request_timeout
 
     # --- admission ---------------------------------------------------------------------------------
+    def expected_wait_ms(self) -> float:
+        """How long a request admitted now would wait for a worker: the requests ahead of it
+        (beyond the ones a free worker takes at once) x mean service time / workers."""
+        ahead = max(0, self.admitted - self.workers + 1)
+        return ahead * self._mean_s * 1000 / self.workers
+
+    def _over_budget(self) -> bool:
+        return (self.max_wait_ms is not None and self.admitted >= self.workers
+                and self.expected_wait_ms() > self.max_wait_ms)
+
     def full(self) -> bool:
-        return self.admitted >= self.workers + self.max_queue
+        return self.admitted >= self.workers + self.max_queue or self._over_budget()
 
     def busy_message(self) -> str:
+        if self.admitted < self.workers + self.max_queue and self._over_budget():
+            return (f"the server is busy: the {self.admitted} requests running or queued would make this one wait about "
+                    f"{self.expected_wait_ms():.0f} ms, more than --max-queue-ms {self.max_wait_ms:g}; retry after "
+                    f"{self.retry_after_ms()} ms")
         return (f"the server is busy: {self.admitted} requests are running or queued, the most it holds (--workers "
                 f"{self.workers} + --max-queue {self.max_queue}); retry after {self.retry_after_ms()} ms")
 

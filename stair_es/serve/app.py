@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .. import __version__
 from ..errors import StairError
-from . import routes_clusters, routes_encode, routes_health, routes_page, routes_search
+from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
@@ -50,7 +50,11 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 await rt.run_aside(svc.warm_indices)  # open the indices and load their query encoders now
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
+        if rt.stats is not None:
+            rt.stats.start()  # the event loop's stalls, sampled while the server runs
         yield
+        if rt.stats is not None:
+            rt.stats.stop()
         rt.close()
 
     # fastapi-offline serves Swagger UI and ReDoc from the package (FastAPI's own /docs loads them
@@ -67,6 +71,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     install_handlers(app, svc.scrub)
     for module in (routes_health, routes_encode, routes_search, routes_clusters, routes_page):
         app.include_router(module.router)
+    if rt.stats is not None:
+        app.include_router(routes_debug.router)
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
     caps, other = caps_of(config)
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
@@ -74,5 +80,6 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     app.add_middleware(QueueFullGate, admission=rt.admission)  # a full queue sheds before the body is read
     app.add_middleware(KeyGate, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
     app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))
-    app.add_middleware(InFlightGate, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms)  # first
+    app.add_middleware(InFlightGate, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,
+                       stats=rt.stats)  # first
     return app

@@ -45,6 +45,7 @@ class Timing:
     wait: float  # prepared, waiting for a free search thread
     run: float  # its own search (and answer)
     size: int  # requests in its batch
+    done_at: float = 0.0  # time.perf_counter() when its thread finished (the hand-over to the loop starts)
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Batcher:
         finally:
             self._free.release()
         t1 = time.perf_counter()
-        self._answer(job, result, Timing(timing.queued, timing.prepare, t0 - t_prepared, t1 - t0, timing.size))
+        self._answer(job, result, Timing(timing.queued, timing.prepare, t0 - t_prepared, t1 - t0, timing.size, t1))
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking requests; the ones already queued are still answered."""

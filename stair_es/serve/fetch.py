@@ -9,6 +9,17 @@ host that sends one byte a second is cut off at the deadline. Redirects are foll
 (``http://user:pass@host/``) are sent as HTTP Basic to that host only, never forwarded on a
 redirect, and never repeated in a message: :func:`public_url` is what errors show.
 
+**A fetch cannot reach inside** (unless ``allow_private``, ``--allow-private-urls``): the
+host of every hop (the URL and each redirect) is resolved once, every address it resolves to
+is checked (:func:`address_rule`: loopback, private, link-local, multicast, reserved,
+unspecified, shared or otherwise not globally routable, IPv4 and IPv6, with the IPv4 inside
+IPv4-mapped, 6to4 and Teredo addresses checked as IPv4), and the connection goes to the
+address checked, never to the name again, so DNS rebinding between the check and the connect
+cannot change where it goes. Refusals are :class:`UrlRefusedError` (400), naming the rule,
+never the address a name resolved to. The lookup runs on a small pool of its own within the
+fetch's deadline: a resolver that hangs costs the fetch its deadline, not its slot beyond it.
+Environment proxies are not used then (the proxy, not this server, would resolve the name).
+
 This module knows urllib and asyncio, not FastAPI or any encoder.
 """
 
@@ -17,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.client
+import ipaddress
 import socket
 import threading
 import time
@@ -24,6 +36,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..errors import ImageError, InvalidInputError
 from .errors import ServerBusyError
@@ -45,6 +58,101 @@ def public_url(url: str, limit: int = 100) -> str:
     except ValueError:
         shown = "<an invalid URL>"
     return shown[:limit]
+
+
+class UrlRefusedError(InvalidInputError):
+    """An image URL (or a redirect) leads to an address this server does not fetch from (400)."""
+
+
+#: What each rule refuses, as refusals name it.
+_RULES = (("is_unspecified", "an unspecified address (0.0.0.0, ::)"), ("is_loopback", "a loopback address"),
+          ("is_link_local", "a link-local address (such as the 169.254.169.254 of cloud metadata services)"),
+          ("is_multicast", "a multicast address"), ("is_reserved", "a reserved address"),
+          ("is_private", "a private address"))
+
+
+def address_rule(addr: str) -> str | None:
+    """Why a fetch may not connect to ``addr`` (an IP address, IPv6 possibly with a ``%zone``),
+    or None for a globally routable unicast address. IPv4 carried in an IPv6 address
+    (IPv4-mapped ``::ffff:a.b.c.d``, 6to4, Teredo) is judged as that IPv4 address too."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return "not an IP address"
+    judged: list = []  # the IPv4 carried inside first: its rule is the one that names the target
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # a connection to ::ffff:a.b.c.d goes to a.b.c.d: judged as that alone
+            ip = ip.ipv4_mapped
+        else:
+            if ip.sixtofour is not None:
+                judged.append(ip.sixtofour)
+            if ip.teredo is not None:
+                judged.extend(ip.teredo)
+    judged.append(ip)
+    for one in judged:
+        for attr, rule in _RULES:
+            if getattr(one, attr):
+                return rule
+        if not one.is_global:  # e.g. 100.64.0.0/10, carrier-grade NAT shared space
+            return "an address that is not globally routable"
+    return None
+
+
+def _getaddrinfo(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to (the system resolver; tests replace this function)."""
+    return [info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+def _connect(addr: str, port: int, timeout: float, source_address=None) -> socket.socket:
+    """A TCP connection to an address already checked (tests replace this function)."""
+    return socket.create_connection((addr, port), timeout, source_address)
+
+
+_resolver_lock = threading.Lock()
+_resolver: ThreadPoolExecutor | None = None
+#: Lookups at once; a hung resolver holds one of these threads, never a fetch slot past its deadline.
+RESOLVER_THREADS = 8
+
+
+def _resolver_pool() -> ThreadPoolExecutor:
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None:
+            _resolver = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="stair-es-dns")
+        return _resolver
+
+
+def vetted_addresses(host: str, port: int, deadline: float) -> list[str]:
+    """The addresses of ``host`` a fetch may connect to, resolved once within ``deadline``
+    (``time.monotonic()``); :class:`UrlRefusedError` if any of them is not public (a name that
+    resolves to both is refused too: which one a client gets is the resolver's choice)."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    shown = (f"[{name}]" if ":" in name else name)[:100]
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+        addrs = [name]  # an address literal: nothing to resolve
+    except ValueError:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("no time left to resolve the host") from None
+        job = _resolver_pool().submit(_getaddrinfo, name, port)
+        try:
+            addrs = job.result(timeout=left)
+        except FutureTimeout:
+            if not job.cancel():  # still queued behind hung lookups: it never runs; else its outcome is nobody's
+                job.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise socket.timeout("the host name was not resolved in time") from None
+        except (OSError, UnicodeError) as e:
+            raise ImageError(f"host {shown}: its name cannot be resolved ({type(e).__name__})") from None
+    if not addrs:
+        raise ImageError(f"host {shown}: its name resolves to no address")
+    for addr in addrs:
+        rule = address_rule(addr)
+        if rule is not None:
+            target = "is" if addrs == [name] else "resolves to"
+            raise UrlRefusedError(f"host {shown} {target} {rule}; this server does not fetch from its own or internal "
+                                  "networks (start it with --allow-private-urls on a trusted network)")
+    return list(dict.fromkeys(addrs))
 
 
 def check_url(url: str) -> None:
@@ -100,12 +208,27 @@ def _shut(sock: socket.socket) -> None:
         pass
 
 
-def _opener(watch: _Watch) -> urllib.request.OpenerDirector:
+def _opener(watch: _Watch, deadline: float, allow_private: bool) -> urllib.request.OpenerDirector:
+    def vetted_connection(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
+        host, port = address
+        if timeout is socket._GLOBAL_DEFAULT_TIMEOUT:
+            timeout = None
+        last: OSError | None = None
+        for addr in vetted_addresses(host, port, deadline):  # checked once; connected to as checked
+            try:
+                return watch.add(_connect(addr, port, timeout, source_address))
+            except OSError as e:
+                last = e
+        raise last or OSError("no address to connect to")
+
     def watched(cls):
         class Watched(cls):
             def __init__(self, *a, **kw):
                 super().__init__(*a, **kw)
-                self._create_connection = lambda *ca, **ckw: watch.add(socket.create_connection(*ca, **ckw))
+                if allow_private:
+                    self._create_connection = lambda *ca, **ckw: watch.add(socket.create_connection(*ca, **ckw))
+                else:
+                    self._create_connection = vetted_connection
         return Watched
 
     conn, sconn = watched(http.client.HTTPConnection), watched(http.client.HTTPSConnection)
@@ -118,12 +241,18 @@ def _opener(watch: _Watch) -> urllib.request.OpenerDirector:
         def https_open(self, req):
             return self.do_open(sconn, req, context=self._context)
 
-    return urllib.request.build_opener(Http, Https, _Redirects)
+    # checked addresses only make sense for direct connections: an environment proxy would resolve the name itself
+    handlers = [Http, Https, _Redirects] + ([] if allow_private else [urllib.request.ProxyHandler({})])
+    return urllib.request.build_opener(*handlers)
 
 
-def fetch_blocking(url: str, max_bytes: int, timeout: float, total: float | None = None) -> bytes:
+def fetch_blocking(url: str, max_bytes: int, timeout: float, total: float | None = None, *,
+                   allow_private: bool = False) -> bytes:
     """The bytes at ``url``, all within ``timeout`` seconds in total (connect, redirects, every
-    read); ``total`` is the whole deadline messages name (``timeout`` is what is left of it)."""
+    read); ``total`` is the whole deadline messages name (``timeout`` is what is left of it).
+    Without ``allow_private``, every hop's host must resolve to public addresses only
+    (:func:`vetted_addresses`); the lookup counts against the same deadline."""
+    deadline = time.monotonic() + timeout
     check_url(url)
     shown = public_url(url)
     parts = urllib.parse.urlsplit(url)
@@ -148,7 +277,7 @@ def fetch_blocking(url: str, max_bytes: int, timeout: float, total: float | None
     late = ImageError(f"image URL {shown}: not fetched within {total or timeout:g} s (--url-timeout: connecting, redirects "
                       "and all the bytes together)")
     try:
-        with _opener(watch).open(req, timeout=timeout) as resp:  # noqa: S310 - scheme checked, redirects re-checked
+        with _opener(watch, deadline, allow_private).open(req, timeout=timeout) as resp:  # noqa: S310 - scheme checked, redirects re-checked
             length = resp.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
                 raise ImageError(f"image URL {shown}: {length} bytes, more than the {max_bytes}-byte cap")
@@ -164,7 +293,13 @@ def fetch_blocking(url: str, max_bytes: int, timeout: float, total: float | None
             if watch.fired:
                 raise late
             return b"".join(chunks)
-    except (ImageError, InvalidInputError):
+    except UrlRefusedError as e:  # raised while connecting to some hop: named with the URL asked for
+        raise UrlRefusedError(f"image URL {shown}: {e}") from None
+    except ImageError as e:
+        if str(e).startswith("host "):
+            raise ImageError(f"image URL {shown}: {e}") from None
+        raise
+    except InvalidInputError:
         raise
     except urllib.error.HTTPError as e:
         raise ImageError(f"image URL {shown}: the server answered HTTP {e.code}") from None
@@ -181,8 +316,10 @@ class UrlFetcher:
     """``await fetcher.fetch(url)``: the bytes, fetched on a pool of ``max_fetches`` threads of its
     own, within ``timeout`` seconds in total from the call (waiting for a free fetch slot included)."""
 
-    def __init__(self, max_fetches: int = 4, timeout: float = 10.0, max_bytes: int = 10 * 1024 * 1024):
+    def __init__(self, max_fetches: int = 4, timeout: float = 10.0, max_bytes: int = 10 * 1024 * 1024, *,
+                 allow_private: bool = False):
         self.max_fetches, self.timeout, self.max_bytes = max(1, int(max_fetches)), float(timeout), int(max_bytes)
+        self.allow_private = bool(allow_private)
         self._slots: asyncio.Semaphore | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.max_fetches, thread_name_prefix="stair-es-url-fetch")
         self.in_progress = 0
@@ -208,7 +345,7 @@ class UrlFetcher:
             except RuntimeError:  # the loop is closed
                 pass
 
-        cf = self._pool.submit(fetch_blocking, url, self.max_bytes, left, self.timeout)
+        cf = self._pool.submit(fetch_blocking, url, self.max_bytes, left, self.timeout, allow_private=self.allow_private)
         cf.add_done_callback(done)  # the slot is free when the thread is, not before
         job = asyncio.wrap_future(cf)
         try:

@@ -2,8 +2,8 @@
 
 Every reference is checked before anything is decoded: paths are confined to the image
 roots (:mod:`.security`), base64 is capped in size, URLs are fetched only when the server
-was started with ``--allow-image-urls`` (http/https only, one total deadline, a byte cap;
-:mod:`.fetch`).
+was started with ``--allow-image-urls`` (http/https only, one total deadline, a byte cap,
+never to the server's own or internal networks unless ``--allow-private-urls``; :mod:`.fetch`).
 Decoding goes through :func:`stair_es.images.load_image` (pixel caps, clear errors).
 """
 
@@ -24,6 +24,7 @@ from .security import ImageRoots
 class ImagePolicy:
     roots: ImageRoots
     allow_urls: bool = False
+    allow_private_urls: bool = False  # URLs may reach internal addresses (see .fetch)
     max_image_bytes: int = 10 * 1024 * 1024
     url_timeout: float = 10.0
 
@@ -50,7 +51,7 @@ def fetch_url(url: str, policy: ImagePolicy) -> bytes:
     if not policy.allow_urls:
         raise InvalidInputError("image URLs are refused by this server; send the image as base64, name a file under an "
                                 "image root, or start the server with --allow-image-urls")
-    return fetch_blocking(url, policy.max_image_bytes, policy.url_timeout)
+    return fetch_blocking(url, policy.max_image_bytes, policy.url_timeout, allow_private=policy.allow_private_urls)
 
 
 def open_image(ref: dict[str, Any], policy: ImagePolicy, min_side: int | None = None):

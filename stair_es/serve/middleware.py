@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import Any, Callable
 
 from ..errors import InvalidInputError
 from .errors import error_body, retry_headers
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
+from .stats import T_ENTRY
 
 
 # --- body guard (size and time caps before any route runs) -------------------------------------
@@ -247,13 +249,35 @@ class InFlightGate:
     ``Retry-After-Ms``. It replaces uvicorn's ``limit_concurrency``, whose 503 says neither
     when to come back nor anything in JSON."""
 
-    def __init__(self, app, limit: int, retry_after_ms: Callable[[], int]):
+    def __init__(self, app, limit: int, retry_after_ms: Callable[[], int], stats=None):
         self.app, self.limit, self.retry_after_ms = app, max(1, int(limit)), retry_after_ms
         self.in_flight = 0
+        self.stats = stats  # a .stats.ServeStats with --debug-stats: each request's phases are kept
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") == "/healthz":
             return await self.app(scope, receive, send)
+        t_entry = time.perf_counter()
+        scope.setdefault("state", {})[T_ENTRY] = t_entry  # the routes' Server-Timing counts from here
+        if self.stats is not None:
+            return await self._observed(scope, receive, send, t_entry)
+        return await self._gate(scope, receive, send)
+
+    async def _observed(self, scope, receive, send, t_entry: float) -> None:
+        status = 0
+
+        async def send_seen(msg):
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self._gate(scope, receive, send_seen)
+        finally:
+            self.stats.request_done(scope["state"], status, t_entry)
+
+    async def _gate(self, scope, receive, send):
         if self.in_flight >= self.limit:
             ms = self.retry_after_ms()
             payload = json.dumps(error_body(5, "ServerBusyError", (

@@ -5,36 +5,54 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from .models import ExplainBody, SearchBody
 from .runtime import ParsedJSONRoute, Runtime, dumps, require_key, runtime
+from .stats import PHASES, T_ENTRY
 
 router = APIRouter(route_class=ParsedJSONRoute, tags=["search"], dependencies=[Depends(require_key)])
 
 
 @router.post("/v1/search")
-async def search(body: SearchBody, rt: Runtime = Depends(runtime)):
+async def search(request: Request, body: SearchBody, rt: Runtime = Depends(runtime)):
     """Search an index with text, a token map or an example image, with filters and token clauses.
 
-    The ``Server-Timing`` header of the answer says where the time went on the server:
-    ``queue`` (waiting to be taken), ``prepare`` (its batch's preparation, with the batch
-    size), ``wait`` (for a free search thread), ``search`` (its search and answer) and ``app``
-    (from the request's validation to its answer)."""
+    The ``Server-Timing`` header of the answer says where the time went on the server, in ms:
+    ``pre`` (from the request's first byte in the app to this route: the gates, reading,
+    parsing and validating the body), ``queue`` (waiting to be taken), ``prepare`` (its
+    batch's preparation, with the batch size), ``wait`` (for a free search thread),
+    ``search`` (its search and answer on that thread), of which ``engine`` (the backend's
+    search) and ``answer`` (the answer's JSON), each with its thread's CPU time as
+    ``engine_cpu`` and ``answer_cpu`` (wall minus CPU: the thread waited for the GIL or a
+    core), ``deliver`` (from the thread's end to this route running again on the event loop)
+    and ``app`` (from this route's start to its answer)."""
     t0 = time.perf_counter()
     svc = rt.service
     svc.check_limits(vars(body))  # before any work: a capped body is refused at once
     item = body.model_dump(exclude_none=True)
     await rt.fetch_images([item.get("image")])  # an image URL is fetched here, never on a worker
+    state = request.scope.get("state") or {}
+    t_entry = state.get(T_ENTRY, t0)
     if not rt.batching:
         payload = await rt.run(lambda b: dumps(svc.search(b)), item)
-        timing = f"app;dur={(time.perf_counter() - t0) * 1000:.2f}"
+        t_end = time.perf_counter()
+        timing = f"pre;dur={(t0 - t_entry) * 1000:.2f}, app;dur={(t_end - t0) * 1000:.2f}"
     else:
-        payload, t = await rt.search_batched(item)
-        timing = (f"queue;dur={t.queued * 1000:.2f}, prepare;dur={t.prepare * 1000:.2f};desc=\"batch of {t.size}\", "
-                  f"wait;dur={t.wait * 1000:.2f}, search;dur={t.run * 1000:.2f}, "
-                  f"app;dur={(time.perf_counter() - t0) * 1000:.2f}")
+        payload, t, (engine, engine_cpu, answer, answer_cpu) = await rt.search_batched(item)
+        t_end = time.perf_counter()
+        deliver = max(0.0, t_end - t.done_at)
+        timing = (f"pre;dur={(t0 - t_entry) * 1000:.2f}, queue;dur={t.queued * 1000:.2f}, "
+                  f"prepare;dur={t.prepare * 1000:.2f};desc=\"batch of {t.size}\", wait;dur={t.wait * 1000:.2f}, "
+                  f"search;dur={t.run * 1000:.2f}, engine;dur={engine * 1000:.2f}, "
+                  f"engine_cpu;dur={engine_cpu * 1000:.2f}, answer;dur={answer * 1000:.2f}, "
+                  f"answer_cpu;dur={answer_cpu * 1000:.2f}, deliver;dur={deliver * 1000:.2f}, "
+                  f"app;dur={(t_end - t0) * 1000:.2f}")
+        if rt.stats is not None:
+            state[PHASES] = {"pre": t0 - t_entry, "queue": t.queued, "prepare": t.prepare, "wait": t.wait,
+                             "engine": engine, "engine_cpu": engine_cpu, "answer": answer, "answer_cpu": answer_cpu,
+                             "deliver": deliver, "returned": time.perf_counter()}
     return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
 
 

@@ -25,6 +25,7 @@ from .jsonbody import caps_of, parse_capped
 from .middleware import PARSED_JSON
 from .security import AuthError, key_from_headers, key_matches
 from .service import ServeConfig, Service
+from .stats import ServeStats
 
 
 class Runtime:
@@ -37,11 +38,13 @@ class Runtime:
     def __init__(self, config: ServeConfig, service: Service):
         self.config, self.service = config, service
         self.admission = Admission(config.workers, config.max_queue, config.request_timeout,
-                                   worker_nice=config.worker_nice)
-        self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes)
+                                   worker_nice=config.worker_nice, max_wait_ms=config.max_queue_ms)
+        self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes,
+                                  allow_private=config.allow_private_urls)
         self.batching = config.batches_searches(service.backend.in_process)
         self._batchers: list[Batcher] = []  # the live one, made at the first search after start
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-aside")
+        self.stats = ServeStats() if config.debug_stats else None
 
     async def run(self, fn: Callable, *args: Any) -> Any:
         """A request's work: admitted, queued first come first served, under --request-timeout."""
@@ -53,21 +56,23 @@ class Runtime:
         queued behind a minute of searches would call a busy server dead). One thread of its own."""
         return await asyncio.get_running_loop().run_in_executor(self._aside, functools.partial(fn, *args))
 
-    async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing]:
+    async def search_batched(self, body: dict[str, Any]) -> tuple[bytes, Timing, tuple[float, float, float, float]]:
+        """The JSON answer of one search, its :class:`~.batching.Timing` and its search's own
+        (engine wall, engine CPU, answer wall, answer CPU) in seconds."""
         adm = self.admission
         adm.enter()
         try:
             t0 = time.monotonic()
             submitted = self.batcher().submit(body)
             if adm.request_timeout is None:
-                payload, t = await submitted
+                (payload, detail), t = await submitted
             else:
                 try:
-                    payload, t = await asyncio.wait_for(submitted, adm.request_timeout)
+                    (payload, detail), t = await asyncio.wait_for(submitted, adm.request_timeout)
                 except asyncio.TimeoutError:  # the batcher drops it if it has not started
                     raise adm.timeout(time.monotonic() - t0, started=None) from None
             adm.observe(t.run + t.prepare / max(1, t.size))
-            return payload, t
+            return payload, t, detail
         finally:
             adm.leave()
 
@@ -93,7 +98,7 @@ class Runtime:
         if not self._batchers:
             svc, config = self.service, self.config
             # the answer's JSON is made on the search thread too, not on the event loop
-            self._batchers.append(Batcher(svc.prepare_searches, lambda p: dumps(svc.run_search(p)),
+            self._batchers.append(Batcher(svc.prepare_searches, functools.partial(svc.run_search_json, dumps=dumps),
                                           workers=config.workers, max_batch=config.max_batch,
                                           window=config.batch_window_ms / 1000.0, name="stair-es-search",
                                           thread_init=functools.partial(lower_thread_priority, config.worker_nice)))
@@ -108,8 +113,10 @@ class Runtime:
         self.service.close()
 
 
-def runtime(request: Request) -> Runtime:
-    """FastAPI dependency: the app's Runtime."""
+async def runtime(request: Request) -> Runtime:
+    """FastAPI dependency: the app's Runtime. ``async`` on purpose: FastAPI runs a plain ``def``
+    dependency on its thread pool, a hand-over to another thread and back (the GIL twice)
+    for every request, which on a loaded machine cost milliseconds of the event loop's time."""
     return request.app.state.runtime
 
 

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,9 +46,11 @@ class ServeConfig:
     encoder_options: dict[str, Any] = field(default_factory=dict)
     image_roots: Sequence[str] = ()
     allow_image_urls: bool = False
+    allow_private_urls: bool = False  # image URLs may reach loopback/private/link-local/... addresses (trusted networks)
     api_key: str | None = field(default=None, repr=False)
     workers: int = 2  # encode/search calls running at once
     max_queue: int = 64  # requests waiting for a worker before the server answers 429 (stair_es.serve.admission)
+    max_queue_ms: float | None = None  # 429 when the requests ahead would take longer than this to drain (None/0: off)
     request_timeout: float | None = 30.0  # seconds to an answer; 504 beyond, queued work dropped (None/0: no limit)
     max_in_flight: int | None = None  # HTTP requests in the app at once (any route), 429 beyond; None: workers + max_queue + 64
     max_url_fetches: int = 4  # image URL fetches at once (their own threads, never the workers)
@@ -75,6 +78,7 @@ class ServeConfig:
     batching: str = "auto"
     max_batch: int = 16  # searches prepared together (their query texts encoded in one call)
     batch_window_ms: float = 0.0  # how long the first search of a batch waits for others (0: take what waits)
+    debug_stats: bool = False  # GET /debug/stats: where the recent requests' time went (stair_es.serve.stats)
 
     def batches_searches(self, in_process: bool) -> bool:
         """Whether /v1/search goes through the batching queue, for a backend that searches
@@ -90,8 +94,8 @@ class ServeConfig:
     def describe(self) -> dict[str, Any]:
         """For logs and /readyz: no key, no backend credentials."""
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
-                "allow_image_urls": self.allow_image_urls, "workers": self.workers, "api_key": bool(self.api_key),
-                "max_queue": self.max_queue, "request_timeout": self.request_timeout,
+                "allow_image_urls": self.allow_image_urls, "allow_private_urls": self.allow_private_urls, "workers": self.workers, "api_key": bool(self.api_key),
+                "max_queue": self.max_queue, "max_queue_ms": self.max_queue_ms, "request_timeout": self.request_timeout,
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
 
@@ -180,6 +184,7 @@ class Service:
         self.backend = backend if backend is not None else get_backend(config.backend, **config.backend_options)
         self._commits = _CommitCache(self.backend)
         self.policy = ImagePolicy(ImageRoots(config.image_roots), allow_urls=config.allow_image_urls,
+                                  allow_private_urls=config.allow_private_urls,
                                   max_image_bytes=config.max_image_bytes)
         self._lock = threading.Lock()
         self._encoders: dict[str, Encoder] = {}
@@ -510,6 +515,18 @@ class Service:
     def run_search(self, p: PreparedSearch) -> dict[str, Any]:
         """The answer of one prepared search (see :meth:`prepare_searches`)."""
         return self._answer(p, self.backend.search(p.index, p.request))
+
+    def run_search_json(self, p: PreparedSearch, dumps) -> tuple[bytes, tuple[float, float, float, float]]:
+        """The answer of one prepared search as JSON (``dumps``), made on the calling thread, and
+        where its time went (seconds): the backend's search (wall, this thread's CPU) and the
+        answer's dicts and JSON (wall, CPU). Wall minus CPU is time the thread waited, for the
+        GIL or for a core."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        result = self.backend.search(p.index, p.request)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        payload = dumps(self._answer(p, result))
+        t2, c2 = time.perf_counter(), time.thread_time()
+        return payload, (t1 - t0, c1 - c0, t2 - t1, c2 - c1)
 
     # --- what leaves the server: no absolute server paths ------------------------------------------
     def _server_paths(self) -> list[tuple[str, str]]:

@@ -45,11 +45,15 @@ def test_open_loop_generator_sends_on_schedule_and_summarizes(live_server):
     from benchmarks.serve_load import open_loop, summarize_open
 
     r = asyncio.run(open_loop(live_server.url, [{"red": 1.0}, {"blue": 1.0}], rate=40, seconds=1.0, top_k=3, seed=1))
-    statuses = {st for st, _, _ in r["results"]}
+    statuses = {st for st, _, _, _ in r["results"]}
     assert statuses == {200} and 15 <= len(r["results"]) <= 80  # Poisson, mean 40
-    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt in r["results"])  # answered after it was due
+    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt, _ in r["results"])  # answered after it was due
     row = summarize_open(40, {**r, "rss_peak_mb": 110.0}, 1.0, 100.0)
     assert row["shed_pct"] == 0 and row["errors"] == {} and row["rss_growth_pct"] == 10.0
+    # every answer says where its time went on the server, and the phases add up within the client's time
+    bd = row["breakdown"]
+    assert {"pre", "queue", "engine", "answer", "deliver", "outside"} <= set(bd)
+    assert bd["total"]["p50"] >= bd["engine"]["p50"] > 0 and bd["outside"]["p50"] >= 0
     fake = {"offered": 3, "connections": 1, "results": [(200, 5.0, 0.0), (429, 2.0, 1.0), (0, 9.0, 0.0)]}
     row = summarize_open(3, fake, 1.0, None)
     assert row["qps"] == 1 and abs(row["shed_pct"] - 100 / 3) < 1e-9 and row["errors"] == {"0": 1}

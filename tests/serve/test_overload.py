@@ -329,7 +329,7 @@ def trickle():
 
 
 def test_slow_image_urls_hold_neither_encoding_nor_search(home, image_root, trickle):
-    app = create_app(make_config(home, image_root, allow_image_urls=True, workers=1, max_url_fetches=2,
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, workers=1, max_url_fetches=2,
                                  url_timeout=2.0, load_encoder_at_start=False))
     url = f"http://127.0.0.1:{trickle.port}/slow.png"
 
@@ -393,7 +393,7 @@ def upstream():
 
 def test_redirects_are_rechecked_and_credentials_never_echoed(home, image_root, upstream):
     base = f"http://127.0.0.1:{upstream.server_port}"
-    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, load_encoder_at_start=False))
 
     async def main():
         async with asgi(app) as http:
@@ -422,7 +422,7 @@ def test_url_fetches_never_run_on_a_worker(home, image_root, upstream, monkeypat
         raise AssertionError("an image URL was fetched on a worker thread")
 
     monkeypatch.setattr(inputs, "fetch_blocking", no)
-    app = create_app(make_config(home, image_root, allow_image_urls=True, load_encoder_at_start=False))
+    app = create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, load_encoder_at_start=False))
     url = f"http://127.0.0.1:{upstream.server_port}/ok.png"
 
     async def main():
@@ -485,3 +485,37 @@ def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog)
     held, busy, ready = asyncio.run(main())
     assert held.status_code == 200 and busy.status_code == 429
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+def test_max_queue_ms_sheds_when_the_wait_ahead_exceeds_the_budget():
+    """The queue follows the server's speed: with 2 requests admitted on 1 worker at a mean
+    service time of 100 ms, the next would wait about 200 ms; a 150 ms budget refuses it at
+    once (429, naming --max-queue-ms) though --max-queue has room, and lets it in once the
+    service times are short again."""
+    from stair_es.serve.admission import Admission
+
+    adm = Admission(workers=1, max_queue=64, max_wait_ms=150)
+    try:
+        adm._mean_s = 0.100
+        adm.enter()
+        adm.enter()
+        assert adm.expected_wait_ms() == 200 and adm.full()
+        with pytest.raises(Exception) as e:
+            adm.enter()
+        assert "--max-queue-ms 150" in str(e.value) and e.value.retry_after_ms >= 200
+        adm.observe(0.0)
+        for _ in range(40):  # faster service: the same queue is now within the budget
+            adm.observe(0.010)
+        assert not adm.full()
+        adm.enter()
+        assert adm.admitted == 3
+    finally:
+        adm.close()
+    off = Admission(workers=1, max_queue=64)
+    try:
+        off._mean_s = 10.0
+        for _ in range(5):
+            off.enter()
+        assert not off.full()  # without a budget, only --max-queue counts
+    finally:
+        off.close()

@@ -137,7 +137,7 @@ def test_image_urls_refused_by_default(client, image_http):
 
 
 def test_image_urls_fetched_when_allowed(home, image_root, image_http):
-    with TestClient(create_app(make_config(home, image_root, allow_image_urls=True, max_image_bytes=5000))) as c:
+    with TestClient(create_app(make_config(home, image_root, allow_image_urls=True, allow_private_urls=True, max_image_bytes=5000))) as c:
         by_url = c.post("/v1/encode", json={"inputs": [{"image": {"url": f"{image_http}/red-car.png"}}]})
         by_path = c.post("/v1/encode", json={"inputs": [{"image": {"path": "red-car.png"}}]})
         assert by_url.status_code == 200 and by_url.json()["results"] == by_path.json()["results"]

@@ -1,0 +1,116 @@
+"""Open-loop A/B of `stair-es serve` settings or checkouts, in alternating slices.
+
+On a machine shared with other jobs, the load of the moment moves a server's latency more than
+most changes do (S moved from 83 to 176 searches/s within minutes here). This runs every
+setting's server side by side on the same index and sends each the same Poisson load
+(``benchmarks.serve_load --generate``, another process) in short slices that take turns, so
+the machine's changes fall on all settings alike; the slices of each setting are pooled.
+
+    python -m benchmarks.serve_ab --docs 1000000 --rate 100,180 --slices 6 --slice-seconds 5 \\
+        --setting "base=@/work/main/.venv/bin/python:/tmp/base" --setting "new=" \\
+        --setting "budget=--max-queue-ms 250"
+
+A setting is ``NAME=SERVER OPTIONS``, or ``NAME=@PYTHON:FOLDER SERVER OPTIONS`` to run another
+checkout's server (its own Python and folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import git_commit
+from benchmarks.corpora import CACHE_DIR
+from benchmarks.serve_load import (SERVER, build_index, process_rss_mb, query_maps, run_generator, start_server,
+                                   summarize_open)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=int, default=1_000_000)
+    ap.add_argument("--home", type=Path, default=Path(CACHE_DIR) / "serve_load")
+    ap.add_argument("--rate", default="100,180", help="Arrival rates (searches/s), comma-separated.")
+    ap.add_argument("--slices", type=int, default=6, help="Slices per setting and rate.")
+    ap.add_argument("--slice-seconds", type=float, default=5.0)
+    ap.add_argument("--setting", action="append", required=True, help="NAME=[@PYTHON:FOLDER ]SERVER OPTIONS")
+    ap.add_argument("--max-queue", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=10)
+    args = ap.parse_args()
+    name = f"load-{args.docs}"
+    corpus = build_index(args.home, name, args.docs)
+    qfile = Path(tempfile.mkdtemp(prefix="stair-serve-ab-")) / "queries.json"
+    qfile.write_text(json.dumps(query_maps(corpus, 1000)))
+    settings = []
+    for s in args.setting:
+        label, _, rest = s.partition("=")
+        python, cwd = sys.executable, None
+        if rest.startswith("@"):
+            where, _, rest = rest[1:].partition(" ")
+            python, _, cwd = where.partition(":")
+        settings.append((label, python, cwd or None, rest.split()))
+    print(f"# stair-es serve open-loop A/B: commit {git_commit()}, {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.docs:,} docs, --max-queue {args.max_queue}, "
+          f"{args.slices} slices of {args.slice_seconds:g} s per setting and rate, in turn", flush=True)
+    servers = {}
+    try:
+        for label, python, cwd, extra in settings:
+            SERVER.update(python=python, cwd=cwd)
+            servers[label] = start_server(args.home, name, 2, "auto", None, 0.0, max_queue=args.max_queue, extra=extra)
+            print(f"# {label}: {python} in {cwd or 'this checkout'}, options {' '.join(extra) or 'none'}", flush=True)
+        rows = []
+        for rate in [float(x) for x in args.rate.split(",")]:
+            pooled = {label: {"results": [], "sent": 0.0, "connections": 0, "rss_peak_mb": None,
+                              "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0}
+                      for label in servers}
+            rss0 = {label: process_rss_mb(p.pid) for label, (p, _) in servers.items()}
+            for k in range(args.slices):
+                for label, (proc, url) in servers.items():
+                    r = run_generator(f"open:{rate}", url, qfile, args.slice_seconds, args.top_k, 100 * k + 1, proc.pid)
+                    acc = pooled[label]
+                    acc["results"] += r["results"]
+                    acc["sent"] += r["offered"] * args.slice_seconds
+                    acc["connections"] = max(acc["connections"], r["connections"])
+                    acc["generator_cpu_s"] += r["generator_cpu_s"]
+                    acc["generator_wall_s"] += r["generator_wall_s"]
+                    acc["server_cpu_s"] = (None if acc["server_cpu_s"] is None or r["server_cpu_s"] is None
+                                           else acc["server_cpu_s"] + r["server_cpu_s"])
+                    if r.get("rss_peak_mb") is not None:
+                        acc["rss_peak_mb"] = max(acc["rss_peak_mb"] or 0.0, r["rss_peak_mb"])
+            seconds = args.slices * args.slice_seconds
+            for label in servers:
+                acc = pooled[label]
+                acc["offered"] = acc["sent"] / seconds
+                row = {"setting": label, **summarize_open(rate, acc, seconds, rss0[label]),
+                       "load_average": os.getloadavg()[0]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print()
+    print("| setting | rate /s | QPS | p50 ms | p99 ms | slowest ms | shed % | shed p50 / p99 ms | other errors | "
+          "server CPU ms/req | generator % of a core | p99 queue+wait ms | p99 engine wait ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        bd = r["breakdown"]
+        qw = (f"{bd['queue']['p99'] + bd['wait']['p99']:.0f}" if bd and "queue" in bd else "-")
+        ew = f"{bd['engine_wait']['p99']:.0f}" if bd and bd.get("engine_wait", {}).get("p99") else "-"
+        errs = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"
+        scpu = r["server_cpu_ms_per_request"]
+        print(f"| {r['setting']} | {r['rate']:.0f} | {r['qps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+              f"{r['max_ms']:.0f} | {r['shed_pct']:.1f} | {r['shed_p50_ms']:.1f} / {r['shed_p99_ms']:.1f} | {errs} | "
+              f"{'-' if scpu is None else f'{scpu:.2f}'} | {r['generator_core_pct']:.1f} | {qw} | {ew} |")
+
+
+if __name__ == "__main__":
+    main()
