@@ -65,7 +65,7 @@ def make_photos(root: Path, n: int) -> Path:
     return root
 
 
-def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int) -> dict:
+def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int, **extra) -> dict:
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
     from stair_es.encoders.base import get_encoder
 
@@ -73,14 +73,75 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
-                                              cpus_per_worker=1))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
+                                              cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
     s = rep.summary()
     first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
     last_end = max(e["written_at"] for e in rep.shards)
     return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
             "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
             "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
-            "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2)}
+            "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2),
+            "cpu_split_ms": rep.cpu_split_ms_per_image(), **{k: v for k, v in extra.items()}}
+
+
+def _ceiling_proc(args: tuple) -> tuple[float, float]:
+    """One process of :func:`ceiling`: pinned to one core, everything on one thread at a time."""
+    kind, files, core, start_at = args
+    os.environ["STAIR_ES_ORT_THREADS"] = "1"
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    if kind == "spin":
+        while time.time() < start_at:
+            time.sleep(0.005)
+        t0, c0 = time.perf_counter(), time.process_time()
+        x = 0
+        for i in range(12_000_000):
+            x += i * i
+        return time.perf_counter() - t0, time.process_time() - c0
+    from threadpoolctl import threadpool_limits
+
+    from stair_es.encoders.base import get_encoder
+    from stair_es.images import load_image
+
+    threadpool_limits(1)
+    enc = get_encoder("default")
+    enc.encode_images([load_image(files[0], min_side=enc.image_min_side)])  # load the model, untimed
+    while time.time() < start_at:  # every process starts its timed work at the same moment
+        time.sleep(0.005)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(0, len(files), 16):
+        enc.encode_images([load_image(f, min_side=enc.image_min_side) for f in files[i:i + 16]], batch_size=16)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def ceiling(src: Path, n: int = 48) -> dict:
+    """What 2 cores give over 1 for the same work with no pipeline at all: k independent processes,
+    each pinned to its own core, each decoding and encoding the same n images (batches of 16,
+    ONNX on one thread) -- and the same for a pure-Python loop (no memory traffic). Throughput of
+    2 processes / 1 process is the most 2 workers can give over 1 on this machine, now."""
+    import multiprocessing
+
+    files = [str(f) for f in sorted(src.glob("*.jpg"))[:n]]
+    cores = sorted(os.sched_getaffinity(0))
+    mp = multiprocessing.get_context("spawn")
+    out: dict = {}
+    for kind in ("spin", "encode"):
+        rates = {}
+        for k in (1, 2):
+            if k > len(cores):
+                continue
+            with mp.Pool(k) as pool:
+                start_at = time.time() + (2.0 if kind == "spin" else 20.0)  # after every process loaded its model
+                res = pool.map(_ceiling_proc, [(kind, files, cores[i], start_at) for i in range(k)])
+            wall = max(w for w, _ in res)
+            rates[k] = k / wall  # jobs per second
+            out[f"{kind}_{k}_wall_s"] = round(wall, 3)
+            out[f"{kind}_{k}_cpu_s"] = [round(c, 3) for _, c in res]
+            if kind == "encode":
+                out[f"encode_{k}_images_per_s"] = round(k * len(files) / wall, 2)
+        if 2 in rates:
+            out[f"{kind}_ratio"] = round(rates[2] / rates[1], 3)
+    return out
 
 
 def encoder_split(src: Path, n: int = 48) -> dict:
@@ -212,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", action="store_true", help="local runs: pin the driver and its workers to `workers` cores "
                                                       "(a worker also decodes on other threads: unpinned, one worker "
                                                       "spreads over every core and 1 vs 2 workers is not 1 vs 2 cores)")
+    ap.add_argument("--decode-threads", type=int, help="decoding threads per worker (default: the pipeline's)")
+    ap.add_argument("--ceiling", action="store_true", help="also measure what 2 cores give over 1 for the same work "
+                                                          "with no pipeline (independent pinned processes)")
     ap.add_argument("--ingest-docs", type=int, default=300_000)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--sizing-from", type=Path, help="print the sizing table of a saved --json report and stop")
@@ -244,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.pin and engine == "local":
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
                 try:
+                    extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
-                                     args.shard_size)
+                                     args.shard_size, **extra)
                 finally:
                     os.sched_setaffinity(0, allowed)
                 run["pinned_cores"] = int(workers) if args.pin and engine == "local" else None
@@ -255,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
+        if args.ceiling:
+            result["ceiling"] = ceiling(src)
+            print(json.dumps({"ceiling": result["ceiling"]}), flush=True)
         result["split"] = encoder_split(src)
         print(json.dumps({"split": result["split"]}), flush=True)
         if args.ingest_docs:
@@ -280,6 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     for r in by.values():
         print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
               f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
+    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader")
+    print()
+    print("where the CPU goes, ms per image (medians; workers' threads: decode, encode = main thread, other threads = "
+          "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE)")
+    print(f"{'engine':7} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
+    for (e, w), v in groups.items():
+        med = {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts}
+        print(f"{e:7} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
+    c = result.get("ceiling")
+    if c:
+        print(f"ceiling (independent processes pinned one per core, no pipeline): pure-Python loop 2/1 = "
+              f"{c.get('spin_ratio')}x, decode+encode 2/1 = {c.get('encode_ratio')}x "
+              f"({c.get('encode_1_images_per_s')} -> {c.get('encode_2_images_per_s')} images/s)")
     for e in ("local", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
