@@ -84,41 +84,38 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
             "cpu_split_ms": rep.cpu_split_ms_per_image(), **{k: v for k, v in extra.items()}}
 
 
-def _ceiling_proc(args: tuple) -> tuple[float, float]:
-    """One process of :func:`ceiling`: pinned to one core, everything on one thread at a time."""
-    kind, files, core, start_at = args
+def _ceiling_proc(kind: str, files: list[str], core: int | None, barrier, results) -> None:
+    """One process of :func:`ceiling`: pinned to one core, the same work as a worker's, no pipeline."""
     os.environ["STAIR_ES_ORT_THREADS"] = "1"
     if core is not None:
         os.sched_setaffinity(0, {core})
-    if kind == "spin":
-        while time.time() < start_at:
-            time.sleep(0.005)
-        t0, c0 = time.perf_counter(), time.process_time()
-        x = 0
-        for i in range(12_000_000):
-            x += i * i
-        return time.perf_counter() - t0, time.process_time() - c0
-    from threadpoolctl import threadpool_limits
+    if kind == "encode":
+        from threadpoolctl import threadpool_limits
 
-    from stair_es.encoders.base import get_encoder
-    from stair_es.images import load_image
+        from stair_es.encoders.base import get_encoder
+        from stair_es.images import load_image
 
-    threadpool_limits(1)
-    enc = get_encoder("default")
-    enc.encode_images([load_image(files[0], min_side=enc.image_min_side)])  # load the model, untimed
-    while time.time() < start_at:  # every process starts its timed work at the same moment
-        time.sleep(0.005)
+        threadpool_limits(1)
+        enc = get_encoder("default")
+        enc.encode_images([load_image(files[0], min_side=enc.image_min_side)] * 2)  # models loaded, untimed
+    barrier.wait()  # every process starts its timed work at the same moment
     t0, c0 = time.perf_counter(), time.process_time()
-    for i in range(0, len(files), 16):
-        enc.encode_images([load_image(f, min_side=enc.image_min_side) for f in files[i:i + 16]], batch_size=16)
-    return time.perf_counter() - t0, time.process_time() - c0
+    if kind == "spin":
+        x = 0
+        for i in range(30_000_000):
+            x += i * i
+    else:
+        for i in range(0, len(files), 16):
+            enc.encode_images([load_image(f, min_side=enc.image_min_side) for f in files[i:i + 16]], batch_size=16)
+    results.put((time.perf_counter() - t0, time.process_time() - c0))
 
 
 def ceiling(src: Path, n: int = 48) -> dict:
     """What 2 cores give over 1 for the same work with no pipeline at all: k independent processes,
     each pinned to its own core, each decoding and encoding the same n images (batches of 16,
     ONNX on one thread) -- and the same for a pure-Python loop (no memory traffic). Throughput of
-    2 processes / 1 process is the most 2 workers can give over 1 on this machine, now."""
+    2 processes / 1 process is the most 2 workers can give over 1 on this machine, now (other
+    jobs on the machine lower it)."""
     import multiprocessing
 
     files = [str(f) for f in sorted(src.glob("*.jpg"))[:n]]
@@ -130,12 +127,16 @@ def ceiling(src: Path, n: int = 48) -> dict:
         for k in (1, 2):
             if k > len(cores):
                 continue
-            with mp.Pool(k) as pool:
-                start_at = time.time() + (2.0 if kind == "spin" else 20.0)  # after every process loaded its model
-                res = pool.map(_ceiling_proc, [(kind, files, cores[i], start_at) for i in range(k)])
+            barrier, results = mp.Barrier(k), mp.Queue()
+            procs = [mp.Process(target=_ceiling_proc, args=(kind, files, cores[i], barrier, results)) for i in range(k)]
+            for p in procs:
+                p.start()
+            res = [results.get(timeout=600) for _ in procs]
+            for p in procs:
+                p.join()
             wall = max(w for w, _ in res)
             rates[k] = k / wall  # jobs per second
-            out[f"{kind}_{k}_wall_s"] = round(wall, 3)
+            out[f"{kind}_{k}_wall_s"] = [round(w, 3) for w, _ in res]
             out[f"{kind}_{k}_cpu_s"] = [round(c, 3) for _, c in res]
             if kind == "encode":
                 out[f"encode_{k}_images_per_s"] = round(k * len(files) / wall, 2)
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shard-size", type=int, default=16)
-    ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2")
+    ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2",
+                    help="engine:workers[:pin] (pin: local workers each on its own core, --pin-workers)")
     ap.add_argument("--runs", type=int, default=1, help="rounds over all configurations (alternating, so load hits "
                                                         "all alike); the table gives medians")
     ap.add_argument("--pin", action="store_true", help="local runs: pin the driver and its workers to `workers` cores "
@@ -294,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         get_encoder("default").encode_images([])  # export the ONNX towers once, outside the timings
         ray_up = False
         for _ in range(args.runs):
+            if args.ceiling:  # once per round: the machine's load changes from round to round
+                result.setdefault("ceilings", []).append(ceiling(src))
+                print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
             for cfg in args.configs.split(","):
-                engine, workers = cfg.split(":")
+                engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
                 if engine == "ray" and not ray_up:
                     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
                     import ray
@@ -309,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
                 try:
                     extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
+                    if "pin" in flags:
+                        extra["pin_workers"] = True
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
                                      args.shard_size, **extra)
                 finally:
@@ -320,9 +327,6 @@ def main(argv: list[str] | None = None) -> int:
             import ray
 
             ray.shutdown()
-        if args.ceiling:
-            result["ceiling"] = ceiling(src)
-            print(json.dumps({"ceiling": result["ceiling"]}), flush=True)
         result["split"] = encoder_split(src)
         print(json.dumps({"split": result["split"]}), flush=True)
         if args.ingest_docs:
@@ -338,30 +342,34 @@ def main(argv: list[str] | None = None) -> int:
 
     groups: dict = {}
     for r in result["runs"]:
-        groups.setdefault((r["engine"], r["workers"]), []).append(r)
+        groups.setdefault((r["engine"] + (":pin" if r.get("pin_workers") else ""), r["workers"]), []).append(r)
     by = {k: {f: statistics.median(x[f] for x in v) for f in ("images", "wall_s", "images_per_s", "steady_images_per_s",
                                                                "cpu_ms_per_image")} | {"engine": k[0], "workers": k[1], "n": len(v)}
           for k, v in groups.items()}
     result["medians"] = [dict(v) for v in by.values()]
     print(f"medians of {args.runs} run(s)")
-    print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
     for r in by.values():
-        print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
+        print(f"{r['engine']:10} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
               f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
     parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader")
     print()
     print("where the CPU goes, ms per image (medians; workers' threads: decode, encode = main thread, other threads = "
           "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE)")
-    print(f"{'engine':7} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
+    print(f"{'engine':10} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
     for (e, w), v in groups.items():
         med = {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts}
-        print(f"{e:7} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
-    c = result.get("ceiling")
-    if c:
-        print(f"ceiling (independent processes pinned one per core, no pipeline): pure-Python loop 2/1 = "
-              f"{c.get('spin_ratio')}x, decode+encode 2/1 = {c.get('encode_ratio')}x "
-              f"({c.get('encode_1_images_per_s')} -> {c.get('encode_2_images_per_s')} images/s)")
-    for e in ("local", "ray"):
+        print(f"{e:10} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
+    cs = result.get("ceilings")
+    if cs:
+        med = {k: statistics.median(c[k] for c in cs) for k in ("spin_ratio", "encode_ratio", "encode_1_images_per_s",
+                                                               "encode_2_images_per_s") if all(k in c for c in cs)}
+        result["ceiling_medians"] = med
+        print(f"ceiling (independent processes pinned one per core, no pipeline; medians of {len(cs)}): pure-Python "
+              f"loop 2/1 = {med.get('spin_ratio', 0):.2f}x (each: {[c.get('spin_ratio') for c in cs]}), decode+encode "
+              f"2/1 = {med.get('encode_ratio', 0):.2f}x (each: {[c.get('encode_ratio') for c in cs]}; "
+              f"{med.get('encode_1_images_per_s', 0):.1f} -> {med.get('encode_2_images_per_s', 0):.1f} images/s)")
+    for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
     if ("local", 2) in by and ("ray", 2) in by:
