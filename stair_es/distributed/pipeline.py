@@ -423,7 +423,11 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     from ..catalog import count_catalog
     from ..encoders.base import progress_bar
 
-    total = count_catalog(src) if not src.lower().endswith((".parquet", ".pq", ".csv")) else None
+    from .shards import is_remote
+    from .sources import JSONL_SUFFIXES, LIST_SUFFIXES, jsonl_has_urls
+
+    lists = not is_remote(src) and src.lower().endswith(JSONL_SUFFIXES) and jsonl_has_urls(src)
+    total = None if is_remote(src) or src.lower().endswith(LIST_SUFFIXES) or lists else count_catalog(src)
     cpus = opts.cpus_per_worker or (max(1, (os.cpu_count() or 1) // opts.workers) if opts.engine == "local" else 1)
     ctx = WorkerContext(encoder_factory, out_dir, opts.batch_size, opts.encode_captions, cpus, header.get("encoder"),
                         opts.decode_threads, opts.gpus_per_worker)
