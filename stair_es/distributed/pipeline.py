@@ -29,6 +29,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -725,7 +726,10 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
     # max_retries times (max_task_retries); one shard in flight per actor, so an actor's death
     # costs only the shard it was encoding. A shard Ray gives up on is an errored block, which
     # the run tolerates (max_errored_blocks -1): it is reported with its inputs below.
-    remote_args: dict[str, Any] = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": opts.max_retries}
+    # (Ray 2.60 names no parameter for the two retry settings: they go as ray_remote_args, which
+    # it announces will go in 2.64; its deprecation warning is silenced below.)
+    retry_args = {"max_restarts": -1, "max_task_retries": opts.max_retries}
+    remote_args: dict[str, Any] = {"num_cpus": cpus}
     if opts.gpus_per_worker:
         remote_args["num_gpus"] = opts.gpus_per_worker
     logging.getLogger("ray.data").setLevel(logging.WARNING)
@@ -739,8 +743,10 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
             rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
             ds = ray.data.from_items(rows, override_num_blocks=len(rows))
             pool = ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows)), max_tasks_in_flight_per_actor=1)
-            ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1, batch_format="numpy",
-                                compute=pool, **remote_args)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*ray_remote_args. is deprecated")
+                ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1,
+                                    batch_format="numpy", compute=pool, **remote_args, **retry_args)
             by_k = {t.k: t for t in chunk}
             seen: set[int] = set()
             try:
