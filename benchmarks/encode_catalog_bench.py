@@ -70,18 +70,48 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     from stair_es.encoders.base import get_encoder
 
     shutil.rmtree(out, ignore_errors=True)
+    infra0 = ray_infra_cpu() if engine == "ray" else {}
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
                                               cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
     s = rep.summary()
+    split = rep.cpu_split_ms_per_image()
+    if engine == "ray":  # Ray's own processes (raylet, GCS, agents): CPU they took during the run
+        infra1 = ray_infra_cpu()
+        split["ray_processes"] = round(1000 * sum(infra1[p] - c for p, c in infra0.items() if p in infra1)
+                                       / max(1, s["inputs"]), 2)
     first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
     last_end = max(e["written_at"] for e in rep.shards)
     return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
             "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
             "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
             "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2),
-            "cpu_split_ms": rep.cpu_split_ms_per_image(), **{k: v for k, v in extra.items()}}
+            "cpu_split_ms": split, **{k: v for k, v in extra.items()},
+            # share of a core the driver (and Ray's own processes) kept busy over the run: their cost
+            # is per second of the run (polling, scheduling), not per image
+            "overhead_cores": round((split.get("driver", 0.0) + split.get("ray_processes", 0.0)) * s["inputs"] / 1000
+                                    / max(1e-9, s["wall_s"]), 3)}
+
+
+def ray_infra_cpu() -> dict[int, float]:
+    """CPU seconds so far of the local Ray's own processes (children of this one that are not
+    its worker processes: raylet, GCS server, dashboard and runtime-env agents, monitors)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            name = p.name()
+            if name.startswith("ray::") and name not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+                continue  # a worker process (idle, or an actor: its CPU is the worker's own)
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            continue
+    return out
 
 
 def _ceiling_proc(kind: str, files: list[str], core: int | None, barrier, results) -> None:
@@ -352,14 +382,36 @@ def main(argv: list[str] | None = None) -> int:
     for r in by.values():
         print(f"{r['engine']:10} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
               f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
-    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader")
+    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader",
+             "ray_processes")
     print()
     print("where the CPU goes, ms per image (medians; workers' threads: decode, encode = main thread, other threads = "
-          "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE)")
+          "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE; "
+          "ray_processes = raylet, GCS, agents)")
     print(f"{'engine':10} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
     for (e, w), v in groups.items():
         med = {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts}
         print(f"{e:10} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
+    # What the CPU accounting says 2 idle cores can give (per-thread CPU clocks: other jobs on the
+    # machine barely move these figures, unlike wall-clock rates).
+    meds = {k: {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts} for k, v in groups.items()}
+    result["cpu_bounds"] = {}
+    for e in ("local", "local:pin", "ray"):
+        if (e, 1) not in meds or (e, 2) not in meds:
+            continue
+        one, two = meds[(e, 1)], meds[(e, 2)]
+        main1 = one["encode"] + one["rows"] + one["write"]
+        tot1, tot2 = one["worker_total"], two["worker_total"]
+        ovh2 = statistics.median(x.get("overhead_cores", 0.0) for x in groups[(e, 2)])
+        rate2 = (2 - ovh2) * 1000 / tot2
+        b = {"main_thread_ms": round(main1, 2), "side_threads_ms": round(tot1 - main1, 2),
+             "lone_worker_cores": round(tot1 / main1, 2), "two_workers_images_per_s": round(rate2, 1),
+             "vs_one_core": round(rate2 / (1000 / tot1), 2), "vs_lone_worker": round(rate2 / (1000 / main1), 2)}
+        result["cpu_bounds"][e] = b
+        print(f"{e}: CPU accounting: one worker {tot1:.1f} ms/img = {main1:.1f} on its main thread + {tot1 - main1:.1f} on "
+              f"threads beside it (a lone worker on idle cores uses up to {b['lone_worker_cores']} cores); 2 workers on "
+              f"2 idle cores less {ovh2:.2f} core for the driver/Ray: {2 - ovh2:.2f} x 1000 / {tot2:.1f} = {rate2:.0f} images/s = "
+              f"{b['vs_one_core']}x a worker held to one core, {b['vs_lone_worker']}x a lone worker on idle cores")
     cs = result.get("ceilings")
     if cs:
         med = {k: statistics.median(c[k] for c in cs) for k in ("spin_ratio", "encode_ratio", "encode_1_images_per_s",

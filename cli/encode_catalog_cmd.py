@@ -51,13 +51,15 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
     processes or a Ray cluster; then `stair-es ingest INDEX OUT_DIR` puts them in an index.
 
     SOURCE is a folder, a quoted glob or a JSONL manifest (as `stair-es ingest` reads them), or
-    a Parquet/CSV list with a `path` or `url` column (optional `id`, `caption`, `metadata`),
-    local or on s3:// / gs://. Each shard holds id, source, caption, metadata and every sparse
+    a Parquet/CSV/JSONL list with a `path` or `url` column (optional `id`, `caption`,
+    `metadata`), local or on s3:// / gs://; images may be local, http(s)://, s3:// or gs://. Each shard holds id, source, caption, metadata and every sparse
     field as token ids + weights, with the encoder config in its metadata; inputs that could
     not be used are written to failures-NNNNN.parquet with the reason.
 
     Running the same command again after a crash (of this process or of a worker) skips the
-    shards already finished and encodes the rest; no id is ever written twice.
+    shards already finished and encodes the rest; no id is ever written twice. A shard whose
+    worker dies is tried again up to --max-retries times, then its inputs are reported as
+    failed with the reason (exit status 1) and the other shards go on.
     Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
     """
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
