@@ -96,7 +96,8 @@ class EncodeCatalogReport:
             "out_dir": self.out_dir, "engine": self.engine, "workers": self.workers,
             "shards": self.shards_total, "written": len(self.shards), "resumed": self.shards_done_before,
             "failed_shards": len(self.failed_shards), "documents": rows, "inputs": inputs,
-            "failed": sum(s["failures"] for s in self.shards), "skipped": sum(s["skipped"] for s in self.shards),
+            "failed": sum(s["failures"] for s in self.shards) + sum(s.get("failed_inputs", 0) for s in self.failed_shards),
+            "skipped": sum(s["skipped"] for s in self.shards),
             "wall_s": round(self.wall_s, 3), "images_per_s": round(inputs / self.wall_s, 2) if self.wall_s > 0 else None,
             "worker_cpu_ms_per_image": round(1000.0 * cpu / inputs, 2) if inputs else None,
             "driver_cpu_s": round(self.driver_cpu_s, 3), "reader_cpu_s": round(self.reader_cpu_s, 3),
@@ -440,6 +441,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
                 if task is not None:
                     _write_failed_shard(fs, folder, task, entry["error"])
                 report.failures += entry.get("failed_items", [])
+                entry["failed_inputs"] = len(entry.get("failed_items", []))
                 if on_shard is not None:
                     on_shard(entry)
                 entry.pop("failed_items", None)
