@@ -408,6 +408,20 @@ def test_cli_max_retries_reaches_the_pool_and_a_given_up_shard_exits_1(tmp_path)
     assert r.exit_code == 2 and "-1" in r.output
 
 
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    (tmp_path / "noguard.py").write_text(textwrap.dedent(f"""
+        from encode_catalog_util import color_encoder
+        from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
+        encode_catalog({str(src)!r}, {str(tmp_path / 'out')!r}, color_encoder, EncodeCatalogOptions(workers=2))
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(tmp_path / "noguard.py")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode != 0
+    assert "WorkerSetupError: a worker process could not start" in r.stderr and "if __name__ == '__main__':" in r.stderr
+
+
 # --- the CLI ---------------------------------------------------------------------------------------
 
 def _cli(*args):

@@ -261,8 +261,6 @@ class CpuSplit:
     and ONNX Runtime's own threads) and ``gc`` (wall seconds in Python's garbage collector).
     Per-thread CPU clocks, so the figures hold however many threads run at once."""
 
-    _gc_lock = threading.Lock()
-
     def __init__(self) -> None:
         self.cpu: dict[str, float] = {"decode": 0.0, "encode": 0.0, "rows": 0.0, "write": 0.0}
         self._lock = threading.Lock()
@@ -511,6 +509,7 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
                 os._exit(1)
 
     threading.Thread(target=orphaned, daemon=True, name="stair-es-orphan-check").start()
+    conn.send(("ready", os.getpid()))  # the process started: a death from now on is a shard's
     worker: ShardEncoder | None = None
     while True:
         try:
@@ -535,11 +534,13 @@ class _Slot:
     def __init__(self, mp, ctx: WorkerContext, core: int | None):
         self.core = core
         self.conn, child = mp.Pipe()
-        self.proc = mp.Process(target=_local_worker_main, args=(ctx, child, core), daemon=True,
-                               name="stair-es-encode-worker")
+        # not a daemon: an encoder may start processes of its own; the driver stops its workers
+        # when it ends, and a worker whose driver is killed exits by itself
+        self.proc = mp.Process(target=_local_worker_main, args=(ctx, child, core), name="stair-es-encode-worker")
         self.proc.start()
         child.close()
         self.task: ShardTask | None = None
+        self.ready = False  # the process got as far as running the worker's code
 
     def stop(self) -> None:
         try:
@@ -617,6 +618,13 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
                     msg = None
                 if msg is None:  # the process is gone without an answer: this shard's attempt is lost
                     slot.proc.join(timeout=5)
+                    code = slot.proc.exitcode
+                    if not slot.ready and code is not None and code > 0:
+                        raise WorkerSetupError(
+                            f"a worker process could not start (exit status {code}; its error is above). From a script, "
+                            "call encode_catalog under `if __name__ == '__main__':` (workers are spawned and import "
+                            "the main module), and keep the encoder factory importable (a module-level function or "
+                            "functools.partial)")
                     attempts[task.k] = attempts.get(task.k, 0) + 1
                     log.warning("a worker process died while encoding shard %d (attempt %d of %d)", task.k,
                                 attempts[task.k], 1 + opts.max_retries)
@@ -628,8 +636,11 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
                     slot.stop()
                     slots[i] = _Slot(mp, ctx, slot.core)
                     continue
-                slot.task = None
                 kind, payload = msg
+                if kind == "ready":
+                    slot.ready = True
+                    continue  # the shard's answer comes next
+                slot.task = None
                 if kind == "setup":
                     raise WorkerSetupError(payload)
                 if kind == "error":
