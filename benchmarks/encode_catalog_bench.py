@@ -13,6 +13,14 @@ core (ONNX Runtime on one thread), so 2 workers against 1 is 2 cores against 1:
 * ``steady images/s``: inputs / (end of the last shard - start of the first), start-up excluded;
 * ``CPU ms/image``: CPU seconds of the workers (all their threads) per image.
 
+``--configs local:1:pin,local:2:pin`` holds each worker to its own core (``--pin-workers``), so
+2 workers against 1 is 2 cores against 1. Where the CPU goes is printed per image from the
+manifests' per-thread split (decode, encode on the main thread, the threads beside it, rows,
+Parquet write, gc), with the driver's CPU, its reading of SOURCE and Ray's own processes,
+and what that accounting bounds 2 workers at on 2 idle cores. ``--ceiling`` measures, once per
+round, what 2 cores give over 1 right now for the same work without any pipeline (independent
+processes pinned one per core): on a shared machine, the yardstick for the wall-clock ratios.
+
 Ray runs on ``ray.init(num_cpus=2)`` started once before its configurations (that start is
 timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
 process) feeds the sizing table of docs/distributed.md. Shards -> embedded: synthetic shards
