@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
         get_encoder("default").encode_images([])  # export the ONNX towers once, outside the timings
         ray_up = False
-        for _ in range(args.runs):
+        for rnd in range(args.runs):
             if args.ceiling:  # once per round: the machine's load changes from round to round
                 result.setdefault("ceilings", []).append(ceiling(src))
                 print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     os.sched_setaffinity(0, allowed)
                 run["pinned_cores"] = int(workers) if args.pin and engine == "local" else None
+                run["round"] = rnd
                 result["runs"].append(run)
                 print(json.dumps(run), flush=True)
         if ray_up:
@@ -429,6 +430,19 @@ def main(argv: list[str] | None = None) -> int:
               f"loop 2/1 = {med.get('spin_ratio', 0):.2f}x (each: {[c.get('spin_ratio') for c in cs]}), decode+encode "
               f"2/1 = {med.get('encode_ratio', 0):.2f}x (each: {[c.get('encode_ratio') for c in cs]}; "
               f"{med.get('encode_1_images_per_s', 0):.1f} -> {med.get('encode_2_images_per_s', 0):.1f} images/s)")
+    if cs:  # each round's 2-vs-1 ratio against the ceiling measured just before it
+        for e in ("local", "local:pin", "ray"):
+            effs = []
+            for rnd, c in enumerate(cs):
+                one = [x for x in groups.get((e, 1), []) if x.get("round") == rnd]
+                two = [x for x in groups.get((e, 2), []) if x.get("round") == rnd]
+                if one and two and c.get("encode_ratio"):
+                    effs.append((two[0]["steady_images_per_s"] / one[0]["steady_images_per_s"], c["encode_ratio"]))
+            if effs:
+                rel = statistics.median(r / c for r, c in effs)
+                result.setdefault("against_ceiling", {})[e] = rel
+                print(f"{e}: per round, 2 workers / 1 against the ceiling of that round: "
+                      + ", ".join(f"{r:.2f}x / {c:.2f}x" for r, c in effs) + f" -> median {rel:.2f} of the ceiling")
     for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
