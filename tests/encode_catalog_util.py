@@ -123,3 +123,8 @@ def dying_color_encoder(attempts_file: str | None = None, **kw):
 
     enc.encode_images = run
     return enc
+
+
+def broken_encoder(**kw):
+    """An encoder factory that cannot load (as a missing model file would)."""
+    raise FileNotFoundError("model.onnx: no such file (from the tests)")

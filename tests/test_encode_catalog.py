@@ -22,7 +22,8 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
 import pyarrow.parquet as pq  # noqa: E402
 
-from encode_catalog_util import add_poison, color_encoder, dying_color_encoder, make_catalog, other_color_encoder  # noqa: E402
+from encode_catalog_util import (add_poison, broken_encoder, color_encoder, dying_color_encoder, make_catalog,  # noqa: E402
+                                 other_color_encoder)
 from fakes import MemoryBackend  # noqa: E402
 
 from stair_es import get_backend  # noqa: E402
@@ -406,6 +407,13 @@ def test_cli_max_retries_reaches_the_pool_and_a_given_up_shard_exits_1(tmp_path)
     assert "died 1 time(s)" in r.stdout and "poison.png" in r.stdout and "1 failed" in r.stdout
     r = _cli("encode-catalog", str(src), str(tmp_path / "o2"), "--max-retries", "-1")
     assert r.exit_code == 2 and "-1" in r.output
+
+
+def test_an_encoder_that_cannot_load_stops_the_run_with_its_reason(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    with pytest.raises(WorkerSetupError, match="could not load the encoder: FileNotFoundError: model.onnx"):
+        run_local(src, tmp_path / "out", broken_encoder)
+    assert not list((tmp_path / "out").glob("part-*"))
 
 
 def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):

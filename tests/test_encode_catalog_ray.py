@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' ex
 pytest.importorskip("ray.data", reason="--engine ray needs the 'distributed' extra (ray[data])")
 import pyarrow.parquet as pq  # noqa: E402
 
-from encode_catalog_util import add_poison, color_encoder, dying_color_encoder, make_catalog  # noqa: E402
+from encode_catalog_util import add_poison, broken_encoder, color_encoder, dying_color_encoder, make_catalog  # noqa: E402
 
 from stair_es import get_backend  # noqa: E402
 from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog  # noqa: E402
@@ -85,6 +85,15 @@ def test_a_shard_whose_actor_dies_is_retried_max_retries_times_then_its_inputs_a
     assert set(ids) == expected - lost and rep.summary()["written"] == rep.shards_total - 1
     failed = [r for f in out.glob("failures-*.parquet") for r in pq.read_table(f).to_pylist()]
     assert {r["id"] for r in failed} == lost
+
+
+def test_an_encoder_that_cannot_load_stops_the_run_with_its_reason(local_ray, tmp_path):
+    from stair_es.distributed.pipeline import WorkerSetupError
+
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    with pytest.raises(WorkerSetupError, match="could not load the encoder: FileNotFoundError: model.onnx"):
+        encode_catalog(str(src), str(tmp_path / "out"), broken_encoder,
+                       EncodeCatalogOptions(engine="ray", workers=1, shard_size=2, max_retries=1))
 
 
 def test_gpus_per_worker_reaches_the_actors_and_is_checked_against_the_cluster(local_ray, tmp_path, monkeypatch):
