@@ -209,8 +209,51 @@ def encoder_split(src: Path, n: int = 48) -> dict:
         ie.probabilities_from_pixels(pixels[i:i + 16], net)
     network = time.process_time() - c0
     k = len(files)
-    return {"images": k, "decode_ms": round(1000 * decode / k, 2), "encode_ms": round(1000 * encode / k, 2),
-            "network_ms": round(1000 * network / k, 2), "rest_ms": round(1000 * (encode - network) / k, 2)}
+    out = {"images": k, "decode_ms": round(1000 * decode / k, 2), "encode_ms": round(1000 * encode / k, 2),
+           "network_ms": round(1000 * network / k, 2), "rest_ms": round(1000 * (encode - network) / k, 2)}
+    out.update({f"{name}_ms": round(1000 * cpu / k, 2) for name, cpu in source_costs(enc, ims).items()})
+    return out
+
+
+def source_costs(enc, ims: list) -> dict[str, float]:
+    """CPU seconds of each pixel source of the default encoder over ``ims``, one at a time, as its
+    pixel worker runs them: the classifier's resampling, the drawing score and gate, colour names,
+    scene words, people, OCR (on the pictures that look drawn). Timing only: the 64 px copy the
+    colour and scene sources share is made here with Pillow's thumbnail."""
+    from PIL import Image
+
+    out: dict[str, float] = {}
+
+    def timed(name, fn):
+        c0 = time.process_time()
+        r = fn()
+        out[name] = out.get(name, 0.0) + time.process_time() - c0
+        return r
+
+    timed("resample", lambda: [enc.image_encoder.preprocess(im) for im in ims])
+    try:
+        from stair_es.encoders.clipart import drawing_gate, drawing_score
+    except ImportError:
+        return out
+    scores = timed("drawing_score", lambda: [drawing_score(im) for im in ims])
+    if getattr(enc, "clipart", None) is not None:
+        timed("drawing_gate", lambda: [drawing_gate(im, sc) for im, sc in zip(ims, scores)])
+
+    def small(im):
+        im = im.copy()
+        im.thumbnail((64, 64), Image.BOX)
+        return im
+
+    smalls = timed("small_copy", lambda: [small(im) for im in ims])
+    if getattr(enc, "colour", None) is not None:
+        timed("colour", lambda: [enc.colour.encode(sm) for sm in smalls])
+    if getattr(enc, "scene", None) is not None:
+        timed("scene", lambda: [enc.scene.encode(sm, sc) for sm, sc in zip(smalls, scores)])
+    if getattr(enc, "people", None) is not None:
+        timed("people", lambda: [enc.people.encode(im, sc) for im, sc in zip(ims, scores)])
+    if getattr(enc, "ocr", None) is not None:
+        timed("ocr", lambda: enc.ocr.encode_many(ims, scores))
+    return out
 
 
 def ingest_run(tmp: Path, docs: int, shard: int = 50_000, warm: bool = True) -> dict:
@@ -453,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "
               f"(ONNX network {sp['network_ms']} ms, the rest {sp['rest_ms']} ms)")
+        srcs = [k[:-3] for k in sp if k.endswith("_ms") and k[:-3] not in ("decode", "encode", "network", "rest")]
+        if srcs:
+            print("  the pixel sources, each alone, per image: " + ", ".join(f"{k} {sp[k + '_ms']} ms" for k in srcs))
     if "ingest" in result:
         i = result["ingest"]
         print(f"shards -> embedded ingest: {i['docs']} docs in {i['wall_s']} s = {i['docs_per_s']} docs/s "
