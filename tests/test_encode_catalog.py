@@ -125,6 +125,19 @@ def test_shard_folder_layout_and_metadata(tmp_path, catalog):
     assert all(e["bytes"] == (out / e["file"]).stat().st_size for e in entries)
     ids = [r["id"] for r in shard_rows(out)]
     assert len(ids) == len(set(ids)) == s["documents"]
+    # where each shard's CPU went; a worker's start-up is reported once, with its first shard
+    for e in entries:
+        split = e["cpu_split"]
+        assert set(split) == {"decode", "encode", "rows", "write", "other_threads", "gc"}
+        assert all(v >= 0 for v in split.values())
+        assert sum(v for k, v in split.items() if k != "gc") <= e["cpu_s"] + 0.01
+    firsts = {}
+    for e in sorted(entries, key=lambda e: e["written_at"]):
+        firsts.setdefault(e["pid"], e)
+    assert all((e["worker_startup_cpu_s"] is not None) == (firsts[e["pid"]] is e) for e in entries)
+    assert s["worker_startup_cpu_s"] > 0 and s["driver_cpu_s"] >= s["reader_cpu_s"] >= 0
+    per_image = rep.cpu_split_ms_per_image()
+    assert per_image["worker_total"] == s["worker_cpu_ms_per_image"] and "driver" in per_image
 
 
 # --- bad input ------------------------------------------------------------------------------------
