@@ -3,6 +3,7 @@
     python benchmarks/ingest_bench.py                                    # this checkout only
     python benchmarks/ingest_bench.py --baseline /path/to/old/.venv/bin/stair-es --images 120 --runs 3
     python benchmarks/ingest_bench.py --baseline OLD/.venv/bin/stair-es --compare MAIN/.venv/bin/stair-es
+    python benchmarks/ingest_bench.py --encoder-option sources=imagenet,colour,clipart,ocr,scene,objects
 
 The folder holds real sample photos (scikit-image, scikit-learn, matplotlib) re-encoded as
 JPEG at 1600x1200 and 4000x3000 (typical phone and camera sizes), cycled to ``--images``
@@ -59,7 +60,7 @@ def make_folder(folder: Path, n: int) -> list[Path]:
     return paths
 
 
-def time_ingest(cli: str, folder: Path | list[Path], model_cache: Path) -> tuple[float, float]:
+def time_ingest(cli: str, folder: Path | list[Path], model_cache: Path, options: tuple[str, ...] = ()) -> tuple[float, float]:
     """One ``stair-es ingest`` into a fresh index: (wall seconds, CPU seconds)."""
     home = Path(tempfile.mkdtemp(prefix="stair-es-ingest-bench-"))
     env = dict(os.environ, STAIR_ES_HOME=str(home), STAIR_ES_MODEL_CACHE=str(model_cache))
@@ -69,7 +70,8 @@ def time_ingest(cli: str, folder: Path | list[Path], model_cache: Path) -> tuple
         manifest = home / "one.jsonl"
         manifest.write_text("".join(json.dumps({"id": p.stem, "path": str(p)}) + "\n" for p in folder))
         folder = manifest
-    done = subprocess.run([cli, "ingest", "bench", str(folder), "--home", str(home / "indices")],
+    extra = [a for opt in options for a in ("--encoder-option", opt)]
+    done = subprocess.run([cli, "ingest", "bench", str(folder), "--home", str(home / "indices"), *extra],
                           capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -95,14 +97,18 @@ def main() -> None:
     ap.add_argument("--baseline", help="another stair-es executable to measure in the same run (e.g. the previous release)")
     ap.add_argument("--compare", action="append", default=[], metavar="STAIR_ES",
                     help="more stair-es executables to measure in the same run (e.g. the main branch); repeatable")
+    ap.add_argument("--encoder-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to every `stair-es ingest` (e.g. sources=...,objects); repeatable")
     args = ap.parse_args()
+    opts = tuple(args.encoder_option)
     here = str(Path(sys.executable).with_name("stair-es"))
     with tempfile.TemporaryDirectory(prefix="stair-es-jpegs-") as tmp:
         folder = Path(tmp)
         paths = make_folder(folder, args.images)
         size_mb = sum(p.stat().st_size for p in paths) / 1e6
         print(f"# {args.images} JPEG files ({size_mb:.0f} MB; 1600x1200 and 4000x3000), {os.cpu_count()} cpus, "
-              f"load avg {os.getloadavg()[0]:.2f}\n# {provenance_line()}")
+              f"load avg {os.getloadavg()[0]:.2f}\n# {provenance_line()}"
+              + (f"\n# encoder options: {' '.join(opts)}" if opts else ""))
         old = decode_speed(paths[:40], target_max_side=1024)
         new = decode_speed(paths[:40], min_side=256)
         print(f"decode only: long side <= 1024 {old:6.1f} img/s | min_side 256 {new:6.1f} img/s | x{new / old:.2f}")
@@ -112,14 +118,14 @@ def main() -> None:
             print(f"# {label}: {cli}")
         caches = {label: Path(tmp + "-models-" + str(i)) for i, (label, _) in enumerate(rows)}
         for label, cli in rows:
-            wall, _ = time_ingest(cli, folder, caches[label])
+            wall, _ = time_ingest(cli, folder, caches[label], opts)
             print(f"{label:<14} warm-up run (may include a one-time model export): {wall:.1f} s")
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in rows}
         starts: dict[str, list[float]] = {label: [] for label, _ in rows}
         for _ in range(args.runs):
             for label, cli in rows:
-                runs[label].append(time_ingest(cli, folder, caches[label]))
-                starts[label].append(time_ingest(cli, paths[:1], caches[label])[0])
+                runs[label].append(time_ingest(cli, folder, caches[label], opts))
+                starts[label].append(time_ingest(cli, paths[:1], caches[label], opts)[0])
         for cache in caches.values():
             shutil.rmtree(cache, ignore_errors=True)
         results, cpu = {}, {}

@@ -154,7 +154,9 @@ def export(encoder, encoder_opts, as_json) -> None:
 
     enc = get_encoder(encoder, **encoder_kwargs(None, encoder_opts))
     towers = []
-    for part in (enc, getattr(enc, "image_encoder", None), getattr(enc, "text_encoder", None)):
+    # the default encoder's optional objects source has a detector tower too
+    for part in (enc, getattr(enc, "image_encoder", None), getattr(enc, "text_encoder", None),
+                 getattr(enc, "objects", None)):
         if part is not None and hasattr(part, "tower_spec") and part not in towers:
             towers.append(part)
         if part is not None and hasattr(part, "onnx_spec") and part not in towers:

@@ -51,6 +51,7 @@ import os
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -60,6 +61,7 @@ from ..errors import EmptyQueryError, EncoderVersionError, InvalidInputError, Mi
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, progress_bar, read_packaged_map
+from .options import EncoderOptions
 from .runtime import first_line
 
 log = logging.getLogger(__name__)
@@ -245,68 +247,74 @@ def calibrate(sims: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> np.ndar
     return np.log1p(np.maximum(z - threshold, 0.0))
 
 
+@dataclass
+class ClipVocabOptions(EncoderOptions):
+    """The ``clip-vocab`` encoder's options besides ``model`` (``--encoder-option KEY=VALUE``; calibration in
+    the module docstring). ``weights``, ``model_record`` and ``vocabulary`` are what ``config()`` records of
+    the model and word list an index was built with: others are refused unless ``allow_version_mismatch``."""
+
+    positional = ("model",)
+    top_k: int = DEFAULT_TOP_K  # the largest words kept per input
+    min_weight: float = 0.0  # word weights below are dropped
+    threshold: float = DEFAULT_THRESHOLD  # standard deviations above the mean a word's similarity must reach
+    templates: Sequence[str] | None = None  # prompts holding one "{}" for the word; None: DEFAULT_TEMPLATES
+    projection: float = 1.0  # weight of the query's projection on the word list (0: off)
+    words: bool = True  # a query keeps its own words
+    k1: float = 1.2  # the query words' count saturation (BagOfWordsEncoder)
+    runtime: str | None = None  # onnx or torch; None: ONNX Runtime when installed
+    weights: str | None = None
+    model_record: dict[str, Any] | None = None
+    vocabulary: str | None = None
+    allow_version_mismatch: bool = False
+
+
 class ClipVocabEncoder(Encoder):
     """Zero-shot sparse words from a CLIP or SigLIP checkpoint (see the module docstring)."""
 
     name = "clip-vocab"
     modalities = frozenset({"image", "text"})
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        top_k: int = DEFAULT_TOP_K,
-        min_weight: float = 0.0,
-        threshold: float = DEFAULT_THRESHOLD,
-        templates: Sequence[str] | None = None,
-        projection: float = 1.0,
-        words: bool = True,
-        k1: float = 1.2,
-        runtime: str | None = None,
-        weights: str | None = None,
-        model_record: dict[str, Any] | None = None,
-        vocabulary: str | None = None,
-        allow_version_mismatch: bool = False,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-    ):
+    def __init__(self, model: str | None = None, *, vocab: Vocabulary | None = None, name: str | None = None,
+                 **options: Any):
         super().__init__(vocab, name=name)
         from .runtime import runtime_choice
         from .text import BagOfWordsEncoder
 
+        o = ClipVocabOptions.from_kwargs(options, self.name)
         if not isinstance(model, str) or not model.strip():
             raise InvalidInputError(
                 "the clip-vocab encoder needs a CLIP or SigLIP model: --model ID (e.g. openai/clip-vit-base-patch32, "
                 "see `stair-es models list`) or a local folder"
             )
-        if not (isinstance(top_k, int) and top_k >= 1):
-            raise InvalidInputError(f"top_k must be a whole number >= 1, got {top_k!r}")
-        if not (min_weight >= 0 and np.isfinite(min_weight)):
-            raise InvalidInputError(f"min_weight must be >= 0, got {min_weight!r}")
-        if not np.isfinite(threshold):
-            raise InvalidInputError(f"threshold must be a number (standard deviations), got {threshold!r}")
-        if not (projection >= 0 and np.isfinite(projection)):
-            raise InvalidInputError(f"projection must be >= 0 (0 turns the query's projection off), got {projection!r}")
+        if not (isinstance(o.top_k, int) and o.top_k >= 1):
+            raise InvalidInputError(f"top_k must be a whole number >= 1, got {o.top_k!r}")
+        if not (o.min_weight >= 0 and np.isfinite(o.min_weight)):
+            raise InvalidInputError(f"min_weight must be >= 0, got {o.min_weight!r}")
+        if not np.isfinite(o.threshold):
+            raise InvalidInputError(f"threshold must be a number (standard deviations), got {o.threshold!r}")
+        if not (o.projection >= 0 and np.isfinite(o.projection)):
+            raise InvalidInputError(f"projection must be >= 0 (0 turns the query's projection off), got {o.projection!r}")
+        templates = o.templates
         tpl = tuple(templates) if templates is not None else DEFAULT_TEMPLATES
         if isinstance(templates, str) or not tpl or any(not isinstance(t, str) or t.count("{}") != 1 for t in tpl):
             raise InvalidInputError('templates must be a list of prompts each holding one "{}" for the word, e.g. "a photo of a {}."')
-        if not (words or projection > 0):
+        if not (o.words or o.projection > 0):
             raise InvalidInputError("a query needs its own words (words=true) or the projection (projection > 0)")
         self.model = model.strip()
-        self.top_k = top_k
-        self.min_weight = float(min_weight)
-        self.threshold = float(threshold)
+        self.top_k = o.top_k
+        self.min_weight = float(o.min_weight)
+        self.threshold = float(o.threshold)
         self.templates = tpl
-        self.projection = float(projection)
-        self.words = bool(words)
-        self.runtime = runtime_choice(runtime)
-        self.allow_version_mismatch = bool(allow_version_mismatch)
-        self._recorded_weights = weights
-        self._recorded_record = model_record
+        self.projection = float(o.projection)
+        self.words = bool(o.words)
+        self.runtime = runtime_choice(o.runtime)
+        self.allow_version_mismatch = bool(o.allow_version_mismatch)
+        self._recorded_weights = o.weights
+        self._recorded_record = o.model_record
         self.vocabulary_version, self.word_list = load_word_list()
-        if vocabulary is not None and vocabulary != self.vocabulary_version and not allow_version_mismatch:
+        if o.vocabulary is not None and o.vocabulary != self.vocabulary_version and not o.allow_version_mismatch:
             raise EncoderVersionError(
-                f"the index was built with the clip-vocab word list {vocabulary!r}, but this stair_es has "
+                f"the index was built with the clip-vocab word list {o.vocabulary!r}, but this stair_es has "
                 f"{self.vocabulary_version!r}: image words from the two differ. Re-ingest the catalog into a new index, "
                 "install the stair_es version that built it, or pass --force to search it anyway"
             )
@@ -314,8 +322,8 @@ class ClipVocabEncoder(Encoder):
         if any(i is None for i in ids):
             raise ModelError("the clip-vocab word list holds words outside the BERT vocabulary; reinstall stair-es")
         self.word_ids = np.array(ids, np.int64)
-        self._bow = BagOfWordsEncoder(vocab=self.vocab, k1=k1)
-        self.k1 = float(k1)
+        self._bow = BagOfWordsEncoder(vocab=self.vocab, k1=o.k1)
+        self.k1 = float(o.k1)
         self._folder: Path | None = None
         self._info: dict[str, Any] | None = None
         self._torch_model: Any = None

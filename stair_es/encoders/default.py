@@ -13,6 +13,7 @@ without it fails loudly instead of silently switching to ``bow``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,10 +24,11 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version
 from .imagenet import ImageNetLabelEncoder
+from .options import EncoderOptions
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
 TEXT_CHOICES = ("auto", "bow", "splade", "grounded")
-IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene")
+IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene", "objects")
 #: the sources every install of the ``encoders`` extra can run (``scene``, numpy only, became a
 #: default with token map v3: it gives photos sky, clouds, water, trees, snow, night words)
 BASE_SOURCES = ("imagenet", "colour", "clipart", "scene")
@@ -67,42 +69,50 @@ def _small_copy(image: Any) -> Any:
     return img
 
 
+@dataclass
+class DefaultOptions(EncoderOptions):
+    """The ``default`` encoder's options (``--encoder-option KEY=VALUE``). ``config()`` records the
+    versions and weight digests an index was built with (``token_map``, ``*_weights``, ``clipart_head``,
+    ``ocr``, ``scene``, ``people``, ``objects``); rebuilt from it, the encoder refuses other installed ones
+    unless ``allow_version_mismatch`` (``--force``)."""
+
+    text: str = "auto"  # a choice of TEXT_CHOICES; "auto": splade when text_model loads here, else bow
+    text_model: str = SPLADE_TINY  # the SPLADE checkpoint (local folder or hub id) of text="splade"
+    image_model: str = "lite0"  # the ImageNet classifier and its options below (ImageNetOptions)
+    top_classes: int = 20
+    min_weight: float = 0.05
+    temperature: float = 1.0
+    class_mass: float = 0.99
+    label_scale: float = 10.0  # ImageNetOptions.scale
+    device: str = "cpu"
+    runtime: str | None = None  # onnx or torch; None: ONNX Runtime when installed
+    image_precision: str = "fp32"  # ImageNetOptions.precision
+    token_map: str | None = None
+    allow_version_mismatch: bool = False
+    sources: Sequence[str] | None = None  # image token sources (IMAGE_SOURCES, a list or "a,b"); None: default_sources()
+    image_weights: str | None = None
+    text_weights: str | None = None
+    clipart_head: str | None = None
+    ocr_images: str = "drawings"  # which pictures OCR reads (OcrSource)
+    ocr: str | None = None
+    scene: str | None = None
+    people: str | None = None
+    objects: str | None = None
+    objects_model: str | None = None  # the detector of the objects source (ObjectsSource)
+    query_idf: bool = True  # text="splade": query weights x the index's IDF
+    grounding: Any = "on"  # query words grounded on the index's tokens (stair_es/encoders/grounding.py), or "off"
+
+
 class DefaultEncoder(Encoder):
     name = "default"
     modalities = frozenset({"image", "text"})
 
-    def __init__(
-        self,
-        *,
-        text: str = "auto",
-        text_model: str = SPLADE_TINY,
-        image_model: str = "lite0",
-        top_classes: int = 20,
-        min_weight: float = 0.05,
-        temperature: float = 1.0,
-        class_mass: float = 0.99,
-        label_scale: float = 10.0,
-        device: str = "cpu",
-        runtime: str | None = None,
-        image_precision: str = "fp32",
-        token_map: str | None = None,
-        allow_version_mismatch: bool = False,
-        sources: Sequence[str] | None = None,
-        image_weights: str | None = None,
-        text_weights: str | None = None,
-        clipart_head: str | None = None,
-        ocr_images: str = "drawings",
-        ocr: str | None = None,
-        scene: str | None = None,
-        people: str | None = None,
-        query_idf: bool = True,
-        grounding: Any = "on",
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-    ):
+    def __init__(self, *, vocab: Vocabulary | None = None, name: str | None = None, **options: Any):
         super().__init__(vocab, name=name)
+        o = DefaultOptions.from_kwargs(options, self.name)
         # (An index recorded before token sources existed is refused at ingest by the config
         # comparison, and its text queries do not depend on the image sources.)
+        sources = o.sources
         if isinstance(sources, str):  # from the CLI: --encoder-option sources=imagenet,colour,people
             sources = [s.strip() for s in sources.split(",") if s.strip()]
         chosen = tuple(sources) if sources is not None else default_sources()
@@ -110,34 +120,35 @@ class DefaultEncoder(Encoder):
         if unknown or "imagenet" not in chosen:
             raise InvalidInputError(f"sources must be a list from {', '.join(IMAGE_SOURCES)} including 'imagenet'; got {sources!r}")
         self.sources = chosen
+        text, allow_version_mismatch = o.text, o.allow_version_mismatch
         if text not in TEXT_CHOICES:
             raise InvalidInputError(f"text must be one of {', '.join(TEXT_CHOICES)}; got {text!r}")
         if text == "auto":
-            text = "splade" if splade_available(text_model) else "bow"
+            text = "splade" if splade_available(o.text_model) else "bow"
         self.text = text
-        self.text_model = text_model
+        self.text_model = o.text_model
         self.image_encoder = ImageNetLabelEncoder(
-            image_model, top_classes=top_classes, min_weight=min_weight, temperature=temperature, class_mass=class_mass,
-            scale=label_scale, device=device, runtime=runtime,
-            precision=image_precision, token_map=token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
+            o.image_model, top_classes=o.top_classes, min_weight=o.min_weight, temperature=o.temperature,
+            class_mass=o.class_mass, scale=o.label_scale, device=o.device, runtime=o.runtime, precision=o.image_precision,
+            token_map=o.token_map, allow_version_mismatch=allow_version_mismatch, vocab=self.vocab,
         )
         self.text_encoder: Encoder
         if text == "splade":
             # SPLADE x the index's IDF won on every evaluation set (docs/encoders.md)
-            self.text_encoder = SpladeEncoder(text_model, device=device, runtime=runtime, vocab=self.vocab, idf=query_idf,
-                                              grounding=grounding)
+            self.text_encoder = SpladeEncoder(o.text_model, device=o.device, runtime=o.runtime, vocab=self.vocab,
+                                              idf=o.query_idf, grounding=o.grounding)
         elif text == "grounded":
             from .grounded import GroundedQueryEncoder
 
-            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab, grounding=grounding)
+            self.text_encoder = GroundedQueryEncoder(vocab=self.vocab, grounding=o.grounding)
         else:
-            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=grounding)
-        self.device = device
+            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=o.grounding)
+        self.device = o.device
         from .colour import ColourSource
 
         self.colour = ColourSource(vocab=self.vocab) if "colour" in self.sources else None
         self._digests: dict[str, str] = {}
-        for part, recorded in (("image", image_weights), ("text", text_weights)):
+        for part, recorded in (("image", o.image_weights), ("text", o.text_weights)):
             if recorded is not None and not allow_version_mismatch:
                 actual = self.weights_digest(part)
                 if actual is not None and actual != recorded:
@@ -151,14 +162,14 @@ class DefaultEncoder(Encoder):
             from .clipart import ClipartSource
 
             self.clipart = ClipartSource(vocab=self.vocab)
-            check_recorded_version("the clipart token head", clipart_head, self.clipart.version,
+            check_recorded_version("the clipart token head", o.clipart_head, self.clipart.version,
                                    allow_version_mismatch, "image vectors from the two are not comparable")
         self.scene = None
         if "scene" in self.sources:  # sky, clouds, water, vegetation, snow, night from pixel statistics
             from .scene import SceneSource
 
             self.scene = SceneSource(vocab=self.vocab)
-            check_recorded_version("the scene token source", scene, self.scene.version, allow_version_mismatch,
+            check_recorded_version("the scene token source", o.scene, self.scene.version, allow_version_mismatch,
                                    "image vectors from the two are not comparable")
         self.people = None
         self._people_version_error: EncoderVersionError | None = None
@@ -168,20 +179,27 @@ class DefaultEncoder(Encoder):
             self.people = PeopleSource(vocab=self.vocab)  # MissingDependencyError names the extra
             # an index built before the source was versioned records no ``people`` (its image weights
             # digest says the config is a recorded one): that was people-v1
-            recorded_people = people if people is not None or image_weights is None else "people-v1"
+            recorded_people = o.people if o.people is not None or o.image_weights is None else "people-v1"
             try:
                 check_recorded_version("the people token source", recorded_people, self.people.version,
                                        allow_version_mismatch, "image vectors from the two are not comparable")
             except EncoderVersionError as e:
                 self._people_version_error = e  # text queries never read pictures: only image encoding is refused
+        self.objects = None
+        if "objects" in self.sources:  # COCO things and people counts from a detector (stair_es/encoders/objects.py)
+            from .objects import ObjectsSource
+
+            self.objects = ObjectsSource(model=o.objects_model, runtime=o.runtime, vocab=self.vocab)  # loaded on first image
+            check_recorded_version("the objects token source", o.objects, self.objects.version, allow_version_mismatch,
+                                   "image vectors from the two are not comparable")
         self.ocr = None
         self._ocr_version_error: EncoderVersionError | None = None
         if "ocr" in self.sources:  # words read from the image (stair_es/encoders/ocr.py)
             from .ocr import OcrSource
 
-            self.ocr = OcrSource(images=ocr_images, vocab=self.vocab)  # RapidOCR itself is needed only for images
+            self.ocr = OcrSource(images=o.ocr_images, vocab=self.vocab)  # RapidOCR itself is needed only for images
             try:
-                check_recorded_version("the ocr token source", ocr, self.ocr.version, allow_version_mismatch,
+                check_recorded_version("the ocr token source", o.ocr, self.ocr.version, allow_version_mismatch,
                                        "image vectors read by the two are not comparable")
             except EncoderVersionError as e:
                 # text queries never read pictures: only encoding an image (ingest, search --image) is refused
@@ -225,6 +243,8 @@ class DefaultEncoder(Encoder):
             cfg["scene"] = self.scene.version
         if self.people is not None:
             cfg["people"] = self.people.version
+        if self.objects is not None:
+            cfg["objects"] = self.objects.version
         if "precision" in img:  # int8 (recorded only when not fp32): its vectors differ from fp32 ones
             cfg["image_precision"] = img["precision"]
         if self.text == "splade":
@@ -281,12 +301,12 @@ class DefaultEncoder(Encoder):
 
     def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None, dict[int, str]]:
         """What one chunk needs from its pixels besides the classifier: the classifier's input,
-        the pixel-only sources (colour, people, ocr), the clip-art drawing gate and the
+        the pixel-only sources (colour, scene, people, objects, ocr), the clip-art drawing gate and the
         pictures OCR failed on (index in the chunk -> reason)."""
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
-        if self.clipart is not None or self.ocr is not None or self.scene is not None or self.people is not None:
+        if any(s is not None for s in (self.clipart, self.ocr, self.scene, self.people, self.objects)):
             # one drawing score serves all
             from .clipart import drawing_gate, drawing_score
 
@@ -301,6 +321,9 @@ class DefaultEncoder(Encoder):
                 sides[i]["scene"] = self.scene.encode(small, scores[i] if scores is not None else None)
             if self.people is not None:
                 sides[i]["people"] = self.people.encode(im, scores[i] if scores is not None else None)
+        if self.objects is not None:  # one detector batch per chunk; drawings skipped
+            for i, v in enumerate(self.objects.encode_many(chunk, scores)):
+                sides[i]["objects"] = v
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
             for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
@@ -345,7 +368,7 @@ class DefaultEncoder(Encoder):
                     parts = {"imagenet": self.image_encoder.vector_from_probabilities(p)}
                     if c is not None:
                         parts["clipart"] = c
-                    parts.update(side)  # colour, people, ocr
+                    parts.update(side)  # colour, scene, people, objects, ocr
                     yield parts
                 bar.update(len(chunk))
 
@@ -363,6 +386,8 @@ class DefaultEncoder(Encoder):
             out.append("scene")
         if self.people is not None and token in self.people.tokens:
             out.append("people")
+        if self.objects is not None and token in self.objects.tokens:
+            out.append("objects")
         if self.ocr is not None and self.ocr.can_read(token):
             out.append("ocr")
         return out

@@ -79,8 +79,9 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
         allow_version_mismatch: bool = False,
         vocab: Vocabulary | None = None,
         name: str | None = None,
+        grounding: Any = "on",
     ):
-        super().__init__(stopwords=stopwords, k1=k1, vocab=vocab, name=name)
+        super().__init__(stopwords=stopwords, k1=k1, vocab=vocab, name=name, grounding=grounding)
         if not (isinstance(expansion, (int, float)) and 0 <= expansion <= 1):
             raise InvalidInputError(f"expansion must be a number in [0, 1], got {expansion!r}")
         self.expansion = float(expansion)

@@ -74,6 +74,7 @@ import importlib.util
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -85,6 +86,7 @@ from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyEr
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
+from .options import EncoderOptions
 
 log = logging.getLogger(__name__)
 
@@ -316,75 +318,77 @@ def load_efficientnet(model: str = "lite0", weights: str | None = None, device: 
         return net
 
 
+@dataclass
+class ImageNetOptions(EncoderOptions):
+    """The ``imagenet`` encoder's options besides ``model`` (``--encoder-option KEY=VALUE``)."""
+
+    positional = ("model",)
+    top_classes: int = 20  # at most this many classes per image...
+    class_mass: float = 0.99  # ...and only as many as make up this share of the probability
+    min_weight: float = 0.05  # token weights below are dropped
+    scale: float = 10.0  # weight = log(1 + scale * share)
+    temperature: float = 1.0  # softmax temperature (1: the classifier's own probabilities)
+    hypernyms: bool = True  # WordNet token map (class words and their hypernyms); False: class names only
+    weights: str | None = None  # a local .pth instead of the packaged weights
+    device: str = "cpu"
+    runtime: str | None = None  # onnx or torch; None: ONNX Runtime when installed
+    precision: str = "fp32"  # or int8 (ONNX Runtime on the CPU)
+    token_map: str | None = None  # the map version an index recorded (an earlier shipped map is kept)
+    allow_version_mismatch: bool = False  # --force: encode images with another token map anyway
+
+
 class ImageNetLabelEncoder(Encoder):
     """Images -> WordPiece weights of the ImageNet classes EfficientNet-Lite sees in them."""
 
     name = "imagenet"
     modalities = frozenset({"image"})
 
-    def __init__(
-        self,
-        model: str = "lite0",
-        *,
-        top_classes: int = 20,
-        class_mass: float = 0.99,
-        min_weight: float = 0.05,
-        scale: float = 10.0,
-        temperature: float = 1.0,
-        hypernyms: bool = True,
-        weights: str | None = None,
-        device: str = "cpu",
-        runtime: str | None = None,
-        precision: str = "fp32",
-        token_map: str | None = None,
-        allow_version_mismatch: bool = False,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-    ):
+    def __init__(self, model: str = "lite0", *, vocab: Vocabulary | None = None, name: str | None = None, **options: Any):
         super().__init__(vocab, name=name)
         from .runtime import runtime_choice
 
-        self.runtime = runtime_choice(runtime)
-        if precision not in PRECISIONS:
-            raise InvalidInputError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-        if precision == "int8" and (self.runtime == "torch" or device != "cpu"):
+        o = ImageNetOptions.from_kwargs(options, self.name)
+        self.runtime = runtime_choice(o.runtime)
+        if o.precision not in PRECISIONS:
+            raise InvalidInputError(f"precision must be one of {', '.join(PRECISIONS)}; got {o.precision!r}")
+        if o.precision == "int8" and (self.runtime == "torch" or o.device != "cpu"):
             raise InvalidInputError("precision='int8' runs only in ONNX Runtime on the CPU: drop runtime=torch / device, "
                                     "or use precision='fp32'")
-        self.precision = precision
+        self.precision = o.precision
         if model not in MODELS:
             raise InvalidInputError(f"unknown EfficientNet model {model!r}; available: {', '.join(MODELS)}")
-        if not (isinstance(top_classes, int) and top_classes >= 1):
-            raise InvalidInputError(f"top_classes must be a positive integer, got {top_classes!r}")
-        if not (0 < class_mass <= 1):
-            raise InvalidInputError(f"class_mass must lie in (0, 1], got {class_mass!r}")
-        if min_weight < 0 or scale <= 0:
+        if not (isinstance(o.top_classes, int) and o.top_classes >= 1):
+            raise InvalidInputError(f"top_classes must be a positive integer, got {o.top_classes!r}")
+        if not (0 < o.class_mass <= 1):
+            raise InvalidInputError(f"class_mass must lie in (0, 1], got {o.class_mass!r}")
+        if o.min_weight < 0 or o.scale <= 0:
             raise InvalidInputError("min_weight must be >= 0 and scale > 0")
-        if not (isinstance(temperature, (int, float)) and 0.25 <= temperature <= 10):
+        if not (isinstance(o.temperature, (int, float)) and 0.25 <= o.temperature <= 10):
             raise InvalidInputError(f"temperature must be a number from 0.25 to 10 (1 = the classifier's own "
-                                    f"probabilities), got {temperature!r}")
+                                    f"probabilities), got {o.temperature!r}")
         if self.vocab.digest != default_vocabulary().digest:
             raise InvalidInputError("the imagenet encoder only supports the bert-base-uncased vocabulary")
         self.model = model
         self.image_size = MODELS[model]
         self.image_min_side = self.image_size + 32  # preprocess: shorter side -> size + 32, centre crop
-        self.top_classes = top_classes
-        self.class_mass = float(class_mass)
-        self.min_weight = float(min_weight)
-        self.scale = float(scale)
-        self.temperature = float(temperature)
-        self.hypernyms = bool(hypernyms)
-        self.weights = weights
-        self.device = device
+        self.top_classes = o.top_classes
+        self.class_mass = float(o.class_mass)
+        self.min_weight = float(o.min_weight)
+        self.scale = float(o.scale)
+        self.temperature = float(o.temperature)
+        self.hypernyms = bool(o.hypernyms)
+        self.weights = o.weights
+        self.device = o.device
         self.classnames = imagenet_classnames()
         self._shares: list[dict[int, float]] | None = None  # built on first use (a text query never needs it)
         # an index built with an earlier map that stair_es still ships goes on with that map
-        earlier = token_map if hypernyms and token_map in EARLIER_MAPS else None
-        self.token_map = wordnet_token_map(earlier)["version"] if hypernyms else NAMES_ONLY_MAP
+        earlier = o.token_map if o.hypernyms and o.token_map in EARLIER_MAPS else None
+        self.token_map = wordnet_token_map(earlier)["version"] if o.hypernyms else NAMES_ONLY_MAP
         #: an index built with another token map: its text queries are unaffected (they never read the
         #: map), but an image encoded here would not be comparable, so encoding one raises this
         self.version_error: EncoderVersionError | None = None
         try:
-            check_recorded_version("the ImageNet token map", token_map, self.token_map, allow_version_mismatch,
+            check_recorded_version("the ImageNet token map", o.token_map, self.token_map, o.allow_version_mismatch,
                                    "image vectors from the two are not comparable")
         except EncoderVersionError as e:
             self.version_error = e

@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -46,6 +47,7 @@ from ..errors import EmptyQueryError, InvalidInputError, MissingDependencyError,
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import Encoder, progress_bar
+from .options import EncoderOptions
 from .runtime import first_line
 
 log = logging.getLogger(__name__)
@@ -325,65 +327,68 @@ def _function_word_mask(vocab: Vocabulary) -> np.ndarray:
     return mask
 
 
+@dataclass
+class SpladeOptions(EncoderOptions):
+    """The ``splade`` encoder's options besides ``model`` (``--encoder-option KEY=VALUE``)."""
+
+    positional = ("model",)
+    max_length: int = 256  # longer texts are truncated (with a warning)
+    min_weight: float = 0.0  # token weights below are dropped
+    top_k: int | None = None  # keep the k strongest tokens; None: all
+    device: str = "cpu"
+    tokens_per_batch: int = 8192  # padded tokens per forward pass (memory bound)
+    drop_stopwords: bool = True  # drop stopwords and punctuation-only tokens from the output
+    runtime: str | None = None  # onnx or torch; None: ONNX Runtime when installed
+    idf: bool = False  # multiply query weights by the index's IDF when the caller passes it
+    grounding: Any = "on"  # ground query words on the index's tokens (stair_es/encoders/grounding.py), or "off"
+    expansion_cap: float | None = None  # expansion weights at most this x the strongest own word; None: EXPANSION_CAP
+
+
 class SpladeEncoder(Encoder):
     """SPLADE max-pooled MLM logits: ``w_t = max_i log(1 + ReLU(logit_i,t))`` over the BERT vocab."""
 
     name = "splade"
     modalities = frozenset({"text"})
 
-    def __init__(
-        self,
-        model: str = SPLADE_TINY,
-        *,
-        max_length: int = 256,
-        min_weight: float = 0.0,
-        top_k: int | None = None,
-        device: str = "cpu",
-        tokens_per_batch: int = 8192,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-        drop_stopwords: bool = True,
-        runtime: str | None = None,
-        idf: bool = False,
-        grounding: Any = "on",
-        expansion_cap: float | None = None,
-    ):
+    def __init__(self, model: str = SPLADE_TINY, *, vocab: Vocabulary | None = None, name: str | None = None, **options: Any):
         super().__init__(vocab, name=name)
         from .grounding import EXPANSION_CAP, parse_grounding
         from .runtime import runtime_choice
 
+        o = SpladeOptions.from_kwargs(options, self.name)
         # With index_stats (stair-es search passes them): query words the index lacks are
         # grounded on WordNet relatives it holds, split words are never searched as their
         # fragments, and expansion tokens are restricted to the index and capped at
         # expansion_cap x the query's strongest own word (stair_es/encoders/grounding.py).
-        self.grounding = parse_grounding(grounding)
-        if expansion_cap is not None and not (isinstance(expansion_cap, (int, float)) and expansion_cap >= 0):
-            raise InvalidInputError(f"expansion_cap must be a number >= 0, got {expansion_cap!r}")
-        self._cap_given = expansion_cap is not None
-        self.expansion_cap = float(expansion_cap) if expansion_cap is not None else EXPANSION_CAP
+        self.grounding = parse_grounding(o.grounding)
+        cap = o.expansion_cap
+        if cap is not None and not (isinstance(cap, (int, float)) and cap >= 0):
+            raise InvalidInputError(f"expansion_cap must be a number >= 0, got {cap!r}")
+        self._cap_given = cap is not None
+        self.expansion_cap = float(cap) if cap is not None else EXPANSION_CAP
 
-        self.runtime = runtime_choice(runtime)
+        self.runtime = runtime_choice(o.runtime)
         if not isinstance(model, str) or not model:
             raise InvalidInputError("model must be 'splade-tiny', a local folder or a hub id")
         # With idf=True a query's SPLADE weights are multiplied by the target index's IDF when
         # the caller passes it (stair-es search does): expansion terms that every image
         # carries ("white", "animal") stop drowning the rare words that tell images apart.
-        self.idf = bool(idf)
+        self.idf = bool(o.idf)
         # Small SPLADE models (splade-tiny) put real weight on function words and punctuation
         # ("is", "and", "’"), which then match every caption by accident. Dropping the bow
         # stopword list and punctuation-only tokens from the output removes those matches.
-        self.drop_stopwords = bool(drop_stopwords)
+        self.drop_stopwords = bool(o.drop_stopwords)
         self._drop_mask = _function_word_mask(self.vocab) if self.drop_stopwords else None
-        if not (isinstance(max_length, int) and 8 <= max_length <= 512):
-            raise InvalidInputError(f"max_length must be an integer in [8, 512], got {max_length!r}")
-        if min_weight < 0 or (top_k is not None and top_k < 1):
+        if not (isinstance(o.max_length, int) and 8 <= o.max_length <= 512):
+            raise InvalidInputError(f"max_length must be an integer in [8, 512], got {o.max_length!r}")
+        if o.min_weight < 0 or (o.top_k is not None and o.top_k < 1):
             raise InvalidInputError("min_weight must be >= 0 and top_k >= 1")
         self.model = model
-        self.max_length = max_length
-        self.min_weight = float(min_weight)
-        self.top_k = top_k
-        self.device = device
-        self.tokens_per_batch = max(int(tokens_per_batch), max_length)
+        self.max_length = o.max_length
+        self.min_weight = float(o.min_weight)
+        self.top_k = o.top_k
+        self.device = o.device
+        self.tokens_per_batch = max(int(o.tokens_per_batch), o.max_length)
         self._loaded: tuple[Any, Any] | None = None
         self._onnx: tuple[Any, Any] | None | bool = None  # (tokenizer, OnnxTower), False = PyTorch
 

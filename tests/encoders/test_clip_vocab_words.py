@@ -53,3 +53,13 @@ def test_the_script_regenerates_the_shipped_list(tmp_path, data):
 
     again = json.loads(out.read_text("utf-8"))
     assert again["version"] == data["version"] and again["words"] == data["words"]
+
+
+def test_an_unknown_option_names_the_valid_ones():
+    """Checked before the model is looked for: no model is needed to learn the option names."""
+    from stair_es.encoders import get_encoder
+    from stair_es.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"'clip-vocab' encoder does not take the option topk; its options are "
+                                                r"model, top_k, .*templates, .*vocabulary, allow_version_mismatch$"):
+        get_encoder("clip-vocab", model="openai/clip-vit-base-patch32", topk=5)

@@ -70,6 +70,23 @@ def test_forced_choices_and_bad_choice():
         DefaultEncoder(text="clip")
 
 
+def test_an_unknown_option_is_refused_with_the_valid_names():
+    """A typo in ``--encoder-option`` names the option and lists the valid ones (not a Python TypeError),
+    in the library and on the command line."""
+    with pytest.raises(InvalidInputError, match=r"'default' encoder does not take the option colour; its options are "
+                                                r"text, text_model, .*label_scale, .*grounding$"):
+        get_encoder("default", text="bow", colour="blue")
+    with pytest.raises(InvalidInputError, match="does not take the options colour, top_k;"):
+        DefaultEncoder(colour="blue", top_k=3)
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    r = CliRunner().invoke(cli, ["encode", "--text", "a dog", "--encoder-option", "text=bow", "--encoder-option", "colur=red"])
+    assert r.exit_code == 2 and "does not take the option colur; its options are text," in r.output
+    assert "Traceback" not in r.output
+
+
 def test_idf_passes_through_to_bow():
     from stair_es.vocab import VOCAB_SIZE, default_vocabulary
 
@@ -200,3 +217,13 @@ def test_people_source_without_opencv_names_the_extra(monkeypatch):
     monkeypatch.setattr(people, "opencv_available", lambda: False)
     with pytest.raises(MissingDependencyError, match=r"stair-es\[people\]"):
         DefaultEncoder(text="bow", sources=["imagenet", "people"])
+
+
+def test_grounded_text_side_builds_and_round_trips():
+    """``text="grounded"`` used to fail at construction (the default encoder passes ``grounding``)."""
+    from stair_es.encoders import get_encoder
+
+    enc = get_encoder("default", text="grounded")
+    vec = enc.encode_texts(["a drake on a pond"])[0].to_token_map()
+    assert {"drake", "duck", "pond"} <= set(vec)
+    assert get_encoder(**enc.config()).config() == enc.config()

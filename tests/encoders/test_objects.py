@@ -1,0 +1,329 @@
+"""The ``objects`` token source: the TensorFlow.js graph reader, the detector's words and counts,
+getting the weights (download checked, offline refused), and the real detector when present."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stair_es.errors import EncoderVersionError, InvalidInputError, ModelError
+
+torch = pytest.importorskip("torch")
+
+from stair_es.encoders import objects as obj  # noqa: E402
+from stair_es.encoders.tfjs_graph import graph_module, read_graph_model  # noqa: E402
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class GraphWriter:
+    """Writes a small TensorFlow.js graph model (model.json + one shard) as the converter would."""
+
+    def __init__(self, height: int = 4, width: int = 4, channels: int = 1):
+        self.nodes: list[dict] = [{"name": "images", "op": "Placeholder", "attr": {"shape": {"shape": {"dim": [
+            {"size": "1"}, {"size": str(height)}, {"size": str(width)}, {"size": str(channels)}]}}}}]
+        self.weights: list[dict] = []
+        self.blob = b""
+
+    def const(self, name: str, value: np.ndarray, quant: str | None = None) -> str:
+        value = np.asarray(value)
+        entry = {"name": name, "shape": list(value.shape), "dtype": "int32" if value.dtype.kind == "i" else "float32"}
+        if quant == "float16":
+            data = value.astype(np.float16).tobytes()
+            entry["quantization"] = {"dtype": "float16", "original_dtype": "float32"}
+        elif quant == "uint8":
+            lo, hi = float(value.min()), float(value.max())
+            scale = (hi - lo) / 255 or 1.0
+            data = np.round((value - lo) / scale).astype(np.uint8).tobytes()
+            entry["quantization"] = {"dtype": "uint8", "min": lo, "scale": scale, "original_dtype": "float32"}
+        else:
+            data = value.astype(np.int32 if value.dtype.kind == "i" else np.float32).tobytes()
+        self.nodes.append({"name": name, "op": "Const"})
+        self.weights.append(entry)
+        self.blob += data
+        return name
+
+    def op(self, name: str, op: str, inputs: list[str], **attr) -> str:
+        self.nodes.append({"name": name, "op": op, "input": inputs, "attr": attr})
+        return name
+
+    def write(self, folder: Path, stem: str = "model") -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.bin").write_bytes(self.blob)
+        spec = {"format": "graph-model", "modelTopology": {"node": self.nodes},
+                "weightsManifest": [{"paths": [f"{stem}.bin"], "weights": self.weights}]}
+        path = folder / f"{stem}.json"
+        path.write_text(json.dumps(spec))
+        return path
+
+
+def _conv_attr(stride: int = 1, padding: str = "SAME", fused: tuple[str, ...] = ()) -> dict:
+    attr = {"strides": {"list": {"i": ["1", str(stride), str(stride), "1"]}}, "padding": {"s": _b64(padding)},
+            "data_format": {"s": _b64("NHWC")}}
+    if fused:
+        attr["fused_ops"] = {"list": {"s": [_b64(f) for f in fused]}}
+    return attr
+
+
+def _run(path: Path, outputs: list[str], x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return graph_module(path, outputs)(torch.from_numpy(x.astype(np.float32)))[0].numpy()
+
+
+def test_same_padding_puts_the_odd_pixel_at_the_end_as_tensorflow_does(tmp_path):
+    # a 4x4 input, 3x3 kernel of ones, stride 2: TensorFlow pads 0 rows on top and 1 at the bottom,
+    # so the first output sums input[0:3, 0:3] (PyTorch's symmetric padding would sum [0:2, 0:2])
+    g = GraphWriter()
+    g.op("out", "Conv2D", ["images", g.const("w", np.ones((3, 3, 1, 1)))], **_conv_attr(2))
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    y = _run(g.write(tmp_path), ["out"], x)[0, 0]
+    img = x[0, 0]
+    assert y.shape == (2, 2)
+    assert y[0, 0] == img[0:3, 0:3].sum() and y[1, 1] == img[2:4, 2:4].sum()
+
+
+def test_fused_bias_and_relu_and_float16_weights(tmp_path):
+    g = GraphWriter()
+    w = g.const("w", np.full((1, 1, 1, 2), [1.0, -1.0]).reshape(1, 1, 1, 2), "float16")
+    b = g.const("b", np.array([0.5, 0.25]), "float16")
+    g.op("out", "_FusedConv2D", ["images", w, b], **_conv_attr(1, "VALID", ("BiasAdd", "Relu")))
+    x = np.array([[[[1.0, -2.0], [3.0, 0.0]]]], np.float32)  # N, C=1, 2, 2
+    y = _run(g.write(tmp_path), ["out"], x)
+    np.testing.assert_allclose(y[0, 0], np.maximum(x[0, 0] + 0.5, 0))
+    np.testing.assert_allclose(y[0, 1], np.maximum(-x[0, 0] + 0.25, 0))
+
+
+def test_uint8_weights_are_dequantized(tmp_path):
+    g = GraphWriter()
+    values = np.linspace(-1, 1, 4).reshape(4)
+    g.const("v", values, "uint8")
+    _, consts = read_graph_model(g.write(tmp_path))
+    np.testing.assert_allclose(consts["v"], values, atol=2 / 255)
+
+
+def test_tensorflow_1_bilinear_resize_samples_without_half_pixel_offset(tmp_path):
+    g = GraphWriter(2, 2)
+    g.op("out", "ResizeBilinear", ["images", g.const("size", np.array([4, 4], np.int32))],
+         align_corners={"b": False}, half_pixel_centers={"b": False})
+    x = np.array([[[[0.0, 4.0], [8.0, 12.0]]]], np.float32)
+    y = _run(g.write(tmp_path), ["out"], x)[0, 0]
+    # rows sample input rows 0, 0.5, 1, 1.5 (clamped): [a, (a+b)/2, b, b]
+    np.testing.assert_allclose(y[:, 0], [0, 4, 8, 8])
+    np.testing.assert_allclose(y[0], [0, 2, 4, 4])
+
+
+def test_resize_sizes_follow_the_input_given(tmp_path):
+    # sizes frozen for the declared 2x2 input double a 3x3 input to 6x6
+    g = GraphWriter(2, 2)
+    g.op("out", "ResizeBilinear", ["images", g.const("size", np.array([4, 4], np.int32))])
+    assert _run(g.write(tmp_path), ["out"], np.zeros((1, 1, 3, 3))).shape == (1, 1, 6, 6)
+
+
+def test_mean_concat_and_elementwise_ops_use_nhwc_axes(tmp_path):
+    g = GraphWriter(2, 2, 2)
+    m = g.op("m", "Mean", ["images", g.const("axes", np.array([1, 2], np.int32))], keep_dims={"b": True})
+    s = g.op("s", "Mul", ["images", m])
+    c = g.op("c", "ConcatV2", [s, "images", g.const("axis", np.array(3, np.int32))])
+    g.op("out", "Relu6", [g.op("a", "AddV2", [c, g.const("k", np.array(3.0))])])
+    x = np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)
+    y = _run(g.write(tmp_path), ["out"], x)
+    mean = x.mean(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(y, np.clip(np.concatenate([x * mean, x], axis=1) + 3, 0, 6), rtol=1e-6)
+
+
+def test_an_unsupported_op_is_refused_by_name_at_load(tmp_path):
+    g = GraphWriter()
+    g.op("out", "NonMaxSuppressionV5", ["images"])
+    with pytest.raises(ModelError, match="NonMaxSuppressionV5"):
+        graph_module(g.write(tmp_path), ["out"])
+
+
+def test_truncated_weights_are_refused(tmp_path):
+    g = GraphWriter()
+    g.const("w", np.ones((3, 3, 1, 1)))
+    path = g.write(tmp_path)
+    (tmp_path / "model.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelError, match="truncated"):
+        read_graph_model(path)
+
+
+# --- the source's words ------------------------------------------------------------------------
+def _source(**kw):
+    return obj.ObjectsSource(**kw)
+
+
+def _outputs(classes: dict[str, float], person_peaks: int = 0):
+    names = [c["name"] for c in obj.coco_token_map()["classes"]]
+    peaks = np.zeros(80, np.float32)
+    for name, score in classes.items():
+        peaks[names.index(name)] = score
+    heat = np.zeros((20, 20), np.float32)
+    for k in range(person_peaks):  # separate peaks, 3 cells apart
+        heat[2, 2 + 3 * k] = classes.get("person", 0.0)
+    return peaks, heat
+
+
+def test_detected_things_give_their_wordnet_words():
+    src = _source()
+    shares = src.shares_from_outputs(*_outputs({"kite": 0.8, "giraffe": 0.6, "dog": 0.1}))
+    assert shares["kite"] == pytest.approx(0.8 * 0.7) and "toy" in shares
+    assert "mammal" in shares  # giraffe is no whole BERT token: its relatives carry it
+    assert "dog" not in shares  # under the threshold
+
+
+def test_people_are_counted_from_separate_person_peaks():
+    src = _source()
+    one = src.shares_from_outputs(*_outputs({"person": 0.9}, 1))
+    three = src.shares_from_outputs(*_outputs({"person": 0.9}, 3))
+    many = src.shares_from_outputs(*_outputs({"person": 0.9}, 6))
+    assert "person" in one and "people" not in one
+    assert {"people", "group"} <= set(three) and "crowd" not in three
+    assert "crowd" in many
+
+
+def test_drawings_never_run_the_detector():
+    from PIL import Image
+
+    src = _source()
+    src._run = lambda x: (_ for _ in ()).throw(AssertionError("the detector ran on a drawing"))
+    out = src.encode_many([Image.new("RGB", (64, 64), "white")], [0.9])
+    assert out[0].nnz == 0
+
+
+def test_every_token_is_a_whole_bert_token():
+    src = _source()
+    assert all(src.vocab.get(t) is not None and not t.startswith("##") for t in src.tokens)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(InvalidInputError, match="multiple of 32"):
+        _source(size=300)
+    with pytest.raises(InvalidInputError, match="threshold"):
+        _source(threshold=1.5)
+
+
+def test_the_index_records_the_source_and_refuses_another_version():
+    pytest.importorskip("efficientnet_lite_pytorch", reason="needs the 'encoders' extra")
+    from stair_es.encoders import get_encoder
+
+    enc = get_encoder("default", sources="imagenet,colour,objects", text="bow")
+    recorded = enc.config()["objects"]
+    assert recorded.startswith("objects-v1-s320") and obj.coco_token_map()["version"] in recorded
+    assert "objects" in enc.token_sources("kite")
+    with pytest.raises(EncoderVersionError, match="objects token source"):
+        get_encoder("default", sources="imagenet,colour,objects", text="bow", objects="objects-v0")
+    # a text query never needs the detector
+    assert enc.encode_texts(["two dogs"])[0].nnz > 0 and enc.objects._run is None
+
+
+# --- getting the weights -------------------------------------------------------------------------
+def _fake_package(tmp_path: Path, monkeypatch) -> tuple[bytes, dict[str, bytes]]:
+    files = {"centernet.json": b'{"fake": true}', "centernet.bin": b"\1\2\3"}
+    monkeypatch.setattr(obj, "MODEL_FILES", {k: hashlib.sha256(v).hexdigest() for k, v in files.items()})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in {**files, "README.md": b"hi"}.items():
+            info = tarfile.TarInfo(f"package/models/{name}" if name in files else f"package/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), files
+
+
+@pytest.fixture
+def registry():
+    """A local HTTP server standing in for the npm registry: serves ``state['body']``."""
+    state = {"body": b"", "hits": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            state["hits"] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(state["body"])))
+            self.end_headers()
+            self.wfile.write(state["body"])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["url"] = f"http://127.0.0.1:{server.server_address[1]}/human.tgz"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_installs_both_files_after_checking_the_package(tmp_path, monkeypatch, registry):
+    body, files = _fake_package(tmp_path, monkeypatch)
+    registry["body"] = body
+    dest = tmp_path / "cache" / "centernet"
+    got = obj.fetch_model(dest, url=registry["url"], sha256=hashlib.sha256(body).hexdigest())
+    assert got == dest and {p.name: p.read_bytes() for p in dest.iterdir()} == files
+    assert [p.name for p in dest.parent.iterdir()] == ["centernet"]  # no temporary files left
+
+
+def test_a_download_that_does_not_match_its_checksum_installs_nothing(tmp_path, monkeypatch, registry):
+    body, _ = _fake_package(tmp_path, monkeypatch)
+    registry["body"] = body
+    dest = tmp_path / "cache" / "centernet"
+    with pytest.raises(ModelError, match="sha256"):
+        obj.fetch_model(dest, url=registry["url"], sha256="0" * 64)
+    assert not dest.exists() and list(dest.parent.iterdir()) == []
+
+
+def test_offline_mode_never_downloads_and_says_how_to_carry_the_files(tmp_path, monkeypatch, registry):
+    monkeypatch.setenv("STAIR_ES_OFFLINE", "1")
+    with pytest.raises(ModelError, match="npm pack @vladmandic/human@3.3.6"):
+        obj.fetch_model(tmp_path / "m", url=registry["url"])
+    assert registry["hits"] == 0
+
+
+def test_a_given_folder_must_hold_the_expected_files(tmp_path, monkeypatch):
+    _, files = _fake_package(tmp_path, monkeypatch)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    with pytest.raises(ModelError, match="has no centernet.json"):
+        obj.model_folder(str(folder))
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    assert obj.model_folder(str(folder)) == folder
+    (folder / "centernet.bin").write_bytes(b"other weights")
+    with pytest.raises(ModelError, match="not the detector"):
+        obj.model_folder(str(folder))
+    with pytest.raises(InvalidInputError, match="not a folder"):
+        obj.model_folder(str(tmp_path / "nowhere"))
+
+
+# --- the real detector (when its files are here) --------------------------------------------------
+def _real_folder() -> Path | None:
+    import os
+
+    from stair_es.encoders.runtime import model_cache_dir
+
+    for folder in (os.environ.get(obj.ENV_MODEL), model_cache_dir() / f"coco-centernet-human-{obj.PACKAGE_VERSION}"):
+        if folder and all((Path(folder) / n).is_file() for n in obj.MODEL_FILES):
+            return Path(folder)
+    return None
+
+
+@pytest.mark.slow
+def test_the_real_detector_finds_the_person_and_the_cup(photos):
+    folder = _real_folder()
+    if folder is None:
+        pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
+    src = obj.ObjectsSource(model=str(folder))
+    assert src.tower_spec().kind == "coco-centernet"  # what `stair-es encoders export` prepares
+    astronaut, coffee = src.encode_many([photos["astronaut"], photos["coffee"]], [0.0, 0.0])
+    assert "person" in astronaut.to_token_map()
+    assert "cup" in coffee.to_token_map()
