@@ -13,6 +13,14 @@ core (ONNX Runtime on one thread), so 2 workers against 1 is 2 cores against 1:
 * ``steady images/s``: inputs / (end of the last shard - start of the first), start-up excluded;
 * ``CPU ms/image``: CPU seconds of the workers (all their threads) per image.
 
+``--configs local:1:pin,local:2:pin`` holds each worker to its own core (``--pin-workers``), so
+2 workers against 1 is 2 cores against 1. Where the CPU goes is printed per image from the
+manifests' per-thread split (decode, encode on the main thread, the threads beside it, rows,
+Parquet write, gc), with the driver's CPU, its reading of SOURCE and Ray's own processes,
+and what that accounting bounds 2 workers at on 2 idle cores. ``--ceiling`` measures, once per
+round, what 2 cores give over 1 right now for the same work without any pipeline (independent
+processes pinned one per core): on a shared machine, the yardstick for the wall-clock ratios.
+
 Ray runs on ``ray.init(num_cpus=2)`` started once before its configurations (that start is
 timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
 process) feeds the sizing table of docs/distributed.md. Shards -> embedded: synthetic shards
@@ -65,22 +73,114 @@ def make_photos(root: Path, n: int) -> Path:
     return root
 
 
-def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int) -> dict:
+def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int, **extra) -> dict:
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
     from stair_es.encoders.base import get_encoder
 
     shutil.rmtree(out, ignore_errors=True)
+    infra0 = ray_infra_cpu() if engine == "ray" else {}
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
-                                              cpus_per_worker=1))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
+                                              cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
     s = rep.summary()
+    split = rep.cpu_split_ms_per_image()
+    if engine == "ray":  # Ray's own processes (raylet, GCS, agents): CPU they took during the run
+        infra1 = ray_infra_cpu()
+        split["ray_processes"] = round(1000 * sum(infra1[p] - c for p, c in infra0.items() if p in infra1)
+                                       / max(1, s["inputs"]), 2)
     first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
     last_end = max(e["written_at"] for e in rep.shards)
     return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
             "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
             "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
-            "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2)}
+            "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2),
+            "cpu_split_ms": split, **{k: v for k, v in extra.items()},
+            # share of a core the driver (and Ray's own processes) kept busy over the run: their cost
+            # is per second of the run (polling, scheduling), not per image
+            "overhead_cores": round((split.get("driver", 0.0) + split.get("ray_processes", 0.0)) * s["inputs"] / 1000
+                                    / max(1e-9, s["wall_s"]), 3)}
+
+
+def ray_infra_cpu() -> dict[int, float]:
+    """CPU seconds so far of the local Ray's own processes (children of this one that are not
+    its worker processes: raylet, GCS server, dashboard and runtime-env agents, monitors)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            name = p.name()
+            if name.startswith("ray::") and name not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+                continue  # a worker process (idle, or an actor: its CPU is the worker's own)
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            continue
+    return out
+
+
+def _ceiling_proc(kind: str, files: list[str], core: int | None, barrier, results) -> None:
+    """One process of :func:`ceiling`: pinned to one core, the same work as a worker's, no pipeline."""
+    os.environ["STAIR_ES_ORT_THREADS"] = "1"
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    if kind == "encode":
+        from threadpoolctl import threadpool_limits
+
+        from stair_es.encoders.base import get_encoder
+        from stair_es.images import load_image
+
+        threadpool_limits(1)
+        enc = get_encoder("default")
+        enc.encode_images([load_image(files[0], min_side=enc.image_min_side)] * 2)  # models loaded, untimed
+    barrier.wait()  # every process starts its timed work at the same moment
+    t0, c0 = time.perf_counter(), time.process_time()
+    if kind == "spin":
+        x = 0
+        for i in range(30_000_000):
+            x += i * i
+    else:
+        for i in range(0, len(files), 16):
+            enc.encode_images([load_image(f, min_side=enc.image_min_side) for f in files[i:i + 16]], batch_size=16)
+    results.put((time.perf_counter() - t0, time.process_time() - c0))
+
+
+def ceiling(src: Path, n: int = 48) -> dict:
+    """What 2 cores give over 1 for the same work with no pipeline at all: k independent processes,
+    each pinned to its own core, each decoding and encoding the same n images (batches of 16,
+    ONNX on one thread) -- and the same for a pure-Python loop (no memory traffic). Throughput of
+    2 processes / 1 process is the most 2 workers can give over 1 on this machine, now (other
+    jobs on the machine lower it)."""
+    import multiprocessing
+
+    files = [str(f) for f in sorted(src.glob("*.jpg"))[:n]]
+    cores = sorted(os.sched_getaffinity(0))
+    mp = multiprocessing.get_context("spawn")
+    out: dict = {}
+    for kind in ("spin", "encode"):
+        rates = {}
+        for k in (1, 2):
+            if k > len(cores):
+                continue
+            barrier, results = mp.Barrier(k), mp.Queue()
+            procs = [mp.Process(target=_ceiling_proc, args=(kind, files, cores[i], barrier, results)) for i in range(k)]
+            for p in procs:
+                p.start()
+            res = [results.get(timeout=600) for _ in procs]
+            for p in procs:
+                p.join()
+            wall = max(w for w, _ in res)
+            rates[k] = k / wall  # jobs per second
+            out[f"{kind}_{k}_wall_s"] = [round(w, 3) for w, _ in res]
+            out[f"{kind}_{k}_cpu_s"] = [round(c, 3) for _, c in res]
+            if kind == "encode":
+                out[f"encode_{k}_images_per_s"] = round(k * len(files) / wall, 2)
+        if 2 in rates:
+            out[f"{kind}_ratio"] = round(rates[2] / rates[1], 3)
+    return out
 
 
 def encoder_split(src: Path, n: int = 48) -> dict:
@@ -109,8 +209,51 @@ def encoder_split(src: Path, n: int = 48) -> dict:
         ie.probabilities_from_pixels(pixels[i:i + 16], net)
     network = time.process_time() - c0
     k = len(files)
-    return {"images": k, "decode_ms": round(1000 * decode / k, 2), "encode_ms": round(1000 * encode / k, 2),
-            "network_ms": round(1000 * network / k, 2), "rest_ms": round(1000 * (encode - network) / k, 2)}
+    out = {"images": k, "decode_ms": round(1000 * decode / k, 2), "encode_ms": round(1000 * encode / k, 2),
+           "network_ms": round(1000 * network / k, 2), "rest_ms": round(1000 * (encode - network) / k, 2)}
+    out.update({f"{name}_ms": round(1000 * cpu / k, 2) for name, cpu in source_costs(enc, ims).items()})
+    return out
+
+
+def source_costs(enc, ims: list) -> dict[str, float]:
+    """CPU seconds of each pixel source of the default encoder over ``ims``, one at a time, as its
+    pixel worker runs them: the classifier's resampling, the drawing score and gate, colour names,
+    scene words, people, OCR (on the pictures that look drawn). Timing only: the 64 px copy the
+    colour and scene sources share is made here with Pillow's thumbnail."""
+    from PIL import Image
+
+    out: dict[str, float] = {}
+
+    def timed(name, fn):
+        c0 = time.process_time()
+        r = fn()
+        out[name] = out.get(name, 0.0) + time.process_time() - c0
+        return r
+
+    timed("resample", lambda: [enc.image_encoder.preprocess(im) for im in ims])
+    try:
+        from stair_es.encoders.clipart import drawing_gate, drawing_score
+    except ImportError:
+        return out
+    scores = timed("drawing_score", lambda: [drawing_score(im) for im in ims])
+    if getattr(enc, "clipart", None) is not None:
+        timed("drawing_gate", lambda: [drawing_gate(im, sc) for im, sc in zip(ims, scores)])
+
+    def small(im):
+        im = im.copy()
+        im.thumbnail((64, 64), Image.BOX)
+        return im
+
+    smalls = timed("small_copy", lambda: [small(im) for im in ims])
+    if getattr(enc, "colour", None) is not None:
+        timed("colour", lambda: [enc.colour.encode(sm) for sm in smalls])
+    if getattr(enc, "scene", None) is not None:
+        timed("scene", lambda: [enc.scene.encode(sm, sc) for sm, sc in zip(smalls, scores)])
+    if getattr(enc, "people", None) is not None:
+        timed("people", lambda: [enc.people.encode(im, sc) for im, sc in zip(ims, scores)])
+    if getattr(enc, "ocr", None) is not None:
+        timed("ocr", lambda: enc.ocr.encode_many(ims, scores))
+    return out
 
 
 def ingest_run(tmp: Path, docs: int, shard: int = 50_000, warm: bool = True) -> dict:
@@ -206,12 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shard-size", type=int, default=16)
-    ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2")
+    ap.add_argument("--configs", default="local:1,local:2,ray:1,ray:2",
+                    help="engine:workers[:pin] (pin: local workers each on its own core, --pin-workers)")
     ap.add_argument("--runs", type=int, default=1, help="rounds over all configurations (alternating, so load hits "
                                                         "all alike); the table gives medians")
     ap.add_argument("--pin", action="store_true", help="local runs: pin the driver and its workers to `workers` cores "
                                                       "(a worker also decodes on other threads: unpinned, one worker "
                                                       "spreads over every core and 1 vs 2 workers is not 1 vs 2 cores)")
+    ap.add_argument("--decode-threads", type=int, help="decoding threads per worker (default: the pipeline's)")
+    ap.add_argument("--ceiling", action="store_true", help="also measure what 2 cores give over 1 for the same work "
+                                                          "with no pipeline (independent pinned processes)")
     ap.add_argument("--ingest-docs", type=int, default=300_000)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--sizing-from", type=Path, help="print the sizing table of a saved --json report and stop")
@@ -229,9 +376,12 @@ def main(argv: list[str] | None = None) -> int:
 
         get_encoder("default").encode_images([])  # export the ONNX towers once, outside the timings
         ray_up = False
-        for _ in range(args.runs):
+        for rnd in range(args.runs):
+            if args.ceiling:  # once per round: the machine's load changes from round to round
+                result.setdefault("ceilings", []).append(ceiling(src))
+                print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
             for cfg in args.configs.split(","):
-                engine, workers = cfg.split(":")
+                engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
                 if engine == "ray" and not ray_up:
                     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
                     import ray
@@ -244,11 +394,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.pin and engine == "local":
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
                 try:
+                    extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
+                    if "pin" in flags:
+                        extra["pin_workers"] = True
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
-                                     args.shard_size)
+                                     args.shard_size, **extra)
                 finally:
                     os.sched_setaffinity(0, allowed)
                 run["pinned_cores"] = int(workers) if args.pin and engine == "local" else None
+                run["round"] = rnd
                 result["runs"].append(run)
                 print(json.dumps(run), flush=True)
         if ray_up:
@@ -270,17 +424,69 @@ def main(argv: list[str] | None = None) -> int:
 
     groups: dict = {}
     for r in result["runs"]:
-        groups.setdefault((r["engine"], r["workers"]), []).append(r)
+        groups.setdefault((r["engine"] + (":pin" if r.get("pin_workers") else ""), r["workers"]), []).append(r)
     by = {k: {f: statistics.median(x[f] for x in v) for f in ("images", "wall_s", "images_per_s", "steady_images_per_s",
                                                                "cpu_ms_per_image")} | {"engine": k[0], "workers": k[1], "n": len(v)}
           for k, v in groups.items()}
     result["medians"] = [dict(v) for v in by.values()]
     print(f"medians of {args.runs} run(s)")
-    print(f"{'engine':7} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
     for r in by.values():
-        print(f"{r['engine']:7} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
+        print(f"{r['engine']:10} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
               f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
-    for e in ("local", "ray"):
+    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader",
+             "ray_processes")
+    print()
+    print("where the CPU goes, ms per image (medians; workers' threads: decode, encode = main thread, other threads = "
+          "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE; "
+          "ray_processes = raylet, GCS, agents)")
+    print(f"{'engine':10} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
+    for (e, w), v in groups.items():
+        med = {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts}
+        print(f"{e:10} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
+    # What the CPU accounting says 2 idle cores can give (per-thread CPU clocks: other jobs on the
+    # machine barely move these figures, unlike wall-clock rates).
+    meds = {k: {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts} for k, v in groups.items()}
+    result["cpu_bounds"] = {}
+    for e in ("local", "local:pin", "ray"):
+        if (e, 1) not in meds or (e, 2) not in meds:
+            continue
+        one, two = meds[(e, 1)], meds[(e, 2)]
+        main1 = one["encode"] + one["rows"] + one["write"]
+        tot1, tot2 = one["worker_total"], two["worker_total"]
+        ovh2 = statistics.median(x.get("overhead_cores", 0.0) for x in groups[(e, 2)])
+        rate2 = (2 - ovh2) * 1000 / tot2
+        b = {"main_thread_ms": round(main1, 2), "side_threads_ms": round(tot1 - main1, 2),
+             "lone_worker_cores": round(tot1 / main1, 2), "two_workers_images_per_s": round(rate2, 1),
+             "vs_one_core": round(rate2 / (1000 / tot1), 2), "vs_lone_worker": round(rate2 / (1000 / main1), 2)}
+        result["cpu_bounds"][e] = b
+        print(f"{e}: CPU accounting: one worker {tot1:.1f} ms/img = {main1:.1f} on its main thread + {tot1 - main1:.1f} on "
+              f"threads beside it (a lone worker on idle cores uses up to {b['lone_worker_cores']} cores); 2 workers on "
+              f"2 idle cores less {ovh2:.2f} core for the driver/Ray: {2 - ovh2:.2f} x 1000 / {tot2:.1f} = {rate2:.0f} images/s = "
+              f"{b['vs_one_core']}x a worker held to one core, {b['vs_lone_worker']}x a lone worker on idle cores")
+    cs = result.get("ceilings")
+    if cs:
+        med = {k: statistics.median(c[k] for c in cs) for k in ("spin_ratio", "encode_ratio", "encode_1_images_per_s",
+                                                               "encode_2_images_per_s") if all(k in c for c in cs)}
+        result["ceiling_medians"] = med
+        print(f"ceiling (independent processes pinned one per core, no pipeline; medians of {len(cs)}): pure-Python "
+              f"loop 2/1 = {med.get('spin_ratio', 0):.2f}x (each: {[c.get('spin_ratio') for c in cs]}), decode+encode "
+              f"2/1 = {med.get('encode_ratio', 0):.2f}x (each: {[c.get('encode_ratio') for c in cs]}; "
+              f"{med.get('encode_1_images_per_s', 0):.1f} -> {med.get('encode_2_images_per_s', 0):.1f} images/s)")
+    if cs:  # each round's 2-vs-1 ratio against the ceiling measured just before it
+        for e in ("local", "local:pin", "ray"):
+            effs = []
+            for rnd, c in enumerate(cs):
+                one = [x for x in groups.get((e, 1), []) if x.get("round") == rnd]
+                two = [x for x in groups.get((e, 2), []) if x.get("round") == rnd]
+                if one and two and c.get("encode_ratio"):
+                    effs.append((two[0]["steady_images_per_s"] / one[0]["steady_images_per_s"], c["encode_ratio"]))
+            if effs:
+                rel = statistics.median(r / c for r, c in effs)
+                result.setdefault("against_ceiling", {})[e] = rel
+                print(f"{e}: per round, 2 workers / 1 against the ceiling of that round: "
+                      + ", ".join(f"{r:.2f}x / {c:.2f}x" for r, c in effs) + f" -> median {rel:.2f} of the ceiling")
+    for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
     if ("local", 2) in by and ("ray", 2) in by:
@@ -290,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "
               f"(ONNX network {sp['network_ms']} ms, the rest {sp['rest_ms']} ms)")
+        srcs = [k[:-3] for k in sp if k.endswith("_ms") and k[:-3] not in ("decode", "encode", "network", "rest")]
+        if srcs:
+            print("  the pixel sources, each alone, per image: " + ", ".join(f"{k} {sp[k + '_ms']} ms" for k in srcs))
     if "ingest" in result:
         i = result["ingest"]
         print(f"shards -> embedded ingest: {i['docs']} docs in {i['wall_s']} s = {i['docs_per_s']} docs/s "

@@ -31,6 +31,12 @@ from .common import echo_json, encoder_kwargs, encoder_options, json_option, std
 @click.option("--batch-size", default=32, show_default=True, help="Images encoded together inside a worker.")
 @click.option("--shard-size", default=1024, show_default=True, help="Inputs per Parquet shard: the unit of work of a worker and of resuming (a catalog "
                    "smaller than workers x shard size leaves workers idle).")
+@click.option("--max-retries", default=2, show_default=True, type=click.IntRange(min=0),
+              help="How many times a shard whose worker process or actor dies (killed, out of memory) is tried again; "
+                   "then its inputs are reported as failed with the reason and the run goes on.")
+@click.option("--pin-workers", is_flag=True,
+              help="local: run worker i on core i only (with no more workers than cores). Steadier on a machine of "
+                   "your own; leave it off when other jobs share the cores.")
 @click.option("--no-captions", is_flag=True, help="Do not encode captions into the caption field.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write one JSON line per input that could not be used (with the reason) to this file.")
@@ -38,19 +44,22 @@ from .common import echo_json, encoder_kwargs, encoder_options, json_option, std
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_option
 def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, address, workers, cpus_per_worker,
-                   gpus_per_worker, batch_size, shard_size, no_captions, report_path, allow_failures, progress,
+                   gpus_per_worker, batch_size, shard_size, max_retries, pin_workers, no_captions, report_path,
+                   allow_failures, progress,
                    as_json) -> None:
     """Encode the images (and captions) of SOURCE into Parquet shards in OUT_DIR, on several
     processes or a Ray cluster; then `stair-es ingest INDEX OUT_DIR` puts them in an index.
 
     SOURCE is a folder, a quoted glob or a JSONL manifest (as `stair-es ingest` reads them), or
-    a Parquet/CSV list with a `path` or `url` column (optional `id`, `caption`, `metadata`),
-    local or on s3:// / gs://. Each shard holds id, source, caption, metadata and every sparse
+    a Parquet/CSV/JSONL list with a `path` or `url` column (optional `id`, `caption`,
+    `metadata`), local or on s3:// / gs://; images may be local, http(s)://, s3:// or gs://. Each shard holds id, source, caption, metadata and every sparse
     field as token ids + weights, with the encoder config in its metadata; inputs that could
     not be used are written to failures-NNNNN.parquet with the reason.
 
     Running the same command again after a crash (of this process or of a worker) skips the
-    shards already finished and encodes the rest; no id is ever written twice.
+    shards already finished and encodes the rest; no id is ever written twice. A shard whose
+    worker dies is tried again up to --max-retries times, then its inputs are reported as
+    failed with the reason (exit status 1) and the other shards go on.
     Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
     """
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
@@ -60,12 +69,14 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
 
     if address and engine != "ray":
         raise InvalidInputError("--address is for --engine ray")
+    if pin_workers and engine != "local":
+        raise InvalidInputError("--pin-workers is for --engine local (Ray places its actors itself)")
     if encoder not in list_encoders():  # here, before any worker starts
         raise UnknownNameError(f"unknown encoder {encoder!r}; available: {', '.join(list_encoders())}")
     kwargs = encoder_kwargs(model, encoder_opts)
     opts = EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch_size, shard_size=shard_size,
                                 address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                                encode_captions=not no_captions,
+                                encode_captions=not no_captions, max_retries=max_retries, pin_workers=pin_workers,
                                 progress=stderr_is_tty() if progress is None else progress)
     with contextlib.ExitStack() as stack:
         on_shard = None

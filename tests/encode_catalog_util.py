@@ -91,3 +91,40 @@ def other_color_encoder(**kw):
     enc = _fakes().ColorEncoder(**kw)
     enc.config = lambda: {"name": "fake-color", "variant": 2}
     return enc
+
+
+#: the size of the picture that kills the worker encoding it (see :func:`dying_color_encoder`)
+POISON_SIZE = (77, 33)
+
+
+def add_poison(root: Path, name: str = "poison.png") -> Path:
+    """A picture of :data:`POISON_SIZE` in the catalog: the worker that encodes it dies."""
+    Image.new("RGB", POISON_SIZE, "grey").save(root / name)
+    return root / name
+
+
+def dying_color_encoder(attempts_file: str | None = None, **kw):
+    """fakes.ColorEncoder whose process is SIGKILLed (as the kernel's out-of-memory killer would)
+    when it meets a picture of :data:`POISON_SIZE`; each such death first appends a line to
+    ``attempts_file``, so a test counts how often the shard was tried."""
+    import signal
+
+    enc = _fakes().ColorEncoder(**kw)
+    encode = enc.encode_images
+
+    def run(images, **k):
+        for im in images:
+            if im.size == POISON_SIZE:
+                if attempts_file:
+                    with open(attempts_file, "a", encoding="utf-8") as fh:
+                        fh.write(f"{os.getpid()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        return encode(images, **k)
+
+    enc.encode_images = run
+    return enc
+
+
+def broken_encoder(**kw):
+    """An encoder factory that cannot load (as a missing model file would)."""
+    raise FileNotFoundError("model.onnx: no such file (from the tests)")

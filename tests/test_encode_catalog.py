@@ -22,7 +22,8 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
 import pyarrow.parquet as pq  # noqa: E402
 
-from encode_catalog_util import color_encoder, make_catalog, other_color_encoder  # noqa: E402
+from encode_catalog_util import (add_poison, broken_encoder, color_encoder, dying_color_encoder, make_catalog,  # noqa: E402
+                                 other_color_encoder)
 from fakes import MemoryBackend  # noqa: E402
 
 from stair_es import get_backend  # noqa: E402
@@ -124,6 +125,19 @@ def test_shard_folder_layout_and_metadata(tmp_path, catalog):
     assert all(e["bytes"] == (out / e["file"]).stat().st_size for e in entries)
     ids = [r["id"] for r in shard_rows(out)]
     assert len(ids) == len(set(ids)) == s["documents"]
+    # where each shard's CPU went; a worker's start-up is reported once, with its first shard
+    for e in entries:
+        split = e["cpu_split"]
+        assert set(split) == {"decode", "encode", "rows", "write", "other_threads", "gc"}
+        assert all(v >= 0 for v in split.values())
+        assert sum(v for k, v in split.items() if k != "gc") <= e["cpu_s"] + 0.01
+    firsts = {}
+    for e in sorted(entries, key=lambda e: e["written_at"]):
+        firsts.setdefault(e["pid"], e)
+    assert all((e["worker_startup_cpu_s"] is not None) == (firsts[e["pid"]] is e) for e in entries)
+    assert s["worker_startup_cpu_s"] > 0 and s["driver_cpu_s"] >= s["reader_cpu_s"] >= 0
+    per_image = rep.cpu_split_ms_per_image()
+    assert per_image["worker_total"] == s["worker_cpu_ms_per_image"] and "driver" in per_image
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -349,6 +363,84 @@ def test_sigkill_of_driver_and_worker_then_resume_never_writes_an_id_twice(tmp_p
     be = get_backend("embedded", home=tmp_path / "home")
     r = ingest_catalog(be, "x", out, None)
     assert r.summary()["ok"] == len(expected) and not r.failures
+
+
+def test_a_shard_whose_worker_dies_is_retried_max_retries_times_then_its_inputs_are_reported(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=6)
+    add_poison(src, "drawing-2b.png")  # its worker is SIGKILLed every time
+    out, attempts = tmp_path / "out", tmp_path / "attempts.txt"
+    expected = {p.name for p in src.iterdir() if p.suffix in (".jpg", ".png")}
+    rep = run_local(src, out, functools.partial(dying_color_encoder, attempts_file=str(attempts)), shard_size=2,
+                    batch_size=2, max_retries=1)
+    pids = attempts.read_text().split()
+    assert len(pids) == 2 and len(set(pids)) == 2  # tried, retried once in a new process, then given up
+    assert len(rep.failed_shards) == 1
+    k = rep.failed_shards[0]["shard"]
+    reason = rep.failed_shards[0]["error"]
+    assert f"shard {k} died 2 time(s) (killed by signal 9" in reason and "run encode-catalog again" in reason
+    lost = {f["id"] for f in rep.failures}
+    assert "drawing-2b.png" in lost and len(lost) == 2  # the poison and its shard-mate, each with the reason
+    assert all(f["reason"] == reason for f in rep.failures)
+    # the run went on: every other shard is written, each id once
+    ids = [r["id"] for r in shard_rows(out)]
+    assert len(ids) == len(set(ids)) and set(ids) == expected - lost
+    assert rep.summary()["written"] == rep.shards_total - 1
+    assert not (out / f"part-{k:05d}.parquet").exists() and not (out / "_manifest" / f"part-{k:05d}.json").exists()
+    assert {(f["id"], f["action"], f["reason"]) for f in failures(out)} == {(i, "failed", reason) for i in lost}
+    # ingest reports them one by one (nothing acknowledged is lost), and the given-up shard
+    be = get_backend("embedded", home=tmp_path / "home")
+    r = ingest_catalog(be, "x", out, None)
+    assert r.summary()["ok"] == len(expected) - 2
+    assert {f.id for f in r.failures if f.id} == lost and any("gave up on this shard" in (f.error or "") for f in r.failures)
+    # a run with a healthy worker finishes that shard alone, and its stale failures file goes
+    again = run_local(src, out, color_encoder, shard_size=2, batch_size=2, max_retries=1)
+    assert again.summary()["written"] == 1 and not again.failed_shards and not failures(out)
+    r = ingest_catalog(be, "x", out, None)
+    assert r.summary()["ok"] == 2 and not r.failures and be.index_info("x").doc_count == len(expected)
+
+
+def test_cli_max_retries_reaches_the_pool_and_a_given_up_shard_exits_1(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    add_poison(src)
+    code = textwrap.dedent(f"""
+        from encode_catalog_util import dying_color_encoder
+        from stair_es.encoders.base import register_encoder
+        from stair_es.cli.main import cli
+        if __name__ == "__main__":
+            register_encoder("fake-dying", dying_color_encoder)
+            cli(["encode-catalog", {str(src)!r}, {str(tmp_path / 'out')!r}, "--encoder", "fake-dying",
+                 "--encoder-option", "attempts_file={tmp_path / 'attempts.txt'}", "--max-retries", "0", "--workers", "2",
+                 "--shard-size", "2"])
+    """)
+    (tmp_path / "drive.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(tmp_path / "drive.py")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert len((tmp_path / "attempts.txt").read_text().split()) == 1  # --max-retries 0: never tried again
+    assert "died 1 time(s)" in r.stdout and "poison.png" in r.stdout and "1 failed" in r.stdout
+    r = _cli("encode-catalog", str(src), str(tmp_path / "o2"), "--max-retries", "-1")
+    assert r.exit_code == 2 and "-1" in r.output
+
+
+def test_an_encoder_that_cannot_load_stops_the_run_with_its_reason(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    with pytest.raises(WorkerSetupError, match="could not load the encoder: FileNotFoundError: model.onnx"):
+        run_local(src, tmp_path / "out", broken_encoder)
+    assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    (tmp_path / "noguard.py").write_text(textwrap.dedent(f"""
+        from encode_catalog_util import color_encoder
+        from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
+        encode_catalog({str(src)!r}, {str(tmp_path / 'out')!r}, color_encoder, EncodeCatalogOptions(workers=2))
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(tmp_path / "noguard.py")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode != 0
+    assert "WorkerSetupError: a worker process could not start" in r.stderr and "if __name__ == '__main__':" in r.stderr
 
 
 # --- the CLI ---------------------------------------------------------------------------------------

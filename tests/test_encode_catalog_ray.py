@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' ex
 pytest.importorskip("ray.data", reason="--engine ray needs the 'distributed' extra (ray[data])")
 import pyarrow.parquet as pq  # noqa: E402
 
-from encode_catalog_util import color_encoder, make_catalog  # noqa: E402
+from encode_catalog_util import add_poison, broken_encoder, color_encoder, dying_color_encoder, make_catalog  # noqa: E402
 
 from stair_es import get_backend  # noqa: E402
 from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog  # noqa: E402
@@ -64,6 +64,36 @@ def test_ray_shards_equal_the_local_pools_and_ingest(local_ray, tmp_path):
     be = get_backend("embedded", home=tmp_path / "home")
     r = ingest_catalog(be, "x", tmp_path / "ray", None)
     assert r.summary()["ok"] == len(b) and {f.id for f in r.failures} == {"notes.jpg", "empty.png", "cut.jpg"}
+
+
+def test_a_shard_whose_actor_dies_is_retried_max_retries_times_then_its_inputs_are_reported(local_ray, tmp_path):
+    import functools
+
+    src = make_catalog(tmp_path / "cat", n_drawings=4)
+    add_poison(src, "drawing-1b.png")  # the actor encoding it is SIGKILLed every time
+    out, attempts = tmp_path / "out", tmp_path / "attempts.txt"
+    expected = {p.name for p in src.iterdir() if p.suffix in (".jpg", ".png")}
+    rep = encode_catalog(str(src), str(out), functools.partial(dying_color_encoder, attempts_file=str(attempts)),
+                         EncodeCatalogOptions(engine="ray", workers=2, shard_size=2, batch_size=2, max_retries=1))
+    assert len(attempts.read_text().split()) == 2  # tried, retried once, then given up
+    assert len(rep.failed_shards) == 1
+    reason = rep.failed_shards[0]["error"]
+    assert "died 2 time(s)" in reason and "run encode-catalog again" in reason
+    lost = {f["id"] for f in rep.failures}
+    assert "drawing-1b.png" in lost and len(lost) == 2 and all(f["reason"] == reason for f in rep.failures)
+    ids = list(rows_of(out))
+    assert set(ids) == expected - lost and rep.summary()["written"] == rep.shards_total - 1
+    failed = [r for f in out.glob("failures-*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert {r["id"] for r in failed} == lost
+
+
+def test_an_encoder_that_cannot_load_stops_the_run_with_its_reason(local_ray, tmp_path):
+    from stair_es.distributed.pipeline import WorkerSetupError
+
+    src = make_catalog(tmp_path / "cat", n_drawings=2)
+    with pytest.raises(WorkerSetupError, match="could not load the encoder: FileNotFoundError: model.onnx"):
+        encode_catalog(str(src), str(tmp_path / "out"), broken_encoder,
+                       EncodeCatalogOptions(engine="ray", workers=1, shard_size=2, max_retries=1))
 
 
 def test_gpus_per_worker_reaches_the_actors_and_is_checked_against_the_cluster(local_ray, tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ cluster (``stair-es encode-catalog``), then ingest the shards into any backend.
   Parquet/CSV list of paths or URLs, local or on s3:// / gs://);
 * :mod:`.pipeline` cuts the catalog into shards, encodes each one in a worker (the same code
   for the process pool and for Ray actors) and resumes after a crash;
+* :mod:`.cpu` measures where a worker's CPU goes while it makes a shard;
 * :mod:`.ingest_shards` streams finished shards into an index.
 
 Nothing here imports Ray, and pyarrow is imported only when a shard is written or read: the

@@ -145,6 +145,13 @@ def ingest_shards(backend: SearchBackend, index: str, folder: str, *, ensure_ind
             why = s.problem()
             if why is not None:
                 emit([ItemResult(None, False, why, source=s.path, action="shard")])
+                if s.entry is None and s.size is None and s.has_failures:  # given up on: each input and why
+                    try:
+                        emit([ItemResult(f["id"], False, f["reason"], f["origin"]) for f in read_failures(fs, root, s.k)
+                              if f["action"] != "skipped"])
+                    except Exception as e:  # noqa: BLE001
+                        emit([ItemResult(None, False, f"failures file of {s.path} unreadable: {e}", source=s.path,
+                                         action="shard")])
                 continue
             nxt = readable.index(s) + 1
             if nxt < len(readable):

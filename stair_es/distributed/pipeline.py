@@ -21,11 +21,14 @@ names -- no id is written twice.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
 import socket
+import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -33,8 +36,9 @@ from typing import Any, Callable, Iterable, Iterator
 from ..catalog import CatalogEntry, CatalogItem
 from ..errors import InvalidInputError, MissingDependencyError, ModelError, StairError
 from ..schema import IndexSchema, ItemResult
-from .shards import (FORMAT, HEADER, MANIFEST_DIR, ShardRows, ids_digest, list_shards, open_fs, read_json,
-                     write_failures, write_json_atomic, write_shard)
+from .cpu import CpuSplit
+from .shards import (FORMAT, HEADER, MANIFEST_DIR, ShardRows, ids_digest, list_shards, open_fs, pyarrow_modules,
+                     read_json, remove_failures, write_failures, write_json_atomic, write_shard)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +61,9 @@ class EncodeCatalogOptions:
     gpus_per_worker: float = 0.0
     encode_captions: bool = True
     progress: bool = False
-    max_attempts: int = 2  # a shard whose worker dies this many times is reported, not retried forever
+    max_retries: int = 2  # a shard whose worker dies is tried again this many times, then reported as failed
     decode_threads: int = 2
+    pin_workers: bool = False  # local: worker i runs on core i only (when there are at least as many cores)
 
 
 @dataclass
@@ -79,6 +84,8 @@ class EncodeCatalogReport:
     failed_shards: list[dict[str, Any]] = field(default_factory=list)  # {"shard", "error"}
     wall_s: float = 0.0
     failures: list[dict[str, Any]] = field(default_factory=list)  # inputs not usable (this run's shards)
+    driver_cpu_s: float = 0.0  # CPU of the driver process over the run (all its threads; not the workers)
+    reader_cpu_s: float = 0.0  # of which reading SOURCE and cutting it into shards
 
     def summary(self) -> dict[str, Any]:
         rows = sum(s["rows"] for s in self.shards)
@@ -88,10 +95,28 @@ class EncodeCatalogReport:
             "out_dir": self.out_dir, "engine": self.engine, "workers": self.workers,
             "shards": self.shards_total, "written": len(self.shards), "resumed": self.shards_done_before,
             "failed_shards": len(self.failed_shards), "documents": rows, "inputs": inputs,
-            "failed": sum(s["failures"] for s in self.shards), "skipped": sum(s["skipped"] for s in self.shards),
+            "failed": sum(s["failures"] for s in self.shards) + sum(s.get("failed_inputs", 0) for s in self.failed_shards),
+            "skipped": sum(s["skipped"] for s in self.shards),
             "wall_s": round(self.wall_s, 3), "images_per_s": round(inputs / self.wall_s, 2) if self.wall_s > 0 else None,
             "worker_cpu_ms_per_image": round(1000.0 * cpu / inputs, 2) if inputs else None,
+            "driver_cpu_s": round(self.driver_cpu_s, 3), "reader_cpu_s": round(self.reader_cpu_s, 3),
+            "worker_startup_cpu_s": round(sum(s.get("worker_startup_cpu_s") or 0.0 for s in self.shards), 3),
         }
+
+    def cpu_split_ms_per_image(self) -> dict[str, float]:
+        """Per input, in CPU ms: the workers' parts (see :class:`CpuSplit`), their total, and the driver."""
+        inputs = sum(s["inputs"] for s in self.shards)
+        if not inputs:
+            return {}
+        out: dict[str, float] = {}
+        for s in self.shards:
+            for k, v in (s.get("cpu_split") or {}).items():
+                out[k] = out.get(k, 0.0) + v
+        out = {k: round(1000.0 * v / inputs, 2) for k, v in out.items()}
+        out["worker_total"] = round(1000.0 * sum(s["cpu_s"] for s in self.shards) / inputs, 2)
+        out["driver"] = round(1000.0 * self.driver_cpu_s / inputs, 2)
+        out["reader"] = round(1000.0 * self.reader_cpu_s / inputs, 2)
+        return out
 
 
 # --- the worker ------------------------------------------------------------------------------------
@@ -116,6 +141,7 @@ class ShardEncoder:
     def __init__(self, ctx: WorkerContext):
         from ..ingest import encoder_signature
 
+        c0 = time.process_time()
         if ctx.threads:  # ONNX Runtime sessions size their intra-op pools from this (encoders/runtime.py)
             os.environ["STAIR_ES_ORT_THREADS"] = str(ctx.threads)
             # and BLAS/OpenMP pools to the worker's CPUs too (Ray sets OMP_NUM_THREADS for its actors;
@@ -140,6 +166,31 @@ class ShardEncoder:
         self.ctx = ctx
         self.fs, self.folder = open_fs(ctx.out_dir)
         self.schema = IndexSchema()
+        self._warm_up()
+        # The model's objects live as long as the worker: out of the collector's way (fewer,
+        # cheaper full collections while documents are built).
+        gc.collect()
+        gc.freeze()
+        self.startup_cpu_s: float | None = time.process_time() - c0  # reported with the first shard
+
+    def _warm_up(self) -> None:
+        """Pay the once-per-process costs now, not in the first shard: models that load on first
+        use (ONNX sessions, OCR, heads), Parquet's writer (its first table costs ~0.2 s of CPU).
+        Measured before this: with 48 images per worker these made the CPU per image of 2 workers
+        look 25 % higher than of one. A failure here is not an error: real inputs will show it."""
+        pa, pq, _ = pyarrow_modules()
+        pq.write_table(pa.table({"x": pa.array([[1]], pa.large_list(pa.int32()))}), pa.BufferOutputStream(),
+                       compression="zstd")
+        try:
+            from PIL import Image
+
+            modalities = getattr(self.encoder, "modalities", ())
+            if "image" in modalities:
+                self.encoder.encode_images([Image.new("RGB", (256, 256), (118, 140, 165))])
+            if "text" in modalities and self.ctx.encode_captions:
+                self.encoder.encode_texts(["a photo"])
+        except Exception as e:  # noqa: BLE001
+            log.debug("warm-up of the encoder failed (the first shard will show why): %s", e)
 
     def __call__(self, task: ShardTask) -> dict[str, Any]:
         from concurrent.futures import ThreadPoolExecutor
@@ -149,7 +200,8 @@ class ShardEncoder:
 
         t0, c0 = time.perf_counter(), time.process_time()
         opts = IngestOptions(batch_size=self.ctx.batch_size, encode_captions=self.ctx.encode_captions)
-        load = safe_load(location_loader(getattr(self.encoder, "image_min_side", None)))
+        split = CpuSplit()
+        load = split.timed_load(safe_load(location_loader(getattr(self.encoder, "image_min_side", None))))
         rows = ShardRows()
         problems: list[ItemResult] = [i for i in task.items if isinstance(i, ItemResult)]
         fields = self.schema.sparse_fields
@@ -170,21 +222,29 @@ class ShardEncoder:
             for nxt in itertools.chain(batches[1:], [None]):
                 batch, futures = staged
                 staged = stage(nxt) if nxt is not None else None
-                docs, failed = build_documents(batch, self.encoder, self.schema, opts, futures)
+                with split.timed("encode"):
+                    docs, failed = build_documents(batch, self.encoder, self.schema, opts, futures)
                 problems += failed
                 by_id = {e.id: e for e in batch}
-                for d in docs:
-                    rows.add(d, by_id[d.id].warning, fields)
-        size = write_shard(self.fs, self.folder, task.k, rows, self.config, fields)
-        if problems:
-            write_failures(self.fs, self.folder, task.k, problems)
+                with split.timed("rows"):
+                    for d in docs:
+                        rows.add(d, by_id[d.id].warning, fields)
+        with split.timed("write"):
+            size = write_shard(self.fs, self.folder, task.k, rows, self.config, fields)
+            if problems:
+                write_failures(self.fs, self.folder, task.k, problems)
+            else:  # an earlier attempt of this shard that was given up on left one
+                remove_failures(self.fs, self.folder, task.k)
+        cpu = time.process_time() - c0
         entry = {
             "shard": task.k, "file": f"part-{task.k:05d}.parquet", "rows": len(rows.ids), "bytes": size,
             "inputs": len(task.items), "failures": sum(1 for p in problems if not p.ok),
             "skipped": sum(1 for p in problems if p.ok), "ids_digest": task.digest, "encoder": self.config,
-            "cpu_s": round(time.process_time() - c0, 4), "wall_s": round(time.perf_counter() - t0, 4),
+            "cpu_s": round(cpu, 4), "wall_s": round(time.perf_counter() - t0, 4), "cpu_split": split.result(cpu),
+            "worker_startup_cpu_s": round(self.startup_cpu_s, 4) if self.startup_cpu_s is not None else None,
             "host": socket.gethostname(), "pid": os.getpid(), "written_at": time.time(),
         }
+        self.startup_cpu_s = None
         # the manifest entry last: only now is the shard finished
         write_json_atomic(self.fs, f"{self.folder}/{MANIFEST_DIR}/part-{task.k:05d}.json", entry)
         entry["failed_items"] = [{"id": p.id, "origin": p.source, "reason": p.error} for p in problems if not p.ok]
@@ -200,18 +260,6 @@ def _check_gpu_provider() -> None:
         raise WorkerSetupError("--gpus-per-worker was given but ONNX Runtime has no CUDA provider here "
                                f"(available: {', '.join(ort.get_available_providers())}): install onnxruntime-gpu "
                                "on the workers, or leave out --gpus-per-worker")
-
-
-_WORKER: ShardEncoder | None = None
-
-
-def _local_worker(ctx: WorkerContext, task: ShardTask) -> dict[str, Any]:
-    """The process-pool entry point: one :class:`ShardEncoder` per process, built on first use
-    (an initializer's error would only surface as a broken pool, without its reason)."""
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = ShardEncoder(ctx)
-    return _WORKER(task)
 
 
 def encoder_factory(name: str, **options: Any) -> Callable[[], Any]:
@@ -250,7 +298,8 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
 
     ``encoder_factory`` builds the encoder in each worker; it must pickle (e.g.
     ``functools.partial(get_encoder, "default")``). ``on_shard`` is called with each manifest
-    entry as shards finish.
+    entry as shards finish, and with ``{"shard", "error", "failed_items"}`` for a shard given up
+    on (its worker died ``1 + max_retries`` times, or it could not be written).
     """
     from .sources import read_source
 
@@ -260,12 +309,16 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     for name, v in (("--workers", opts.workers), ("--batch-size", opts.batch_size), ("--shard-size", opts.shard_size)):
         if v < 1:
             raise InvalidInputError(f"{name} must be at least 1, got {v}")
+    if opts.max_retries < 0:
+        raise InvalidInputError(f"--max-retries must be 0 or more, got {opts.max_retries}")
+    if opts.pin_workers and opts.engine != "local":
+        raise InvalidInputError("--pin-workers is for --engine local (Ray places its actors itself)")
     if opts.gpus_per_worker < 0:
         raise InvalidInputError("--gpus-per-worker must be 0 or more")
     if opts.engine == "local" and opts.gpus_per_worker:
         raise InvalidInputError("--gpus-per-worker needs --engine ray (the local pool does not schedule GPUs; "
                                 "with one GPU here, pass --encoder-option device=cuda instead)")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fs, folder = open_fs(out_dir)
     fs.create_dir(f"{folder}/{MANIFEST_DIR}", recursive=True)
     header = read_json(fs, f"{folder}/{HEADER}")
@@ -304,7 +357,13 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
 
     def pending() -> Iterator[ShardTask]:
         nonlocal total_tasks
-        for task in _cut(read_source(src), opts.shard_size):
+        tasks = _cut(read_source(src), opts.shard_size)
+        while True:
+            c = time.thread_time()
+            task = next(tasks, None)
+            report.reader_cpu_s += time.thread_time() - c
+            if task is None:
+                return
             total_tasks += 1
             if task.k in finished:
                 report.shards_done_before += 1
@@ -314,7 +373,11 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     from ..catalog import count_catalog
     from ..encoders.base import progress_bar
 
-    total = count_catalog(src) if not src.lower().endswith((".parquet", ".pq", ".csv")) else None
+    from .shards import is_remote
+    from .sources import JSONL_SUFFIXES, LIST_SUFFIXES, jsonl_has_urls
+
+    lists = not is_remote(src) and src.lower().endswith(JSONL_SUFFIXES) and jsonl_has_urls(src)
+    total = None if is_remote(src) or src.lower().endswith(LIST_SUFFIXES) or lists else count_catalog(src)
     cpus = opts.cpus_per_worker or (max(1, (os.cpu_count() or 1) // opts.workers) if opts.engine == "local" else 1)
     ctx = WorkerContext(encoder_factory, out_dir, opts.batch_size, opts.encode_captions, cpus, header.get("encoder"),
                         opts.decode_threads, opts.gpus_per_worker)
@@ -322,7 +385,16 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     with progress_bar(total or 0, f"encode {src}", opts.progress, unit="img") as bar:
         for entry in run(pending(), ctx, opts, cpus):
             if "error" in entry:
+                task = entry.pop("task", None)
+                if task is not None:
+                    _write_failed_shard(fs, folder, task, entry["error"])
+                report.failures += entry.get("failed_items", [])
+                entry["failed_inputs"] = len(entry.get("failed_items", []))
+                if on_shard is not None:
+                    on_shard(entry)
+                entry.pop("failed_items", None)
                 report.failed_shards.append(entry)
+                bar.update(len(task.items) if task is not None else 0)
                 continue
             if header.get("encoder") is None:
                 header["encoder"] = entry["encoder"]
@@ -336,7 +408,17 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
             bar.update(entry["inputs"])
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
+    report.driver_cpu_s = time.process_time() - c0
     return report
+
+
+def _write_failed_shard(fs, folder: str, task: ShardTask, reason: str) -> None:
+    """The failures file of a shard given up on: every input of it, with the reason."""
+    rows = [i if isinstance(i, ItemResult) else ItemResult(i.id, False, reason, i.origin) for i in task.items]
+    try:
+        write_failures(fs, folder, task.k, rows)
+    except Exception as e:  # noqa: BLE001 - the run's report still has every input of the shard
+        log.warning("cannot write the failures file of shard %d: %s", task.k, e)
 
 
 def _remove_leftovers(fs, folder: str) -> None:
@@ -359,58 +441,176 @@ def _source_key(src: str) -> str:
     return src if is_remote(src) else os.path.abspath(os.path.expanduser(src))
 
 
+def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
+    """A worker process of the local engine: shards in through ``conn``, manifest entries out.
+    One :class:`ShardEncoder`, built on the first shard (an error there reaches the driver with
+    its reason). The process ends when the driver closes the pipe or dies."""
+    if core is not None:
+        try:
+            os.sched_setaffinity(0, {core})
+        except (AttributeError, OSError):  # not Linux, or the core went away: run unpinned
+            pass
+    parent = os.getppid()
+
+    def orphaned() -> None:  # a SIGKILLed driver must not leave workers writing into OUT_DIR
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True, name="stair-es-orphan-check").start()
+    conn.send(("ready", os.getpid()))  # the process started: a death from now on is a shard's
+    worker: ShardEncoder | None = None
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            if worker is None:
+                worker = ShardEncoder(ctx)
+            conn.send(("ok", worker(task)))
+        except WorkerSetupError as e:
+            conn.send(("setup", str(e)))
+        except Exception as e:  # noqa: BLE001 - one shard's failure; the worker goes on with the next
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class _Slot:
+    """One worker process of the local engine and the shard it is encoding."""
+
+    def __init__(self, mp, ctx: WorkerContext, core: int | None):
+        self.core = core
+        self.conn, child = mp.Pipe()
+        # not a daemon: an encoder may start processes of its own; the driver stops its workers
+        # when it ends, and a worker whose driver is killed exits by itself
+        self.proc = mp.Process(target=_local_worker_main, args=(ctx, child, core), name="stair-es-encode-worker")
+        self.proc.start()
+        child.close()
+        self.task: ShardTask | None = None
+        self.ready = False  # the process got as far as running the worker's code
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+def worker_cores(workers: int) -> list[int | None]:
+    """The core each local worker is pinned to: worker i on the i-th core this process may use,
+    when there are at least as many cores as workers (else no pinning)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return [None] * workers
+    return [cores[i] for i in range(workers)] if workers <= len(cores) else [None] * workers
+
+
+def _died(task: ShardTask, attempts: int, exitcode: int | None) -> str:
+    how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
+           else f"exit status {exitcode}" if exitcode is not None else "it stopped answering")
+    return (f"the worker process encoding shard {task.k} died {attempts} time(s) ({how}: killed, out of memory, or a "
+            "crash in native code); run encode-catalog again to retry this shard")
+
+
 def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions, cpus: int) -> Iterator[dict]:
+    """The process pool: one pipe per worker process, so the driver knows which shard each one
+    holds. A worker that dies costs only its own shard, which goes back in the queue until it
+    has been tried ``1 + max_retries`` times; then it is reported as failed (its inputs too) and
+    the run goes on. The dead worker alone is replaced (the others keep their loaded models)."""
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import wait
 
     mp = multiprocessing.get_context("spawn")
+    cores = worker_cores(opts.workers) if opts.pin_workers else [None] * opts.workers
     retry: deque[ShardTask] = deque()
     attempts: dict[int, int] = {}
-    inflight: dict[Any, ShardTask] = {}
     source_done = False
-    pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp)
+    slots = [_Slot(mp, ctx, cores[i]) for i in range(opts.workers)]
     try:
         while True:
-            while len(inflight) < 2 * opts.workers:  # a bounded queue: a huge catalog is never all in memory
+            for i, slot in enumerate(slots):  # every idle worker gets the next shard
+                if slot.task is not None:
+                    continue
                 task = retry.popleft() if retry else None
                 if task is None and not source_done:
                     task = next(tasks, None)
                     source_done = task is None
                 if task is None:
                     break
-                inflight[pool.submit(_local_worker, ctx, task)] = task
-            if not inflight:
-                return
-            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-            broken = False
-            for fut in done:
-                task = inflight.pop(fut)
                 try:
-                    yield fut.result()
-                except BrokenProcessPool:
-                    broken = True
+                    slot.conn.send(task)
+                    slot.task = task
+                except (OSError, ValueError):  # the process died while idle: a new one takes the shard
+                    retry.appendleft(task)
+                    slot.stop()
+                    slots[i] = _Slot(mp, ctx, slot.core)
+            busy = [s for s in slots if s.task is not None]
+            if not busy:
+                return
+            ready = wait([s.conn for s in busy] + [s.proc.sentinel for s in busy])
+            for i, slot in enumerate(slots):
+                if slot.task is None or not (slot.conn in ready or slot.proc.sentinel in ready):
+                    continue
+                task, msg = slot.task, None
+                try:
+                    if slot.conn.poll():
+                        msg = slot.conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:  # the process is gone without an answer: this shard's attempt is lost
+                    slot.proc.join(timeout=5)
+                    code = slot.proc.exitcode
+                    if not slot.ready and code is not None and code > 0:
+                        raise WorkerSetupError(
+                            f"a worker process could not start (exit status {code}; its error is above). From a script, "
+                            "call encode_catalog under `if __name__ == '__main__':` (workers are spawned and import "
+                            "the main module), and keep the encoder factory importable (a module-level function or "
+                            "functools.partial)")
                     attempts[task.k] = attempts.get(task.k, 0) + 1
-                    if attempts[task.k] >= opts.max_attempts:
-                        yield {"shard": task.k, "error": f"a worker process died {attempts[task.k]} times while encoding "
-                                                         "this shard; run encode-catalog again to retry it (a worker that "
-                                                         "cannot start, e.g. from a script without an `if __name__ == "
-                                                         "'__main__':` guard, looks the same: see the error above)"}
+                    log.warning("a worker process died while encoding shard %d (attempt %d of %d)", task.k,
+                                attempts[task.k], 1 + opts.max_retries)
+                    if attempts[task.k] > opts.max_retries:
+                        yield failed_shard(task, _died(task, attempts[task.k], slot.proc.exitcode))
                     else:
                         retry.append(task)
-                except WorkerSetupError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - one shard's failure; the others go on
-                    yield {"shard": task.k, "error": f"{type(e).__name__}: {e}"}
-            if broken:
-                # every task still in the pool is lost with it; the others come back untouched
-                log.warning("a worker process died; restarting the pool (finished shards are kept)")
-                retry.extend(inflight.values())
-                inflight.clear()
-                pool.shutdown(wait=False, cancel_futures=True)
-                pool = ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp)
+                    slot.task = None
+                    slot.stop()
+                    slots[i] = _Slot(mp, ctx, slot.core)
+                    continue
+                kind, payload = msg
+                if kind == "ready":
+                    slot.ready = True
+                    continue  # the shard's answer comes next
+                slot.task = None
+                if kind == "setup":
+                    raise WorkerSetupError(payload)
+                if kind == "error":
+                    yield failed_shard(task, f"shard {task.k} could not be written: {payload}")
+                else:
+                    if ctx.expect_encoder is None:
+                        ctx.expect_encoder = payload.get("encoder")  # workers started later check it
+                    yield payload
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for slot in slots:
+            slot.stop()
+
+
+def failed_shard(task: ShardTask, reason: str) -> dict[str, Any]:
+    """The result of a shard given up on: its inputs go to the shard's failures file with the reason
+    (never dropped), it gets no manifest entry, so the next run encodes it again."""
+    items = [{"id": i.id, "origin": i.source if isinstance(i, ItemResult) else i.origin,
+              "reason": i.error if isinstance(i, ItemResult) else reason}
+             for i in task.items if not (isinstance(i, ItemResult) and i.ok)]
+    return {"shard": task.k, "error": reason, "failed_items": items, "task": task}
 
 
 class _RayShardActor:
@@ -485,34 +685,55 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
     # Tasks go to Ray in windows: a catalog of 100M inputs never sits in the driver at once, and
     # each window's actors load the model once for many shards.
     window = max(16, 8 * opts.workers)
-    # Ray Data restarts a dead actor and retries its shard (its default for actor pools): a
-    # SIGKILLed worker costs the shard it was writing, never the run.
+    # Ray Data restarts a dead actor (max_restarts -1) and runs the shard it held again, at most
+    # max_retries times (max_task_retries); one shard in flight per actor, so an actor's death
+    # costs only the shard it was encoding. A shard Ray gives up on is an errored block, which
+    # the run tolerates (max_errored_blocks -1): it is reported with its inputs below.
+    # (Ray 2.60 names no parameter for the two retry settings: they go as ray_remote_args, which
+    # it announces will go in 2.64; its deprecation warning is silenced below.)
+    retry_args = {"max_restarts": -1, "max_task_retries": opts.max_retries}
     remote_args: dict[str, Any] = {"num_cpus": cpus}
     if opts.gpus_per_worker:
         remote_args["num_gpus"] = opts.gpus_per_worker
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    while True:
-        chunk = list(itertools.islice(tasks, window))
-        if not chunk:
-            return
-        rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
-        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-        ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1, batch_format="numpy",
-                            compute=ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows))), **remote_args)
-        seen: set[int] = set()
-        try:
-            for row in ds.iter_rows():
-                entry = json.loads(row["entry"])
-                seen.add(int(entry["shard"]))
-                yield entry
-        except Exception as e:  # noqa: BLE001
-            cause = _setup_cause(e)
-            if cause is not None:
-                raise WorkerSetupError(cause) from None
-            raise
-        for t in chunk:  # a shard Ray gave up on (its actor died too often) is reported, never silent
-            if t.k not in seen:
-                yield {"shard": t.k, "error": "Ray returned no result for this shard; run encode-catalog again to retry it"}
+    errored_blocks = dctx.max_errored_blocks
+    dctx.max_errored_blocks = -1
+    try:
+        while True:
+            chunk = list(itertools.islice(tasks, window))
+            if not chunk:
+                return
+            rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
+            ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+            pool = ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows)), max_tasks_in_flight_per_actor=1)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*ray_remote_args. is deprecated")
+                ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1,
+                                    batch_format="numpy", compute=pool, **remote_args, **retry_args)
+            by_k = {t.k: t for t in chunk}
+            seen: set[int] = set()
+            try:
+                for row in ds.iter_rows():
+                    entry = json.loads(row["entry"])
+                    k = int(entry["shard"])
+                    seen.add(k)
+                    if "error" in entry and k in by_k:
+                        entry = failed_shard(by_k[k], f"shard {k} could not be written: {entry['error']}")
+                    elif ctx.expect_encoder is None:
+                        ctx.expect_encoder = entry.get("encoder")  # the next windows' actors check it
+                    yield entry
+            except Exception as e:  # noqa: BLE001
+                cause = _setup_cause(e)
+                if cause is not None:
+                    raise WorkerSetupError(cause) from None
+                raise
+            for t in chunk:  # a shard Ray gave up on (its actor died every time) is reported, never silent
+                if t.k not in seen:
+                    yield failed_shard(t, f"the Ray actor encoding shard {t.k} died {1 + opts.max_retries} time(s) "
+                                          "(killed, out of memory, or a crash in native code); run encode-catalog "
+                                          "again to retry this shard")
+    finally:
+        dctx.max_errored_blocks = errored_blocks
 
 
 def _ray_initialized() -> bool:

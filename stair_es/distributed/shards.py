@@ -196,6 +196,13 @@ def write_failures(fs, folder: str, k: int, items: Sequence[Any]) -> None:
     fs.move(tmp, path)
 
 
+def remove_failures(fs, folder: str, k: int) -> None:
+    """Remove shard ``k``'s failures file, if any (left by an attempt that was given up on)."""
+    path = f"{folder}/{failures_name(k)}"
+    if fs.get_file_info(path).is_file:
+        fs.delete_file(path)
+
+
 # --- reading --------------------------------------------------------------------------------------
 
 @dataclass
@@ -206,6 +213,7 @@ class ShardInfo:
     path: str
     entry: dict[str, Any] | None  # the manifest entry, None: unfinished
     size: int | None  # bytes on disk, None: missing
+    has_failures: bool = False  # a failures file is there
 
     @property
     def finished(self) -> bool:
@@ -213,6 +221,9 @@ class ShardInfo:
 
     def problem(self) -> str | None:
         """Why this shard cannot be read as finished, or None."""
+        if self.entry is None and self.size is None and self.has_failures:
+            return (f"{self.path}: not written (encode-catalog gave up on this shard; the reason is given for each of "
+                    "its inputs); run encode-catalog again to retry it")
         if self.entry is None:
             return (f"{self.path}: unfinished shard (no manifest entry: encode-catalog stopped while writing it); "
                     "run encode-catalog again to finish it")
@@ -228,11 +239,17 @@ def list_shards(fs, folder: str) -> list[ShardInfo]:
     """Every shard of the folder: finished ones (with a manifest entry) and leftovers."""
     _, _, pafs = pyarrow_modules()
     sizes: dict[int, int] = {}
+    failures: set[int] = set()
     for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
         base = info.base_name
         if info.is_file and base.startswith("part-") and base.endswith(".parquet"):
             try:
                 sizes[int(base[5:-8])] = info.size
+            except ValueError:
+                continue
+        elif info.is_file and base.startswith("failures-") and base.endswith(".parquet"):
+            try:
+                failures.add(int(base[9:-8]))
             except ValueError:
                 continue
     entries: dict[int, dict[str, Any]] = {}
@@ -245,8 +262,8 @@ def list_shards(fs, folder: str) -> list[ShardInfo]:
                     entries[k] = json.loads(fh.read().decode("utf-8"))
             except (ValueError, OSError):
                 continue  # a manifest entry cut by a crash counts as absent: the shard is redone
-    return [ShardInfo(k, f"{folder}/{shard_name(k)}", entries.get(k), sizes.get(k))
-            for k in sorted(set(sizes) | set(entries))]
+    return [ShardInfo(k, f"{folder}/{shard_name(k)}", entries.get(k), sizes.get(k), k in failures)
+            for k in sorted(set(sizes) | set(entries) | failures)]
 
 
 def shard_metadata(pf) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from .shards import is_remote, open_fs, pyarrow_modules
 
 URL_TIMEOUT_S = 30.0
 LIST_SUFFIXES = (".parquet", ".pq", ".csv")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
 def read_source(source: str) -> Iterator[CatalogItem]:
@@ -33,9 +34,71 @@ def read_source(source: str) -> Iterator[CatalogItem]:
     text = str(source)
     if text.lower().endswith(LIST_SUFFIXES):
         return read_list(text)
+    if text.lower().endswith(JSONL_SUFFIXES) and (is_remote(text) or jsonl_has_urls(text)):
+        return read_jsonl_list(text)
     if is_remote(text):
-        raise InvalidInputError(f"{text}: a remote SOURCE must be a Parquet or CSV list of paths/URLs (.parquet or .csv)")
+        raise InvalidInputError(f"{text}: a remote SOURCE must be a Parquet, CSV or JSONL list of paths/URLs "
+                                "(.parquet, .csv or .jsonl)")
     return read_catalog(text)
+
+
+def jsonl_has_urls(path: str) -> bool:
+    """Whether a local JSONL manifest names an image by URL (``url``, or a ``path`` such as
+    ``s3://...``): then it is read as a list of locations (:func:`read_jsonl_list`); otherwise by
+    ``ingest``'s own reader, so ids, captions and metadata are exactly those ``ingest`` gives."""
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if '"url"' in line or "://" in line:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(rec, dict) and (isinstance(rec.get("url"), str)
+                                                  or (isinstance(rec.get("path"), str) and is_remote(rec["path"]))):
+                        return True
+    except OSError:
+        return False  # ingest's reader says what is wrong with the file
+    return False
+
+
+def read_jsonl_list(location: str) -> Iterator[CatalogItem]:
+    """A JSONL list of images by location (local paths, http(s)://, s3://, gs://), local or in an
+    object store: per line ``path`` or ``url``, optional ``id``, ``caption``, ``metadata`` (as in
+    a Parquet/CSV list). A bad line is that line's failure, with the reason."""
+    fs, path = open_fs(location)
+    if not fs.get_file_info(path).is_file:
+        raise InvalidInputError(f"{location}: no such file")
+    name = location.rsplit("/", 1)[-1]
+    base = location.rsplit("/", 1)[0] if is_remote(location) else str(Path(path).parent)
+    with fs.open_input_stream(path) as fh:  # a list of locations is small next to its images
+        lines = fh.read().decode("utf-8", errors="replace").splitlines()
+
+    def rows() -> Iterator[CatalogItem]:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            origin, rec = f"{name}:{n}", None
+            try:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InvalidInputError(f"not JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(rec, dict):
+                    raise InvalidInputError(f"a line must be a JSON object, got {type(rec).__name__}")
+                unknown = set(rec) - {"id", "path", "url", "caption", "metadata"}
+                if unknown & {"vectors", "dense"}:
+                    raise InvalidInputError("precomputed 'vectors'/'dense' come from a manifest of local paths "
+                                            "(this list names images by URL); ingest them with `stair-es ingest`")
+                if unknown:
+                    raise InvalidInputError(f"unknown keys {sorted(unknown)}; allowed: id, path, url, caption, metadata")
+                where = "path" if rec.get("path") is not None else "url"
+                yield _list_entry(rec, where, base, origin)
+            except InvalidInputError as e:
+                yield ItemResult(rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str) else None,
+                                 False, str(e), source=origin)
+
+    return dedupe(rows())
 
 
 def read_list(location: str) -> Iterator[CatalogItem]:
