@@ -19,16 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.common import git_commit
 from benchmarks.corpora import CACHE_DIR
-from benchmarks.serve_load import (SERVER, build_index, process_rss_mb, query_maps, run_generator, start_server,
-                                   summarize_open)
+from benchmarks.serve_load import (
+    SERVER,
+    build_index,
+    process_rss_mb,
+    query_maps,
+    run_generator,
+    start_server,
+    stop_servers,
+    summarize_open,
+)
 
 
 def main() -> None:
@@ -91,12 +97,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_servers(servers)
     print()
     print("| setting | rate /s | QPS | p50 ms | p99 ms | slowest ms | shed % | shed p50 / p99 ms | other errors | "
           "server CPU ms/req | generator % of a core | p99 queue+wait ms | p99 engine wait ms |")

@@ -184,6 +184,16 @@ class _Response:
         self.done = True
 
 
+def stop_servers(servers: dict) -> None:
+    """Ask each server process (``label -> (process, port)``) to stop; kill one that does not within 20 s."""
+    for proc, _ in servers.values():
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def server_timing(value: bytes) -> dict[str, float]:
     """``queue;dur=0.12, prepare;dur=0.3;desc="batch of 4", ..., app;dur=6.1`` -> durations in ms (+ batch size)."""
     out: dict[str, float] = {}
@@ -739,12 +749,7 @@ def main() -> None:
                         rows.append(r)
                         print(json.dumps(r), flush=True)
         finally:
-            for proc, _ in servers.values():
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_servers(servers)
         ceilings[n] = statistics.median(q for _, q in inproc)
         print(f"# {n:,} docs, in-process, in turn with the load: search p50 "
               f"{statistics.median(x for x, _ in inproc):.2f} ms (one thread); engine alone "

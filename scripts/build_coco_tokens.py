@@ -25,7 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from build_imagenet_tokens import ROOT, SCRIPT_VERSION, WORDNET_NOTICE, build, ensure_wordnet  # noqa: E402
+from build_imagenet_tokens import (
+    ROOT,
+    SCRIPT_VERSION,
+    WORDNET_NOTICE,
+    build,
+    ensure_wordnet,
+)
 
 #: (COCO label in the detector's output order, WordNet 3.0 noun offset)
 COCO_CLASSES: tuple[tuple[str, str], ...] = (

@@ -47,9 +47,10 @@ import shutil
 import tarfile
 import tempfile
 import threading
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

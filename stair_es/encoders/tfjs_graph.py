@@ -173,9 +173,8 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                 op, attr = node["op"], node.get("attr", {})
                 ins = [_name(i) for i in node.get("input", []) if not i.startswith("^")]
 
-                def arg(i: int) -> Any:
-                    ref = ins[i]
-                    return values[ref] if ref in values else self.const(ref)
+                def arg(i: int, ins: list[str] = ins) -> Any:  # (bound now: called within this node only)
+                    return values[ins[i]] if ins[i] in values else self.const(ins[i])
 
                 if op == "Const":
                     continue
