@@ -64,8 +64,8 @@ from .segment import (
     merge_segments,
     segment_capacity,
 )
-from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum, manifest_file,
-                       missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
+from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, folder_bytes, manifest_checksum,
+                       manifest_file, missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
                        validate_manifest, writer_version)
 from .storage import TMP_PREFIX, atomic_write_bytes, atomic_write_json, crc32_of, fsync_dir
 
@@ -737,7 +737,7 @@ class EngineIndex(Searcher):
             for f, c in s.seg.postings_per_field().items():
                 per_field[f] = per_field.get(f, 0) + c
             postings += s.seg.n_postings
-        size = sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+        size = folder_bytes(self.path)  # a writer's temporary files may come and go meanwhile
         posting_bytes = sum(
             sum(s.seg.a[n].nbytes for n in ("keys", "post_ptr", "pair_ptr", "pair_block", "pair_cnt", "pair_max", "pair_sub",
                                             "post_off", "post_w") if n in s.seg.a)

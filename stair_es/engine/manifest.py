@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -157,6 +158,20 @@ def read_tombstones(folder: Path, e: Mapping[str, Any], n_docs: int) -> tuple[np
         raise DamagedIndexError(f"tombstone file {path} marks {n_del} deleted documents, the manifest {e['deleted']}; "
                                 "the index is damaged")
     return deleted, n_del
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the regular files in an index folder, read while a writer may be working in it:
+    a temporary file renamed or removed between the listing and its stat is simply not counted."""
+    total = 0
+    for p in folder.iterdir():
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
 def writer_version() -> str:

@@ -304,6 +304,26 @@ def test_doc_freqs_and_stats(ix):
     assert st["bytes_on_disk"] > 0 and st["segments"] >= 1
 
 
+def test_stats_while_a_writer_renames_its_temporary_files(ix, monkeypatch):
+    """Another process's temporary segment file may vanish between the listing and its size
+    (a reader's stats() failed with FileNotFoundError while an ingest ran)."""
+    real = type(ix.path).iterdir
+
+    class Vanishing(type(ix.path)):  # listed as a file, gone by the time its size is read
+        def is_file(self):
+            return True
+
+        def stat(self, **kwargs):
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    def listing_with_a_vanished_file(self):
+        yield Vanishing(self / ".tmp-seg-000099.seg.gone")
+        yield from real(self)
+
+    monkeypatch.setattr(type(ix.path), "iterdir", listing_with_a_vanished_file)
+    assert ix.stats()["bytes_on_disk"] > 0
+
+
 def test_read_only_handle_refuses_writes(ix):
     r = EngineIndex.open(ix.path)
     with pytest.raises(InvalidInputError, match="read-only"):
