@@ -100,29 +100,7 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
     import torch.nn.functional as F
 
     nodes, consts = read_graph_model(model_json)
-    order: list[str] = []
-    seen: set[str] = set()
-
-    def visit(name: str) -> None:  # iterative DFS would be longer; graphs here are a few hundred deep at most
-        if name in seen:
-            return
-        if name not in nodes:
-            raise ModelError(f"{model_json}: node {name!r} is referenced but not defined")
-        seen.add(name)
-        for ref in nodes[name].get("input", []):
-            if not ref.startswith("^"):
-                visit(_name(ref))
-        order.append(name)
-
-    import sys
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10 * len(nodes) + 100))
-    try:
-        for out in outputs:
-            visit(out)
-    finally:
-        sys.setrecursionlimit(limit)
+    order = _topological_order(nodes, outputs, model_json)
     unsupported = sorted({nodes[n]["op"] for n in order} - SUPPORTED_OPS)
     if unsupported:
         raise ModelError(f"{model_json} uses TensorFlow ops stair_es cannot run: {', '.join(unsupported)}")
@@ -246,6 +224,33 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
             return _legacy_resize(torch, inp, out_h, out_w)
 
     return GraphModule().eval()
+
+
+def _topological_order(nodes: dict[str, dict[str, Any]], outputs: list[str], model_json: Path) -> list[str]:
+    """The nodes ``outputs`` depend on, each after its inputs (an explicit stack: a deep graph
+    never meets Python's recursion limit)."""
+    order: list[str] = []
+    done: set[str] = set()
+    pending: set[str] = set()  # inputs being visited: meeting one again is a cycle
+    for out in outputs:
+        stack = [(out, False)]
+        while stack:
+            name, inputs_done = stack.pop()
+            if name in done:
+                continue
+            if inputs_done:
+                pending.discard(name)
+                done.add(name)
+                order.append(name)
+                continue
+            if name not in nodes:
+                raise ModelError(f"{model_json}: node {name!r} is referenced but not defined")
+            if name in pending:
+                raise ModelError(f"{model_json}: node {name!r} depends on itself (a loop stair_es cannot run)")
+            pending.add(name)
+            stack.append((name, True))
+            stack.extend((_name(ref), False) for ref in reversed(nodes[name].get("input", [])) if not ref.startswith("^"))
+    return order
 
 
 def _declared_hw(nodes: dict[str, dict[str, Any]]) -> tuple[int, int] | None:

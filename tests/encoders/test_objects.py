@@ -149,6 +149,14 @@ def test_an_unsupported_op_is_refused_by_name_at_load(tmp_path):
         graph_module(g.write(tmp_path), ["out"])
 
 
+def test_a_graph_that_loops_is_refused(tmp_path):
+    g = GraphWriter()
+    g.op("a", "Relu", ["b"])
+    g.op("b", "Relu", ["a"])
+    with pytest.raises(ModelError, match="depends on itself"):
+        graph_module(g.write(tmp_path), ["a"])
+
+
 def test_truncated_weights_are_refused(tmp_path):
     g = GraphWriter()
     g.const("w", np.ones((3, 3, 1, 1)))
