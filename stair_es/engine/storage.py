@@ -304,9 +304,9 @@ class ChunkVerifier:
         elif bool((last - first <= 1).all()):
             chunks = np.concatenate([first, last])
         else:
-            from .npkernels.postings import _ranges
+            from .npkernels.postings import concat_ranges
 
-            chunks = _ranges(first, last + 1)
+            chunks = concat_ranges(first, last + 1)
         need = np.sort(chunks[~self.ok[chunks]])
         if need.size:  # sorted, each once (np.unique would import numpy.ma: ~20 ms of a cold search)
             self._check(need[np.concatenate(([True], need[1:] != need[:-1]))])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .postings import _ranges
+from .postings import concat_ranges
 
 _FNV_OFFSET = np.uint64(14695981039346656037)
 _FNV_PRIME = np.uint64(1099511628211)
@@ -38,4 +38,4 @@ def gather_strings(blob: np.ndarray, offs: np.ndarray, rows: np.ndarray) -> tupl
     starts, ends = offs[rows], offs[rows + 1]
     out_offs = np.zeros(rows.size + 1, np.int64)
     np.cumsum(ends - starts, out=out_offs[1:])
-    return np.asarray(blob, np.uint8)[_ranges(starts, ends)], out_offs
+    return np.asarray(blob, np.uint8)[concat_ranges(starts, ends)], out_offs

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import DamagedIndexError
 
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, e)`` for each pair, in order (int64)."""
     starts = np.asarray(starts, np.int64)
     lens = np.asarray(ends, np.int64) - starts
@@ -23,8 +23,8 @@ def term_postings(q_j, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshif
     """(local doc, posting index, query-term position) of every posting of the terms ``q_j``,
     term after term, docs ascending within a term."""
     q_j = np.asarray(q_j, np.int64)
-    pidx = _ranges(pair_ptr[q_j], pair_ptr[q_j + 1])
-    qidx = _ranges(post_ptr[q_j], post_ptr[q_j + 1])
+    pidx = concat_ranges(pair_ptr[q_j], pair_ptr[q_j + 1])
+    qidx = concat_ranges(post_ptr[q_j], post_ptr[q_j + 1])
     runs = pair_cnt[pidx].astype(np.int64) + 1
     if int(runs.sum()) != qidx.size:
         raise DamagedIndexError("the block counts of a segment's postings do not add up to its postings pointers; "
