@@ -182,9 +182,10 @@ def fetch_model(dest: Path, *, url: str = TARBALL_URL, sha256: str = TARBALL_SHA
         shutil.rmtree(work, ignore_errors=True)
 
 
-def model_folder(model: str | None = None, *, progress: bool = False) -> Path:
+def model_folder(model: str | None = None, *, progress: bool | None = None) -> Path:
     """The folder with the detector files: ``model``, else ``$STAIR_ES_OBJECTS_MODEL``, else the
-    model cache (downloading there once)."""
+    model cache (downloading there once; with a progress bar when ``progress`` is True, or when
+    it is None and standard error is a terminal: the first image of an ingest waits for it)."""
     given = model or os.environ.get(ENV_MODEL)
     if given:
         folder = Path(given).expanduser()
@@ -199,6 +200,10 @@ def model_folder(model: str | None = None, *, progress: bool = False) -> Path:
     with _FETCH_LOCK:
         if dest.is_dir():
             return check_model_folder(dest)
+        if progress is None:
+            import sys
+
+            progress = sys.stderr.isatty()
         return fetch_model(dest, progress=progress)
 
 
