@@ -41,7 +41,8 @@ def query_pairs(args) -> list:
 
     if args.queries_npz:
         z = np.load(args.queries_npz)
-        qp, qi, qw = z["indptr"], z["indices"], z["weights"]
+        qp, qw = z["indptr"], z["weights"]
+        qi = z["indices"] if "indices" in z.files else z["ids"]  # (the scale benchmark's query files say "ids")
         return [(qi[qp[i]:qp[i + 1]], qw[qp[i]:qp[i + 1]]) for i in range(min(args.queries, qp.size - 1))]
     return _queries(args.queries, args.seed, args.weights)
 

@@ -68,16 +68,25 @@ def worker(args) -> None:
         out["kernel_load_s"] = time.perf_counter() - t
     if args.variant == "warm":
         out["warm"] = ix.warm()
-    first, steady = [], []
-    for r in reqs:
-        t = time.perf_counter()
-        ix.search(r)
-        first.append((time.perf_counter() - t) * 1e3)
-    for r in reqs:
-        t = time.perf_counter()
-        ix.search(r)
-        steady.append((time.perf_counter() - t) * 1e3)
-    out.update(first=first, steady=steady, load=os.getloadavg()[0])
+    import resource
+
+    def run_pass() -> tuple[list[float], list[float], dict]:
+        # page faults of the whole pass (minor: a page in the page cache mapped into the process;
+        # major: read from disk) and the searching thread's CPU time beside the wall clock
+        wall, cpu = [], []
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for r in reqs:
+            t, c = time.perf_counter(), time.thread_time()
+            ix.search(r)
+            cpu.append((time.thread_time() - c) * 1e3)
+            wall.append((time.perf_counter() - t) * 1e3)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        return wall, cpu, {"minflt": r1.ru_minflt - r0.ru_minflt, "majflt": r1.ru_majflt - r0.ru_majflt}
+
+    first, first_cpu, first_faults = run_pass()
+    steady, steady_cpu, steady_faults = run_pass()
+    out.update(first=first, steady=steady, first_cpu=first_cpu, steady_cpu=steady_cpu, first_faults=first_faults,
+               steady_faults=steady_faults, load=os.getloadavg()[0])
     json.dump(out, sys.stdout)
 
 
@@ -90,6 +99,11 @@ def main() -> int:
     ap.add_argument("--queries-npz", help="queries from an .npz of CSR arrays (indptr, indices, weights)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant (interleaved)")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="warm: the index files stay in the page cache (a restart of the searching process); cold: "
+                         "they are dropped from it before each process (posix_fadvise DONTNEED of this index's files "
+                         "only: as after a reboot, or when other work pushed them out)")
+    ap.add_argument("--out", help="write every process's figures to this JSON file")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant:
@@ -111,16 +125,24 @@ def main() -> int:
                    "--seed", str(args.seed), "--weights", args.weights]
             if args.queries_npz:
                 cmd += ["--queries-npz", str(Path(args.queries_npz).resolve())]
+            if args.cache == "cold":
+                evict(Path(args.index))
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(f"variant {v} failed:\n{p.stderr[-3000:]}")
             res[v].append(json.loads(p.stdout))
-    print(f"index {args.index}, {args.queries} queries, {args.rounds} processes per variant (interleaved)")
-    print("| variant | first pass p50 ms | steady p50 ms | first / steady | first pass total s | set-up before it | load |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"index {args.index}, {args.queries} queries, {args.rounds} processes per variant (interleaved), "
+          f"page cache {args.cache}")
+    print("| variant | first pass p50 ms (CPU) | steady p50 ms (CPU) | first / steady | first pass total s "
+          "| faults first pass: minor / major | steady | set-up before it | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for v in names:
         f = float(np.median([np.median(x["first"]) for x in res[v]]))
         s = float(np.median([np.median(x["steady"]) for x in res[v]]))
+        fc = float(np.median([np.median(x["first_cpu"]) for x in res[v]]))
+        sc = float(np.median([np.median(x["steady_cpu"]) for x in res[v]]))
+        ff = {k: int(np.median([x["first_faults"][k] for x in res[v]])) for k in ("minflt", "majflt")}
+        sf = {k: int(np.median([x["steady_faults"][k] for x in res[v]])) for k in ("minflt", "majflt")}
         tot = float(np.median([sum(x["first"]) / 1e3 for x in res[v]]))
         setup = ""
         if "kernel_load_s" in res[v][0]:
@@ -129,8 +151,23 @@ def main() -> int:
             w = {k: float(np.median([x["warm"][k] for x in res[v]])) for k in res[v][0]["warm"]}
             setup = "warm(): " + ", ".join(f"{k[:-2]} {val:.2f} s" for k, val in w.items())
         load = ", ".join(f"{x['load']:.1f}" for x in res[v])
-        print(f"| {v} | {f:.3f} | {s:.3f} | x{f / s:.2f} | {tot:.2f} | {setup} | {load} |")
+        print(f"| {v} | {f:.3f} ({fc:.3f}) | {s:.3f} ({sc:.3f}) | x{f / s:.2f} | {tot:.2f} | {ff['minflt']:,} / "
+              f"{ff['majflt']:,} | {sf['minflt']:,} / {sf['majflt']:,} | {setup} | {load} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"index": args.index, "cache": args.cache, "queries": args.queries,
+                                              "rounds": args.rounds, "results": res}))
     return 0
+
+
+def evict(index: Path) -> None:
+    """Drop the index's files from the page cache (clean pages only; nothing else is touched)."""
+    for f in index.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 if __name__ == "__main__":

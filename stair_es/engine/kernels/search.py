@@ -65,16 +65,21 @@ def search_segment(q_j, q_w, seg, allowed, ref_base, top, opts, scratch, chk):
     return STRATEGY_BLOCKMAX
 
 
-#: the cost model's nanoseconds (2026-11-27, AMD EPYC, one thread; least squares over 500 queries
-#: of the 100k Zipf corpus and the 1M idf corpus, kernels timed on their own): TAAT per posting
-#: of the query terms and per document of the segment (the windows' count and zeroing passes);
-#: block-max per (term, block) pair of the query terms (its set-up pass: bounds and visit order),
-#: per block scored and per posting streamed
-TAAT_NS_POSTING = 1.0
-TAAT_NS_DOC = 0.2
-BM_NS_PAIR = 25.0
-BM_NS_BLOCK = 410.0
-BM_NS_STREAMED = 2.8
+#: the cost model's nanoseconds: TAAT per posting of the query terms and per document of the
+#: segment (the windows' count and zeroing passes); block-max per (term, block) pair of the query
+#: terms (its set-up pass: bounds and visit order), per block scored and per posting streamed.
+#: Refitted 2026-11-27 after TAAT's F16C and 8-lane adds (AMD EPYC, one thread; non-negative least
+#: squares of relative errors, each corpus weighted alike, over (query, segment) pairs with both
+#: kernels timed on the same incoming heap: 150 queries of the 100k Zipf corpus, 60 of the 1M
+#: Zipf one, 40 of the 10M idf scale corpus x 10 segments). The constants before (1.0, 0.2, 25,
+#: 410, 2.8) sent 15 % of the 10M segment searches to TAAT where block-max was faster (+31 %
+#: kernel time there); these pick the faster kernel in 100 % / 96.7 % / 98.5 % of those pairs
+#: (kernel time x1.000 / x1.008 / x1.005 of always the faster one)
+TAAT_NS_POSTING = 0.53
+TAAT_NS_DOC = 0.54
+BM_NS_PAIR = 2.2
+BM_NS_BLOCK = 305.0
+BM_NS_STREAMED = 2.0
 
 
 @njit(cache=True, inline="always")
