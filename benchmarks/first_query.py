@@ -6,8 +6,12 @@ once (the *first pass*: each query's terms are read for the first time, or nearl
 again (*steady*), and reports both p50 (wall clock) and their ratio. The variants take the
 first pass apart:
 
-* ``today``: a reader as it starts (the default: kernels loaded on first use, no prefetch):
-  kernel load, checksums of the first-read chunks and page faults, all in the first queries;
+* ``today``: a reader as it starts (the default: kernels loaded on first use, no prefetch, the
+  resident pages of big segments mapped by a background thread from the open on, racing the first
+  queries): kernel load, checksums of the first-read chunks and what faults are left;
+* ``no-map-ahead``: the same with ``STAIR_ES_MAP_AHEAD=0`` (every first read of a page faults);
+* ``mapped``: ``today`` once the background mapping is done (``EngineIndex.mapping_done``; a
+  service that has been up a second or so at 10M documents);
 * ``kernels-loaded``: the numba kernels loaded before the first pass (untimed), prefetch off:
   the first pass then pays checksums and page faults only;
 * ``no-verify``: kernels loaded, ``STAIR_ES_VERIFY=size`` (no chunk checksums), prefetch off:
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-VARIANTS = ("today", "kernels-loaded", "no-verify", "prefetch", "warm")
+VARIANTS = ("today", "no-map-ahead", "mapped", "kernels-loaded", "no-verify", "prefetch", "warm")
 
 
 def worker(args) -> None:
@@ -55,6 +59,10 @@ def worker(args) -> None:
     ix = EngineIndex.open(Path(args.index))
     out["open_s"] = time.perf_counter() - t
     ix.prefetch = args.variant == "prefetch"
+    if args.variant == "mapped":
+        t = time.perf_counter()
+        ix.mapping_done()
+        out["mapping_s"] = time.perf_counter() - t
     if args.variant in ("kernels-loaded", "no-verify"):
         from stair_es.engine import kernels as K
         from stair_es.engine.layout import TopK
@@ -100,7 +108,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=2, help="processes per variant (interleaved)")
     ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
-                    help="warm: the index files stay in the page cache (a restart of the searching process); cold: "
+                    help="warm: the index files are read into the page cache before each process (a restart of the "
+                         "searching process); cold: "
                          "they are dropped from it before each process (posix_fadvise DONTNEED of this index's files "
                          "only: as after a reboot, or when other work pushed them out)")
     ap.add_argument("--out", help="write every process's figures to this JSON file")
@@ -121,12 +130,16 @@ def main() -> int:
             env = dict(os.environ, NUMBA_NUM_THREADS="1")
             if v == "no-verify":
                 env["STAIR_ES_VERIFY"] = "size"
+            if v == "no-map-ahead":
+                env["STAIR_ES_MAP_AHEAD"] = "0"
             cmd = [sys.executable, str(HERE), "--variant", v, "--index", args.index, "--queries", str(args.queries),
                    "--seed", str(args.seed), "--weights", args.weights]
             if args.queries_npz:
                 cmd += ["--queries-npz", str(Path(args.queries_npz).resolve())]
             if args.cache == "cold":
                 evict(Path(args.index))
+            else:
+                read_through(Path(args.index))
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode:
                 raise SystemExit(f"variant {v} failed:\n{p.stderr[-3000:]}")
@@ -145,6 +158,8 @@ def main() -> int:
         sf = {k: int(np.median([x["steady_faults"][k] for x in res[v]])) for k in ("minflt", "majflt")}
         tot = float(np.median([sum(x["first"]) / 1e3 for x in res[v]]))
         setup = ""
+        if "mapping_s" in res[v][0]:
+            setup = f"background mapping waited for {np.median([x['mapping_s'] for x in res[v]]):.2f} s after the open"
         if "kernel_load_s" in res[v][0]:
             setup = f"kernels loaded in {np.median([x['kernel_load_s'] for x in res[v]]):.2f} s"
         if "warm" in res[v][0]:
@@ -157,6 +172,17 @@ def main() -> int:
         Path(args.out).write_text(json.dumps({"index": args.index, "cache": args.cache, "queries": args.queries,
                                               "rounds": args.rounds, "results": res}))
     return 0
+
+
+def read_through(index: Path) -> None:
+    """Read the index's files through, so that every page is in the page cache (the same start
+    for every process of a "warm" run, whatever other work evicted meanwhile)."""
+    buf = bytearray(16 << 20)
+    for f in index.rglob("*"):
+        if f.is_file():
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
 
 
 def evict(index: Path) -> None:

@@ -192,8 +192,7 @@ class EngineIndex(Searcher):
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1
-        self._pool = None  # threads that run the other parts of a split query
-        self._pool_size = 0
+        self._pool, self._pool_size = None, 0  # threads that run the other parts of a split query
         self._pool_lock = threading.Lock()
 
     # --- opening --------------------------------------------------------------------------------
@@ -244,6 +243,7 @@ class EngineIndex(Searcher):
 
     def close(self) -> None:
         self._segs = []
+        self._stop_mapping()  # (Searcher: the background mapping of newly opened segments)
         with self._pool_lock:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
@@ -286,7 +286,7 @@ class EngineIndex(Searcher):
                 old = {s.seg.name: s.seg for s in self._segs}
                 segs = []
                 for e in m["segments"]:
-                    seg = old.get(e["name"]) or Segment.open(self.path / e["file"])
+                    seg = old.get(e["name"]) or self._opened(Segment.open(self.path / e["file"]))
                     deleted, n_del = None, 0
                     if seg.name != e["name"]:
                         raise DamagedIndexError(f"the file {e['file']} holds segment {seg.name}, not {e['name']}: files of "

@@ -14,6 +14,8 @@ import ctypes
 import mmap
 import sys
 
+import numpy as np
+
 MADV_WILLNEED = 3
 MADV_POPULATE_READ = 22
 PAGE = mmap.PAGESIZE
@@ -31,6 +33,8 @@ def _madvise():
                 lib = ctypes.CDLL(None, use_errno=True)
                 lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
                 lib.madvise.restype = ctypes.c_int
+                lib.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+                lib.mincore.restype = ctypes.c_int
                 _libc = lib
             except (OSError, AttributeError):  # pragma: no cover - no madvise: hints are no-ops
                 _libc = False
@@ -68,3 +72,33 @@ def advise_ranges(base: int, starts, ends, gap: int = 16 * PAGE) -> int:
             i += 1
         calls += advise(base + lo, hi - lo)
     return calls
+
+
+def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20) -> int:
+    """Map now the pages of [addr, addr + nbytes) (a read-only file mapping) that are in the page
+    cache already, ``step`` bytes at a time (``mincore`` says which; each run of resident pages is
+    one ``MADV_POPULATE_READ``), so that later reads of them do not fault. Pages not in the page
+    cache are left alone: this never reads the disk. Stops early once ``stop`` (a
+    ``threading.Event``) is set. Returns the bytes mapped (0 where the calls are missing)."""
+    lib = _madvise()
+    if not lib or nbytes <= 0 or not _populate:
+        return 0
+    a0 = addr & ~(PAGE - 1)
+    end = addr + nbytes
+    done = 0
+    vec = np.empty(step // PAGE, np.uint8)
+    while a0 < end:
+        if stop is not None and stop.is_set():
+            break
+        n = min(step, end - a0)
+        pages = (n + PAGE - 1) // PAGE
+        if lib.mincore(a0, n, vec.ctypes.data) != 0:
+            break  # (the mapping went away, or no mincore here)
+        res = (vec[:pages] & 1).astype(np.int8)
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], res, [0]))))
+        for lo, hi in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            if lib.madvise(a0 + lo * PAGE, (hi - lo) * PAGE, MADV_POPULATE_READ) != 0:
+                return done  # (a kernel without MADV_POPULATE_READ: faults as before)
+            done += (hi - lo) * PAGE
+        a0 += n
+    return done
