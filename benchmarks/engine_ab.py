@@ -142,6 +142,7 @@ def main() -> int:
     ap.add_argument("--field", default="image")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--strategy", default="auto")
+    ap.add_argument("--out", help="write every worker's figures (per query wall/CPU, hits) to this JSON file")
     ap.add_argument("--build-corpus", type=int, metavar="N",
                     help="build --index from the benchmark corpus of N documents first (and DIR.queries.npz)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -185,17 +186,24 @@ def main() -> int:
     same = all(res["hits"] == ref for name, _ in trees for res in per[name])
     print(f"\n{args.queries} queries, {args.rounds} rounds x {args.passes} timed passes, index {args.index}, "
           f"strategy {args.strategy}, load average per round {', '.join(f'{x:.2f}' for x in loads)}")
-    print("| tree | p50 wall ms (median of rounds) | p50 CPU ms | CPU ratio to first (median of paired rounds) | first pass s "
-          "| strategies (last round, after the timed passes) |")
-    print("|---|---|---|---|---|---|")
+    print("| tree | p50 wall ms (median of rounds) | p50 CPU ms | p99 wall / CPU ms | CPU ratio to first (median of paired "
+          "rounds) | p99 CPU ratio | first pass s | strategies (last round, after the timed passes) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, _ in trees:
         w = [np.median(x["wall"]) for x in per[name]]
         c = [np.median(x["cpu"]) for x in per[name]]
+        w99 = [np.percentile(x["wall"], 99) for x in per[name]]
+        c99 = [np.percentile(x["cpu"], 99) for x in per[name]]
         ratios = [np.median(x["cpu"]) / np.median(y["cpu"]) for x, y in zip(per[name], per[trees[0][0]])]
+        r99 = [np.percentile(x["cpu"], 99) / np.percentile(y["cpu"], 99) for x, y in zip(per[name], per[trees[0][0]])]
         fp = [x["first_pass_s"] for x in per[name]]
-        print(f"| {name} | {np.median(w):.3f} | {np.median(c):.3f} | x{np.median(ratios):.3f} "
-              f"({', '.join(f'{x:.3f}' for x in ratios)}) | {np.median(fp):.2f} | {per[name][-1].get('used', {})} |")
+        print(f"| {name} | {np.median(w):.3f} | {np.median(c):.3f} | {np.median(w99):.3f} / {np.median(c99):.3f} | "
+              f"x{np.median(ratios):.3f} ({', '.join(f'{x:.3f}' for x in ratios)}) | x{np.median(r99):.3f} | "
+              f"{np.median(fp):.2f} | {per[name][-1].get('used', {})} |")
     print(f"same ids and bit-identical scores on every query in every tree and round: {same}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"index": args.index, "trees": dict(trees), "rounds": args.rounds,
+                                              "loads": loads, "same": same, "workers": per}))
     return 0 if same else 1
 
 
