@@ -30,7 +30,7 @@ feeling, motive, possession, process, quantity, relation, state and time: :data:
 contribute the nouns of their definition only, never their hypernyms, hyponyms, holonyms or
 meronyms: ``autumn`` is a time of year, and its hypernym ``measure`` (the head of ``fundamental
 measure``) is what a ruler carries in a photo catalog; its definition gives ``leaf`` and ``tree``.
-``log``'s logarithm sense no longer reaches ``power``, nor ``close``'s temporal sense ``point``.
+``close``'s temporal sense no longer reaches ``point``.
 
 A multiword relative contributes its head noun (the last word: ``vascular plant`` ->
 ``plant``). Only relatives that are one whole BERT WordPiece token are written (an index holds
