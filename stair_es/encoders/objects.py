@@ -21,8 +21,8 @@ sources, ``w = log(1 + 10 * share)``.
 
 The model runs as a PyTorch module made from the TensorFlow.js graph
 (:mod:`stair_es.encoders.tfjs_graph`), exported once to ONNX and cached like every tower
-(:mod:`stair_es.encoders.runtime`). It costs about 50 ms of CPU per picture at 320 px on one
-core -- more than the rest of the image side together -- so it is off by default: enable it
+(:mod:`stair_es.encoders.runtime`). It costs about 20 ms of CPU per picture at 320 px on one
+core -- about 0.8x the rest of the image side -- so it is off by default: enable it
 with ``--encoder-option sources=imagenet,colour,clipart,ocr,scene,objects``. The index records
 ``objects: VERSION`` (source rules + token map), so vectors from another detector or map are
 never mixed; text queries never load the detector.
@@ -301,7 +301,7 @@ class ObjectsSource:
                          build=lambda: _detector_module(model_json), sample=sample, input_names=["images"],
                          output_names=["peaks", "person"],
                          dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
-                         tolerance=1e-3, extra_key=f"size{size}", parallel=True)
+                         tolerance=1e-3, extra_key=f"size{size}-mm", parallel=True)  # -mm: resizes as matrix products
 
     def _load(self) -> Any:
         from .runtime import resolve_tower, runtime_choice
