@@ -39,14 +39,19 @@ from .errors import RequestTimeoutError, ServerBusyError
 
 
 def lower_thread_priority(steps: int) -> None:
-    """Run in a new worker thread: raises that thread's nice value by ``steps`` (Linux schedules
-    threads one by one), so the event loop's thread, which accepts, sheds and answers, gets the
-    CPU first when the workers saturate it. A no-op where not supported."""
+    """Run in a new worker thread: sets that thread's nice value ``steps`` above the process's
+    main thread (Linux schedules threads one by one), so the event loop's thread, which
+    accepts, sheds and answers, gets the CPU first when the workers saturate it. A no-op where
+    not supported.
+
+    Counted from the main thread, not from the calling thread's own value: a thread inherits
+    the nice value of the thread that starts it, and the search threads are started by the
+    batcher's dispatcher thread, itself already lowered (they ran 2 x ``steps`` below)."""
     if steps <= 0:
         return
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
     except (AttributeError, OSError):
         pass
 

@@ -452,6 +452,32 @@ def test_worker_threads_can_run_below_the_event_loop(home, image_root):
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the event loop's thread keeps its own
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_search_threads_run_worker_nice_below_the_loop_not_twice_that():
+    """The search threads are started by the batcher's dispatcher thread, already lowered, and a
+    thread inherits its starter's nice value: they used to run 2 x --worker-nice below."""
+    import functools
+    import os
+
+    from stair_es.serve.admission import lower_thread_priority
+    from stair_es.serve.batching import Batcher
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    b = Batcher(lambda items: [(os.getpriority(os.PRIO_PROCESS, 0), x) for x in items],
+                lambda p: (p[0], os.getpriority(os.PRIO_PROCESS, 0)), workers=2,
+                thread_init=functools.partial(lower_thread_priority, 3))
+
+    async def main():
+        return await asyncio.gather(*(b.submit(i) for i in range(6)))
+
+    try:
+        for (dispatcher, search), _ in asyncio.run(main()):
+            assert dispatcher == search == min(19, base + 3)
+    finally:
+        b.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
 def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
     """A readiness probe queued behind a full worker pool would call a busy server dead; a
     warm-up cut by --request-timeout would leave a slow-loading model unloaded."""
