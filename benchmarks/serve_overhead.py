@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -101,16 +102,32 @@ def main() -> None:
         n = len(bodies)
         return {"app": (time.process_time() - c0) * 1000 / n, "loop": (time.thread_time() - l0) * 1000 / n}
 
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    gc_t0 = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_t0[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]].append(time.perf_counter() - gc_t0[0])
+
     async def run() -> None:
+        gc.callbacks.append(on_gc)
         async with app.router.lifespan_context(app):
             for b in bodies[:30]:
                 await call(app, b)
+            for v in pauses.values():
+                v.clear()
             rows: list[dict[str, float]] = []
             for _ in range(args.rounds):
                 r = await through_app()
                 r.update(await asyncio.get_running_loop().run_in_executor(None, direct))
                 rows.append(r)
                 print(json.dumps({k: round(v, 3) for k, v in r.items()}), flush=True)
+            n_req = args.rounds * len(bodies)
+            print("garbage collections during the rounds (the GIL is held throughout each): "
+                  + ", ".join(f"generation {g}: {len(v)} ({len(v) / n_req:.3f} per search), {sum(v) * 1000:.1f} ms in all, "
+                              f"longest {max(v, default=0) * 1000:.1f} ms" for g, v in pauses.items()))
             med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
             print(f"\nmedian of {args.rounds} rounds, ms of CPU per search (load average {os.getloadavg()[0]:.2f}):")
             print("| through the app | of which the loop thread | the search alone (worker's way) | app - search |")

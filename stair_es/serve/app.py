@@ -12,6 +12,7 @@ route code without FastAPI's routing (:mod:`.fastpath`).
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -53,9 +54,15 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 await rt.run_aside(svc.warm_indices)  # open the indices and load their query encoders now
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
+        # What start-up built (indices, models, kernels: ~150,000 objects at 1M documents) lives as
+        # long as the server: out of the collector's way. A full collection walked them all, holding
+        # the GIL (so every search and the event loop) for 120-150 ms at 1M documents. (No collection
+        # first: it would cost that once more per start; start-up's garbage waits for gc.unfreeze.)
+        gc.freeze()
         if rt.stats is not None:
             rt.stats.start()  # the event loop's stalls, sampled while the server runs
         yield
+        gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
         if rt.stats is not None:
             rt.stats.stop()
         rt.close()
