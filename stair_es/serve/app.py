@@ -84,14 +84,24 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     if rt.stats is not None:
         app.include_router(routes_debug.router)
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
-    if fast_path:  # innermost: a valid search is answered without FastAPI's routing (same answer, less CPU)
-        app.add_middleware(SearchFastPath, runtime=rt, api_key=config.api_key, scrub=svc.scrub)
+    # The gates run first, in front of FastAPI's own stack (its server-error, telemetry and body-limit
+    # layers, then its routing): a refused or shed request costs the event loop only the gates
+    # before it, and a valid search is answered right after them without FastAPI's routing
+    # (:mod:`.fastpath`; same answer, less CPU). Each gate answers in the one error shape itself.
     caps, other = caps_of(config)
-    app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
-                       parse=lambda text: parse_capped(text, caps, other))
-    app.add_middleware(QueueFullGate, admission=rt.admission)  # a full queue sheds before the body is read
-    app.add_middleware(KeyGate, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
-    app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))
-    app.add_middleware(InFlightGate, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,
-                       stats=rt.stats)  # first
+    build_fastapi_stack = app.build_middleware_stack
+
+    def build_middleware_stack():
+        inner = build_fastapi_stack()
+        if fast_path:
+            inner = SearchFastPath(inner, runtime=rt, api_key=config.api_key, scrub=svc.scrub)
+        inner = BodyGuard(inner, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
+                          parse=lambda text: parse_capped(text, caps, other))
+        inner = QueueFullGate(inner, admission=rt.admission)  # a full queue sheds before the body is read
+        inner = KeyGate(inner, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
+        inner = HostGuard(inner, allowed=host_names(config.bind_host, config.allowed_hosts))
+        return InFlightGate(inner, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,
+                            stats=rt.stats)  # first
+
+    app.build_middleware_stack = build_middleware_stack  # Starlette builds the stack at the first request
     return app

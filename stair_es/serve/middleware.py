@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import sys
 import time
 from typing import Any, Callable
 
@@ -20,6 +22,8 @@ from ..errors import InvalidInputError
 from .errors import error_body, retry_headers
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 from .stats import T_ENTRY
+
+log = logging.getLogger("stair_es.serve")
 
 
 # --- body guard (size and time caps before any route runs) -------------------------------------
@@ -290,8 +294,25 @@ class InFlightGate:
         self.in_flight += 1
         try:
             await self.app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - the gates run in front of FastAPI's error layer: answered here
+            await _internal_error(scope, send)
         finally:
             self.in_flight -= 1
+
+
+async def _internal_error(scope, send) -> None:
+    """An exception escaped the app: 500 in the one error shape, logged once with its traceback.
+    When an answer had already started (FastAPI's error layer answered and logged it, then
+    re-raised), nothing more is sent or logged."""
+    payload = json.dumps(error_body(70, "InternalError", f"internal error: {sys.exc_info()[0].__name__} "
+                                                         "(see the server log)")).encode()
+    try:
+        await send({"type": "http.response.start", "status": 500,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    except Exception:  # noqa: BLE001 - the answer had started
+        return
+    log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
+    await send({"type": "http.response.body", "body": payload})
 
 
 class QueueFullGate:

@@ -119,3 +119,29 @@ def test_an_unexpected_error_is_a_logged_500_in_the_one_shape(clients, monkeypat
     assert "/secret/path" not in json.dumps(a[3])
     logged = [r for r in caplog.records if r.name == "stair_es.serve" and "internal error" in r.getMessage()]
     assert len(logged) >= 1 and all(r.exc_info for r in logged)
+
+
+def test_an_error_in_a_gate_or_a_route_is_one_500_in_the_one_shape_logged_once(config, monkeypatch, caplog):
+    """The gates run in front of FastAPI's error layer: what escapes them is answered there."""
+    from stair_es.serve.middleware import BodyGuard
+
+    with TestClient(create_app(config)) as c:
+        def broken_indices():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(c.app.state.service, "indices", broken_indices)
+        caplog.clear()
+        r = c.get("/v1/indices")  # FastAPI's error layer answers, then re-raises to the gates
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalError"
+        assert len([x for x in caplog.records if "internal error" in x.getMessage()]) == 1
+
+        def broken_parse(self, body):
+            raise RuntimeError("boom in a gate")
+
+        monkeypatch.setattr(BodyGuard, "parsed", broken_parse)
+        caplog.clear()
+        r = c.post("/v1/search", json={"text": "red"})
+        assert r.status_code == 500 and r.json() == {"error": {
+            "code": 70, "type": "InternalError", "message": "internal error: RuntimeError (see the server log)"}}
+        logged = [x for x in caplog.records if "internal error" in x.getMessage()]
+        assert len(logged) == 1 and logged[0].exc_info
