@@ -56,6 +56,25 @@ def lower_thread_priority(steps: int) -> None:
         pass
 
 
+def set_loop_priority(nice: int) -> str | None:
+    """Run on the event loop's thread: sets its nice value to ``nice`` (Linux schedules threads
+    one by one). A negative value puts the thread that accepts, sheds and answers ahead of the
+    machine's other processes, which the kernel allows only to root, to ``CAP_SYS_NICE`` or
+    within ``RLIMIT_NICE``. Returns why it could not be done (the server runs on, unchanged),
+    or None."""
+    try:
+        tid = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice != now:
+            os.setpriority(os.PRIO_PROCESS, tid, max(-20, min(19, nice)))
+    except PermissionError:
+        return (f"the event loop's thread cannot run at nice {nice} (STAIR_ES_SERVE_LOOP_NICE): a value below the "
+                f"current {now} needs root, CAP_SYS_NICE or a raised RLIMIT_NICE; it runs at nice {now}")
+    except (AttributeError, OSError) as e:
+        return f"the event loop's thread's nice value cannot be set here ({e}); it runs unchanged"
+    return None
+
+
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None):

@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
+from .admission import set_loop_priority
 from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
@@ -43,6 +44,10 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if config.loop_nice:  # this runs on the event loop's thread (uvicorn's main thread)
+            problem = set_loop_priority(config.loop_nice)
+            if problem:
+                log.warning("%s", problem)
         if config.load_encoder_at_start:
             try:
                 await rt.run_aside(svc.warm_up)  # models load once, before the first request

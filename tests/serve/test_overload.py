@@ -478,6 +478,37 @@ def test_search_threads_run_worker_nice_below_the_loop_not_twice_that():
     assert os.getpriority(os.PRIO_PROCESS, 0) == base
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_the_event_loops_thread_can_run_at_its_own_nice_value(home, image_root, monkeypatch, caplog):
+    """STAIR_ES_SERVE_LOOP_NICE sets the nice value of the thread that accepts, sheds and answers;
+    where the kernel refuses (a negative value without root or CAP_SYS_NICE) it says so and runs on."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    import stair_es.serve.admission as admission
+
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 2)  # raising one's own nice value is always allowed
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", str(target))
+    config = make_config(home, image_root)
+    assert config.loop_nice == target
+    with TestClient(create_app(config)) as c:
+        assert c.portal.call(os.getpriority, os.PRIO_PROCESS, 0) == target  # the event loop's thread
+        assert c.get("/healthz").status_code == 200
+
+    def refused(*a):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(admission.os, "setpriority", refused)
+    caplog.clear()
+    with TestClient(create_app(make_config(home, image_root, loop_nice=-5))) as c:
+        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+    assert any("cannot run at nice -5" in r.getMessage() and "CAP_SYS_NICE" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", "high")
+    with pytest.raises(Exception, match="STAIR_ES_SERVE_LOOP_NICE='high' is not an integer"):
+        make_config(home, image_root)
+
+
 def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
     """A readiness probe queued behind a full worker pool would call a busy server dead; a
     warm-up cut by --request-timeout would leave a slow-loading model unloaded."""
