@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +37,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from .errors import RequestTimeoutError, ServerBusyError
+
+
+if sys.version_info >= (3, 11):
+    async def within(aw: Any, seconds: float) -> Any:
+        """``await aw``, cancelled past ``seconds`` (``asyncio.TimeoutError``). On 3.11+ the
+        awaitable runs in the caller's own task under ``asyncio.timeout``: ``wait_for`` made a
+        task of it and a timer, twice per search on the event loop's path."""
+        async with asyncio.timeout(seconds):
+            return await aw
+else:  # pragma: no cover - Python 3.10
+    async def within(aw: Any, seconds: float) -> Any:
+        return await asyncio.wait_for(aw, seconds)
 
 
 def lower_thread_priority(steps: int) -> None:

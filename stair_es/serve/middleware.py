@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import InvalidInputError
+from .admission import within
 from .errors import error_body, retry_headers
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 from .stats import T_ENTRY
@@ -62,7 +63,7 @@ class BodyGuard:
                     return True
 
         try:
-            complete = await asyncio.wait_for(read_all(), self.timeout)
+            complete = await within(read_all(), self.timeout)
         except OverflowError:
             return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less")
         except asyncio.TimeoutError:
