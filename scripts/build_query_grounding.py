@@ -25,6 +25,13 @@ script writes, for every noun and adjective lemma of WordNet 3.0 (multiword ones
 * ``g`` nouns of the definition (``dandelion``: "... bright yellow flowers" -> ``flower``,
   ``yellow``), share 0.45, at most :data:`GLOSS_WORDS` per synset.
 
+Noun senses WordNet files as abstract (lexicographer files noun.Tops, attribute, cognition,
+feeling, motive, possession, process, quantity, relation, state and time: :data:`ABSTRACT_LEXFILES`)
+contribute the nouns of their definition only, never their hypernyms, hyponyms, holonyms or
+meronyms: ``autumn`` is a time of year, and its hypernym ``measure`` (the head of ``fundamental
+measure``) is what a ruler carries in a photo catalog; its definition gives ``leaf`` and ``tree``.
+``log``'s logarithm sense no longer reaches ``power``, nor ``close``'s temporal sense ``point``.
+
 A multiword relative contributes its head noun (the last word: ``vascular plant`` ->
 ``plant``). Only relatives that are one whole BERT WordPiece token are written (an index holds
 tokens; a relative split into pieces could only match loose fragments), never stopwords.
@@ -61,7 +68,12 @@ from build_imagenet_tokens import STOP_SYNSETS, ensure_wordnet  # noqa: E402
 from stair_es.encoders.text import DEFAULT_STOPWORDS  # noqa: E402
 from stair_es.vocab import default_vocabulary  # noqa: E402
 
-SCRIPT_VERSION = 3
+SCRIPT_VERSION = 4
+#: lexicographer file numbers (data.noun's second field) of senses nobody photographs:
+#: 03 noun.Tops, 07 attribute, 09 cognition, 12 feeling, 16 motive, 21 possession, 22 process,
+#: 23 quantity, 24 relation, 26 state, 28 time. Acts, events and communication (sports,
+#: weddings, signs, newspapers) stay: they are often seen.
+ABSTRACT_LEXFILES = frozenset({3, 7, 9, 12, 16, 21, 22, 23, 24, 26, 28})
 MAX_SENSES = 4
 HYPONYM_SENSES = 2
 SENSE_DECAY = 0.8
@@ -101,10 +113,10 @@ MERONYM = {"%m", "%p", "%s"}
 
 
 class Synset:
-    __slots__ = ("pos", "lemmas", "ptrs", "gloss")
+    __slots__ = ("pos", "lemmas", "ptrs", "gloss", "lexfile")
 
-    def __init__(self, pos: str, lemmas: list[str], ptrs: list[tuple[str, str, str, str]], gloss: str):
-        self.pos, self.lemmas, self.ptrs, self.gloss = pos, lemmas, ptrs, gloss
+    def __init__(self, pos: str, lemmas: list[str], ptrs: list[tuple[str, str, str, str]], gloss: str, lexfile: int):
+        self.pos, self.lemmas, self.ptrs, self.gloss, self.lexfile = pos, lemmas, ptrs, gloss, lexfile
 
 
 def read_data(folder: Path) -> dict[tuple[str, str], Synset]:
@@ -125,7 +137,7 @@ def read_data(folder: Path) -> dict[tuple[str, str], Synset]:
                 for i in range(n_ptr):
                     sym, target, tpos, st = fields[p + 1 + 4 * i: p + 5 + 4 * i]
                     ptrs.append((sym, target, "a" if tpos in ("a", "s") else tpos, st))
-                out[(pos, fields[0])] = Synset(pos, words, ptrs, gloss.strip())
+                out[(pos, fields[0])] = Synset(pos, words, ptrs, gloss.strip(), int(fields[1]))
     return out
 
 
@@ -206,6 +218,8 @@ class Builder:
                         add(self.token(lem), "s", 1, SHARES["s"] * f)
                 for w in self.gloss_words(syn.gloss):
                     add(w, "g", 1, SHARES["g"] * f)
+                if pos == "n" and syn.lexfile in ABSTRACT_LEXFILES:
+                    continue  # an abstract sense: its definition's nouns only (module docstring)
                 if pos == "a":
                     me = syn.lemmas.index(lemma) + 1 if lemma in syn.lemmas else 0
                     for sym, target, tpos, st in syn.ptrs:
@@ -277,7 +291,7 @@ def build(wordnet: Path) -> tuple[bytes, str, int]:
     body = b.lines()
     exceptions = {k: v.replace("_", " ") for k, v in sorted(read_exceptions(wordnet).items())}
     params = (f"min={MIN_SHARE} senses={MAX_SENSES} hyposenses={HYPONYM_SENSES} decay={SENSE_DECAY} up={MAX_UP} max={MAX_RELATIVES} gloss={GLOSS_WORDS} "
-              f"shares={sorted(SHARES.items())} script={SCRIPT_VERSION}")
+              f"shares={sorted(SHARES.items())} abstract={sorted(ABSTRACT_LEXFILES)} script={SCRIPT_VERSION}")
     digest = hashlib.sha256(("\n".join(body) + json.dumps(exceptions) + params).encode()).hexdigest()[:8]
     version = f"wordnet3.0-qg-v{SCRIPT_VERSION}-{digest}"
     # Independently compressed blocks of whole lines: a lookup decompresses one block

@@ -129,13 +129,20 @@ def read_manifest(path: Path) -> Iterator[CatalogItem]:
     return dedupe(lines())
 
 
-def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
+def json_object_line(raw: str, what: str = "a manifest line") -> dict:
+    """One JSONL line as a dict, or InvalidInputError saying why not (the same words for every
+    line-per-item file stair_es reads: manifests, lists of locations)."""
     try:
         rec = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise InvalidInputError(f"malformed JSON ({e.msg} at column {e.colno})") from None
+        raise InvalidInputError(f"not JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(rec, dict):
-        raise InvalidInputError(f"a manifest line must be a JSON object, got {type(rec).__name__}")
+        raise InvalidInputError(f"{what} must be a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
+    rec = json_object_line(raw)
     unknown = set(rec) - {"id", "path", "caption", "metadata", "vectors", "dense"}
     if unknown:
         raise InvalidInputError(f"unknown keys {sorted(unknown)}; allowed: id, path, caption, metadata, vectors, dense")

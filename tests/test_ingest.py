@@ -95,7 +95,7 @@ def test_manifest_bad_lines_duplicates_and_precomputed_vectors(tmp_path):
     report = ingest_catalog(be, "m", m, ColorEncoder)
     errs = {(i.source, i.id): i.error for i in report.failures}
     reasons = " | ".join(str(e) for e in errs.values())
-    assert ("m.jsonl:2", None) in errs and "malformed JSON" in errs[("m.jsonl:2", None)]
+    assert ("m.jsonl:2", None) in errs and "not JSON" in errs[("m.jsonl:2", None)]
     assert "duplicate id 'a' (first seen at m.jsonl:1)" in reasons
     assert "finite" in reasons and "not supported" in reasons
     assert "nope.png" in reasons or "no such file" in reasons.lower()

@@ -22,6 +22,8 @@ Configurations (``name: DefaultEncoder text options``):
 * ``nohypo`` / ``hypo1``: no hyponyms / hyponyms one level down only; ``hypernyms``: synonyms
   and hypernyms only; ``nospread``: a word's relatives each take their full share instead of
   sharing the best one's.
+* ``map=PATH``: grounding on with another map file (e.g. an older version:
+  ``git show REV:stair_es/encoders/configs/query_grounding.bin > old.bin``).
 
 ``--misses N`` prints, for the ``on`` configuration against ``off``, the N most improved and
 the N most worsened queries with their grounding steps (every query's rank per configuration
@@ -52,7 +54,7 @@ def settings(name: str):
     """Temporarily change a module-level grounding setting for one configuration."""
     from stair_es.encoders import grounding as g
 
-    saved = (g.MAX_RELATIVES, g.RELATIVE_RATIO, g.EXPANSION_CAP, g.GroundingMap.relatives)
+    saved = (g.MAX_RELATIVES, g.RELATIVE_RATIO, g.EXPANSION_CAP, g.GroundingMap.relatives, g.grounding_map)
     saved2 = (g.SKIP_RELATIONS, g.MAX_HYPONYM_DISTANCE, g.SPREAD)
     try:
         if name == "nohypo":
@@ -69,7 +71,10 @@ def settings(name: str):
             g.SKIP_RELATIONS = frozenset({"hyponym", "meronym", "word of the definition"})
         elif name == "hypernyms":
             g.SKIP_RELATIONS = frozenset({"hyponym", "holonym", "meronym", "word of the definition", "related adjective"})
-        if name.startswith("rel="):
+        if name.startswith("map="):
+            other = g.GroundingMap(Path(name[4:]))
+            g.grounding_map = lambda: other  # plan_query looks the map up at call time
+        elif name.startswith("rel="):
             g.MAX_RELATIVES = int(name[4:])
         elif name.startswith("ratio="):
             g.RELATIVE_RATIO = float(name[6:])
@@ -78,7 +83,7 @@ def settings(name: str):
             g.GroundingMap.relatives = lambda self, lemma: [r for r in orig(self, lemma) if r.relation != "word of the definition"]
         yield
     finally:
-        g.MAX_RELATIVES, g.RELATIVE_RATIO, g.EXPANSION_CAP, g.GroundingMap.relatives = saved
+        g.MAX_RELATIVES, g.RELATIVE_RATIO, g.EXPANSION_CAP, g.GroundingMap.relatives, g.grounding_map = saved
         g.SKIP_RELATIONS, g.MAX_HYPONYM_DISTANCE, g.SPREAD = saved2
 
 

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..catalog import CatalogEntry, CatalogItem, dedupe, clean_caption, read_catalog
+from ..catalog import CatalogEntry, CatalogItem, clean_caption, dedupe, json_object_line, read_catalog
 from ..errors import ImageError, InvalidInputError
 from ..schema import ItemResult
 from .shards import is_remote, open_fs, pyarrow_modules
@@ -80,12 +80,7 @@ def read_jsonl_list(location: str) -> Iterator[CatalogItem]:
                 continue
             origin, rec = f"{name}:{n}", None
             try:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InvalidInputError(f"not JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(rec, dict):
-                    raise InvalidInputError(f"a line must be a JSON object, got {type(rec).__name__}")
+                rec = json_object_line(line, "a line")
                 unknown = set(rec) - {"id", "path", "url", "caption", "metadata"}
                 if unknown & {"vectors", "dense"}:
                     raise InvalidInputError("precomputed 'vectors'/'dense' come from a manifest of local paths "

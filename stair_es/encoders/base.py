@@ -82,6 +82,16 @@ class Encoder(ABC):
         return {"name": self.name}
 
 
+class GroundingEncoder(Encoder):
+    """An encoder whose text path is :meth:`encode_queries` (query words grounded on an index's
+    tokens, :mod:`stair_es.encoders.grounding`): :meth:`encode_texts` returns its vectors."""
+
+    def encode_texts(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                     idf: np.ndarray | None = None, index_stats: Any = None) -> list[SparseVector]:
+        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
+                                                      index_stats=index_stats)]
+
+
 _BUILTIN: dict[str, str] = {
     "default": "stair_es.encoders.default:DefaultEncoder",
     "imagenet": "stair_es.encoders.imagenet:ImageNetLabelEncoder",

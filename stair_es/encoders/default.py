@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import EncoderVersionError, InvalidInputError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
-from .base import Encoder, check_recorded_version
+from .base import Encoder, GroundingEncoder, check_recorded_version
 from .imagenet import ImageNetLabelEncoder
 from .options import EncoderOptions
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
@@ -103,7 +103,7 @@ class DefaultOptions(EncoderOptions):
     grounding: Any = "on"  # query words grounded on the index's tokens (stair_es/encoders/grounding.py), or "off"
 
 
-class DefaultEncoder(Encoder):
+class DefaultEncoder(GroundingEncoder):
     name = "default"
     modalities = frozenset({"image", "text"})
 
@@ -391,18 +391,6 @@ class DefaultEncoder(Encoder):
         if self.ocr is not None and self.ocr.can_read(token):
             out.append("ocr")
         return out
-
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-        index_stats: Any = None,
-    ) -> list[SparseVector]:
-        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
-                                                      index_stats=index_stats)]
 
     def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
                        idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:

@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import EmptyQueryError, InvalidInputError, MissingDependencyError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
-from .base import Encoder, progress_bar
+from .base import GroundingEncoder, progress_bar
 from .options import EncoderOptions
 from .runtime import first_line
 
@@ -89,7 +89,7 @@ def _check_idf(idf: np.ndarray | None, vocab: Vocabulary) -> np.ndarray | None:
     return arr
 
 
-class BagOfWordsEncoder(Encoder):
+class BagOfWordsEncoder(GroundingEncoder):
     """A text's own WordPiece tokens, count-saturated, optionally idf-weighted (no model)."""
 
     name = "bow"
@@ -180,18 +180,6 @@ class BagOfWordsEncoder(Encoder):
             raise EmptyQueryError(f"the text {text[:60]!r} has no searchable tokens: {why}")
         steps = finish_steps(plan, dict(zip(vec.ids.tolist(), vec.weights.tolist())), self.vocab) if plan else []
         return EncodedQuery(vec, steps)
-
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-        index_stats: Any = None,
-    ) -> list[SparseVector]:
-        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
-                                                      index_stats=index_stats)]
 
     def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
                        idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:
@@ -344,7 +332,7 @@ class SpladeOptions(EncoderOptions):
     expansion_cap: float | None = None  # expansion weights at most this x the strongest own word; None: EXPANSION_CAP
 
 
-class SpladeEncoder(Encoder):
+class SpladeEncoder(GroundingEncoder):
     """SPLADE max-pooled MLM logits: ``w_t = max_i log(1 + ReLU(logit_i,t))`` over the BERT vocab."""
 
     name = "splade"
@@ -459,18 +447,6 @@ class SpladeEncoder(Encoder):
     def onnx_spec(self):
         """How this SPLADE model is exported to ONNX (see :mod:`stair_es.encoders.runtime`)."""
         return _splade_spec(self.model, _model_folder(self.model), self.device, self.vocab)
-
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-        index_stats: Any = None,
-    ) -> list[SparseVector]:
-        return [q.vector for q in self.encode_queries(texts, batch_size=batch_size, progress=progress, idf=idf,
-                                                      index_stats=index_stats)]
 
     def encode_queries(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
                        idf: np.ndarray | None = None, index_stats: Any = None) -> list[Any]:

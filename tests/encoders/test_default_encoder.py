@@ -80,7 +80,7 @@ def test_an_unknown_option_is_refused_with_the_valid_names():
         DefaultEncoder(colour="blue", top_k=3)
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from stair_es.cli.main import cli
 
     r = CliRunner().invoke(cli, ["encode", "--text", "a dog", "--encoder-option", "text=bow", "--encoder-option", "colur=red"])
     assert r.exit_code == 2 and "does not take the option colur; its options are text," in r.output

@@ -114,7 +114,7 @@ def test_loading_a_checkpoint_as_another_head_names_both(trained):
 def test_unknown_head_lists_the_choices(cfg):
     with pytest.raises(UnknownNameError, match="stair, visualsparta, vdr, dense"):
         cfg.replace(head="splade")
-    from cli.stair_commands import train_cmd
+    from stair_es.cli.stair_commands import train_cmd
 
     res = CliRunner().invoke(train_cmd, ["x.jsonl", "-o", "out", "--head", "nope"])
     assert res.exit_code != 0 and "'nope'" in res.output and all(h in res.output for h in ("stair", "visualsparta", "vdr", "dense"))
@@ -145,7 +145,7 @@ def test_three_stage_plan_is_refused_for_the_heads_that_train_in_one_stage(cfg, 
 
 
 def test_cli_trains_a_head_in_one_stage_and_records_it(tmp_path):
-    from cli.stair_commands import eval_cmd, train_cmd
+    from stair_es.cli.stair_commands import eval_cmd, train_cmd
 
     sc = make_scenes(tmp_path / "sc", n_train=24, n_test=8, seed=1, size=32)
     out = tmp_path / "vs"
