@@ -3,8 +3,9 @@
 A search is the request a server gets most, and on two cores the event loop's share of it
 counts: through FastAPI each one went through its exception middleware, its router, the
 dependency solver (which here also rebuilt parts of the route's dependency graph per
-request) and a ``Response`` object, about a third of the loop's CPU per search
-(``benchmarks/serve_overhead.py``, py-spy on a live server). :class:`SearchFastPath` sits
+request) and a ``Response`` object: without them the event loop's CPU per search inside the
+app halves (``benchmarks/serve_overhead.py``; py-spy on a live server had put about 40 % of
+the app's samples there). :class:`SearchFastPath` sits
 just inside :class:`~.middleware.BodyGuard`, so every gate has already run (in-flight cap,
 Host, API key, queue, body size, time, UTF-8 and JSON limits), takes the parsed body,
 validates it with the route's own model (:class:`~.models.SearchBody`) and runs the route's
