@@ -309,7 +309,8 @@ async def _internal_error(scope, send) -> None:
                                                          "(see the server log)")).encode()
     try:
         await send({"type": "http.response.start", "status": 500,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
     except Exception:  # noqa: BLE001 - the answer had started
         return
     log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
