@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import StairError
 from .errors import error_body, retry_headers, status_of
+from .middleware import ERROR_LOGGED
 
 log = logging.getLogger("stair_es.serve")
 
@@ -71,4 +72,5 @@ def install_handlers(app: FastAPI, scrub) -> None:
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
+        request.scope.setdefault("state", {})[ERROR_LOGGED] = True  # the gates, which see it re-raised, log no more
         return error_response(500, 70, "InternalError", f"internal error: {type(e).__name__} (see the server log)")

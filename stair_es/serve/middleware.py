@@ -301,19 +301,24 @@ class InFlightGate:
             self.in_flight -= 1
 
 
+#: Set in a request's scope state by the error handler that logged its exception (:mod:`.handlers`).
+ERROR_LOGGED = "stair_es.error_logged"
+
+
 async def _internal_error(scope, send) -> None:
-    """An exception escaped the app: 500 in the one error shape, logged once with its traceback.
-    When an answer had already started (FastAPI's error layer answered and logged it, then
-    re-raised), nothing more is sent or logged."""
+    """An exception escaped the app: logged once with its traceback (not again when FastAPI's
+    error layer logged it, answered and re-raised it), and answered 500 in the one error shape
+    unless an answer had already started."""
+    if not (scope.get("state") or {}).get(ERROR_LOGGED):
+        log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
     payload = json.dumps(error_body(70, "InternalError", f"internal error: {sys.exc_info()[0].__name__} "
                                                          "(see the server log)")).encode()
     try:
         await send({"type": "http.response.start", "status": 500,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
-    except Exception:  # noqa: BLE001 - the answer had started
+    except Exception:  # noqa: BLE001 - the answer had started: the client gets what was sent
         return
-    log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
     await send({"type": "http.response.body", "body": payload})
 
 
