@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from benchmarks.common import git_commit
 from benchmarks.corpora import CACHE_DIR
 from benchmarks.serve_load import (
     SERVER,
+    add_cpu,
     build_index,
     process_rss_mb,
     query_maps,
@@ -72,7 +74,8 @@ def main() -> None:
         rows = []
         for rate in [float(x) for x in args.rate.split(",")]:
             pooled = {label: {"results": [], "sent": 0.0, "connections": 0, "rss_peak_mb": None,
-                              "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0}
+                              "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0,
+                              "server_loop_cpu_s": 0.0}
                       for label in servers}
             rss0 = {label: process_rss_mb(p.pid) for label, (p, _) in servers.items()}
             for k in range(args.slices):
@@ -84,8 +87,11 @@ def main() -> None:
                     acc["connections"] = max(acc["connections"], r["connections"])
                     acc["generator_cpu_s"] += r["generator_cpu_s"]
                     acc["generator_wall_s"] += r["generator_wall_s"]
-                    acc["server_cpu_s"] = (None if acc["server_cpu_s"] is None or r["server_cpu_s"] is None
-                                           else acc["server_cpu_s"] + r["server_cpu_s"])
+                    add_cpu(acc, r)
+                    n = max(1, len(r["results"]))  # per slice too: its median shrugs off one stalled slice
+                    if r.get("server_cpu_s") is not None and r.get("server_loop_cpu_s") is not None:
+                        acc.setdefault("cpu_slices", []).append((r["server_cpu_s"] * 1000 / n,
+                                                                 r["server_loop_cpu_s"] * 1000 / n))
                     if r.get("rss_peak_mb") is not None:
                         acc["rss_peak_mb"] = max(acc["rss_peak_mb"] or 0.0, r["rss_peak_mb"])
             seconds = args.slices * args.slice_seconds
@@ -94,23 +100,43 @@ def main() -> None:
                 acc["offered"] = acc["sent"] / seconds
                 row = {"setting": label, **summarize_open(rate, acc, seconds, rss0[label]),
                        "load_average": os.getloadavg()[0]}
+                cs = acc.get("cpu_slices") or []
+                row["server_cpu_ms_per_request_slice_median"] = statistics.median(c for c, _ in cs) if cs else None
+                row["server_loop_cpu_ms_per_request_slice_median"] = statistics.median(c for _, c in cs) if cs else None
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
         stop_servers(servers)
     print()
     print("| setting | rate /s | QPS | p50 ms | p99 ms | slowest ms | shed % | shed p50 / p99 ms | other errors | "
-          "server CPU ms/req | generator % of a core | p99 queue+wait ms | p99 engine wait ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+          "server CPU ms/req | of which event loop | generator % of a core | p99 queue+wait ms | p99 engine wait ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    first: dict[float, dict] = {}
     for r in rows:
+        first.setdefault(r["rate"], r)
         bd = r["breakdown"]
         qw = (f"{bd['queue']['p99'] + bd['wait']['p99']:.0f}" if bd and "queue" in bd else "-")
         ew = f"{bd['engine_wait']['p99']:.0f}" if bd and bd.get("engine_wait", {}).get("p99") else "-"
         errs = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"
-        scpu = r["server_cpu_ms_per_request"]
+        scpu, lcpu = r["server_cpu_ms_per_request"], r["server_loop_cpu_ms_per_request"]
         print(f"| {r['setting']} | {r['rate']:.0f} | {r['qps']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
               f"{r['max_ms']:.0f} | {r['shed_pct']:.1f} | {r['shed_p50_ms']:.1f} / {r['shed_p99_ms']:.1f} | {errs} | "
-              f"{'-' if scpu is None else f'{scpu:.2f}'} | {r['generator_core_pct']:.1f} | {qw} | {ew} |")
+              f"{'-' if scpu is None else f'{scpu:.2f}'} | {'-' if lcpu is None else f'{lcpu:.2f}'} | "
+              f"{r['generator_core_pct']:.1f} | {qw} | {ew} |")
+    print()
+    print("Server CPU per request, median of the slices (each slice's CPU / its requests, shed ones included), "
+          f"and its ratio to the same rate's first setting ({settings[0][0]}), measured in the same run:")
+    print()
+    print("| setting | rate /s | server CPU ms/req | ratio | event loop ms/req | ratio | load average |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        b = first[r["rate"]]
+        c, lc = r["server_cpu_ms_per_request_slice_median"], r["server_loop_cpu_ms_per_request_slice_median"]
+        bc, blc = b["server_cpu_ms_per_request_slice_median"], b["server_loop_cpu_ms_per_request_slice_median"]
+        ratio = f"{c / bc:.3f}" if c and bc else "-"
+        lratio = f"{lc / blc:.3f}" if lc and blc else "-"
+        print(f"| {r['setting']} | {r['rate']:.0f} | {'-' if c is None else f'{c:.2f}'} | {ratio} | "
+              f"{'-' if lc is None else f'{lc:.2f}'} | {lratio} | {r['load_average']:.2f} |")
 
 
 if __name__ == "__main__":

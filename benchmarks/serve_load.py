@@ -127,10 +127,12 @@ def in_process_p50(home: Path, name: str, queries: list[dict[str, float]], top_k
     return percentiles(times, (50,))["p50_ms"]
 
 
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system, all threads) a process has used so far; None where /proc is missing."""
+def process_cpu(pid: int, tid: int | None = None) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used so far, or only its thread
+    ``tid`` (the server's main thread, ``tid == pid``, runs the event loop); None where /proc is missing."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -455,7 +457,7 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    cpu0 = process_cpu(pid)
+    cpu0, loop0 = process_cpu(pid), process_cpu(pid, pid)
     try:
         p = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--generate", mode, url, str(qfile),
                             str(seconds), str(top_k), str(seed)], capture_output=True, text=True,
@@ -464,13 +466,20 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
     finally:
         stop.set()
         t.join()
-    cpu1 = process_cpu(pid)
+    cpu1, loop1 = process_cpu(pid), process_cpu(pid, pid)
     if p.returncode != 0:
         raise SystemExit(f"the load generator failed: {p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["rss_peak_mb"] = max(samples) if samples else None
     r["server_cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    r["server_loop_cpu_s"] = None if loop0 is None or loop1 is None else loop1 - loop0
     return r
+
+
+def add_cpu(acc: dict, r: dict) -> None:
+    """Adds one slice's server CPU seconds (whole process, event-loop thread) to a pooled row."""
+    for key in ("server_cpu_s", "server_loop_cpu_s"):
+        acc[key] = None if acc.get(key) is None or r.get(key) is None else acc[key] + r[key]
 
 
 def process_rss_mb(pid: int) -> float | None:
@@ -548,6 +557,9 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
             "generator_cpu_ms_per_request": (r.get("generator_cpu_s") or 0.0) * 1000 / n,
             "generator_core_pct": 100 * (r.get("generator_cpu_s") or 0.0) / max(1e-9, r.get("generator_wall_s") or seconds),
             "server_cpu_ms_per_request": (None if r.get("server_cpu_s") is None else r["server_cpu_s"] * 1000 / n),
+            # the event loop's thread: uvicorn, the gates, parsing, validation, routing, the response
+            "server_loop_cpu_ms_per_request": (None if r.get("server_loop_cpu_s") is None
+                                               else r["server_loop_cpu_s"] * 1000 / n),
             "breakdown": breakdown(res),
             "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
 
@@ -592,14 +604,12 @@ def open_loop_main(args) -> None:
                     r = run_generator(f"open:{rate}", url, qfile, args.seconds / args.rounds, args.top_k,
                                       1 + i + rnd * len(rates), proc.pid, args.generator_nice, gen_cpus)
                     acc = pooled.setdefault(rate, {"results": [], "sent": 0, "connections": 0, "rss_peak_mb": None,
-                                                   "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0})
+                                                   "generator_cpu_s": 0.0, "generator_wall_s": 0.0, "server_cpu_s": 0.0,
+                                                   "server_loop_cpu_s": 0.0})
                     acc["results"] += r["results"]
                     acc["generator_cpu_s"] += r.get("generator_cpu_s", 0.0)
                     acc["generator_wall_s"] += r.get("generator_wall_s", 0.0)
-                    if acc["server_cpu_s"] is not None and r.get("server_cpu_s") is not None:
-                        acc["server_cpu_s"] += r["server_cpu_s"]
-                    else:
-                        acc["server_cpu_s"] = None
+                    add_cpu(acc, r)
                     acc["sent"] += r["offered"] * args.seconds / args.rounds
                     acc["connections"] = max(acc["connections"], r["connections"])
                     if r.get("rss_peak_mb") is not None:
@@ -635,12 +645,12 @@ def open_loop_main(args) -> None:
                   f"{r['shed_p99_ms']:.1f} | {errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
                   f"{r['rss_peak_mb']:.0f} | {r['rss_growth_pct']:+.1f} |")
         print()
-        print("| x S | generator CPU ms/req | generator % of a core | server CPU ms/req |")
-        print("|---:|---:|---:|---:|")
+        print("| x S | generator CPU ms/req | generator % of a core | server CPU ms/req | of which event-loop thread |")
+        print("|---:|---:|---:|---:|---:|")
         for r in rows:
-            scpu = r["server_cpu_ms_per_request"]
+            scpu, lcpu = r["server_cpu_ms_per_request"], r["server_loop_cpu_ms_per_request"]
             print(f"| {r['fraction']:.2f} | {r['generator_cpu_ms_per_request']:.2f} | {r['generator_core_pct']:.1f} | "
-                  f"{'-' if scpu is None else f'{scpu:.2f}'} |")
+                  f"{'-' if scpu is None else f'{scpu:.2f}'} | {'-' if lcpu is None else f'{lcpu:.2f}'} |")
         print()
         print("Where the answered searches' time went (ms; Server-Timing of each answer): p50 / p99 of each phase, "
               "and its mean over the slowest 1 % (the tail). late: the generator sent it after its due time; "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -38,17 +39,53 @@ from typing import Any, Callable
 from .errors import RequestTimeoutError, ServerBusyError
 
 
+if sys.version_info >= (3, 11):
+    async def within(aw: Any, seconds: float) -> Any:
+        """``await aw``, cancelled past ``seconds`` (``asyncio.TimeoutError``). On 3.11+ the
+        awaitable runs in the caller's own task under ``asyncio.timeout``: ``wait_for`` made a
+        task of it and a timer, twice per search on the event loop's path."""
+        async with asyncio.timeout(seconds):
+            return await aw
+else:  # pragma: no cover - Python 3.10
+    async def within(aw: Any, seconds: float) -> Any:
+        return await asyncio.wait_for(aw, seconds)
+
+
 def lower_thread_priority(steps: int) -> None:
-    """Run in a new worker thread: raises that thread's nice value by ``steps`` (Linux schedules
-    threads one by one), so the event loop's thread, which accepts, sheds and answers, gets the
-    CPU first when the workers saturate it. A no-op where not supported."""
+    """Run in a new worker thread: sets that thread's nice value ``steps`` above the process's
+    main thread (Linux schedules threads one by one), so the event loop's thread, which
+    accepts, sheds and answers, gets the CPU first when the workers saturate it. A no-op where
+    not supported.
+
+    Counted from the main thread, not from the calling thread's own value: a thread inherits
+    the nice value of the thread that starts it, and the search threads are started by the
+    batcher's dispatcher thread, itself already lowered (they ran 2 x ``steps`` below)."""
     if steps <= 0:
         return
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
     except (AttributeError, OSError):
         pass
+
+
+def set_loop_priority(nice: int) -> str | None:
+    """Run on the event loop's thread: sets its nice value to ``nice`` (Linux schedules threads
+    one by one). A negative value puts the thread that accepts, sheds and answers ahead of the
+    machine's other processes, which the kernel allows only to root, to ``CAP_SYS_NICE`` or
+    within ``RLIMIT_NICE``. Returns why it could not be done (the server runs on, unchanged),
+    or None."""
+    try:
+        tid = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice != now:
+            os.setpriority(os.PRIO_PROCESS, tid, max(-20, min(19, nice)))
+    except PermissionError:
+        return (f"the event loop's thread cannot run at nice {nice} (STAIR_ES_SERVE_LOOP_NICE): a value below the "
+                f"current {now} needs root, CAP_SYS_NICE or a raised RLIMIT_NICE; it runs at nice {now}")
+    except (AttributeError, OSError) as e:
+        return f"the event loop's thread's nice value cannot be set here ({e}); it runs unchanged"
+    return None
 
 
 class Admission:

@@ -6,11 +6,13 @@ and :mod:`.routes_page`, the error handlers of :mod:`.errors` and the middleware
 :mod:`.middleware`. The request and response models (:mod:`.models`) are the contract
 (OpenAPI at ``/docs``). Errors keep the CLI's meaning (:mod:`.errors`). CPU work runs through
 the :class:`~.runtime.Runtime`. Request bodies are read whole by the body guard before any
-route runs, capped in size and in time.
+route runs, capped in size and in time. A valid ``POST /v1/search`` is answered by the same
+route code without FastAPI's routing (:mod:`.fastpath`).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -22,6 +24,8 @@ from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
+from .admission import set_loop_priority
+from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
 from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate  # noqa: F401 - re-exported
@@ -32,13 +36,18 @@ from .service import ServeConfig, Service
 log = logging.getLogger("stair_es.serve")
 
 
-def create_app(config: ServeConfig | None = None, *, service: Service | None = None) -> FastAPI:
+def create_app(config: ServeConfig | None = None, *, service: Service | None = None, fast_path: bool = True) -> FastAPI:
+    """The app; ``fast_path=False`` sends ``/v1/search`` through FastAPI's route too (tests compare the two)."""
     config = config or (service.config if service else ServeConfig())
     rt = Runtime(config, service or Service(config))
     svc = rt.service
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if config.loop_nice:  # this runs on the event loop's thread (uvicorn's main thread)
+            problem = set_loop_priority(config.loop_nice)
+            if problem:
+                log.warning("%s", problem)
         if config.load_encoder_at_start:
             try:
                 await rt.run_aside(svc.warm_up)  # models load once, before the first request
@@ -50,9 +59,15 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 await rt.run_aside(svc.warm_indices)  # open the indices and load their query encoders now
             except StairError as e:
                 log.error("the backend's indices could not be listed: %s", e)
+        # What start-up built (indices, models, kernels: ~150,000 objects at 1M documents) lives as
+        # long as the server: out of the collector's way. A full collection walked them all, holding
+        # the GIL (so every search and the event loop) for 120-150 ms at 1M documents. (No collection
+        # first: it would cost that once more per start; start-up's garbage waits for gc.unfreeze.)
+        gc.freeze()
         if rt.stats is not None:
             rt.stats.start()  # the event loop's stalls, sampled while the server runs
         yield
+        gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
         if rt.stats is not None:
             rt.stats.stop()
         rt.close()
@@ -74,12 +89,24 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
     if rt.stats is not None:
         app.include_router(routes_debug.router)
     app.mount("/static", StaticFiles(directory=str(resources.files("stair_es.serve") / "static")), name="static")
+    # The gates run first, in front of FastAPI's own stack (its server-error, telemetry and body-limit
+    # layers, then its routing): a refused or shed request costs the event loop only the gates
+    # before it, and a valid search is answered right after them without FastAPI's routing
+    # (:mod:`.fastpath`; same answer, less CPU). Each gate answers in the one error shape itself.
     caps, other = caps_of(config)
-    app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
-                       parse=lambda text: parse_capped(text, caps, other))
-    app.add_middleware(QueueFullGate, admission=rt.admission)  # a full queue sheds before the body is read
-    app.add_middleware(KeyGate, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
-    app.add_middleware(HostGuard, allowed=host_names(config.bind_host, config.allowed_hosts))
-    app.add_middleware(InFlightGate, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,
-                       stats=rt.stats)  # first
+    build_fastapi_stack = app.build_middleware_stack
+
+    def build_middleware_stack():
+        inner = build_fastapi_stack()
+        if fast_path:
+            inner = SearchFastPath(inner, runtime=rt, api_key=config.api_key, scrub=svc.scrub)
+        inner = BodyGuard(inner, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
+                          parse=lambda text: parse_capped(text, caps, other))
+        inner = QueueFullGate(inner, admission=rt.admission)  # a full queue sheds before the body is read
+        inner = KeyGate(inner, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
+        inner = HostGuard(inner, allowed=host_names(config.bind_host, config.allowed_hosts))
+        return InFlightGate(inner, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,
+                            stats=rt.stats)  # first
+
+    app.build_middleware_stack = build_middleware_stack  # Starlette builds the stack at the first request
     return app

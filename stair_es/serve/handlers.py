@@ -4,6 +4,7 @@ exception, validation error and unknown route. Must not know any route."""
 from __future__ import annotations
 
 import logging
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import StairError
 from .errors import error_body, retry_headers, status_of
+from .middleware import ERROR_LOGGED
 
 log = logging.getLogger("stair_es.serve")
 
@@ -23,17 +25,29 @@ def error_response(status: int, code: int, typ: str, message: str, headers: dict
     return JSONResponse(error_body(code, typ, message, retry_after_ms), status_code=status, headers=headers)
 
 
+def stair_error_response(e: StairError, scrub, method: str, path: str) -> JSONResponse:
+    """The answer to a library or serving error (its status from :func:`.errors.status_of`)."""
+    status = status_of(e)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status >= 500 and status not in (503, 504):
+        log.warning("%s %s: %s: %s", method, path, type(e).__name__, e)
+    return error_response(status, e.exit_code, type(e).__name__, scrub(str(e)), headers,
+                          getattr(e, "retry_after_ms", None))
+
+
+def internal_error_response(method: str, path: str) -> JSONResponse:
+    """The answer to an unexpected exception (called while it is handled: its traceback is logged)."""
+    log.exception("internal error on %s %s", method, path)
+    e = sys.exc_info()[1]
+    return error_response(500, 70, "InternalError", f"internal error: {type(e).__name__} (see the server log)")
+
+
 def install_handlers(app: FastAPI, scrub) -> None:
     """Every error as the one JSON shape; ``scrub`` takes server paths out of messages."""
 
     @app.exception_handler(StairError)
     async def stair_error(request: Request, e: StairError):
-        status = status_of(e)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if status >= 500 and status not in (503, 504):
-            log.warning("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        return error_response(status, e.exit_code, type(e).__name__, scrub(str(e)), headers,
-                              getattr(e, "retry_after_ms", None))
+        return stair_error_response(e, scrub, request.method, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
@@ -57,5 +71,6 @@ def install_handlers(app: FastAPI, scrub) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):
-        log.exception("internal error on %s %s", request.method, request.url.path)
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
+        request.scope.setdefault("state", {})[ERROR_LOGGED] = True  # the gates, which see it re-raised, log no more
         return error_response(500, 70, "InternalError", f"internal error: {type(e).__name__} (see the server log)")

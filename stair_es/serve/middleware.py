@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import sys
 import time
 from typing import Any, Callable
 
 from ..errors import InvalidInputError
+from .admission import within
 from .errors import error_body, retry_headers
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 from .stats import T_ENTRY
+
+log = logging.getLogger("stair_es.serve")
 
 
 # --- body guard (size and time caps before any route runs) -------------------------------------
@@ -58,7 +63,7 @@ class BodyGuard:
                     return True
 
         try:
-            complete = await asyncio.wait_for(read_all(), self.timeout)
+            complete = await within(read_all(), self.timeout)
         except OverflowError:
             return await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes; send less")
         except asyncio.TimeoutError:
@@ -290,8 +295,31 @@ class InFlightGate:
         self.in_flight += 1
         try:
             await self.app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - the gates run in front of FastAPI's error layer: answered here
+            await _internal_error(scope, send)
         finally:
             self.in_flight -= 1
+
+
+#: Set in a request's scope state by the error handler that logged its exception (:mod:`.handlers`).
+ERROR_LOGGED = "stair_es.error_logged"
+
+
+async def _internal_error(scope, send) -> None:
+    """An exception escaped the app: logged once with its traceback (not again when FastAPI's
+    error layer logged it, answered and re-raised it), and answered 500 in the one error shape
+    unless an answer had already started."""
+    if not (scope.get("state") or {}).get(ERROR_LOGGED):
+        log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
+    payload = json.dumps(error_body(70, "InternalError", f"internal error: {sys.exc_info()[0].__name__} "
+                                                         "(see the server log)")).encode()
+    try:
+        await send({"type": "http.response.start", "status": 500,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+    except Exception:  # noqa: BLE001 - the answer had started: the client gets what was sent
+        return
+    await send({"type": "http.response.body", "body": payload})
 
 
 class QueueFullGate:

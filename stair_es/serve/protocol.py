@@ -18,6 +18,46 @@ import asyncio
 HEADER_TIMEOUT = 10.0
 
 
+class CoalescingTransport:
+    """The connection's transport, but a response's head goes out with the first write after it
+    (its body, in the same step of the event loop): one ``send`` per answer instead of two.
+
+    uvicorn writes the status line and headers when the app sends ``http.response.start`` and
+    the body on ``http.response.body``; with ``TCP_NODELAY`` that was two system calls and two
+    segments per answer (``write`` was 14 % of the event loop's CPU samples at 150 searches/s).
+    The head is held until the next write, and flushed at the loop's next step if none comes (a
+    response whose body waits), or before the transport closes. Order is never changed: held
+    bytes always go first. Everything else is the transport's own."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport, loop):
+        self._transport, self._loop, self._held = transport, loop, None
+
+    def write(self, data) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            return self._transport.write(held + bytes(data))
+        if data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":  # a response's head: its body comes next
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            return None
+        return self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
 def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type | None = None) -> type:
     """uvicorn's HTTP/1.1 protocol class (httptools if installed, else h11) with a header deadline."""
     if base is None:
@@ -44,7 +84,7 @@ def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type 
                 self.transport.close()  # no complete header since the deadline was armed
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(CoalescingTransport(transport, self.loop))
             self._arm()
 
         def data_received(self, data: bytes) -> None:

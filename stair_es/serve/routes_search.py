@@ -28,12 +28,19 @@ async def search(request: Request, body: SearchBody, rt: Runtime = Depends(runti
     ``engine_cpu`` and ``answer_cpu`` (wall minus CPU: the thread waited for the GIL or a
     core), ``deliver`` (from the thread's end to this route running again on the event loop)
     and ``app`` (from this route's start to its answer)."""
+    payload, timing = await search_answer(rt, body, request.scope)
+    return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
+
+
+async def search_answer(rt: Runtime, body: SearchBody, scope: dict) -> tuple[bytes, str]:
+    """The JSON answer of one validated search and its ``Server-Timing`` value. Shared by the
+    route above and the plain ASGI path of :mod:`.fastpath`, so both answer alike."""
     t0 = time.perf_counter()
     svc = rt.service
     svc.check_limits(vars(body))  # before any work: a capped body is refused at once
     item = body.model_dump(exclude_none=True)
     await rt.fetch_images([item.get("image")])  # an image URL is fetched here, never on a worker
-    state = request.scope.get("state") or {}
+    state = scope.get("state") or {}
     t_entry = state.get(T_ENTRY, t0)
     if not rt.batching:
         payload = await rt.run(lambda b: dumps(svc.search(b)), item)
@@ -53,7 +60,7 @@ async def search(request: Request, body: SearchBody, rt: Runtime = Depends(runti
             state[PHASES] = {"pre": t0 - t_entry, "queue": t.queued, "prepare": t.prepare, "wait": t.wait,
                              "engine": engine, "engine_cpu": engine_cpu, "answer": answer, "answer_cpu": answer_cpu,
                              "deliver": deliver, "returned": time.perf_counter()}
-    return Response(payload, media_type="application/json", headers={"Server-Timing": timing})
+    return payload, timing
 
 
 @router.post("/v1/explain")

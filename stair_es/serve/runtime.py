@@ -18,7 +18,7 @@ from fastapi import Header, Request
 from fastapi.routing import APIRoute
 
 from ..errors import InvalidInputError
-from .admission import Admission, lower_thread_priority
+from .admission import Admission, lower_thread_priority, within
 from .batching import Batcher, Timing
 from .fetch import UrlFetcher
 from .jsonbody import caps_of, parse_capped
@@ -68,7 +68,7 @@ class Runtime:
                 (payload, detail), t = await submitted
             else:
                 try:
-                    (payload, detail), t = await asyncio.wait_for(submitted, adm.request_timeout)
+                    (payload, detail), t = await within(submitted, adm.request_timeout)
                 except asyncio.TimeoutError:  # the batcher drops it if it has not started
                     raise adm.timeout(time.monotonic() - t0, started=None) from None
             adm.observe(t.run + t.prepare / max(1, t.size))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -36,6 +37,16 @@ from .security import ImageRoots
 log = logging.getLogger(__name__)
 
 
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(f"${name}={value!r} is not an integer; set a whole number or unset it") from None
+
+
 @dataclass
 class ServeConfig:
     """Everything `stair-es serve` is started with (the API key is held, never logged)."""
@@ -57,6 +68,9 @@ class ServeConfig:
     url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
     worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
+    # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
+    # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
+    loop_nice: int = field(default_factory=lambda: _env_int("STAIR_ES_SERVE_LOOP_NICE", 0))
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call

@@ -14,6 +14,8 @@ is set) answers their percentiles:
 * ``shed``: per 429 of a gate, ``total`` from the first byte the app saw to the answer sent;
 * ``loop``: how late the event loop woke from a 5 ms sleep (its stalls: a thread holding the
   GIL, or the loop's thread waiting for a core);
+* ``gc``: per generation, the garbage collections run and how long each held the GIL (every
+  thread waits meanwhile, the event loop too);
 * for the slowest 1 % of the searches, the mean of each phase: where the p99 goes.
 
 A phase's wall time minus its CPU time is time its thread was ready but not running: waiting
@@ -26,6 +28,7 @@ This module knows asyncio, not FastAPI.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
 from typing import Any
@@ -48,8 +51,17 @@ class ServeStats:
         self.search: deque[dict[str, float]] = deque(maxlen=keep)
         self.shed: deque[float] = deque(maxlen=keep)
         self.loop_lag: deque[float] = deque(maxlen=keep)
+        self.gc_pauses: dict[int, deque[float]] = {g: deque(maxlen=keep) for g in range(3)}
+        self._gc_t0 = 0.0
         self._task: asyncio.Task | None = None
         self.started = time.time()
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        # runs in whichever thread triggered the collection, holding the GIL: no lock needed
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif info.get("generation") in self.gc_pauses:
+            self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_t0)
 
     # --- recording (on the event loop) -------------------------------------------------------------
     def request_done(self, state: dict[str, Any], status: int, t_entry: float) -> None:
@@ -73,11 +85,16 @@ class ServeStats:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch_loop())
+            gc.callbacks.append(self._on_gc)
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+            try:
+                gc.callbacks.remove(self._on_gc)
+            except ValueError:
+                pass
 
     # --- the summary -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -85,12 +102,16 @@ class ServeStats:
         out["search"] = _phases_summary(list(self.search))
         out["shed"] = _pct_ms(list(self.shed))
         out["loop_lag"] = _pct_ms(list(self.loop_lag))
+        out["gc"] = {f"generation_{g}": _pct_ms(list(v)) for g, v in self.gc_pauses.items()}
+        out["gc"]["frozen_objects"] = gc.get_freeze_count()
         return out
 
     def reset(self) -> None:
         self.search.clear()
         self.shed.clear()
         self.loop_lag.clear()
+        for v in self.gc_pauses.values():
+            v.clear()
         self.started = time.time()
 
 

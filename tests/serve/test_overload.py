@@ -452,6 +452,63 @@ def test_worker_threads_can_run_below_the_event_loop(home, image_root):
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the event loop's thread keeps its own
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_search_threads_run_worker_nice_below_the_loop_not_twice_that():
+    """The search threads are started by the batcher's dispatcher thread, already lowered, and a
+    thread inherits its starter's nice value: they used to run 2 x --worker-nice below."""
+    import functools
+    import os
+
+    from stair_es.serve.admission import lower_thread_priority
+    from stair_es.serve.batching import Batcher
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    b = Batcher(lambda items: [(os.getpriority(os.PRIO_PROCESS, 0), x) for x in items],
+                lambda p: (p[0], os.getpriority(os.PRIO_PROCESS, 0)), workers=2,
+                thread_init=functools.partial(lower_thread_priority, 3))
+
+    async def main():
+        return await asyncio.gather(*(b.submit(i) for i in range(6)))
+
+    try:
+        for (dispatcher, search), _ in asyncio.run(main()):
+            assert dispatcher == search == min(19, base + 3)
+    finally:
+        b.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_the_event_loops_thread_can_run_at_its_own_nice_value(home, image_root, monkeypatch, caplog):
+    """STAIR_ES_SERVE_LOOP_NICE sets the nice value of the thread that accepts, sheds and answers;
+    where the kernel refuses (a negative value without root or CAP_SYS_NICE) it says so and runs on."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    import stair_es.serve.admission as admission
+
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 2)  # raising one's own nice value is always allowed
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", str(target))
+    config = make_config(home, image_root)
+    assert config.loop_nice == target
+    with TestClient(create_app(config)) as c:
+        assert c.portal.call(os.getpriority, os.PRIO_PROCESS, 0) == target  # the event loop's thread
+        assert c.get("/healthz").status_code == 200
+
+    def refused(*a):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(admission.os, "setpriority", refused)
+    caplog.clear()
+    with TestClient(create_app(make_config(home, image_root, loop_nice=-5))) as c:
+        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+    assert any("cannot run at nice -5" in r.getMessage() and "CAP_SYS_NICE" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", "high")
+    with pytest.raises(Exception, match="STAIR_ES_SERVE_LOOP_NICE='high' is not an integer"):
+        make_config(home, image_root)
+
+
 def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
     """A readiness probe queued behind a full worker pool would call a busy server dead; a
     warm-up cut by --request-timeout would leave a slow-loading model unloaded."""
