@@ -62,6 +62,10 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @click.option("--worker-nice", default=5, show_default=True, type=click.IntRange(0, 19),
               help="Run the worker threads this many nice steps below the thread that accepts, sheds and answers "
                    "requests (Linux), so shedding stays fast while the workers use every core.")
+@click.option("--loop-nice", default=0, show_default=True, type=click.IntRange(-20, 19), envvar="STAIR_ES_SERVE_LOOP_NICE",
+              show_envvar=True, help="Nice value of the thread that accepts, sheds and answers requests (Linux); the "
+                                     "workers run --worker-nice steps above it. Negative puts it ahead of the machine's "
+                                     "other processes and needs root or CAP_SYS_NICE (else a warning, and it runs unchanged).")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
               help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
                    "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "
@@ -102,7 +106,7 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @encoder_options(default="default")
 @backend_options
 def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file,
-          default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, batching,
+          default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, loop_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
@@ -147,7 +151,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
                          allowed_hosts=list(allowed_hosts), public_docs=public_docs,
                          request_timeout=request_timeout or None, max_in_flight=max_in_flight,
                          max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
-                         worker_nice=worker_nice, debug_stats=debug_stats)
+                         worker_nice=worker_nice, loop_nice=loop_nice, debug_stats=debug_stats)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()

@@ -184,6 +184,26 @@ def test_cli_runs_uvicorn_without_its_bare_503_and_with_a_header_deadline(tmp_pa
     assert started[1][0].request_timeout is None
 
 
+def test_cli_loop_nice_option_and_its_environment_variable(tmp_path, monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app.state.config))
+    monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
+    monkeypatch.delenv("STAIR_ES_SERVE_LOOP_NICE", raising=False)
+    base = ["serve", "--home", str(tmp_path), "--encoder", "bow"]
+    assert CliRunner().invoke(cli, base).exit_code == 0
+    assert CliRunner().invoke(cli, [*base, "--loop-nice", "-5"]).exit_code == 0
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", "3")
+    assert CliRunner().invoke(cli, base).exit_code == 0
+    assert [c.loop_nice for c in started] == [0, -5, 3]
+    bad = CliRunner().invoke(cli, [*base, "--loop-nice", "-30"])
+    assert bad.exit_code == 2 and "--loop-nice" in bad.output
+
+
 def test_cli_warm_makes_every_embedded_reader_warm_itself(tmp_path, monkeypatch):
     import os
 
