@@ -55,6 +55,59 @@ def test_batcher_serves_in_arrival_order_in_bounded_batches():
     assert timing.size == 4 and timing.queued > 0 and timing.run >= 0
 
 
+def test_search_threads_take_work_straight_from_the_queue():
+    """No thread between the queue and the searches: the batcher starts only its search threads,
+    which prepare and search, and batches are prepared one at a time in arrival order."""
+    prepared_on, batches = [], []
+
+    def prepare(items):
+        prepared_on.append(threading.current_thread().name)
+        batches.append(list(items))
+        return items
+
+    before = set(threading.enumerate())
+    b = Batcher(prepare, lambda i: (i, threading.current_thread().name), workers=2, max_batch=3, name="t")
+    started = {t.name for t in set(threading.enumerate()) - before}
+
+    async def main():
+        return await asyncio.gather(*(b.submit(i) for i in range(12)))
+
+    answers = asyncio.run(main())
+    b.close()
+    assert started == {"t-search-0", "t-search-1"}
+    assert set(prepared_on) <= started and {name for (_, name), _ in answers} <= started
+    assert [i for batch in batches for i in batch] == list(range(12)) and all(len(x) <= 3 for x in batches)
+    assert [i for (i, _), _ in answers] == list(range(12))
+
+
+def test_queue_timeout_drops_what_waited_too_long_and_serves_what_comes_next():
+    gate = threading.Event()
+    ran = []
+
+    def run(i):
+        if i == 0:
+            gate.wait(5)  # a stall: the only thread is held
+        ran.append(i)
+        return i
+
+    b = Batcher(lambda items: items, run, workers=1, max_batch=4, max_wait=0.1,
+                overdue=lambda waited: LookupError(f"waited {waited:.2f} s"))
+
+    async def main():
+        first = asyncio.ensure_future(b.submit(0))
+        await asyncio.sleep(0.05)
+        backlog = [asyncio.ensure_future(b.submit(i)) for i in (1, 2, 3)]
+        await asyncio.sleep(0.2)
+        gate.set()
+        done = await asyncio.gather(first, *backlog, return_exceptions=True)
+        return done, await b.submit(4)
+
+    (first, *late), after = asyncio.run(main())
+    b.close()
+    assert first[0] == 0 and after[0] == 4 and ran == [0, 4]
+    assert all(isinstance(x, LookupError) for x in late) and b.overdue == 3
+
+
 def test_a_slow_search_does_not_hold_the_others():
     release = threading.Event()
 

@@ -474,8 +474,8 @@ def test_worker_threads_can_run_below_the_event_loop(home, image_root):
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "setpriority"), reason="per-thread nice values are a Linux feature")
 def test_search_threads_run_worker_nice_below_the_loop_not_twice_that():
-    """The search threads are started by the batcher's dispatcher thread, already lowered, and a
-    thread inherits its starter's nice value: they used to run 2 x --worker-nice below."""
+    """Preparation and search both run on the search threads, --worker-nice below the loop: a
+    thread inherits its starter's nice value, and they once ran 2 x --worker-nice below."""
     import functools
     import os
 
@@ -491,8 +491,8 @@ def test_search_threads_run_worker_nice_below_the_loop_not_twice_that():
         return await asyncio.gather(*(b.submit(i) for i in range(6)))
 
     try:
-        for (dispatcher, search), _ in asyncio.run(main()):
-            assert dispatcher == search == min(19, base + 3)
+        for (prepare, search), _ in asyncio.run(main()):
+            assert prepare == search == min(19, base + 3)
     finally:
         b.close()
     assert os.getpriority(os.PRIO_PROCESS, 0) == base
