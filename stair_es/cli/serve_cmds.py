@@ -48,6 +48,11 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Also answer 429 at once when the requests ahead would take longer than this to drain (requests "
                    "ahead x mean service time / workers): the queue follows the server's speed of the moment "
                    "(0: off, only --max-queue counts).")
+@click.option("--queue-timeout-ms", default=0.0, show_default=True, type=click.FloatRange(0, 3_600_000),
+              envvar="STAIR_ES_SERVE_QUEUE_TIMEOUT_MS", show_envvar=True,
+              help="Answer 429 (with Retry-After) instead of running a request that has waited longer than this in "
+                   "the queue when its turn comes, so that after a stall the backlog is told to come back instead of "
+                   "being served late (0: off).")
 @click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000000),
@@ -106,7 +111,7 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 @encoder_options(default="default")
 @backend_options
 def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file,
-          default_index, workers, max_queue, max_queue_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, loop_nice, batching,
+          default_index, workers, max_queue, max_queue_ms, queue_timeout_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, loop_nice, batching,
           max_batch,
           batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
           max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
@@ -142,7 +147,7 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
     config = ServeConfig(backend=backend.name, encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
                          image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
                          allow_private_urls=allow_private_urls,
-                         workers=workers, max_queue=max_queue, max_queue_ms=max_queue_ms or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                         workers=workers, max_queue=max_queue, max_queue_ms=max_queue_ms or None, queue_timeout_ms=queue_timeout_ms or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
                          max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
                          body_timeout=body_timeout, default_index=default_index, batching=batching,
                          max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,

@@ -14,6 +14,12 @@ machine slows down (other processes take the cores) the admitted requests still 
 the budget at most instead of ``max_queue`` slow service times, and the excess is told to
 come back at once.
 
+With a queue timeout (``queue_timeout_ms``, ``--queue-timeout-ms``) a request that has already
+waited longer than that when a worker frees for it is answered 429 instead of run (HAProxy's
+``timeout queue``): after the machine stalled, the requests that piled up meanwhile are told to
+come back at once instead of being served late, so the queue drains in one step and the ones
+that arrive next wait no longer than usual. The search batcher applies the same rule.
+
 With a ``request_timeout``, a request not answered in that time gets 504: if it was still
 waiting, it leaves the queue and its work never starts; if it was running, its answer is
 abandoned and the worker finishes it (a thread cannot be stopped mid-search), its slot held
@@ -58,8 +64,9 @@ def lower_thread_priority(steps: int) -> None:
     not supported.
 
     Counted from the main thread, not from the calling thread's own value: a thread inherits
-    the nice value of the thread that starts it, and the search threads are started by the
-    batcher's dispatcher thread, itself already lowered (they ran 2 x ``steps`` below)."""
+    the nice value of the thread that starts it, which may itself be lowered already (until
+    2026-11-27 the search threads were started by an already lowered dispatcher thread and ran
+    2 x ``steps`` below)."""
     if steps <= 0:
         return
     try:
@@ -90,9 +97,11 @@ def set_loop_priority(nice: int) -> str | None:
 
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
-                 name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None):
+                 name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
+                 queue_timeout_ms: float | None = None):
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
+        self.queue_timeout_ms = float(queue_timeout_ms) if queue_timeout_ms and queue_timeout_ms > 0 else None
         self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
         self.admitted = 0  # running + waiting, on every path (the search batcher's queue included)
         self._busy = 0  # worker slots held by pool work
@@ -102,6 +111,7 @@ class Admission:
                                         initializer=lower_thread_priority, initargs=(worker_nice,))
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
+        self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)
 
     # --- the numbers a refused client is told ----------------------------------------------------
     def observe(self, seconds: float) -> None:
@@ -144,6 +154,15 @@ class Admission:
             raise ServerBusyError(self.busy_message(), self.retry_after_ms())
         self.admitted += 1
 
+    def overdue_error(self, waited: float) -> ServerBusyError:
+        """The 429 of a request that waited ``waited`` seconds in the queue, past ``--queue-timeout-ms``.
+        Safe to call from a search thread: it only reads numbers."""
+        ms = waited * 1000
+        return ServerBusyError(f"the server is busy: this request waited {ms:.0f} ms in the queue, more than "
+                               f"--queue-timeout-ms {self.queue_timeout_ms:g}, and was not run; retry after "
+                               f"{self.retry_after_ms()} ms", self.retry_after_ms(),
+                               server_timing=f"queue;dur={ms:.2f}")
+
     def leave(self) -> None:
         self.admitted -= 1
 
@@ -169,6 +188,11 @@ class Admission:
                 await fut
             else:
                 await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.monotonic()))
+            waited = time.monotonic() - t0
+            if self.queue_timeout_ms is not None and waited * 1000 > self.queue_timeout_ms:
+                self.overdue += 1
+                self._free()  # the slot it was handed goes to the next in line
+                raise self.overdue_error(waited)
         except (asyncio.TimeoutError, asyncio.CancelledError) as e:
             if fut.done() and not fut.cancelled():  # the slot was handed over just now: pass it on
                 self._free()

@@ -31,9 +31,10 @@ class ServerBusyError(StairError):
 
     exit_code = 5
 
-    def __init__(self, message: str, retry_after_ms: int = 1000, status: int = 429):
+    def __init__(self, message: str, retry_after_ms: int = 1000, status: int = 429, server_timing: str | None = None):
         super().__init__(message)
         self.retry_after_ms, self.status = max(1, int(retry_after_ms)), status
+        self.server_timing = server_timing  # a ``Server-Timing`` value (the queue wait of one shed from the queue)
 
 
 class RequestTimeoutError(StairError):

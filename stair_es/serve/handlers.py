@@ -29,6 +29,8 @@ def stair_error_response(e: StairError, scrub, method: str, path: str) -> JSONRe
     """The answer to a library or serving error (its status from :func:`.errors.status_of`)."""
     status = status_of(e)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if getattr(e, "server_timing", None):
+        headers = {"Server-Timing": e.server_timing}
     if status >= 500 and status not in (503, 504):
         log.warning("%s %s: %s: %s", method, path, type(e).__name__, e)
     return error_response(status, e.exit_code, type(e).__name__, scrub(str(e)), headers,

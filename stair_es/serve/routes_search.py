@@ -8,6 +8,7 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from .errors import ServerBusyError
 from .models import ExplainBody, SearchBody
 from .runtime import ParsedJSONRoute, Runtime, dumps, require_key, runtime
 from .stats import PHASES, T_ENTRY
@@ -47,7 +48,12 @@ async def search_answer(rt: Runtime, body: SearchBody, scope: dict) -> tuple[byt
         t_end = time.perf_counter()
         timing = f"pre;dur={(t0 - t_entry) * 1000:.2f}, app;dur={(t_end - t0) * 1000:.2f}"
     else:
-        payload, t, (engine, engine_cpu, answer, answer_cpu) = await rt.search_batched(item)
+        try:
+            payload, t, (engine, engine_cpu, answer, answer_cpu) = await rt.search_batched(item)
+        except ServerBusyError as e:
+            if rt.stats is not None and e.server_timing:  # shed from the queue (--queue-timeout-ms), not at the door
+                state[PHASES] = {"overdue": True}
+            raise
         t_end = time.perf_counter()
         deliver = max(0.0, t_end - t.done_at)
         timing = (f"pre;dur={(t0 - t_entry) * 1000:.2f}, queue;dur={t.queued * 1000:.2f}, "

@@ -62,6 +62,9 @@ class ServeConfig:
     workers: int = 2  # encode/search calls running at once
     max_queue: int = 64  # requests waiting for a worker before the server answers 429 (stair_es.serve.admission)
     max_queue_ms: float | None = None  # 429 when the requests ahead would take longer than this to drain (None/0: off)
+    # a request that has waited this long in the queue when its turn comes is answered 429 instead of run
+    # (--queue-timeout-ms; None/0: off): after a stall the backlog is told to come back, not served late
+    queue_timeout_ms: float | None = None
     request_timeout: float | None = 30.0  # seconds to an answer; 504 beyond, queued work dropped (None/0: no limit)
     max_in_flight: int | None = None  # HTTP requests in the app at once (any route), 429 beyond; None: workers + max_queue + 64
     max_url_fetches: int = 4  # image URL fetches at once (their own threads, never the workers)
@@ -109,7 +112,7 @@ class ServeConfig:
         """For logs and /readyz: no key, no backend credentials."""
         return {"backend": self.backend, "encoder": self.encoder, "image_roots": [str(r) for r in self.image_roots],
                 "allow_image_urls": self.allow_image_urls, "allow_private_urls": self.allow_private_urls, "workers": self.workers, "api_key": bool(self.api_key),
-                "max_queue": self.max_queue, "max_queue_ms": self.max_queue_ms, "request_timeout": self.request_timeout,
+                "max_queue": self.max_queue, "max_queue_ms": self.max_queue_ms, "queue_timeout_ms": self.queue_timeout_ms, "request_timeout": self.request_timeout,
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
                 "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
 

@@ -12,6 +12,7 @@ is set) answers their percentiles:
   event loop), ``post`` (from the route's return to the last byte handed to the server) and
   ``total``;
 * ``shed``: per 429 of a gate, ``total`` from the first byte the app saw to the answer sent;
+  ``shed_from_queue`` the same for the 429s of searches that waited past ``--queue-timeout-ms``;
 * ``loop``: how late the event loop woke from a 5 ms sleep (its stalls: a thread holding the
   GIL, or the loop's thread waiting for a core);
 * ``gc``: per generation, the garbage collections run and how long each held the GIL (every
@@ -50,6 +51,7 @@ class ServeStats:
     def __init__(self, keep: int = KEEP):
         self.search: deque[dict[str, float]] = deque(maxlen=keep)
         self.shed: deque[float] = deque(maxlen=keep)
+        self.shed_queue: deque[float] = deque(maxlen=keep)
         self.loop_lag: deque[float] = deque(maxlen=keep)
         self.gc_pauses: dict[int, deque[float]] = {g: deque(maxlen=keep) for g in range(3)}
         self._gc_t0 = 0.0
@@ -69,6 +71,8 @@ class ServeStats:
         phases = state.get(PHASES)
         if status == 429 and phases is None:
             self.shed.append(total)
+        elif status == 429 and phases is not None and phases.get("overdue"):
+            self.shed_queue.append(total)
         elif phases is not None and status == 200:
             phases = dict(phases)
             if "returned" in phases:
@@ -101,6 +105,7 @@ class ServeStats:
         out: dict[str, Any] = {"since_s": round(time.time() - self.started, 1), "kept": KEEP}
         out["search"] = _phases_summary(list(self.search))
         out["shed"] = _pct_ms(list(self.shed))
+        out["shed_from_queue"] = _pct_ms(list(self.shed_queue))
         out["loop_lag"] = _pct_ms(list(self.loop_lag))
         out["gc"] = {f"generation_{g}": _pct_ms(list(v)) for g, v in self.gc_pauses.items()}
         out["gc"]["frozen_objects"] = gc.get_freeze_count()
@@ -109,6 +114,7 @@ class ServeStats:
     def reset(self) -> None:
         self.search.clear()
         self.shed.clear()
+        self.shed_queue.clear()
         self.loop_lag.clear()
         for v in self.gc_pauses.values():
             v.clear()

@@ -598,3 +598,96 @@ def test_max_queue_ms_sheds_when_the_wait_ahead_exceeds_the_budget():
         assert not off.full()  # without a budget, only --max-queue counts
     finally:
         off.close()
+
+
+def test_queue_timeout_answers_429_to_requests_that_waited_too_long(home, image_root, monkeypatch):
+    """--queue-timeout-ms: after a stall (here one search that holds the only worker for 0.4 s),
+    the searches that queued meanwhile past 100 ms are answered 429 with Retry-After, the
+    queue wait in Server-Timing and the option named, never run; the next search after them is
+    served at once. Off by default."""
+    from stair_es.backends.embedded import EmbeddedBackend
+
+    calls, release = [], threading.Event()
+    real = EmbeddedBackend.search
+
+    def search(self, index, request):
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(5)  # the stall
+        return real(self, index, request)
+
+    monkeypatch.setattr(EmbeddedBackend, "search", search)
+    app = create_app(make_config(home, image_root, workers=1, max_queue=16, queue_timeout_ms=100))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+            stalled = asyncio.ensure_future(http.post("/v1/search", json={"tokens": {"red": 1.0}}))
+            await asyncio.sleep(0.1)
+            backlog = [asyncio.ensure_future(http.post("/v1/search", json={"tokens": {"red": 1.0}}))
+                       for _ in range(3)]
+            await asyncio.sleep(0.3)
+            release.set()
+            first, *late = await asyncio.gather(stalled, *backlog)
+            after = await http.post("/v1/search", json={"tokens": {"red": 1.0}})
+            return first, late, after
+
+    first, late, after = asyncio.run(main())
+    assert first.status_code == 200 and after.status_code == 200
+    assert [r.status_code for r in late] == [429, 429, 429]
+    for r in late:
+        e = r.json()["error"]
+        assert e["type"] == "ServerBusyError" and "--queue-timeout-ms 100" in e["message"]
+        assert int(r.headers["retry-after"]) >= 1 and int(r.headers["retry-after-ms"]) == e["retry_after_ms"]
+        assert float(r.headers["server-timing"].split("dur=")[1]) > 100
+    assert len(calls) == 2  # the stalled search and the next one: never the three late ones
+    assert app.state.runtime.batcher().overdue == 3
+
+
+def test_queue_timeout_on_the_worker_pool():
+    """The same rule on the pool of the other routes: a call that waited past the timeout for a
+    worker is answered 429 and never runs; its slot goes to the next in line."""
+    import threading
+
+    from stair_es.serve.admission import Admission
+
+    adm = Admission(workers=1, max_queue=8, queue_timeout_ms=50)
+    gate, ran = threading.Event(), []
+
+    async def main():
+        hold = asyncio.ensure_future(adm.run(gate.wait, 5))
+        await asyncio.sleep(0.02)
+        waiting = asyncio.ensure_future(adm.run(ran.append, "late"))
+        await asyncio.sleep(0.15)
+        gate.set()
+        results = await asyncio.gather(hold, waiting, return_exceptions=True)
+        return results, await adm.run(ran.append, "next")
+
+    try:
+        (held, late), _ = asyncio.run(main())
+    finally:
+        adm.close()
+    from stair_es.serve.errors import ServerBusyError
+
+    assert held is True and isinstance(late, ServerBusyError) and late.status == 429
+    assert "--queue-timeout-ms 50" in str(late) and ran == ["next"] and adm.overdue == 1
+    assert adm.admitted == 0
+
+
+def test_cli_queue_timeout_option_and_env(tmp_path, monkeypatch):
+    import uvicorn
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    assert "--queue-timeout-ms" in CliRunner().invoke(cli, ["serve", "--help"]).output
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(app.state.config))
+    monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow"])
+    assert r.exit_code == 0, r.output
+    monkeypatch.setenv("STAIR_ES_SERVE_QUEUE_TIMEOUT_MS", "75")
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--queue-timeout-ms", "40"])
+    assert r.exit_code == 0, r.output
+    assert [c.queue_timeout_ms for c in started] == [None, 75.0, 40.0]
