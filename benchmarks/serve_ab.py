@@ -30,6 +30,7 @@ from benchmarks.serve_load import (
     SERVER,
     add_cpu,
     build_index,
+    print_machine,
     process_rss_mb,
     query_maps,
     run_generator,
@@ -123,6 +124,26 @@ def main() -> None:
               f"{r['max_ms']:.0f} | {r['shed_pct']:.1f} | {r['shed_p50_ms']:.1f} / {r['shed_p99_ms']:.1f} | {errs} | "
               f"{'-' if scpu is None else f'{scpu:.2f}'} | {'-' if lcpu is None else f'{lcpu:.2f}'} | "
               f"{r['generator_core_pct']:.1f} | {qw} | {ew} |")
+    print()
+    print("The slowest 1 % of the answered searches, mean ms of each phase (Server-Timing; late: sent after its due "
+          "time by the generator; outside: client time minus the server's pre + app):")
+    print()
+    cols = ("late", "outside", "pre", "queue", "prepare", "wait", "engine", "engine_cpu", "answer", "deliver", "total")
+    print("| setting | rate /s | " + " | ".join(cols) + " |")
+    print("|---|---:|" + "---:|" * len(cols))
+    for r in rows:
+        bd = r["breakdown"]
+        if bd:
+            print(f"| {r['setting']} | {r['rate']:.0f} | " + " | ".join(f"{bd[c]['tail_mean']:.1f}" for c in cols) + " |")
+    print_machine(rows, "setting")
+    print()
+    print("Shed answers at the door (the queue full) and from the queue (past --queue-timeout-ms):")
+    print()
+    print("| setting | rate /s | at the door % | p50 / p99 / max ms | from the queue % |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['setting']} | {r['rate']:.0f} | {r['shed_door_pct']:.1f} | {r['shed_door_p50_ms']:.1f} / "
+              f"{r['shed_door_p99_ms']:.1f} / {r['shed_door_max_ms']:.1f} | {r['shed_queue_pct']:.1f} |")
     print()
     print("Server CPU per request, median of the slices (each slice's CPU / its requests, shed ones included), "
           f"and its ratio to the same rate's first setting ({settings[0][0]}), measured in the same run:")

@@ -371,7 +371,8 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
     rng = random.Random(seed)
     idle: list[Connection] = []
     opened = 0
-    out: list[tuple[int, float, float, str]] = []  # (status, ms from due to answer, ms from due to sent, Server-Timing)
+    # (status, ms from due to answer, ms from due to sent, Server-Timing, due time in seconds)
+    out: list[tuple[int, float, float, str, float]] = []
     # a few connections open before the clock starts, as a steady client population would have
     warm = [Connection(u.hostname, u.port) for _ in range(8)]
     await asyncio.gather(*(c.request(raws[i % len(raws)]) for i, c in enumerate(warm)))
@@ -383,14 +384,16 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
         conn = idle.pop() if idle else None
         if conn is None:
             if opened >= max_connections:
-                out.append((-1, float("nan"), 0.0, ""))  # the generator's own limit: counted, never hidden
+                out.append((-1, float("nan"), 0.0, "", due))  # the generator's own limit: counted, never hidden
                 return
             conn = Connection(u.hostname, u.port)
             opened += 1
         sent = time.perf_counter()
         status, timing = await conn.request(raws[k % len(raws)])
         done = time.perf_counter()
-        out.append((status, (done - due) * 1000, (sent - due) * 1000, timing.decode("latin-1") if status == 200 else ""))
+        # due is time.perf_counter(), CLOCK_MONOTONIC on Linux: the same clock as the sampler's in the parent
+        out.append((status, (done - due) * 1000, (sent - due) * 1000,
+                    timing.decode("latin-1") if status in (200, 429) else "", due))
         if status:
             idle.append(conn)
 
@@ -447,6 +450,7 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
             os.sched_setaffinity(0, cpus)
 
     samples: list[float] = []
+    machine: list[tuple[float, float, float]] = []  # (time, the machine's busy CPU s, the server's CPU s)
     stop = threading.Event()
 
     def sample() -> None:
@@ -454,10 +458,13 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
             mb = process_rss_mb(pid)
             if mb is not None:
                 samples.append(mb)
+            busy, cpu = machine_busy_s(), process_cpu(pid)
+            if busy is not None and cpu is not None:
+                machine.append((time.perf_counter(), busy, cpu))
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    cpu0, loop0 = process_cpu(pid), process_cpu(pid, pid)
+    cpu0, loop0, busy0, t0 = process_cpu(pid), process_cpu(pid, pid), machine_busy_s(), time.perf_counter()
     try:
         p = subprocess.run([sys.executable, "-m", "benchmarks.serve_load", "--generate", mode, url, str(qfile),
                             str(seconds), str(top_k), str(seed)], capture_output=True, text=True,
@@ -466,20 +473,102 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
     finally:
         stop.set()
         t.join()
-    cpu1, loop1 = process_cpu(pid), process_cpu(pid, pid)
+    cpu1, loop1, busy1, t1 = process_cpu(pid), process_cpu(pid, pid), machine_busy_s(), time.perf_counter()
     if p.returncode != 0:
         raise SystemExit(f"the load generator failed: {p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["rss_peak_mb"] = max(samples) if samples else None
     r["server_cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     r["server_loop_cpu_s"] = None if loop0 is None or loop1 is None else loop1 - loop0
+    # the cores other processes used meanwhile: the machine's busy time minus the server's and the generator's
+    if None not in (busy0, busy1, cpu0, cpu1):
+        r["others_cpu_s"] = max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - r.get("generator_cpu_s", 0.0))
+        r["slice_wall_s"] = t1 - t0
+    r["machine_samples"] = machine
     return r
 
 
+def machine_busy_s() -> float | None:
+    """CPU seconds all the machine's cores have been busy (not idle, not waiting for I/O) since boot."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = f[3] + (f[4] if len(f) > 4 else 0)
+    return (sum(f[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def others_cores(samples: list[tuple[float, float, float]], t0: float, t1: float) -> tuple[float, float] | None:
+    """Over the sampled interval [t0, t1] (perf_counter seconds): the cores the machine's processes
+    but the server used (the generator included), and the server's cores."""
+    inside = [x for x in samples if t0 <= x[0] <= t1]
+    before = [x for x in samples if x[0] < t0]
+    if before:
+        inside = [before[-1]] + inside
+    if len(inside) < 2:
+        return None
+    a, b = inside[0], inside[-1]
+    dt = b[0] - a[0]
+    if dt <= 0:
+        return None
+    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / dt, (b[2] - a[2]) / dt
+
+
+def tail_episodes(res: list, samples: list, gap_s: float = 1.0) -> list[dict]:
+    """The slowest 1 % of the answered requests, grouped into episodes (due times less than
+    ``gap_s`` apart), each with what the machine did meanwhile: were they one stall or spread out?"""
+    ok = [(x[4], x[1]) for x in res if x[0] == 200 and len(x) > 4]
+    if len(ok) < 100:
+        return []
+    slow = sorted(sorted(ok, key=lambda x: -x[1])[:max(1, len(ok) // 100)])  # the slowest 1 %, by due time
+    groups: list[list[tuple[float, float]]] = [[slow[0]]]
+    for due, ms in slow[1:]:
+        if due - groups[-1][-1][0] < gap_s:
+            groups[-1].append((due, ms))
+        else:
+            groups.append([(due, ms)])
+    out = []
+    for g in sorted(groups, key=len, reverse=True):
+        start, end = g[0][0], max(d + ms / 1000 for d, ms in g)
+        o = others_cores(samples, start - 0.25, end)
+        before = others_cores(samples, start - 3.0, start - 0.25)
+        out.append({"requests": len(g), "span_ms": (end - start) * 1000, "worst_ms": max(ms for _, ms in g),
+                    "others_cores": o[0] if o else None, "server_cores": o[1] if o else None,
+                    "others_cores_before": before[0] if before else None})
+    return out
+
+
 def add_cpu(acc: dict, r: dict) -> None:
-    """Adds one slice's server CPU seconds (whole process, event-loop thread) to a pooled row."""
+    """Adds one slice's server CPU seconds (whole process, event-loop thread), the other
+    processes' CPU seconds and the machine's samples to a pooled row."""
     for key in ("server_cpu_s", "server_loop_cpu_s"):
         acc[key] = None if acc.get(key) is None or r.get(key) is None else acc[key] + r[key]
+    if r.get("slice_wall_s"):
+        acc["others_cpu_s"] = acc.get("others_cpu_s", 0.0) + r["others_cpu_s"]
+        acc["slice_wall_s"] = acc.get("slice_wall_s", 0.0) + r["slice_wall_s"]
+    acc.setdefault("machine_samples", []).extend(r.get("machine_samples") or [])
+
+
+def print_machine(rows: list[dict], label: str = "fraction") -> None:
+    """The other processes' share of the cores per row, and the episodes of the slowest 1 %."""
+    print()
+    print("What else ran (cores used by the machine's other processes, the generator included, from /proc/stat), "
+          "and the slowest 1 % of the answered requests grouped into episodes (due times < 1 s apart): "
+          "how many, the largest three (requests, span ms, worst ms, other processes' cores during it / in the "
+          "3 s before, the server's cores during it):")
+    print()
+    for r in rows:
+        eps = r.get("tail_episodes") or []
+        oc = r.get("others_cores")
+        head = f"{r[label]:.2f}" if isinstance(r[label], float) else str(r[label])
+        big = "; ".join(f"{e['requests']} req, {e['span_ms']:.0f} ms, worst {e['worst_ms']:.0f} ms, others "
+                        f"{_f(e['others_cores'])} / {_f(e['others_cores_before'])}, server {_f(e['server_cores'])}"
+                        for e in eps[:3])
+        print(f"- {head} (rate {r['rate']:.0f}/s): others {_f(oc)} cores on average; {len(eps)} episodes: {big or '-'}")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def process_rss_mb(pid: int) -> float | None:
@@ -533,6 +622,10 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
     res = r["results"]
     ok = [x[1] for x in res if x[0] == 200]
     shed = [x[1] for x in res if x[0] == 429]
+    # 429s of searches that waited past --queue-timeout-ms carry their queue wait; the door's carry nothing
+    shed_queue = [x[1] for x in res if x[0] == 429 and len(x) > 3 and "queue;dur" in x[3]]
+    shed_door = [x[1] for x in res if x[0] == 429 and not (len(x) > 3 and "queue;dur" in x[3])]
+    door = percentiles(shed_door, (50, 99))
     other: dict[str, int] = {}
     for x in res:
         if x[0] not in (200, 429):
@@ -560,6 +653,11 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
             # the event loop's thread: uvicorn, the gates, parsing, validation, routing, the response
             "server_loop_cpu_ms_per_request": (None if r.get("server_loop_cpu_s") is None
                                                else r["server_loop_cpu_s"] * 1000 / n),
+            "shed_door_pct": 100 * len(shed_door) / n, "shed_queue_pct": 100 * len(shed_queue) / n,
+            "shed_door_p50_ms": door.get("p50_ms", nan), "shed_door_p99_ms": door.get("p99_ms", nan),
+            "shed_door_max_ms": max(shed_door) if shed_door else nan,
+            "others_cores": (r["others_cpu_s"] / r["slice_wall_s"] if r.get("slice_wall_s") else None),
+            "tail_episodes": tail_episodes(res, r.get("machine_samples") or []),
             "breakdown": breakdown(res),
             "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
 
@@ -634,15 +732,17 @@ def open_loop_main(args) -> None:
                 proc.kill()
         print()
         print("| docs | rate /s | x S | sent | QPS | p50 ms | p99 ms | p99 from sent ms | slowest ms | shed % | "
-              "shed p50 / p99 from sent ms | shed p99 ms | other errors | sent late p99 ms | RSS start MB | "
-              "RSS peak MB | RSS growth % |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+              "shed p50 / p99 from sent ms | shed p99 ms | at the door: % , p50 / p99 / max ms | from the queue % | "
+              "other errors | sent late p99 ms | RSS start MB | RSS peak MB | RSS growth % |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
         for r in rows:
             errs = ", ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "0"
             print(f"| {r['docs']:,} | {r['rate']:.1f} | {r['fraction']:.2f} | {r['sent']} | {r['qps']:.1f} | "
                   f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p99_from_sent_ms']:.1f} | {r['max_ms']:.0f} | "
                   f"{r['shed_pct']:.1f} | {r['shed_p50_from_sent_ms']:.1f} / {r['shed_p99_from_sent_ms']:.1f} | "
-                  f"{r['shed_p99_ms']:.1f} | {errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
+                  f"{r['shed_p99_ms']:.1f} | {r['shed_door_pct']:.1f}, {r['shed_door_p50_ms']:.1f} / "
+                  f"{r['shed_door_p99_ms']:.1f} / {r['shed_door_max_ms']:.1f} | {r['shed_queue_pct']:.1f} | "
+                  f"{errs} | {r['sent_late_p99_ms']:.1f} | {r['rss_start_mb']:.0f} | "
                   f"{r['rss_peak_mb']:.0f} | {r['rss_growth_pct']:+.1f} |")
         print()
         print("| x S | generator CPU ms/req | generator % of a core | server CPU ms/req | of which event-loop thread |")
@@ -665,6 +765,7 @@ def open_loop_main(args) -> None:
                 continue
             for what in ("p50", "p99", "tail_mean"):
                 print(f"| {r['fraction']:.2f} | {what} | " + " | ".join(f"{bd[c][what]:.1f}" for c in cols) + " |")
+        print_machine(rows)
 
 
 def main() -> None:

@@ -45,9 +45,11 @@ def test_open_loop_generator_sends_on_schedule_and_summarizes(live_server):
     from benchmarks.serve_load import open_loop, summarize_open
 
     r = asyncio.run(open_loop(live_server.url, [{"red": 1.0}, {"blue": 1.0}], rate=40, seconds=1.0, top_k=3, seed=1))
-    statuses = {st for st, _, _, _ in r["results"]}
+    statuses = {x[0] for x in r["results"]}
     assert statuses == {200} and 15 <= len(r["results"]) <= 80  # Poisson, mean 40
-    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt, _ in r["results"])  # answered after it was due
+    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt, _, _ in r["results"])  # answered after it was due
+    dues = [x[4] for x in r["results"]]
+    assert max(dues) - min(dues) < 1.0  # each request's due time, on the clock the parent's sampler reads
     row = summarize_open(40, {**r, "rss_peak_mb": 110.0}, 1.0, 100.0)
     assert row["shed_pct"] == 0 and row["errors"] == {} and row["rss_growth_pct"] == 10.0
     # every answer says where its time went on the server, and the phases add up within the client's time
@@ -58,6 +60,34 @@ def test_open_loop_generator_sends_on_schedule_and_summarizes(live_server):
     row = summarize_open(3, fake, 1.0, None)
     assert row["qps"] == 1 and abs(row["shed_pct"] - 100 / 3) < 1e-9 and row["errors"] == {"0": 1}
     assert row["shed_p50_from_sent_ms"] == 1.0 and row["rss_growth_pct"] is None
+    # a 429 with its queue wait in Server-Timing was shed from the queue (--queue-timeout-ms), not at the door
+    fake["results"].append((429, 80.0, 0.0, "queue;dur=79.50", 0.0))
+    row = summarize_open(4, fake, 1.0, None)
+    assert row["shed_door_pct"] == 25 and row["shed_queue_pct"] == 25 and row["shed_door_max_ms"] == 2.0
+
+
+def test_the_slowest_requests_are_grouped_into_episodes_with_what_else_ran():
+    """Was the p99 one stall or spread out, and what did the other processes do meanwhile?"""
+    from benchmarks.serve_load import tail_episodes
+
+    res = [(200, 5.0, 0.0, "", 10 + i * 0.01) for i in range(1000)]  # 10 s of answers at 5 ms
+    for i in range(300, 305):
+        res[i] = (200, 400.0, 0.0, "", res[i][4])  # one stall of 5 requests around t = 13 s
+    for i in (700, 701, 702):
+        res[i] = (200, 90.0, 0.0, "", res[i][4])
+    for i in (850, 990):
+        res[i] = (200, 80.0, 0.0, "", res[i][4])
+    # (time, machine busy s, server CPU s): others use 0.5 cores, 1.8 during the stall
+    samples, busy, cpu = [], 0.0, 0.0
+    for k in range(0, 120):
+        t = 9 + k * 0.1
+        others = 0.18 if 12.9 <= t <= 13.5 else 0.05
+        busy, cpu = busy + others + 0.1, cpu + 0.1
+        samples.append((t, busy, cpu))
+    eps = tail_episodes(res, samples)
+    assert [e["requests"] for e in eps] == [5, 3, 1, 1]
+    big = eps[0]
+    assert big["worst_ms"] == 400.0 and big["others_cores"] > 1.2 and big["others_cores_before"] < 0.6
 
 
 def test_server_cpu_is_split_into_the_event_loop_thread_and_the_rest():
@@ -93,6 +123,6 @@ def test_server_cpu_is_split_into_the_event_loop_thread_and_the_rest():
     assert whole1 - whole >= main1 - main >= 0
     acc = {"server_cpu_s": 1.0, "server_loop_cpu_s": 0.25}
     add_cpu(acc, {"server_cpu_s": 0.5, "server_loop_cpu_s": 0.1})
-    assert acc == {"server_cpu_s": 1.5, "server_loop_cpu_s": 0.35}
+    assert acc["server_cpu_s"] == 1.5 and acc["server_loop_cpu_s"] == 0.35
     add_cpu(acc, {"server_cpu_s": 0.5, "server_loop_cpu_s": None})
     assert acc["server_loop_cpu_s"] is None and acc["server_cpu_s"] == 2.0
