@@ -18,7 +18,10 @@ With a queue timeout (``queue_timeout_ms``, ``--queue-timeout-ms``) a request th
 waited longer than that when a worker frees for it is answered 429 instead of run (HAProxy's
 ``timeout queue``): after the machine stalled, the requests that piled up meanwhile are told to
 come back at once instead of being served late, so the queue drains in one step and the ones
-that arrive next wait no longer than usual. The search batcher applies the same rule.
+that arrive next wait no longer than usual. The search batcher applies the same rule. A
+request that would be expected to wait longer than the queue timeout is refused at the door at
+once, as with ``--max-queue-ms`` (the lower of the two counts), so a steady overload is still
+shed in a millisecond, not after waiting the timeout.
 
 With a ``request_timeout``, a request not answered in that time gets 504: if it was still
 waiting, it leaves the queue and its work never starts; if it was running, its answer is
@@ -132,17 +135,26 @@ class Admission:
         ahead = max(0, self.admitted - self.workers + 1)
         return ahead * self._mean_s * 1000 / self.workers
 
+    def _door_budget(self) -> tuple[float, str] | None:
+        """The wait a request may be expected to have before it is refused at the door, and the
+        option that sets it: ``--max-queue-ms``, or ``--queue-timeout-ms`` when lower (a request
+        that would wait past the queue timeout would only be refused later, after that wait)."""
+        budgets = [(v, o) for v, o in ((self.max_wait_ms, "--max-queue-ms"), (self.queue_timeout_ms, "--queue-timeout-ms"))
+                   if v is not None]
+        return min(budgets) if budgets else None
+
     def _over_budget(self) -> bool:
-        return (self.max_wait_ms is not None and self.admitted >= self.workers
-                and self.expected_wait_ms() > self.max_wait_ms)
+        budget = self._door_budget()
+        return budget is not None and self.admitted >= self.workers and self.expected_wait_ms() > budget[0]
 
     def full(self) -> bool:
         return self.admitted >= self.workers + self.max_queue or self._over_budget()
 
     def busy_message(self) -> str:
         if self.admitted < self.workers + self.max_queue and self._over_budget():
+            ms, option = self._door_budget()
             return (f"the server is busy: the {self.admitted} requests running or queued would make this one wait about "
-                    f"{self.expected_wait_ms():.0f} ms, more than --max-queue-ms {self.max_wait_ms:g}; retry after "
+                    f"{self.expected_wait_ms():.0f} ms, more than {option} {ms:g}; retry after "
                     f"{self.retry_after_ms()} ms")
         return (f"the server is busy: {self.admitted} requests are running or queued, the most it holds (--workers "
                 f"{self.workers} + --max-queue {self.max_queue}); retry after {self.retry_after_ms()} ms")

@@ -671,6 +671,21 @@ def test_queue_timeout_on_the_worker_pool():
     assert held is True and isinstance(late, ServerBusyError) and late.status == 429
     assert "--queue-timeout-ms 50" in str(late) and ran == ["next"] and adm.overdue == 1
     assert adm.admitted == 0
+    # a steady overload is refused at the door at once, not after waiting the timeout: with a mean
+    # service time of 30 ms on 1 worker, a request behind 2 others would wait 60 ms > 50 ms
+    door = Admission(workers=1, max_queue=64, queue_timeout_ms=50)
+    try:
+        door._mean_s = 0.030
+        door.enter()
+        door.enter()
+        assert door.expected_wait_ms() == 60 and door.full()
+        with pytest.raises(ServerBusyError, match="more than --queue-timeout-ms 50"):
+            door.enter()
+        door.max_wait_ms = 40.0  # the lower budget is the one named
+        with pytest.raises(ServerBusyError, match="more than --max-queue-ms 40"):
+            door.enter()
+    finally:
+        door.close()
 
 
 def test_cli_queue_timeout_option_and_env(tmp_path, monkeypatch):
