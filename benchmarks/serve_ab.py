@@ -30,6 +30,7 @@ from benchmarks.serve_load import (
     SERVER,
     add_cpu,
     build_index,
+    debug_stats,
     print_machine,
     process_rss_mb,
     query_maps,
@@ -96,6 +97,11 @@ def main() -> None:
                     if r.get("rss_peak_mb") is not None:
                         acc["rss_peak_mb"] = max(acc["rss_peak_mb"] or 0.0, r["rss_peak_mb"])
             seconds = args.slices * args.slice_seconds
+            for label, (_, url) in servers.items():  # a server started with --debug-stats: its own view of this rate
+                st = debug_stats(url, reset=True)
+                if st is not None:
+                    print(json.dumps({"setting": label, "rate": rate, "debug_stats": {
+                        k: st.get(k) for k in ("gc", "loop_lag", "shed", "shed_from_queue")}}), flush=True)
             for label in servers:
                 acc = pooled[label]
                 acc["offered"] = acc["sent"] / seconds

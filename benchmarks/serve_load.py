@@ -488,6 +488,18 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
     return r
 
 
+def debug_stats(url: str, reset: bool = False) -> dict | None:
+    """``GET /debug/stats`` of a server started with ``--debug-stats`` (None otherwise)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/debug/stats" + ("?reset=true" if reset else ""), timeout=10) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 def machine_busy_s() -> float | None:
     """CPU seconds all the machine's cores have been busy (not idle, not waiting for I/O) since boot."""
     try:
@@ -719,6 +731,10 @@ def open_loop_main(args) -> None:
                        "load_average": os.getloadavg()[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            st = debug_stats(url)
+            if st is not None:  # with --server-args --debug-stats: the server's own view of all the rates together
+                print(json.dumps({"debug_stats": {k: st.get(k) for k in ("gc", "loop_lag", "shed", "shed_from_queue")}}),
+                      flush=True)
             # the machine's other load changes: S again, to show how far it moved during the rates
             after = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k,
                                   0, proc.pid, args.generator_nice, gen_cpus)
