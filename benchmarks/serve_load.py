@@ -144,6 +144,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _server_log(port: int):
+    import tempfile
+
+    f = tempfile.NamedTemporaryFile("w", prefix=f"stair-serve-{port}-", suffix=".log", delete=False)
+    _server_log.last = f.name
+    return f
+
+
 def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int | None = None,
                  window_ms: float = 0.0, max_queue: int = 1000, extra: list[str] | None = None
                  ) -> tuple[subprocess.Popen, str]:
@@ -153,14 +161,17 @@ def start_server(home: Path, index: str, workers: int, batching: str = "auto", m
                              str(max_queue), "--batching", batching, "--batch-window-ms", str(window_ms),
                              "--log-level", "warning"]
                             + (["--max-batch", str(max_batch)] if max_batch else []) + (extra or []),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=SERVER["cwd"])
+                            # a file, not a pipe: a pipe nobody reads fills up with the server's log and then
+                            # blocks its event loop's thread in write() (seen once when its index was deleted)
+                            stdout=subprocess.DEVNULL, stderr=_server_log(port), text=True, cwd=SERVER["cwd"])
     url = f"http://127.0.0.1:{port}"
+    proc.stderr_path = _server_log.last  # its log, for the error below and for whoever wants to read it
     import urllib.request
 
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"stair-es serve exited: {proc.stderr.read()}")
+            raise SystemExit(f"stair-es serve exited: {Path(proc.stderr_path).read_text()[-4000:]}")
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=2):
                 return proc, url
@@ -746,6 +757,8 @@ def open_loop_main(args) -> None:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            log_text = Path(proc.stderr_path).read_text(errors="replace")
+            print(f"# server log {proc.stderr_path}: {log_text.count('ERROR')} lines with ERROR", flush=True)
         print()
         print("| docs | rate /s | x S | sent | QPS | p50 ms | p99 ms | p99 from sent ms | slowest ms | shed % | "
               "shed p50 / p99 from sent ms | shed p99 ms | at the door: % , p50 / p99 / max ms | from the queue % | "
