@@ -155,7 +155,13 @@ def _server_log(port: int):
 def start_server(home: Path, index: str, workers: int, batching: str = "auto", max_batch: int | None = None,
                  window_ms: float = 0.0, max_queue: int = 1000, extra: list[str] | None = None
                  ) -> tuple[subprocess.Popen, str]:
+    """``extra``: more options; an item ``ENV:NAME=VALUE`` sets that environment variable instead."""
     port = free_port()
+    env = dict(os.environ)
+    for item in [x for x in (extra or []) if x.startswith("ENV:")]:
+        key, _, value = item[4:].partition("=")
+        env[key] = value
+    extra = [x for x in (extra or []) if not x.startswith("ENV:")]
     proc = subprocess.Popen([SERVER["python"], "-m", "stair_es.cli.main", "serve", "--home", str(home), "--encoder", "bow",
                              "--index", index, "--port", str(port), "--workers", str(workers), "--max-queue",
                              str(max_queue), "--batching", batching, "--batch-window-ms", str(window_ms),
@@ -163,7 +169,8 @@ def start_server(home: Path, index: str, workers: int, batching: str = "auto", m
                             + (["--max-batch", str(max_batch)] if max_batch else []) + (extra or []),
                             # a file, not a pipe: a pipe nobody reads fills up with the server's log and then
                             # blocks its event loop's thread in write() (seen once when its index was deleted)
-                            stdout=subprocess.DEVNULL, stderr=_server_log(port), text=True, cwd=SERVER["cwd"])
+                            stdout=subprocess.DEVNULL, stderr=_server_log(port), text=True, cwd=SERVER["cwd"],
+                            env=env)
     url = f"http://127.0.0.1:{port}"
     proc.stderr_path = _server_log.last  # its log, for the error below and for whoever wants to read it
     import urllib.request

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -48,6 +49,9 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             problem = set_loop_priority(config.loop_nice)
             if problem:
                 log.warning("%s", problem)
+        switch = sys.getswitchinterval()
+        if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
+            sys.setswitchinterval(config.switch_interval_ms / 1000.0)
         if config.load_encoder_at_start:
             try:
                 await rt.run_aside(svc.warm_up)  # models load once, before the first request
@@ -68,6 +72,7 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             rt.stats.start()  # the event loop's stalls, sampled while the server runs
         yield
         gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
+        sys.setswitchinterval(switch)
         if rt.stats is not None:
             rt.stats.stop()
         rt.close()

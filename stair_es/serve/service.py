@@ -47,6 +47,16 @@ def _env_int(name: str, default: int) -> int:
         raise InvalidInputError(f"${name}={value!r} is not an integer; set a whole number or unset it") from None
 
 
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidInputError(f"${name}={value!r} is not a number; set a number or unset it") from None
+
+
 @dataclass
 class ServeConfig:
     """Everything `stair-es serve` is started with (the API key is held, never logged)."""
@@ -74,6 +84,9 @@ class ServeConfig:
     # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
     # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
     loop_nice: int = field(default_factory=lambda: _env_int("STAIR_ES_SERVE_LOOP_NICE", 0))
+    # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
+    # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
+    switch_interval_ms: float = field(default_factory=lambda: _env_float("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call

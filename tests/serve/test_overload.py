@@ -706,3 +706,24 @@ def test_cli_queue_timeout_option_and_env(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--queue-timeout-ms", "40"])
     assert r.exit_code == 0, r.output
     assert [c.queue_timeout_ms for c in started] == [None, 75.0, 40.0]
+
+
+def test_switch_interval_from_the_environment_while_the_app_runs(home, image_root, monkeypatch):
+    """$STAIR_ES_SERVE_SWITCH_INTERVAL_MS: how long a search thread running Python may keep the
+    GIL from the event loop's thread; set while the app runs, put back when it stops."""
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    from stair_es.errors import InvalidInputError
+
+    before = sys.getswitchinterval()
+    monkeypatch.setenv("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", "1")
+    app = create_app(make_config(home, image_root, load_encoder_at_start=False))
+    with TestClient(app) as http:
+        assert abs(sys.getswitchinterval() - 0.001) < 1e-9
+        assert http.post("/v1/search", json={"tokens": {"red": 1.0}}).status_code == 200
+    assert sys.getswitchinterval() == before
+    monkeypatch.setenv("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", "fast")
+    with pytest.raises(InvalidInputError, match="STAIR_ES_SERVE_SWITCH_INTERVAL_MS"):
+        make_config(home, image_root)
