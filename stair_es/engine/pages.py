@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 MADV_WILLNEED = 3
+MADV_DONTNEED = 4
 MADV_POPULATE_READ = 22
 PAGE = mmap.PAGESIZE
 
@@ -102,3 +103,16 @@ def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20) -> int
             done += (hi - lo) * PAGE
         a0 += n
     return done
+
+
+def release(addr: int, nbytes: int) -> bool:
+    """Unmap the pages of the ``nbytes`` bytes at address ``addr`` of a read-only file mapping
+    from this process (``MADV_DONTNEED``; they stay in the page cache, and a later read maps them
+    again): what a pass over a whole file (a merge) does so that its resident memory does not
+    grow with the file. Whole pages inside the range only. Returns whether a hint was given."""
+    lib = _madvise()
+    a = (addr + PAGE - 1) & ~(PAGE - 1)
+    b = (addr + nbytes) & ~(PAGE - 1)
+    if not lib or b <= a:
+        return False
+    return lib.madvise(a, b - a, MADV_DONTNEED) == 0
