@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
     stop.set()
     th.join()
     after = len(ix._segs)
-    docs = ix.doc_count() if callable(getattr(ix, "doc_count", None)) else None
+    docs = ix.stats()["docs"]
     ix.close()
     res = {"index": str(src), "dest": str(dest), "max_segments": args.max_segments, "segments_before": before,
            "segments_after": after, "docs": docs, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),

@@ -35,25 +35,40 @@ AUTO_EMA = 0.25
 #: a reader maps the page-cache-resident pages of each segment it opens of at least this many bytes
 #: in a background thread (``$STAIR_ES_MAP_AHEAD=0``: never; see :meth:`Searcher._opened`)
 MAP_AHEAD_MIN_BYTES = 64 << 20
+#: the background mapping also verifies the chunk checksums of what it maps, once the compiled
+#: CRC-32 is loaded (``$STAIR_ES_MAP_AHEAD_VERIFY=0``: never), so that a first search finds them
+#: verified (see :meth:`.segment.Segment.map_resident`)
+MAP_AHEAD_VERIFY = True
 
 
 def _map_ahead(state: dict, lock: threading.Lock) -> None:
     """The background mapping thread: maps the resident pages of the queued segments, one after
-    the other, until the queue is empty or the reader closes."""
+    the other, until the queue is empty or the reader closes; then (``state["verify"]``) goes
+    over them again verifying the chunk checksums of their resident pages in compiled code (the
+    numba kernels imported for it: a segment this big is searched with them anyway), so that the
+    first searches find most chunks verified."""
     try:  # below the searching threads' priority (Linux: per thread), so a first query waits less for a core
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):  # pragma: no cover - not Linux, or not allowed
         pass
+    done: list = []
     while True:
         with lock:
-            if not state["pending"] or state["stop"].is_set():
+            if state["stop"].is_set() or not (state["pending"] or (done and state.get("verify"))):
                 state["running"] = False
                 state["pending"].clear()
                 return
-            seg = state["pending"].pop(0)
+            verify = not state["pending"]
+            seg = done.pop(0) if verify else state["pending"].pop(0)
         try:
-            state["mapped"] += seg.map_resident(state["stop"])
-        except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in as before
+            if verify:
+                from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
+
+                seg.map_resident(state["stop"], verify=True)
+            else:
+                state["mapped"] += seg.map_resident(state["stop"])
+                done.append(seg)
+        except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in (and verifies them) as before
             pass
 
 
@@ -81,7 +96,9 @@ class Searcher:
             return seg
         with self._pool_lock:
             st = self.__dict__.setdefault("_mapping", {"pending": [], "running": False, "stop": threading.Event(),
-                                                        "mapped": 0})
+                                                        "mapped": 0, "verify": MAP_AHEAD_VERIFY and os.environ.get(
+                                                            "STAIR_ES_MAP_AHEAD_VERIFY", "1").strip().lower()
+                                                        not in ("0", "off", "false", "no")})
             st["pending"].append(seg)
             if not st["running"]:
                 st["running"] = True

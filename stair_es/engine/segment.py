@@ -253,17 +253,29 @@ class Segment(SegmentFilters):
     #: then the sequence numbers of the hits)
     MAP_FIRST = ("pair_block", "pair_cnt", "pair_max", "pair_sub", "post_off", "post_w", "seq")
 
-    def map_resident(self, stop=None) -> int:
+    def map_resident(self, stop=None, verify: bool = False) -> int:
         """Map the pages of this segment's arrays that are in the page cache already (never a disk
         read; :func:`.pages.map_resident`), the searched ones first; stops once ``stop`` is set.
         Returns the bytes mapped. What a reader does in the background after it opens (see
-        ``EngineIndex``): the first queries then fault no page that was cached."""
+        ``EngineIndex``): the first queries then fault no page that was cached. With ``verify``
+        (and chunk checksums, and the compiled CRC-32 loaded: else nothing more) the chunks of
+        each mapped run are verified too, so that searches find them verified; a damaged chunk is
+        left unverified (a search reading it then raises, naming it)."""
+        v = self.verifier
+        on_run = None
+        if verify and v is not None and v.content and checksum.range_verifier() is not None:
+            base = v.mm.ctypes.data
+
+            def on_run(addr: int, nbytes: int) -> None:
+                lo = max(addr - base, 0)
+                v.verify_ranges(np.array([lo], np.int64), np.array([min(addr + nbytes - base, v.content)], np.int64))
+
         names = [n for n in self.MAP_FIRST if n in self.a] + sorted(n for n in self.a if n not in self.MAP_FIRST)
         done = 0
         for n in names:
             arr = self.a[n]
             if arr.size:
-                done += pages.map_resident(arr.ctypes.data, arr.nbytes, stop)
+                done += pages.map_resident(arr.ctypes.data, arr.nbytes, stop, on_run=on_run)
             if stop is not None and stop.is_set():
                 break
         return done
