@@ -133,6 +133,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--index", required=True, help="the index folder both trees search")
     ap.add_argument("--tree", action="append", default=[], help="NAME=FOLDER holding a stair_es package (twice or more)")
+    ap.add_argument("--index-of", action="append", default=[], metavar="NAME=DIR",
+                    help="tree NAME searches index DIR instead of --index (e.g. one tree twice: the same documents "
+                         "in 10 segments and in 1; hits must still agree)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--passes", type=int, default=2, help="timed passes per worker (per query: the fastest)")
     ap.add_argument("--queries", type=int, default=200)
@@ -157,6 +160,9 @@ def main() -> int:
     trees = [t.split("=", 1) for t in args.tree]
     if len(trees) < 2 or any(len(t) != 2 for t in trees):
         raise SystemExit("give at least two --tree NAME=FOLDER")
+    index_of = dict(t.split("=", 1) for t in args.index_of)
+    if set(index_of) - {name for name, _ in trees}:
+        raise SystemExit(f"--index-of names no tree: {sorted(set(index_of) - {name for name, _ in trees})}")
     import numpy as np
 
     per: dict[str, list[dict]] = {name: [] for name, _ in trees}
@@ -165,7 +171,7 @@ def main() -> int:
         order = trees if r % 2 == 0 else trees[::-1]
         for name, folder in order:
             env = dict(os.environ, PYTHONPATH=str(Path(folder).resolve()), NUMBA_NUM_THREADS="1")
-            cmd = [sys.executable, str(HERE), "--worker", "--index", args.index, "--queries", str(args.queries),
+            cmd = [sys.executable, str(HERE), "--worker", "--index", index_of.get(name, args.index), "--queries", str(args.queries),
                    "--seed", str(args.seed), "--weights", args.weights, "--field", args.field, "--k", str(args.k),
                    "--strategy", args.strategy, "--passes", str(args.passes)]
             if args.queries_npz:
@@ -202,7 +208,7 @@ def main() -> int:
               f"{np.median(fp):.2f} | {per[name][-1].get('used', {})} |")
     print(f"same ids and bit-identical scores on every query in every tree and round: {same}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"index": args.index, "trees": dict(trees), "rounds": args.rounds,
+        Path(args.out).write_text(json.dumps({"index": args.index, "index_of": index_of, "trees": dict(trees), "rounds": args.rounds,
                                               "loads": loads, "same": same, "workers": per}))
     return 0 if same else 1
 

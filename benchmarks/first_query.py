@@ -10,6 +10,8 @@ first pass apart:
   resident pages of big segments mapped by a background thread from the open on, racing the first
   queries): kernel load, checksums of the first-read chunks and what faults are left;
 * ``no-map-ahead``: the same with ``STAIR_ES_MAP_AHEAD=0`` (every first read of a page faults);
+* ``no-map-verify``: ``today`` with ``STAIR_ES_MAP_AHEAD_VERIFY=0``: the background thread maps
+  pages but leaves their chunk checksums to the searches that first read them;
 * ``mapped``: ``today`` once the background mapping is done (``EngineIndex.mapping_done``; a
   service that has been up a second or so at 10M documents);
 * ``kernels-loaded``: the numba kernels loaded before the first pass (untimed), prefetch off:
@@ -37,7 +39,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-VARIANTS = ("today", "no-map-ahead", "mapped", "kernels-loaded", "no-verify", "prefetch", "warm")
+VARIANTS = ("today", "no-map-ahead", "no-map-verify", "mapped", "kernels-loaded", "no-verify", "prefetch", "warm")
 
 
 def worker(args) -> None:
@@ -132,6 +134,8 @@ def main() -> int:
                 env["STAIR_ES_VERIFY"] = "size"
             if v == "no-map-ahead":
                 env["STAIR_ES_MAP_AHEAD"] = "0"
+            if v == "no-map-verify":
+                env["STAIR_ES_MAP_AHEAD_VERIFY"] = "0"
             cmd = [sys.executable, str(HERE), "--variant", v, "--index", args.index, "--queries", str(args.queries),
                    "--seed", str(args.seed), "--weights", args.weights]
             if args.queries_npz:

@@ -53,6 +53,7 @@ from ..vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from . import npkernels as NP
 from .npkernels import K
 from .ids import HashedIds, locate_in
+from .merge import merge_segments_to_file, pack_groups
 from .searcher import Searcher
 from .segment import (
     Batch,
@@ -61,7 +62,6 @@ from .segment import (
     column_arrays,
     columns_from_rows,
     encode_strings,
-    merge_segments,
     segment_capacity,
 )
 from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, folder_bytes, manifest_checksum,
@@ -185,7 +185,7 @@ class EngineIndex(Searcher):
         # "auto" searches a segment with numpy when its query terms have at most this many postings
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
-        self._auto_seen: dict[str, tuple[float, float, int]] = {}  # see Searcher._auto_options
+        self._auto_seen: dict[str, np.ndarray] = {}  # see Searcher._auto_options, Searcher._auto_row
         # map a query's postings with madvise before their first read (Segment.prefetch_terms): off, as it
         # maps whole terms that block-max mostly skips (docs/scale.md, "The first query")
         self.prefetch = False
@@ -613,21 +613,21 @@ class EngineIndex(Searcher):
             self._merge(pick)
 
     @_writes
-    def optimize(self) -> None:
+    def optimize(self, max_segments: int | None = None) -> None:
         """Merge all segments into as few as possible, dropping deleted documents; a segment in an
-        older file format is rewritten in the current one even when it is alone."""
+        older file format is rewritten in the current one even when it is alone.
+
+        ``max_segments``: merge consecutive segments into at most that many instead (where the
+        segments' sizes allow: a segment is never split), each group as small as that allows,
+        e.g. ten of 1M documents into two of 5M with 2. Merges are streamed
+        (:func:`.merge.merge_segments_to_file`): memory stays a few hundred bytes a document
+        plus a fixed chunk of postings, whatever the merged segment's size."""
         self._require_writable()
         self.refresh()
-        cap = segment_capacity(self.bshift)
-        groups, pick, total = [], [], 0
-        for i, s in enumerate(self._segs):  # consecutive segments packed up to a segment's capacity
-            if pick and total + s.live > cap:
-                groups.append(pick)
-                pick, total = [], 0
-            pick.append(i)
-            total += s.live
-        if pick:
-            groups.append(pick)
+        if max_segments is not None and (isinstance(max_segments, bool) or not isinstance(max_segments, int)
+                                         or max_segments < 1):
+            raise InvalidInputError(f"max_segments must be a positive integer, got {max_segments!r}")
+        groups = pack_groups([s.live for s in self._segs], segment_capacity(self.bshift), max_segments)
         for g in reversed(groups):  # from the end: a merge replaces its group in place, earlier indices hold
             if len(g) > 1 or any(self._segs[i].n_deleted or self._segs[i].seg.outdated for i in g):
                 self._merge(g)
@@ -636,12 +636,12 @@ class EngineIndex(Searcher):
         segs = [self._segs[i].seg for i in pick]
         keeps = [np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
                  for s in (self._segs[i] for i in pick)]
-        batch, postings = merge_segments(segs, keeps, self.bshift)
         kept = [s for i, s in enumerate(self._segs) if i not in set(pick)]
-        if batch.n_docs:
+        if sum(len(k) for k in keeps):
             name = self._new_segment_name()
-            seg = build_segment(self.path / f"{name}.seg", name, batch, self.schema.sparse_fields, self.bshift,
-                                postings=postings)
+            # streamed: the merged postings are never all in memory (merge.merge_segments_to_file)
+            seg = merge_segments_to_file(self.path / f"{name}.seg", name, segs, keeps, self.schema.sparse_fields,
+                                         self.bshift)
             # the merged segment takes the place of the first merged one: segment order stays insertion order
             kept.insert(pick[0], _SegState(seg, None, None, 0))
         self._commit(kept, self.schema, int(self._manifest.get("next_seq", 0)))

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 MADV_WILLNEED = 3
+MADV_DONTNEED = 4
 MADV_POPULATE_READ = 22
 PAGE = mmap.PAGESIZE
 
@@ -74,12 +75,14 @@ def advise_ranges(base: int, starts, ends, gap: int = 16 * PAGE) -> int:
     return calls
 
 
-def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20) -> int:
+def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20, on_run=None) -> int:
     """Map now the pages of [addr, addr + nbytes) (a read-only file mapping) that are in the page
     cache already, ``step`` bytes at a time (``mincore`` says which; each run of resident pages is
     one ``MADV_POPULATE_READ``), so that later reads of them do not fault. Pages not in the page
     cache are left alone: this never reads the disk. Stops early once ``stop`` (a
-    ``threading.Event``) is set. Returns the bytes mapped (0 where the calls are missing)."""
+    ``threading.Event``) is set. ``on_run(address, nbytes)``, if given, is called after each run is
+    mapped (e.g. to verify its checksums while it is in cache). Returns the bytes mapped (0 where
+    the calls are missing)."""
     lib = _madvise()
     if not lib or nbytes <= 0 or not _populate:
         return 0
@@ -100,5 +103,20 @@ def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20) -> int
             if lib.madvise(a0 + lo * PAGE, (hi - lo) * PAGE, MADV_POPULATE_READ) != 0:
                 return done  # (a kernel without MADV_POPULATE_READ: faults as before)
             done += (hi - lo) * PAGE
+            if on_run is not None:
+                on_run(a0 + lo * PAGE, (hi - lo) * PAGE)
         a0 += n
     return done
+
+
+def release(addr: int, nbytes: int) -> bool:
+    """Unmap the pages of the ``nbytes`` bytes at address ``addr`` of a read-only file mapping
+    from this process (``MADV_DONTNEED``; they stay in the page cache, and a later read maps them
+    again): what a pass over a whole file (a merge) does so that its resident memory does not
+    grow with the file. Whole pages inside the range only. Returns whether a hint was given."""
+    lib = _madvise()
+    a = (addr + PAGE - 1) & ~(PAGE - 1)
+    b = (addr + nbytes) & ~(PAGE - 1)
+    if not lib or b <= a:
+        return False
+    return lib.madvise(a, b - a, MADV_DONTNEED) == 0

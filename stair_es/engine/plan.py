@@ -42,10 +42,16 @@ def _ms(ns: float) -> str:
 class SearchPlan:
     """The per-segment plans of one search (``SearchResult.plan`` of the embedded engine)."""
 
-    def __init__(self, setting: str, segments: list[SegmentPlan], numpy_max_postings: int):
+    def __init__(self, setting: str, segments, numpy_max_postings: int):
         self.setting = setting  # the index's strategy setting: "auto", or the strategy forced
-        self.segments = segments
+        self._segments = segments  # a list of SegmentPlan, or a function making it (on first use)
         self.numpy_max_postings = numpy_max_postings
+
+    @property
+    def segments(self) -> list[SegmentPlan]:
+        if callable(self._segments):
+            self._segments = self._segments()
+        return self._segments
 
     def _row(self, p: SegmentPlan) -> dict[str, Any]:
         f = dict(zip(PLAN_FIELDS, p.slots))

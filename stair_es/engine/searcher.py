@@ -17,8 +17,9 @@ import numpy as np
 from ..errors import InvalidInputError
 from ..query import SearchRequest
 from ..schema import Hit, SearchResult
+from ..vocab import VOCAB_SIZE
 from . import npkernels as NP
-from .layout import CHOSEN_FORCED, CHOSEN_NUMPY, CHOSEN_RENEW, PLAN, PLAN_SLOTS, TAAT_WINDOW_DOCS, TopK
+from .layout import CHOSEN_FORCED, CHOSEN_NUMPY, CHOSEN_RENEW, F16_TABLE, PLAN, PLAN_SLOTS, TAAT_WINDOW_DOCS, TopK
 from .npkernels import K
 from .plan import SearchPlan, SegmentPlan
 
@@ -34,25 +35,40 @@ AUTO_EMA = 0.25
 #: a reader maps the page-cache-resident pages of each segment it opens of at least this many bytes
 #: in a background thread (``$STAIR_ES_MAP_AHEAD=0``: never; see :meth:`Searcher._opened`)
 MAP_AHEAD_MIN_BYTES = 64 << 20
+#: the background mapping also verifies the chunk checksums of what it maps, once the compiled
+#: CRC-32 is loaded (``$STAIR_ES_MAP_AHEAD_VERIFY=0``: never), so that a first search finds them
+#: verified (see :meth:`.segment.Segment.map_resident`)
+MAP_AHEAD_VERIFY = True
 
 
 def _map_ahead(state: dict, lock: threading.Lock) -> None:
     """The background mapping thread: maps the resident pages of the queued segments, one after
-    the other, until the queue is empty or the reader closes."""
+    the other, until the queue is empty or the reader closes; then (``state["verify"]``) goes
+    over them again verifying the chunk checksums of their resident pages in compiled code (the
+    numba kernels imported for it: a segment this big is searched with them anyway), so that the
+    first searches find most chunks verified."""
     try:  # below the searching threads' priority (Linux: per thread), so a first query waits less for a core
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):  # pragma: no cover - not Linux, or not allowed
         pass
+    done: list = []
     while True:
         with lock:
-            if not state["pending"] or state["stop"].is_set():
+            if state["stop"].is_set() or not (state["pending"] or (done and state.get("verify"))):
                 state["running"] = False
                 state["pending"].clear()
                 return
-            seg = state["pending"].pop(0)
+            verify = not state["pending"]
+            seg = done.pop(0) if verify else state["pending"].pop(0)
         try:
-            state["mapped"] += seg.map_resident(state["stop"])
-        except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in as before
+            if verify:
+                from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
+
+                seg.map_resident(state["stop"], verify=True)
+            else:
+                state["mapped"] += seg.map_resident(state["stop"])
+                done.append(seg)
+        except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in (and verifies them) as before
             pass
 
 
@@ -80,7 +96,9 @@ class Searcher:
             return seg
         with self._pool_lock:
             st = self.__dict__.setdefault("_mapping", {"pending": [], "running": False, "stop": threading.Event(),
-                                                        "mapped": 0})
+                                                        "mapped": 0, "verify": MAP_AHEAD_VERIFY and os.environ.get(
+                                                            "STAIR_ES_MAP_AHEAD_VERIFY", "1").strip().lower()
+                                                        not in ("0", "off", "false", "no")})
             st["pending"].append(seg)
             if not st["running"]:
                 st["running"] = True
@@ -163,26 +181,35 @@ class Searcher:
         (``kernels.search.choose_strategy``); once TAAT has taken :data:`AUTO_RETRY` queries in
         a row, block-max runs again to renew the record."""
         rec = self._auto_seen.get(seg.name) if strategy == NP.STRATEGY_AUTO else None
-        if rec is None:
+        if rec is None or rec[0] < 0:
             return (strategy, self.head_blocks, 0, -1, -1.0, -1.0)
-        streamed, scored, since = rec
+        streamed, scored, since = rec.tolist()
         if since >= AUTO_RETRY:
             return (NP.STRATEGY_BLOCKMAX, self.head_blocks, 0, -1, -1.0, -1.0)
         return (strategy, self.head_blocks, 0, -1, streamed, scored)
 
+    def _auto_row(self, name: str) -> np.ndarray:
+        """The record of segment ``name`` (float64: streamed share, scored share, queries since
+        block-max ran; share -1: none yet), made on first use. Rows are updated in place, by
+        :meth:`_auto_record` or by the compiled all-segments search (:meth:`_fused`)."""
+        rec = self._auto_seen.get(name)
+        if rec is None:
+            rec = self._auto_seen[name] = np.array([-1.0, -1.0, 0.0])
+        return rec
+
     def _auto_record(self, seg, ran: str, work: np.ndarray, postings: int) -> None:
         """Fold one kernel run into ``auto``'s record of the segment (``work``: the blocks scored
         and postings streamed by that run)."""
-        rec = self._auto_seen.get(seg.name)
+        rec = self._auto_row(seg.name)
         if ran == "blockmax":
             n_blocks = max((seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift, 1)
             streamed, scored = float(work[1]) / max(postings, 1), float(work[0]) / n_blocks
-            if rec is not None:
+            if rec[0] >= 0:
                 streamed = rec[0] + AUTO_EMA * (streamed - rec[0])
                 scored = rec[1] + AUTO_EMA * (scored - rec[1])
-            self._auto_seen[seg.name] = (streamed, scored, 0)
-        elif rec is not None:
-            self._auto_seen[seg.name] = (rec[0], rec[1], rec[2] + 1)
+            rec[:] = (streamed, scored, 0.0)
+        elif rec[0] >= 0:
+            rec[2] += 1.0
 
     def warm(self) -> dict[str, float]:
         """Ready this reader for its first query, so that it runs as fast as the hundredth: every
@@ -212,6 +239,12 @@ class Searcher:
                 kernel(*none, tuple(seg.kernel_arrays()), np.zeros(0, np.uint8), np.int64(0), tuple(TopK.empty(1)),
                        (strategy, self.head_blocks, 0, -1, -1.0, -1.0), self._taat_scratch(), seg.kernel_check())
             K.choose_strategy(none[0], tuple(seg.kernel_arrays()), tuple(TopK.empty(1)), (0, self.head_blocks, 0, -1, -1.0, -1.0))
+        fused = self._fused(self._segs)
+        if fused is not None:  # the all-segments kernel, with an empty query
+            desc, allowed, checks, rec, every, _ = fused
+            K.search_segments(*none, every, 0, desc, allowed, checks, F16_TABLE, rec, tuple(TopK.empty(1)), self._taat_scratch(),
+                              np.array([0, self.head_blocks, 0, AUTO_RETRY], np.int64), AUTO_EMA,
+                              np.empty((len(self._segs), K.MULTI_OUT_COLUMNS), np.int64))
         out["kernels_s"] = time.perf_counter() - t
         return out
 
@@ -219,8 +252,8 @@ class Searcher:
         """What ``auto`` knows of block-max on each segment searched so far (for profiles):
         shares of the query terms' postings streamed and of the blocks scored, and the queries
         since its last block-max run there."""
-        return {name: {"streamed_share": r[0], "scored_share": r[1], "queries_since_blockmax": r[2]}
-                for name, r in self._auto_seen.items()}
+        return {name: {"streamed_share": float(r[0]), "scored_share": float(r[1]), "queries_since_blockmax": int(r[2])}
+                for name, r in self._auto_seen.items() if r[0] >= 0}
 
     def search_batch(self, requests: Sequence[SearchRequest], *, threads: int | None = None) -> list[SearchResult]:
         """Search several requests at once on ``threads`` threads (default: one per CPU).
@@ -302,7 +335,7 @@ class Searcher:
                 small.extend(small_g)
                 _add_state(state, st)
                 used.extend(used_g)
-                plans.extend(plans_g)
+                plans.extend(plans_g() if callable(plans_g) else plans_g)
             hs, hq, hr = np.zeros(0, np.float32), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         else:
             hs, hq, hr, state, small, used, plans = self._search_segments(req, segs, range(len(segs)), terms, strategy, threads)
@@ -310,10 +343,164 @@ class Searcher:
         result.plan = SearchPlan(NP.STRATEGY_NAMES[strategy], plans, self.numpy_max_postings)
         return result, state, used
 
+    def _fused(self, segs: list):
+        """What the compiled all-segments search (``kernels.multi.search_segments``) takes of the
+        segments ``segs``, made once per list of segments (a refresh makes a new one): rows of
+        int64 tables holding their arrays' addresses (``kernels.multi.describe``; the list ``segs``
+        is kept with them, so the arrays outlive the rows), the allowed masks when no filter is
+        given (empty: all, or the live docs), verification data, the rows of ``auto``'s records
+        (views of ``_auto_seen``'s arrays); every segment's sequence numbers verified. None when
+        the segments cannot be searched that way (arrays of other types than the kernels'): then
+        :meth:`_search_segments` takes them one by one as before."""
+        cache = self.__dict__.get("_fused_cache")
+        if cache is not None and cache[0] is segs:
+            return cache[1]
+        from .kernels import multi
+
+        fused = None
+        try:
+            if not segs:
+                raise ValueError("no segments")
+            n = len(segs)
+            desc = np.zeros((n, multi.DESC_COLUMNS), np.int64)
+            checks = np.zeros((n, multi.CHECK_COLUMNS), np.int64)
+            keep: list = []  # what the rows point into, kept alive with them
+            want = dict(post_ptr=np.int64, pair_ptr=np.int64, pair_block=np.uint16, pair_cnt=np.uint8, pair_max=np.uint16,
+                        pair_sub=np.uint8, post_off=np.uint8, post_w=np.uint16, seq=np.uint64, terms=np.int64)
+            for i, st in enumerate(segs):
+                seg = st.seg
+                a = seg.kernel_arrays()._asdict()
+                a["terms"] = seg.term_table()
+                for name, dt in want.items():
+                    if a[name].dtype != dt or a[name].ndim != 1:
+                        raise ValueError(f"{name} is {a[name].dtype}")
+                desc[i] = multi.describe(a, seg.n_docs, seg.bshift)
+                keep.append(a)
+                chk = seg.kernel_check()
+                if chk is None:
+                    if seg.verifier is not None:  # (no compiled CRC-32: verified from Python, segment by segment)
+                        raise ValueError("verification without compiled checksums")
+                    continue
+                mm, table, ok, shift, content, off_po, off_pw = chk
+                tables_ok, layout = seg.table_check()
+                layout = np.ascontiguousarray(layout, np.int64).ravel()
+                if mm.dtype != np.uint8 or table.dtype != np.uint32 or ok.dtype != np.bool_ or tables_ok.dtype != np.bool_:
+                    raise ValueError("verification arrays of other types")
+                checks[i] = (1, *multi.address(mm), *multi.address(table), *multi.address(ok), *multi.address(tables_ok),
+                             *multi.address(layout), shift, content, off_po, off_pw)
+                keep.append((chk, tables_ok, layout))
+            for st in segs:
+                st.seg.verify_arrays(("seq",))
+            masks = [self._allowed(st, None) for st in segs]
+            allowed = np.array([multi.address(m) for m in masks], np.int64).reshape(n, 2)
+            keep.append(masks)
+            rec = np.full((n, 3), -1.0)
+            rec[:, 2] = 0.0
+            for i, st in enumerate(segs):
+                old = self._auto_seen.get(st.seg.name)
+                if old is not None:
+                    rec[i] = old
+                self._auto_seen[st.seg.name] = rec[i]  # (a view: both paths update the same record)
+            fused = (desc, allowed, checks, rec, np.arange(n, dtype=np.int64), keep)
+        except ValueError:
+            fused = None
+        self.__dict__["_fused_cache"] = (segs, fused)
+        return fused
+
+    def _search_fused(self, req: SearchRequest, segs: list, which, terms: list, strategy: int):
+        """:meth:`_search_segments` in one compiled call (``kernels.multi.search_segments``), or
+        None when it does not apply (see :meth:`_fused`; also: numba not loaded yet and ``auto``,
+        which may leave every segment to numpy; tokens outside the vocabulary; madvise prefetch)."""
+        if strategy == NP.STRATEGY_NUMPY or self.prefetch or not (NP.numba_loaded() or strategy != NP.STRATEGY_AUTO):
+            return None
+        fused = self._fused(segs)
+        if fused is None:
+            return None
+        desc, allowed_all, checks, rec, every, _ = fused
+        if len(terms) == 1:
+            fi, _, tok, w = terms[0]
+            keys, weights = tok + fi * VOCAB_SIZE, w
+        else:
+            keys = np.concatenate([t[2] + t[0] * VOCAB_SIZE for t in terms]) if terms else np.zeros(0, np.int64)
+            weights = np.concatenate([t[3] for t in terms]) if terms else np.zeros(0, np.float32)
+        if keys.size and (keys.min() < 0 or any(t[2].size and (t[2].min() < 0 or t[2].max() >= VOCAB_SIZE) for t in terms)):
+            return None
+        masks = None
+        if req.filter is None:
+            allowed = allowed_all
+        else:
+            masks = [np.ascontiguousarray(self._allowed(s, req.filter), np.uint8) for s in segs]  # (kept alive here)
+            allowed = np.array([(m.ctypes.data, m.size) for m in masks], np.int64).reshape(len(segs), 2)
+        which = every if isinstance(which, range) and len(which) == len(segs) else np.asarray(list(which), np.int64)
+        k = req.top_k
+        heap = tuple(TopK.empty(k))
+        hs, hq, hr, state = heap
+        out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
+        settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY], np.int64)
+        keys = np.ascontiguousarray(keys, np.int64)
+        weights = np.ascontiguousarray(weights, np.float32)
+        small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        x = 0
+        while True:
+            code, x = K.search_segments(keys, weights, which, x, desc, allowed, checks, F16_TABLE, rec, heap,
+                                        self._taat_scratch(), settings, AUTO_EMA, out)
+            if code == K.MULTI_DONE:
+                break
+            si = int(which[x])
+            if code == K.MULTI_DAMAGED:
+                segs[si].seg.raise_damaged_chunk(int(state[7]))
+            # small work: numpy, as _search_segments does, in its turn (auto's rule reads the state)
+            seg = segs[si].seg
+            js, ws = [], []
+            for fi, _, tok, w in terms:
+                j = seg.term_index(fi, tok)
+                js.append(j[j >= 0])
+                ws.append(w[j >= 0])
+            q_j = np.ascontiguousarray(np.concatenate(js), np.int64)
+            q_w = np.ascontiguousarray(np.concatenate(ws), np.float32)
+            seg.verify_terms(q_j)
+            sc, sq, refs, matched, read = NP.search_segment(q_j, q_w, seg.kernel_arrays(), self._allowed(segs[si], req.filter),
+                                                            np.int64(si) << 32, k)
+            small.append((sc, sq, refs))
+            state[1] += matched
+            state[5] += read
+            x += 1
+        used: list[str] = []
+        rows = []
+        for si, code in zip(which.tolist(), out[which, 0].tolist()):
+            if code == K.MULTI_NO_TERMS:
+                continue
+            if code == K.MULTI_WANTS_NUMPY:
+                used.append("numpy")
+                rows.append((si, NP.STRATEGY_NUMPY, CHOSEN_NUMPY))
+            else:
+                used.append(NP.STRATEGY_NAMES[code])
+                rows.append((si, code, -1))
+
+        def plans() -> list[SegmentPlan]:  # (words only when someone asks: see plan.py)
+            out_rows = []
+            for si, code, chosen in rows:
+                seg = segs[si].seg
+                if code == NP.STRATEGY_NUMPY:
+                    slots = [NP.STRATEGY_NUMPY, chosen, int(out[si, 2 + PLAN_SLOTS])] + [-1] * 5
+                    out_rows.append(SegmentPlan(seg.name, seg.n_docs, seg.n_blocks, "numpy", slots))
+                else:
+                    out_rows.append(SegmentPlan(seg.name, seg.n_docs, seg.n_blocks, NP.STRATEGY_NAMES[code],
+                                                out[si, 2:2 + PLAN_SLOTS].tolist(), int(out[si, 1])))
+            return out_rows
+
+        return hs, hq, hr, state, small, used, plans
+
     def _search_segments(self, req: SearchRequest, segs: list, which, terms: list, strategy: int, threads: int):
         """Search the segments ``which`` (indices into ``segs``) in turn into one heap; returns
         (heap scores, seqs, refs, state, the top k of numpy searches and split parts, strategies, and
-        per segment its :class:`.plan.SegmentPlan`: the kernel's plan slots as written, words later)."""
+        per segment its :class:`.plan.SegmentPlan`: the kernel's plan slots as written, words later;
+        or a function returning those). With one thread, one compiled call searches them all
+        (:meth:`_search_fused`) where it can."""
+        if threads == 1:
+            fused = self._search_fused(req, segs, which, terms, strategy)
+            if fused is not None:
+                return fused
         k = req.top_k
         heap = tuple(TopK.empty(k))
         hs, hq, hr, state = heap

@@ -5,7 +5,7 @@ Deletions never touch it: the index keeps a tombstone bitmap per segment.
 
 Owns: the segment file format -- building a segment file from a :class:`~.columns.Batch`,
 reading one back, verifying what is read, id lookup by sorted 64-bit hashes, stored fields, and
-the merge input. The batch and its metadata columns are in :mod:`.columns`, filter evaluation in
+the per-document arrays a merge writes (the merges themselves: :mod:`.merge`). The batch and its metadata columns are in :mod:`.columns`, filter evaluation in
 :mod:`.filters` (a mixin of :class:`Segment`). It must not know about manifests, locks or commits.
 """
 
@@ -174,12 +174,7 @@ class Segment(SegmentFilters):
         v = self.verifier
         if v is None or len(js) == 0:
             return
-        if self._tables_ok is None:
-            self._tables_ok = np.zeros(self.keys.size, bool)
-            names = self._table_names()
-            base = np.array([[self.offsets[n]] for n in names], np.int64)
-            item = np.array([[self.a[n].itemsize] for n in names], np.int64)
-            self._table_layout = (base, item, np.hstack([base, item]))
+        self.table_check()
         js = np.asarray(js, np.int64)
         js = js[~self._tables_ok[js]]
         if js.size == 0:
@@ -194,6 +189,19 @@ class Segment(SegmentFilters):
             v.verify_ranges((base + self.pair_ptr[js].astype(np.int64) * item).ravel(),
                             (base + self.pair_ptr[js + 1].astype(np.int64) * item).ravel())
         self._tables_ok[js] = True
+
+    def table_check(self) -> tuple[np.ndarray, np.ndarray]:
+        """What a compiled search verifies block tables with (as :meth:`verify_term_tables`, which
+        shares its flags): per term whether its block table is verified (bool, written by the
+        kernel), and rows (file offset, item size) of the block tables' arrays."""
+        if self._tables_ok is None:
+            self._tables_ok = np.zeros(self.keys.size, bool)
+        if self._table_layout is None:
+            names = self._table_names()
+            base = np.array([[self.offsets[n]] for n in names], np.int64)
+            item = np.array([[self.a[n].itemsize] for n in names], np.int64)
+            self._table_layout = (base, item, np.hstack([base, item]))
+        return self._tables_ok, self._table_layout[2]
 
     def kernel_check(self) -> tuple | None:
         """What the numba search kernels need to verify each postings run the first time they
@@ -226,6 +234,14 @@ class Segment(SegmentFilters):
             pages.advise_ranges(arr.ctypes.data, ptr[js] * arr.itemsize, ptr[js + 1] * arr.itemsize)
         self._mapped[js] = True
 
+    def release_pages(self) -> None:
+        """Unmap this segment's pages from the process (:func:`.pages.release`; they stay in the
+        page cache): after a merge read it whole, its resident memory falls back."""
+        mm = self.verifier.mm if self.verifier is not None else None
+        for arr in ([mm] if mm is not None else self.a.values()):
+            if arr.size:
+                pages.release(arr.ctypes.data, arr.nbytes)
+
     def prefetch_all(self) -> None:
         """Map every array of the segment now (a warm-up)."""
         for arr in self.a.values():
@@ -237,17 +253,29 @@ class Segment(SegmentFilters):
     #: then the sequence numbers of the hits)
     MAP_FIRST = ("pair_block", "pair_cnt", "pair_max", "pair_sub", "post_off", "post_w", "seq")
 
-    def map_resident(self, stop=None) -> int:
+    def map_resident(self, stop=None, verify: bool = False) -> int:
         """Map the pages of this segment's arrays that are in the page cache already (never a disk
         read; :func:`.pages.map_resident`), the searched ones first; stops once ``stop`` is set.
         Returns the bytes mapped. What a reader does in the background after it opens (see
-        ``EngineIndex``): the first queries then fault no page that was cached."""
+        ``EngineIndex``): the first queries then fault no page that was cached. With ``verify``
+        (and chunk checksums, and the compiled CRC-32 loaded: else nothing more) the chunks of
+        each mapped run are verified too, so that searches find them verified; a damaged chunk is
+        left unverified (a search reading it then raises, naming it)."""
+        v = self.verifier
+        on_run = None
+        if verify and v is not None and v.content and checksum.range_verifier() is not None:
+            base = v.mm.ctypes.data
+
+            def on_run(addr: int, nbytes: int) -> None:
+                lo = max(addr - base, 0)
+                v.verify_ranges(np.array([lo], np.int64), np.array([min(addr + nbytes - base, v.content)], np.int64))
+
         names = [n for n in self.MAP_FIRST if n in self.a] + sorted(n for n in self.a if n not in self.MAP_FIRST)
         done = 0
         for n in names:
             arr = self.a[n]
             if arr.size:
-                done += pages.map_resident(arr.ctypes.data, arr.nbytes, stop)
+                done += pages.map_resident(arr.ctypes.data, arr.nbytes, stop, on_run=on_run)
             if stop is not None and stop.is_set():
                 break
         return done
@@ -482,6 +510,15 @@ class Segment(SegmentFilters):
             out[f] = ((keys[m] - fi * VOCAB_SIZE).astype(np.int32), F16_TABLE[wb[m]])
         return out
 
+    def term_table(self) -> np.ndarray:
+        """Per term key (field index x vocabulary size + token, vocabulary tokens only) its index
+        into ``keys``, or -1 (what :meth:`term_index` reads; made on first use)."""
+        if self._terms is None:
+            t = np.full(len(self.fields) * VOCAB_SIZE, -1, np.int64)
+            t[self.keys[self.keys < t.size]] = np.flatnonzero(self.keys < t.size)
+            self._terms = t
+        return self._terms
+
     def term_index(self, field_idx: int, tokens: np.ndarray) -> np.ndarray:
         """Index into ``keys`` of each token of a field, -1 when the segment lacks it.
 
@@ -490,11 +527,7 @@ class Segment(SegmentFilters):
         eight (~25 us of a 0.5 ms search, 2026-11-27); other values take the binary search."""
         tok = np.asarray(tokens, np.int64)
         if 0 <= field_idx < len(self.fields) and (tok.size == 0 or tok.view(np.uint64).max() < VOCAB_SIZE):  # (negatives: huge)
-            if self._terms is None:
-                t = np.full(len(self.fields) * VOCAB_SIZE, -1, np.int64)
-                t[self.keys[self.keys < t.size]] = np.flatnonzero(self.keys < t.size)
-                self._terms = t
-            return self._terms[tok + field_idx * VOCAB_SIZE]
+            return self.term_table()[tok + field_idx * VOCAB_SIZE]
         want = (tok + field_idx * VOCAB_SIZE).astype(np.uint32)
         j = np.searchsorted(self.keys, want)
         jc = np.minimum(j, max(self.keys.size - 1, 0))
@@ -564,15 +597,7 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir, thread
         psub = K.block_subs_threaded(pair_ptr, post_ptr, pc, pm, po, pw, bshift, threads)
     else:
         psub = NP.build_kernel("block_subs", int(po.size))(pc, pm, po, pw, bshift)
-    if batch.id_hash is not None:
-        sorted_hashes, order = batch.id_hash, batch.id_order
-    else:
-        hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
-        order = np.argsort(hashes, kind="stable")
-        sorted_hashes = hashes[order]
-    caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
-    srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
-    arrays: dict[str, np.ndarray] = {
+    arrays: dict[str, Any] = {
         "keys": keys.astype(np.uint32),
         "post_ptr": post_ptr,
         "pair_ptr": pair_ptr,
@@ -582,6 +607,28 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir, thread
         "pair_sub": psub,
         "post_off": po,
         "post_w": pw,
+    }
+    col_types = _doc_arrays(batch, arrays)
+    meta = {"format": SEGMENT_FORMAT, "name": name, "n_docs": n, "bshift": bshift, "fields": list(fields),
+            "columns": col_types}
+    write_arrays(path, arrays, meta, sync_dir=sync_dir)
+    return Segment.open(path)
+
+
+def _doc_arrays(batch: Batch, arrays: dict[str, Any]) -> dict[str, str]:
+    """Add the per-document arrays of a segment file (after the postings) to ``arrays``: sequence
+    numbers, ids and their sorted hashes, captions, sources, metadata columns. Returns the
+    columns' types."""
+    n = batch.n_docs
+    if batch.id_hash is not None:
+        sorted_hashes, order = batch.id_hash, batch.id_order
+    else:
+        hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
+        order = np.argsort(hashes, kind="stable")
+        sorted_hashes = hashes[order]
+    caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
+    srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
+    arrays.update({
         "seq": batch.seq.astype(np.uint64),
         "id_blob": batch.id_blob,
         "id_offs": batch.id_offs,
@@ -589,92 +636,10 @@ def _write_segment(path, name, batch, fields, bshift, postings, sync_dir, thread
         "id_order": order.astype(np.uint32),
         "cap_blob": caps[0], "cap_offs": caps[1], "cap_present": caps[2],
         "src_blob": srcs[0], "src_offs": srcs[1], "src_present": srcs[2],
-    }
+    })
     col_types = {}
     for cname, (ftype, cols) in batch.columns.items():
         col_types[cname] = ftype
         for part, arr in cols.items():
             arrays[f"m.{cname}.{part}"] = arr
-    meta = {"format": SEGMENT_FORMAT, "name": name, "n_docs": n, "bshift": bshift, "fields": list(fields),
-            "columns": col_types}
-    write_arrays(path, arrays, meta, sync_dir=sync_dir)
-    return Segment.open(path)
-
-
-def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = True) -> Batch:
-    """The live documents ``keep`` (sorted local ids) of a segment as a batch (for merging)."""
-    seg.verify_all()  # a merge rewrites every byte it reads under a new checksum: verify them first
-    keep = np.asarray(keep, np.int64)
-    vectors = {}
-    if with_vectors:
-        keep_map = np.full(seg.n_docs, -1, np.int64)
-        keep_map[keep] = np.arange(keep.size)
-        for fi, f in enumerate(seg.fields):
-            vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                                           seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
-    a = seg.a
-    ib, io = K.gather_strings(a["id_blob"], a["id_offs"], keep)
-    cb, co = K.gather_strings(a["cap_blob"], a["cap_offs"], keep)
-    sb, so = K.gather_strings(a["src_blob"], a["src_offs"], keep)
-    return Batch(ib, io, np.asarray(seg.seq)[keep], vectors, take_columns(seg.columns(), keep),
-                 (cb, co, np.asarray(a["cap_present"])[keep]), (sb, so, np.asarray(a["src_present"])[keep]))
-
-
-def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
-    def cat_strings(parts):
-        blobs, offs, base = [], [np.zeros(1, np.int64)], 0
-        for b, o in parts:
-            blobs.append(np.asarray(b))
-            offs.append(np.asarray(o)[1:] + base)
-            base += int(o[-1])
-        return np.concatenate(blobs) if blobs else np.zeros(0, np.uint8), np.concatenate(offs)
-
-    ib, io = cat_strings([(b.id_blob, b.id_offs) for b in batches])
-    vectors = {}
-    for f in (fields if all(b.vectors for b in batches) else ()):
-        ptrs, ids, wbs, base = [np.zeros(1, np.int64)], [], [], 0
-        for b in batches:
-            indptr, i, w = b.vectors.get(f, (np.zeros(b.n_docs + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)))
-            ptrs.append(indptr[1:] - indptr[0] + base)
-            ids.append(i[indptr[0]:indptr[-1]])
-            wbs.append(w[indptr[0]:indptr[-1]])
-            base += int(indptr[-1] - indptr[0])
-        vectors[f] = (np.concatenate(ptrs), np.concatenate(ids).astype(np.int32), np.concatenate(wbs).astype(np.uint16))
-    n_cap = [b.captions or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
-    n_src = [b.sources or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
-    cb, co = cat_strings([(c[0], c[1]) for c in n_cap])
-    sb, so = cat_strings([(s[0], s[1]) for s in n_src])
-    return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), vectors,
-                 concat_columns([(b.n_docs, b.columns) for b in batches]),
-                 (cb, co, np.concatenate([c[2] for c in n_cap])), (sb, so, np.concatenate([s[2] for s in n_src])))
-
-
-def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift: int) -> tuple[Batch, tuple]:
-    """Documents (as a vector-less batch) and merged postings of the kept docs of ``segs``, in order."""
-    batches = [segment_to_batch(s, k, with_vectors=False) for s, k in zip(segs, keeps)]
-    batch = concat_batches(batches, ())
-    keys_u = np.unique(np.concatenate([np.asarray(s.keys) for s in segs])).astype(np.uint32)
-    S, U = len(segs), keys_u.size
-    kstart = np.zeros((S, U), np.int64)
-    kend = np.zeros((S, U), np.int64)
-    pstart = np.zeros((S, U), np.int64)
-    newdoc = np.full(sum(s.n_docs for s in segs), -1, np.int64)
-    doc_base = np.zeros(S, np.int64)
-    pair_base = post_base = doc_off = out_base = 0
-    for i, (s, k) in enumerate(zip(segs, keeps)):
-        j = np.searchsorted(keys_u, s.keys)
-        kstart[i, j] = s.pair_ptr[:-1] + pair_base
-        kend[i, j] = s.pair_ptr[1:] + pair_base
-        pstart[i, j] = s.post_ptr[:-1] + post_base
-        doc_base[i] = doc_off
-        newdoc[doc_off + np.asarray(k, np.int64)] = out_base + np.arange(len(k))
-        pair_base += s.pair_block.size
-        post_base += s.post_w.size
-        doc_off += s.n_docs
-        out_base += len(k)
-    bshifts = {s.bshift for s in segs}
-    if len(bshifts) != 1:
-        raise ValueError("cannot merge segments with different block sizes")
-    cat = [np.concatenate([np.asarray(getattr(s, a)) for s in segs]) for a in ("pair_block", "pair_cnt", "post_off", "post_w")]
-    postings = K.merge_postings(kstart, kend, keys_u, *cat, pstart, newdoc, doc_base, bshifts.pop(), bshift)
-    return batch, postings
+    return col_types

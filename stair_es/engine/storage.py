@@ -159,6 +159,71 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str
     return end + table.nbytes + _FOOT2.size
 
 
+def write_arrays_streamed(path: Path, arrays: Mapping[str, Any], meta: Mapping[str, Any], fill, *,
+                          sync_dir: bool = True) -> int:
+    """:func:`write_arrays` for arrays too large to hold in memory at once: the same file, byte
+    for byte, when the same arrays are given. ``arrays`` maps names (in file order) to an array,
+    or to ``(dtype, length)`` of a 1-d array written in pieces by ``fill(put)``: ``put(name,
+    start, piece)`` writes ``piece`` at element ``start`` of that array (any order, each element
+    once; elements never written stay zero). The chunk checksums are computed from a read of the
+    written content (from the page cache), so memory stays what the pieces take. Atomic as
+    :func:`write_arrays`; returns the file size."""
+    layout: dict[str, list] = {}
+    offset = 0
+    items = []
+    for name, arr in arrays.items():
+        if isinstance(arr, tuple):
+            dt, n = np.dtype(arr[0]), int(arr[1])
+            dt = dt.newbyteorder("<") if dt.byteorder == ">" else dt
+            layout[name] = [dt.str, [n], offset]
+            items.append((name, offset, None))
+            nbytes = n * dt.itemsize
+        else:
+            arr = np.ascontiguousarray(arr)
+            dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+            arr = arr.astype(dt, copy=False)
+            layout[name] = [arr.dtype.str, list(arr.shape), offset]
+            items.append((name, offset, arr))
+            nbytes = arr.nbytes
+        offset += nbytes
+        offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+    header = json.dumps({"arrays": layout, "meta": dict(meta)}, separators=(",", ":")).encode("utf-8")
+    data_start = (_HEAD.size + len(header) + _ALIGN - 1) // _ALIGN * _ALIGN
+    end = data_start + offset
+    with atomic_file(path, sync_dir=sync_dir) as f:
+        fd = f.fileno()
+        os.ftruncate(fd, end)  # (a sparse file: the gaps read as zeros)
+        os.pwrite(fd, _HEAD.pack(_MAGIC, len(header)) + header, 0)
+        for name, off, arr in items:
+            if arr is not None and arr.nbytes:
+                os.pwrite(fd, memoryview(arr.reshape(-1).view(np.uint8)), data_start + off)
+        where = {name: (data_start + off, np.dtype(layout[name][0]), layout[name][1][0]) for name, off, arr in items if arr is None}
+
+        def put(name: str, start: int, piece: np.ndarray) -> None:
+            at, dt, n = where[name]
+            piece = np.ascontiguousarray(piece, dt)
+            if start < 0 or start + piece.size > n:
+                raise ValueError(f"{name}[{start}:{start + piece.size}] is outside its {n} elements")
+            view = memoryview(piece.reshape(-1).view(np.uint8))
+            pos = at + start * dt.itemsize
+            while len(view):
+                done = os.pwrite(fd, view, pos)
+                view, pos = view[done:], pos + done
+
+        fill(put)
+        chunks = _ChunkCrcs(CHUNK_SHIFT)
+        for pos in range(0, end, _CHUNK):  # (the temporary file's descriptor is open for reading too: mkstemp)
+            data = os.pread(fd, min(_CHUNK, end - pos), pos)
+            if len(data) != min(_CHUNK, end - pos):
+                raise OSError(f"short read of {path.name} while checksumming it")
+            chunks.update(data)
+        table = chunks.table()
+        f.seek(end)
+        f.write(table.tobytes())
+        f.write(_FOOT2.pack(_FOOT2_MAGIC, crc32_of(table), CHUNK_SHIFT, end, table.size))
+    return end + table.nbytes + _FOOT2.size
+
+
 class _ChunkCrcs:
     """CRC-32 of each ``2**shift``-byte chunk of a stream written in pieces of any size."""
 

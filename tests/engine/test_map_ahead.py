@@ -111,3 +111,45 @@ def test_small_segments_are_left_to_faults(tmp_path):
     assert "_mapping" not in ix.__dict__
     assert ix.mapping_done(timeout=0)
     ix.close()
+
+
+@linux_only
+def test_the_background_thread_verifies_what_it_maps_and_leaves_damage_to_the_search(tmp_path, monkeypatch):
+    """After the mapping, the thread verifies the chunk checksums of the mapped pages (numba's
+    CRC-32), so searches find them verified; a damaged chunk stays unverified and the search that
+    reads it raises. ``STAIR_ES_MAP_AHEAD_VERIFY=0`` leaves every chunk to the searches."""
+    from stair_es.errors import DamagedIndexError
+
+    _build(tmp_path / "ix")
+    monkeypatch.setattr(searcher_mod, "MAP_AHEAD_MIN_BYTES", 0)
+    monkeypatch.setenv("STAIR_ES_MAP_AHEAD_VERIFY", "0")
+    with EngineIndex.open(tmp_path / "ix") as ix:
+        assert ix.mapping_done(timeout=30)
+        assert not any(s.seg.verifier.ok.all() for s in ix._segs)  # (open verifies the header and tables only)
+        want = _hits(ix)
+    monkeypatch.delenv("STAIR_ES_MAP_AHEAD_VERIFY")
+    from stair_es.engine import storage
+
+    storage._CHUNK_STATE.clear()  # (verified flags are per process and file version: start afresh)
+    with EngineIndex.open(tmp_path / "ix") as ix:
+        assert ix.mapping_done(timeout=60)
+        if pages._populate:
+            assert all(s.seg.verifier.ok.all() for s in ix._segs)
+        assert _hits(ix) == want
+    # one byte of a postings chunk flipped (same size and mtime kept aside: a new file version anyway)
+    seg_file = sorted((tmp_path / "ix").glob("seg-*.seg"))[0]
+    with EngineIndex.open(tmp_path / "ix") as ix:
+        s0 = ix._segs[0].seg
+        off = s0.offsets["post_w"] + s0.post_w.nbytes // 2
+    data = bytearray(seg_file.read_bytes())
+    data[off] ^= 0xFF
+    seg_file.write_bytes(bytes(data))
+    storage._CHUNK_STATE.clear()
+    with EngineIndex.open(tmp_path / "ix") as ix:
+        assert ix.mapping_done(timeout=60)
+        v = ix._segs[0].seg.verifier
+        assert not v.ok[off >> v.shift]  # the damaged chunk was not marked verified
+        with pytest.raises(DamagedIndexError):
+            for i in range(len(TOKENS) - 15):
+                ix.strategy = "taat"  # (reads every posting of the query terms)
+                ix.search(_req(i))

@@ -26,6 +26,7 @@ Modules:
 * ``heap``: the top-k heap;
 * ``taat``, ``blockmax``: the two exact search algorithms;
 * ``search``: the entry point and the strategy cost model;
+* ``multi``: every segment of one search in one call (one heap, its threshold carried along);
 * ``_cache``: numba's on-disk cache stamped with all of the package's sources at once.
 """
 
@@ -41,7 +42,11 @@ from .blockmax import GATHER_MAX, LOOKUP_COST  # noqa: E402, F401
 from .build import (BUILD_CHUNK_POSTINGS, block_subs, block_subs_threaded, build_postings,  # noqa: E402, F401
                     build_postings_threaded, check_pack_csr)
 from .ids import fnv1a64, gather_strings, same_strings  # noqa: E402, F401
-from .postings import doc_row, merge_postings, postings_to_csr, term_docs, term_freqs  # noqa: E402, F401
+from .postings import (doc_row, merge_counts, merge_postings, merge_range, postings_to_csr, term_docs,  # noqa: E402, F401
+                       term_freqs)
 from .search import choose_strategy, search_segment  # noqa: E402, F401
+from .multi import DAMAGED as MULTI_DAMAGED, DONE as MULTI_DONE, NO_TERMS as MULTI_NO_TERMS  # noqa: E402, F401
+from .multi import OUT_COLUMNS as MULTI_OUT_COLUMNS, WANTS_NUMPY as MULTI_WANTS_NUMPY  # noqa: E402, F401
+from .multi import search_segments  # noqa: E402, F401
 from .verify import (EAGER_CHUNKS, HAVE_CRC32, check_run, chunk_crcs, prepare_terms, verify_docs,  # noqa: E402, F401
                      verify_ranges, verify_rows)

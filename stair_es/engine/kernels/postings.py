@@ -198,3 +198,83 @@ def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift,
                     c += 1
                 q += 1
         out[keys[j] - key_lo] += c
+
+
+@njit(cache=True, nogil=True)
+def merge_counts(kstart, kend, post_start, pair_block, pair_cnt, post_off, newdoc, doc_base, bshift_in, bshift):
+    """The first pass of a streamed merge (:func:`merge_postings` without its outputs held in
+    memory): per union key u, the postings and (term, block) pairs the merged segment will hold.
+
+    ``pair_block``, ``pair_cnt``, ``post_off``: typed lists of each input segment's own arrays
+    (memory-mapped: nothing is concatenated); ``kstart[s, u]`` / ``kend[s, u]`` / ``post_start[s,
+    u]``: key u's pair range and first posting in segment s (local); doc mapping as
+    :func:`merge_postings`."""
+    S, U = kstart.shape
+    cnt_post = np.zeros(U, np.int64)
+    cnt_pair = np.zeros(U, np.int64)
+    for u in range(U):
+        last = -1
+        for s in range(S):
+            pb, pc, po = pair_block[s], pair_cnt[s], post_off[s]
+            q = post_start[s, u]
+            db = doc_base[s]
+            for p in range(kstart[s, u], kend[s, u]):
+                base = db + (np.int64(pb[p]) << bshift_in)
+                for _ in range(np.int64(pc[p]) + 1):
+                    nd = newdoc[base + po[q]]
+                    q += 1
+                    if nd >= 0:
+                        cnt_post[u] += 1
+                        b = nd >> bshift
+                        if b != last:
+                            cnt_pair[u] += 1
+                            last = b
+    return cnt_post, cnt_pair
+
+
+@njit(cache=True, nogil=True)
+def merge_range(u0, u1, cnt_post, kstart, kend, post_start, pair_block, pair_cnt, post_off, post_w, newdoc, doc_base,
+                bshift_in, bshift, o_block, o_cnt, o_max, o_off, o_w):
+    """The second pass of a streamed merge: the merged pairs and postings of union keys
+    [u0, u1) (those with postings, in key order), written from the start of the ``o_*`` buffers
+    (sized by :func:`merge_counts`' counts of that range). Inputs as :func:`merge_counts`; the
+    same arrays as :func:`merge_postings` gives for those keys."""
+    S = kstart.shape[0]
+    mask = (1 << bshift) - 1
+    k = -1
+    r = 0
+    for u in range(u0, u1):
+        if cnt_post[u] == 0:
+            continue
+        k0 = k + 1
+        last = -1
+        c = 0
+        for s in range(S):
+            pb, pc, po, pw = pair_block[s], pair_cnt[s], post_off[s], post_w[s]
+            q = post_start[s, u]
+            db = doc_base[s]
+            for p in range(kstart[s, u], kend[s, u]):
+                base = db + (np.int64(pb[p]) << bshift_in)
+                for _ in range(np.int64(pc[p]) + 1):
+                    nd = newdoc[base + po[q]]
+                    w = pw[q]
+                    q += 1
+                    if nd < 0:
+                        continue
+                    b = nd >> bshift
+                    if b != last:
+                        if k >= k0:
+                            o_cnt[k] = c - 1
+                        k += 1
+                        o_block[k] = b
+                        o_max[k] = w
+                        c = 0
+                        last = b
+                    elif w > o_max[k]:
+                        o_max[k] = w
+                    o_off[r] = nd & mask
+                    o_w[r] = w
+                    r += 1
+                    c += 1
+        o_cnt[k] = c - 1
+    return k + 1, r
