@@ -77,7 +77,14 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
     from stair_es.encoders.base import get_encoder
 
+    from stair_es.distributed import pipeline
+
     shutil.rmtree(out, ignore_errors=True)
+    label = engine
+    if engine == "raydata":  # the Ray Data executor (map_batches over an actor pool), for an A/B with plain actors
+        engine, pipeline.RAY_EXECUTOR = "ray", "data"
+    elif engine == "ray":
+        pipeline.RAY_EXECUTOR = "actors"
     infra0 = ray_infra_cpu() if engine == "ray" else {}
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
@@ -85,26 +92,74 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
                                               cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
     s = rep.summary()
     split = rep.cpu_split_ms_per_image()
+    n_in = max(1, s["inputs"])
+    by_proc = {}
     if engine == "ray":  # Ray's own processes (raylet, GCS, agents): CPU they took during the run
         infra1 = ray_infra_cpu()
-        split["ray_processes"] = round(1000 * sum(infra1[p] - c for p, c in infra0.items() if p in infra1)
-                                       / max(1, s["inputs"]), 2)
+        workers_pids = {e["pid"] for e in rep.shards}  # the actors: their CPU is the workers' own
+        for p, (name, c) in infra1.items():
+            if p not in workers_pids:
+                c -= infra0[p][1] if p in infra0 else 0.0  # a process started during the run: all of it
+                by_proc[name] = round(by_proc.get(name, 0.0) + 1000 * c / n_in, 2)
+        split["ray_processes"] = round(sum(by_proc.values()), 2)
+    worker_threads: dict = {}
+    for e in rep.shards:
+        for name, c in (e.get("thread_cpu") or {}).items():
+            worker_threads[name] = worker_threads.get(name, 0.0) + c
+    worker_threads = {k: round(1000 * v / n_in, 2) for k, v in sorted(worker_threads.items(), key=lambda kv: -kv[1])}
+    driver_threads = {k: round(1000 * v / n_in, 2) for k, v in rep.driver_threads.items()}
+    ru: dict = {}
+    for e in rep.shards:
+        for k, v in (e.get("rusage") or {}).items():
+            ru[k] = ru.get(k, 0.0) + v
+    # per image: user and kernel CPU ms, page faults, context switches (voluntary, preempted)
+    ru = {k: round((1000 if k.endswith("time") else 1) * v / n_in, 2) for k, v in ru.items()}
     first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
     last_end = max(e["written_at"] for e in rep.shards)
-    return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
+    return {"engine": label, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
             "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
             "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
             "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2),
-            "cpu_split_ms": split, **{k: v for k, v in extra.items()},
+            "cpu_split_ms": split, **{k: v for k, v in extra.items()}, "timeline": timeline(rep.shards, workers),
+            "worker_threads_ms": worker_threads, "driver_threads_ms": driver_threads, "worker_rusage": ru, "ray_processes_ms": by_proc,
             # share of a core the driver (and Ray's own processes) kept busy over the run: their cost
             # is per second of the run (polling, scheduling), not per image
             "overhead_cores": round((split.get("driver", 0.0) + split.get("ray_processes", 0.0)) * s["inputs"] / 1000
                                     / max(1e-9, s["wall_s"]), 3)}
 
 
-def ray_infra_cpu() -> dict[int, float]:
-    """CPU seconds so far of the local Ray's own processes (children of this one that are not
-    its worker processes: raylet, GCS server, dashboard and runtime-env agents, monitors)."""
+def timeline(entries: list[dict], workers: int) -> dict:
+    """How the workers' time went between the first shard's start and the last one's end: busy
+    (inside a shard), waiting between two shards of the same worker (the driver handing out the
+    next one), and idle before a worker's first shard or after its last (start-up skew, the tail)."""
+    by_pid: dict = {}
+    for e in entries:
+        by_pid.setdefault(e["pid"], []).append((e["written_at"] - e["wall_s"], e["written_at"]))
+    if not by_pid:
+        return {}
+    t0 = min(a for v in by_pid.values() for a, _ in v)
+    t1 = max(b for v in by_pid.values() for _, b in v)
+    span = t1 - t0
+    busy = gaps = head = tail = 0.0
+    n_gaps = 0
+    for v in by_pid.values():
+        v.sort()
+        busy += sum(b - a for a, b in v)
+        head += v[0][0] - t0
+        tail += t1 - v[-1][1]
+        for (_, b), (a, _) in zip(v, v[1:]):
+            gaps += a - b
+            n_gaps += 1
+    slots = workers * span
+    return {"span_s": round(span, 3), "processes": len(by_pid), "busy": round(busy / slots, 3),
+            "between_shards": round(gaps / slots, 3), "gap_ms": round(1000 * gaps / max(1, n_gaps), 1),
+            "before_first": round(head / slots, 3), "after_last": round(tail / slots, 3),
+            "shard_s": round(busy / max(1, len(entries)), 3)}
+
+
+def ray_infra_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of the local Ray's processes (every child of this one: raylet, GCS server,
+    agents, monitors, idle and actor worker processes), by pid, with their names."""
     try:
         import psutil
     except ImportError:
@@ -113,10 +168,8 @@ def ray_infra_cpu() -> dict[int, float]:
     for p in psutil.Process().children(recursive=True):
         try:
             name = p.name()
-            if name.startswith("ray::") and name not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent"):
-                continue  # a worker process (idle, or an actor: its CPU is the worker's own)
             t = p.cpu_times()
-            out[p.pid] = t.user + t.system
+            out[p.pid] = (name, t.user + t.system)
         except psutil.Error:
             continue
     return out
@@ -382,14 +435,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
             for cfg in args.configs.split(","):
                 engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
-                if engine == "ray" and not ray_up:
-                    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
-                    import ray
+                if engine in ("ray", "raydata") and ray_up != engine:
+                    # A Ray of its own for each executor: Ray Data leaves helper actors running (stats,
+                    # autoscaling) that would otherwise bill the plain-actor runs after it.
+                    from stair_es.distributed.pipeline import start_ray
 
+                    if ray_up:
+                        import ray
+
+                        ray.shutdown()
                     t0 = time.perf_counter()
-                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                    result["ray_init_s"] = round(time.perf_counter() - t0, 2)
-                    ray_up = True
+                    start_ray(num_cpus=2)  # as encode-catalog starts a local Ray (on 127.0.0.1), with 2 CPUs
+                    result.setdefault("ray_init_s", round(time.perf_counter() - t0, 2))
+                    ray_up = engine
                 allowed = os.sched_getaffinity(0)
                 if args.pin and engine == "local":
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
@@ -489,9 +547,38 @@ def main(argv: list[str] | None = None) -> int:
     for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
             print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
-    if ("local", 2) in by and ("ray", 2) in by:
-        print(f"ray overhead at 2 workers: {100 * (1 - by[('ray', 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
-              f"(steady), {100 * (1 - by[('ray', 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
+    print()
+    print("where the workers' time goes between the first shard's start and the last one's end (medians; shares of "
+          "workers x span): busy in a shard, between two shards, before the first, after the last")
+    for (e, w), v in groups.items():
+        tl = [x["timeline"] for x in v if x.get("timeline")]
+        if tl:
+            med = {k: statistics.median(t[k] for t in tl) for k in ("busy", "between_shards", "gap_ms", "before_first",
+                                                                     "after_last", "shard_s")}
+            print(f"{e:10} {w:>7} busy {med['busy']:.3f}  between {med['between_shards']:.3f} ({med['gap_ms']:.1f} ms "
+                  f"per gap)  before first {med['before_first']:.3f}  after last {med['after_last']:.3f}  "
+                  f"shard {med['shard_s']:.2f} s")
+    print("workers' rusage per image, medians: user and kernel CPU ms, minor page faults, context switches "
+          "(voluntary / preempted)")
+    for (e, w), v in groups.items():
+        rus = [x["worker_rusage"] for x in v if x.get("worker_rusage")]
+        if rus:
+            med = {k: statistics.median(r.get(k, 0.0) for r in rus) for k in rus[0]}
+            print(f"{e:10} {w:>7} user {med.get('utime', 0):.2f}  kernel {med.get('stime', 0):.2f}  faults "
+                  f"{med.get('minflt', 0):.0f}  switches {med.get('nvcsw', 0):.1f} / {med.get('nivcsw', 0):.1f}")
+    print("CPU ms per image by thread (workers, driver) and by process (Ray's own), medians:")
+    for (e, w), v in groups.items():
+        for key in ("worker_threads_ms", "driver_threads_ms", "ray_processes_ms"):
+            names = {n for x in v for n in (x.get(key) or {})}
+            med = {n: statistics.median((x.get(key) or {}).get(n, 0.0) for x in v) for n in names}
+            top = sorted(((n, m) for n, m in med.items() if m >= 0.05), key=lambda kv: -kv[1])
+            if top:
+                print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
+    print()
+    for e in ("ray", "raydata"):
+        if ("local", 2) in by and (e, 2) in by:
+            print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
+                  f"(steady), {100 * (1 - by[(e, 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
     sp = result.get("split")
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "

@@ -107,15 +107,15 @@ def test_gpus_per_worker_reaches_the_actors_and_is_checked_against_the_cluster(l
     class Stop(Exception):
         pass
 
-    def fake_map_batches(self, fn, **kw):
+    def fake_options(self, **kw):
         seen.update(kw)
         raise Stop
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
-    monkeypatch.setattr(ray.data.Dataset, "map_batches", fake_map_batches)
+    monkeypatch.setattr(ray.actor.ActorClass, "options", fake_options)
     with pytest.raises(Stop):
         encode_catalog(str(cat), str(tmp_path / "o2"), color_encoder, opts)
-    assert seen["num_gpus"] == 1 and seen["num_cpus"] == 1 and seen["compute"].max_size == 1
+    assert seen["num_gpus"] == 1 and seen["num_cpus"] == 1 and seen["max_task_retries"] == 0
 
 
 DRIVER = textwrap.dedent("""

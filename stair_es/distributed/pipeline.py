@@ -36,13 +36,15 @@ from typing import Any, Callable, Iterable, Iterator
 from ..catalog import CatalogEntry, CatalogItem
 from ..errors import InvalidInputError, MissingDependencyError, ModelError, StairError
 from ..schema import IndexSchema, ItemResult
-from .cpu import CpuSplit
+from .cpu import CpuSplit, rusage, rusage_delta, thread_cpu, thread_cpu_delta
 from .shards import (FORMAT, HEADER, MANIFEST_DIR, ShardRows, ids_digest, list_shards, open_fs, pyarrow_modules,
                      read_json, remove_failures, write_failures, write_json_atomic, write_shard)
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
+STALL_WARNING_S = 60
+RAY_EXECUTOR = os.environ.get("STAIR_ES_RAY_EXECUTOR", "actors")  # "data": Ray Data map_batches (for A/B measurements)
 
 
 class WorkerSetupError(ModelError):
@@ -85,6 +87,7 @@ class EncodeCatalogReport:
     wall_s: float = 0.0
     failures: list[dict[str, Any]] = field(default_factory=list)  # inputs not usable (this run's shards)
     driver_cpu_s: float = 0.0  # CPU of the driver process over the run (all its threads; not the workers)
+    driver_threads: dict[str, float] = field(default_factory=dict)  # of which each thread name (Linux)
     reader_cpu_s: float = 0.0  # of which reading SOURCE and cutting it into shards
 
     def summary(self) -> dict[str, Any]:
@@ -198,7 +201,7 @@ class ShardEncoder:
         from ..ingest import IngestOptions, build_documents, safe_load
         from .sources import location_loader
 
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, th0, ru0 = time.perf_counter(), time.process_time(), thread_cpu(), rusage()
         opts = IngestOptions(batch_size=self.ctx.batch_size, encode_captions=self.ctx.encode_captions)
         split = CpuSplit()
         load = split.timed_load(safe_load(location_loader(getattr(self.encoder, "image_min_side", None))))
@@ -241,6 +244,7 @@ class ShardEncoder:
             "inputs": len(task.items), "failures": sum(1 for p in problems if not p.ok),
             "skipped": sum(1 for p in problems if p.ok), "ids_digest": task.digest, "encoder": self.config,
             "cpu_s": round(cpu, 4), "wall_s": round(time.perf_counter() - t0, 4), "cpu_split": split.result(cpu),
+            "thread_cpu": thread_cpu_delta(th0, thread_cpu(), total=cpu), "rusage": rusage_delta(ru0, rusage()),
             "worker_startup_cpu_s": round(self.startup_cpu_s, 4) if self.startup_cpu_s is not None else None,
             "host": socket.gethostname(), "pid": os.getpid(), "written_at": time.time(),
         }
@@ -318,7 +322,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     if opts.engine == "local" and opts.gpus_per_worker:
         raise InvalidInputError("--gpus-per-worker needs --engine ray (the local pool does not schedule GPUs; "
                                 "with one GPU here, pass --encoder-option device=cuda instead)")
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, th0 = time.perf_counter(), time.process_time(), thread_cpu()
     fs, folder = open_fs(out_dir)
     fs.create_dir(f"{folder}/{MANIFEST_DIR}", recursive=True)
     header = read_json(fs, f"{folder}/{HEADER}")
@@ -381,7 +385,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     cpus = opts.cpus_per_worker or (max(1, (os.cpu_count() or 1) // opts.workers) if opts.engine == "local" else 1)
     ctx = WorkerContext(encoder_factory, out_dir, opts.batch_size, opts.encode_captions, cpus, header.get("encoder"),
                         opts.decode_threads, opts.gpus_per_worker)
-    run = _run_local if opts.engine == "local" else _run_ray
+    run = _run_local if opts.engine == "local" else _run_ray_actors if RAY_EXECUTOR == "actors" else _run_ray
     with progress_bar(total or 0, f"encode {src}", opts.progress, unit="img") as bar:
         for entry in run(pending(), ctx, opts, cpus):
             if "error" in entry:
@@ -409,6 +413,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     report.driver_cpu_s = time.process_time() - c0
+    report.driver_threads = thread_cpu_delta(th0, thread_cpu())
     return report
 
 
@@ -734,6 +739,140 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
                                           "again to retry this shard")
     finally:
         dctx.max_errored_blocks = errored_blocks
+
+
+class RayShardWorker:
+    """A Ray actor: one :class:`ShardEncoder`, built on its first shard (so a loading error comes
+    back as the answer of that call, with its reason), then one shard per call."""
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.worker: ShardEncoder | None = None
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def run(self, task: ShardTask) -> tuple[str, Any]:
+        try:
+            if self.worker is None:
+                self.worker = ShardEncoder(self.ctx)
+            return "ok", self.worker(task)
+        except WorkerSetupError as e:
+            return "setup", str(e)
+        except Exception as e:  # noqa: BLE001 - one shard's failure; the actor goes on with the next
+            return "error", f"{type(e).__name__}: {e}"
+
+
+def ray_actor_options(opts: EncodeCatalogOptions, cpus: int) -> dict[str, Any]:
+    """Resources and fault handling of each actor: ``cpus`` CPUs (and ``--gpus-per-worker`` GPUs);
+    an actor that dies is restarted by Ray (``max_restarts=-1``: it loads the model again), but
+    the call it was running is not retried by Ray (``max_task_retries=0``): the driver retries that
+    shard itself, so it can count the attempts and charge a death to that shard alone."""
+    out: dict[str, Any] = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 1}
+    if opts.gpus_per_worker:
+        out["num_gpus"] = opts.gpus_per_worker
+    return out
+
+
+def start_ray(address: str | None = None, **init: Any):
+    """``ray.init`` as encode-catalog wants it (unless this process already joined a Ray): on
+    ``address``, or a local Ray on 127.0.0.1 without the dashboard, without workers' logs sent
+    to the driver, and with Ray's own logging at warnings."""
+    ray = ray_module(local=not address and not _ray_initialized())
+    if not ray.is_initialized():
+        args: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+                                **init}
+        if address:
+            args["address"] = address
+        try:
+            ray.init(**args)
+        except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
+            raise InvalidInputError(f"cannot start or reach Ray{' at ' + address if address else ''}: {e}") from None
+    return ray
+
+
+def _run_ray_actors(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions,
+                    cpus: int) -> Iterator[dict]:
+    """Ray: ``workers`` long-lived actors for the whole run, each loading the encoder once, each
+    given the next shard (a small description: ids, paths, captions) the moment it answers the
+    last; the actor reads and decodes the images, encodes them and writes the shard itself, and
+    answers with the manifest entry. The catalog is read lazily, one shard ahead per actor.
+    Only actors that have started get shards (on a cluster short of CPUs the others wait, idle).
+    An actor that dies (SIGKILL, out of memory) costs only the shard it held: Ray restarts it and
+    that shard goes back in the queue until it has been tried ``1 + max_retries`` times."""
+    ray = start_ray(opts.address)
+    if opts.gpus_per_worker:
+        have = float(ray.cluster_resources().get("GPU", 0))
+        if have < opts.gpus_per_worker:
+            raise InvalidInputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: the Ray cluster has {have:g} GPU(s); "
+                                    "join a cluster with GPUs (--address) or leave out --gpus-per-worker")
+    from ray.exceptions import RayActorError
+
+    first = list(itertools.islice(tasks, opts.workers))  # no more actors than shards
+    if not first:
+        return
+    tasks = itertools.chain(first, tasks)
+    actor_cls = ray.remote(RayShardWorker).options(**ray_actor_options(opts, cpus))
+    actors = [actor_cls.remote(ctx) for _ in range(len(first))]
+    waiting: dict[Any, tuple[int, ShardTask | None]] = {a.ready.remote(): (i, None) for i, a in enumerate(actors)}
+    idle: deque[int] = deque()
+    retry: deque[ShardTask] = deque()
+    attempts: dict[int, int] = {}
+    source_done = started = False
+    try:
+        while True:
+            while idle:  # every started, idle actor gets the next shard
+                task = retry.popleft() if retry else None
+                if task is None and not source_done:
+                    task = next(tasks, None)
+                    source_done = task is None
+                if task is None:
+                    break
+                i = idle.popleft()
+                waiting[actors[i].run.remote(task)] = (i, task)
+            if not any(t is not None for _, t in waiting.values()) and (source_done and not retry):
+                return
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=STALL_WARNING_S)
+            if not ready and not started:
+                log.warning("no Ray actor has started after %d s: the cluster may lack the resources each one asks "
+                            "for (%s); waiting", STALL_WARNING_S, ray_actor_options(opts, cpus))
+            for ref in ready:
+                i, task = waiting.pop(ref)
+                try:
+                    answer = ray.get(ref)
+                except RayActorError:  # the actor died (SIGKILL, out of memory): Ray restarts it
+                    idle.append(i)
+                    if task is None:
+                        continue
+                    attempts[task.k] = attempts.get(task.k, 0) + 1
+                    log.warning("a Ray actor died while encoding shard %d (attempt %d of %d)", task.k,
+                                attempts[task.k], 1 + opts.max_retries)
+                    if attempts[task.k] > opts.max_retries:
+                        yield failed_shard(task, f"the Ray actor encoding shard {task.k} died {attempts[task.k]} "
+                                                 "time(s) (killed, out of memory, or a crash in native code); run "
+                                                 "encode-catalog again to retry this shard")
+                    else:
+                        retry.append(task)
+                    continue
+                idle.append(i)
+                if task is None:  # the actor started
+                    started = True
+                    continue
+                kind, payload = answer
+                if kind == "setup":
+                    raise WorkerSetupError(payload)
+                if kind == "error":
+                    yield failed_shard(task, f"shard {task.k} could not be written: {payload}")
+                    continue
+                if ctx.expect_encoder is None:
+                    ctx.expect_encoder = payload.get("encoder")  # actors restarted later check it
+                yield payload
+    finally:
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 def _ray_initialized() -> bool:
