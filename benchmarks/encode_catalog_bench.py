@@ -134,24 +134,33 @@ def timeline(entries: list[dict], workers: int) -> dict:
     next one), and idle before a worker's first shard or after its last (start-up skew, the tail)."""
     by_pid: dict = {}
     for e in entries:
-        by_pid.setdefault(e["pid"], []).append((e["written_at"] - e["wall_s"], e["written_at"]))
+        by_pid.setdefault(e["pid"], []).append((e["written_at"] - e["wall_s"], e["written_at"], e["inputs"]))
     if not by_pid:
         return {}
-    t0 = min(a for v in by_pid.values() for a, _ in v)
-    t1 = max(b for v in by_pid.values() for _, b in v)
+    t0 = min(a for v in by_pid.values() for a, _, _ in v)
+    t1 = max(b for v in by_pid.values() for _, b, _ in v)
     span = t1 - t0
     busy = gaps = head = tail = 0.0
     n_gaps = 0
     for v in by_pid.values():
         v.sort()
-        busy += sum(b - a for a, b in v)
+        busy += sum(b - a for a, b, _ in v)
         head += v[0][0] - t0
         tail += t1 - v[-1][1]
-        for (_, b), (a, _) in zip(v, v[1:]):
+        for (_, b, _), (a, _, _) in zip(v, v[1:]):
             gaps += a - b
             n_gaps += 1
     slots = workers * span
-    return {"span_s": round(span, 3), "processes": len(by_pid), "busy": round(busy / slots, 3),
+    # While every worker is at work (from the last one's first shard to the first one's last):
+    # images done in that window (each shard counted for its part inside it) per second.
+    w0 = max(v[0][0] for v in by_pid.values())
+    w1 = min(v[-1][1] for v in by_pid.values())
+    all_busy = None
+    if len(by_pid) == workers and w1 - w0 > 0:
+        done = sum(n * max(0.0, min(b, w1) - max(a, w0)) / max(1e-9, b - a) for v in by_pid.values() for a, b, n in v)
+        all_busy = round(done / (w1 - w0), 2)
+    return {"span_s": round(span, 3), "processes": len(by_pid), "all_busy_images_per_s": all_busy,
+            "all_busy_window_s": round(max(0.0, w1 - w0), 3), "busy": round(busy / slots, 3),
             "between_shards": round(gaps / slots, 3), "gap_ms": round(1000 * gaps / max(1, n_gaps), 1),
             "before_first": round(head / slots, 3), "after_last": round(tail / slots, 3),
             "shard_s": round(busy / max(1, len(entries)), 3)}
@@ -483,15 +492,19 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict = {}
     for r in result["runs"]:
         groups.setdefault((r["engine"] + (":pin" if r.get("pin_workers") else ""), r["workers"]), []).append(r)
+    for v in groups.values():
+        for x in v:
+            x["all_busy_images_per_s"] = (x.get("timeline") or {}).get("all_busy_images_per_s") or x["steady_images_per_s"]
     by = {k: {f: statistics.median(x[f] for x in v) for f in ("images", "wall_s", "images_per_s", "steady_images_per_s",
-                                                               "cpu_ms_per_image")} | {"engine": k[0], "workers": k[1], "n": len(v)}
-          for k, v in groups.items()}
+                                                               "all_busy_images_per_s", "cpu_ms_per_image")}
+          | {"engine": k[0], "workers": k[1], "n": len(v)} for k, v in groups.items()}
     result["medians"] = [dict(v) for v in by.values()]
     print(f"medians of {args.runs} run(s)")
-    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'all busy/s':>10} "
+          f"{'CPU ms/img':>10}")
     for r in by.values():
         print(f"{r['engine']:10} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
-              f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
+              f"{r['steady_images_per_s']:>9.2f} {r['all_busy_images_per_s']:>10.2f} {r['cpu_ms_per_image']:>10.2f}")
     parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader",
              "ray_processes")
     print()
@@ -546,7 +559,11 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(f"{r:.2f}x / {c:.2f}x" for r, c in effs) + f" -> median {rel:.2f} of the ceiling")
     for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
-            print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
+            print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x "
+                  f"(steady), {by[(e, 2)]['all_busy_images_per_s'] / by[(e, 1)]['all_busy_images_per_s']:.2f}x (all busy); "
+                  "per round (all busy): " + ", ".join(
+                      f"{t['all_busy_images_per_s'] / o['all_busy_images_per_s']:.2f}x"
+                      for o in groups[(e, 1)] for t in groups[(e, 2)] if o.get("round") == t.get("round")))
     print()
     print("where the workers' time goes between the first shard's start and the last one's end (medians; shares of "
           "workers x span): busy in a shard, between two shards, before the first, after the last")
@@ -578,7 +595,11 @@ def main(argv: list[str] | None = None) -> int:
     for e in ("ray", "raydata"):
         if ("local", 2) in by and (e, 2) in by:
             print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
-                  f"(steady), {100 * (1 - by[(e, 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
+                  f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "
+                  f"(all busy), {100 * (1 - by[(e, 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall); "
+                  "per round (steady): " + ", ".join(
+                      f"{100 * (1 - t['steady_images_per_s'] / o['steady_images_per_s']):.1f} %"
+                      for o in groups[("local", 2)] for t in groups[(e, 2)] if o.get("round") == t.get("round")))
     sp = result.get("split")
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
 STALL_WARNING_S = 60
+MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls in a row is given up on
 RAY_EXECUTOR = os.environ.get("STAIR_ES_RAY_EXECUTOR", "actors")  # "data": Ray Data map_batches (for A/B measurements)
 
 
@@ -189,7 +190,11 @@ class ShardEncoder:
 
             modalities = getattr(self.encoder, "modalities", ())
             if "image" in modalities:
-                self.encoder.encode_images([Image.new("RGB", (256, 256), (118, 140, 165))])
+                # a whole batch: ONNX Runtime's memory arena grows to a batch's size on first use
+                # (~50k page faults, ~0.15 s of kernel CPU with the default encoder at 16 images),
+                # which would otherwise land in the first shard
+                side = max(256, getattr(self.encoder, "image_min_side", None) or 256)
+                self.encoder.encode_images([Image.new("RGB", (side * 4 // 3, side), (118, 140, 165))] * self.ctx.batch_size)
             if "text" in modalities and self.ctx.encode_captions:
                 self.encoder.encode_texts(["a photo"])
         except Exception as e:  # noqa: BLE001
@@ -818,6 +823,8 @@ def _run_ray_actors(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: Encode
     idle: deque[int] = deque()
     retry: deque[ShardTask] = deque()
     attempts: dict[int, int] = {}
+    probe_failures: dict[int, int] = {}
+    lost = 0
     source_done = started = False
     try:
         while True:
@@ -841,7 +848,20 @@ def _run_ray_actors(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: Encode
                 try:
                     answer = ray.get(ref)
                 except RayActorError:  # the actor died (SIGKILL, out of memory): Ray restarts it
-                    idle.append(i)
+                    # It gets no shard before it answers again: a call sent right after a death
+                    # may reach the dead process and fail without running, which must not count
+                    # as an attempt of a shard.
+                    probe_failures[i] = probe_failures.get(i, 0) + 1 if task is None else 0
+                    if probe_failures[i] > MAX_PROBE_FAILURES:
+                        log.warning("a Ray actor could not be restarted; going on with the others")
+                        lost += 1
+                        if lost == len(actors):
+                            raise WorkerSetupError("every Ray actor died and could not be restarted; see the Ray "
+                                                   "logs of the cluster") from None
+                    else:
+                        if probe_failures[i]:
+                            time.sleep(0.1)
+                        waiting[actors[i].ready.remote()] = (i, None)
                     if task is None:
                         continue
                     attempts[task.k] = attempts.get(task.k, 0) + 1
@@ -855,8 +875,9 @@ def _run_ray_actors(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: Encode
                         retry.append(task)
                     continue
                 idle.append(i)
-                if task is None:  # the actor started
+                if task is None:  # the actor started (or restarted)
                     started = True
+                    probe_failures.pop(i, None)
                     continue
                 kind, payload = answer
                 if kind == "setup":
