@@ -85,11 +85,17 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
         engine, pipeline.RAY_EXECUTOR = "ray", "data"
     elif engine == "ray":
         pipeline.RAY_EXECUTOR = "actors"
+    env = dict(pipeline.RAY_WORKER_ENV)
+    if extra.pop("ray_default_env", False):  # ray:2:noenv: actors without encode-catalog's malloc setting
+        pipeline.RAY_WORKER_ENV.clear()
+        label += ":noenv"
     infra0 = ray_infra_cpu() if engine == "ray" else {}
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
                                               cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
+    pipeline.RAY_WORKER_ENV.clear()
+    pipeline.RAY_WORKER_ENV.update(env)
     s = rep.summary()
     split = rep.cpu_split_ms_per_image()
     n_in = max(1, s["inputs"])
@@ -464,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
                     if "pin" in flags:
                         extra["pin_workers"] = True
+                    if "noenv" in flags:
+                        extra["ray_default_env"] = True
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
                                      args.shard_size, **extra)
                 finally:
@@ -592,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             if top:
                 print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
     print()
-    for e in ("ray", "raydata"):
+    for e in ("ray", "ray:noenv", "raydata"):
         if ("local", 2) in by and (e, 2) in by:
             print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
                   f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "
