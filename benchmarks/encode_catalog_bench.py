@@ -86,6 +86,7 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     elif engine == "ray":
         pipeline.RAY_EXECUTOR = "actors"
     env = dict(pipeline.RAY_WORKER_ENV)
+    label += extra.pop("ray_label", "")
     if extra.pop("ray_default_env", False):  # ray:2:noenv: actors without encode-catalog's malloc setting
         pipeline.RAY_WORKER_ENV.clear()
         label += ":noenv"
@@ -450,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
             for cfg in args.configs.split(","):
                 engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
-                if engine in ("ray", "raydata") and ray_up != engine:
+                mode = engine + (":nice15" if "nice15" in flags else "")
+                if engine in ("ray", "raydata") and ray_up != mode:
                     # A Ray of its own for each executor: Ray Data leaves helper actors running (stats,
                     # autoscaling) that would otherwise bill the plain-actor runs after it.
                     from stair_es.distributed.pipeline import start_ray
@@ -460,9 +462,11 @@ def main(argv: list[str] | None = None) -> int:
 
                         ray.shutdown()
                     t0 = time.perf_counter()
-                    start_ray(num_cpus=2)  # as encode-catalog starts a local Ray (on 127.0.0.1), with 2 CPUs
+                    # as encode-catalog starts a local Ray (on 127.0.0.1, workers at this process's
+                    # niceness), with 2 CPUs; ray:2:nice15 keeps Ray's default worker niceness (15)
+                    start_ray(num_cpus=2, **({"_system_config": {"worker_niceness": 15}} if "nice15" in flags else {}))
                     result.setdefault("ray_init_s", round(time.perf_counter() - t0, 2))
-                    ray_up = engine
+                    ray_up = mode
                 allowed = os.sched_getaffinity(0)
                 if args.pin and engine == "local":
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
@@ -472,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                         extra["pin_workers"] = True
                     if "noenv" in flags:
                         extra["ray_default_env"] = True
+                    if "nice15" in flags:
+                        extra["ray_label"] = ":nice15"
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
                                      args.shard_size, **extra)
                 finally:
@@ -600,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             if top:
                 print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
     print()
-    for e in ("ray", "ray:noenv", "raydata"):
+    for e in ("ray", "ray:noenv", "ray:nice15", "raydata"):
         if ("local", 2) in by and (e, 2) in by:
             print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
                   f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "
