@@ -11,7 +11,17 @@ core (ONNX Runtime on one thread), so 2 workers against 1 is 2 cores against 1:
 
 * ``images/s``: inputs / wall time of the run, worker start-up and model loading included;
 * ``steady images/s``: inputs / (end of the last shard - start of the first), start-up excluded;
+* ``all busy images/s``: images done while every worker was inside a shard (from the last
+  worker's first shard to the first worker's last one, shards counted for their part inside
+  that window) / that window: the rate a long run keeps, without start-up skew or the tail;
 * ``CPU ms/image``: CPU seconds of the workers (all their threads) per image.
+
+Also printed per configuration: the workers' timeline (busy, waiting between shards, before
+their first / after their last shard), their ``getrusage`` per image (user and kernel CPU, page
+faults, context switches), CPU by thread name (workers, driver) and by process (Ray's raylet,
+GCS, agents, idle workers). ``ray:2:nice15`` runs Ray's workers at Ray's default niceness 15
+and ``ray:2:noenv`` without encode-catalog's ``MALLOC_ARENA_MAX`` for the actors (A/B of the
+two settings that matter on a shared machine).
 
 ``--configs local:1:pin,local:2:pin`` holds each worker to its own core (``--pin-workers``), so
 2 workers against 1 is 2 cores against 1. Where the CPU goes is printed per image from the
@@ -21,8 +31,8 @@ and what that accounting bounds 2 workers at on 2 idle cores. ``--ceiling`` meas
 round, what 2 cores give over 1 right now for the same work without any pipeline (independent
 processes pinned one per core): on a shared machine, the yardstick for the wall-clock ratios.
 
-Ray runs on ``ray.init(num_cpus=2)`` started once before its configurations (that start is
-timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
+Ray runs on a local Ray with 2 CPUs started once before its configurations as encode-catalog
+starts one (``start_ray``; that start is timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
 process) feeds the sizing table of docs/distributed.md. Shards -> embedded: synthetic shards
 (``--ingest-docs`` documents, ~40 image + ~10 caption tokens each) ingested through
 ``add_arrays``; documents/s of the ingest call. Every report carries the git commit, the
@@ -81,10 +91,6 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
 
     shutil.rmtree(out, ignore_errors=True)
     label = engine
-    if engine == "raydata":  # the Ray Data executor (map_batches over an actor pool), for an A/B with plain actors
-        engine, pipeline.RAY_EXECUTOR = "ray", "data"
-    elif engine == "ray":
-        pipeline.RAY_EXECUTOR = "actors"
     env = dict(pipeline.RAY_WORKER_ENV)
     label += extra.pop("ray_label", "")
     if extra.pop("ray_default_env", False):  # ray:2:noenv: actors without encode-catalog's malloc setting
@@ -452,9 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             for cfg in args.configs.split(","):
                 engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
                 mode = engine + (":nice15" if "nice15" in flags else "")
-                if engine in ("ray", "raydata") and ray_up != mode:
-                    # A Ray of its own for each executor: Ray Data leaves helper actors running (stats,
-                    # autoscaling) that would otherwise bill the plain-actor runs after it.
+                if engine == "ray" and ray_up != mode:  # a Ray of its own for each worker niceness
                     from stair_es.distributed.pipeline import start_ray
 
                     if ray_up:
@@ -606,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
             if top:
                 print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
     print()
-    for e in ("ray", "ray:noenv", "ray:nice15", "raydata"):
+    for e in ("ray", "ray:noenv", "ray:nice15"):
         if ("local", 2) in by and (e, 2) in by:
             print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
                   f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "

@@ -6,9 +6,12 @@ and hands the rest to an engine:
 
 * ``local``: a process pool (``spawn``: a forked copy of a driver that already runs ONNX
   Runtime threads is not safe); no Ray import;
-* ``ray``: Ray Data ``map_batches`` over an actor pool (``concurrency`` = workers, each actor
-  asking for ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs), on a local Ray or an
-  existing cluster (``address``).
+* ``ray``: ``workers`` long-lived Ray actors for the whole run (each asking for
+  ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs), fed one shard description at a time,
+  on a local Ray or an existing cluster (``address``). Not Ray Data: its ``map_batches`` made a
+  new actor pool per window of shards (the models loaded again each time), left workers idle
+  ~170 ms between shards and ran helper actors that cost ~14 CPU ms per image on 2 cores
+  (measured with ``benchmarks/encode_catalog_bench.py``; see docs/distributed.md).
 
 Both run the same :class:`ShardEncoder` per worker: the encoder loads once per process, with
 ONNX Runtime's threads sized to the worker's CPUs, and each shard is decoded and encoded by
@@ -28,7 +31,6 @@ import os
 import socket
 import threading
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -50,7 +52,6 @@ MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls 
 #: short-lived threads then took arenas that had to grow again for every batch (~200 page faults
 #: and 1-3 ms of kernel CPU per image, measured), which 2 arenas avoid.
 RAY_WORKER_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2"}
-RAY_EXECUTOR = os.environ.get("STAIR_ES_RAY_EXECUTOR", "actors")  # "data": Ray Data map_batches (for A/B measurements)
 
 
 class WorkerSetupError(ModelError):
@@ -399,7 +400,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     cpus = opts.cpus_per_worker or (max(1, (os.cpu_count() or 1) // opts.workers) if opts.engine == "local" else 1)
     ctx = WorkerContext(encoder_factory, out_dir, opts.batch_size, opts.encode_captions, cpus, header.get("encoder"),
                         opts.decode_threads, opts.gpus_per_worker)
-    run = _run_local if opts.engine == "local" else _run_ray_actors if RAY_EXECUTOR == "actors" else _run_ray
+    run = _run_local if opts.engine == "local" else _run_ray
     with progress_bar(total or 0, f"encode {src}", opts.progress, unit="img") as bar:
         for entry in run(pending(), ctx, opts, cpus):
             if "error" in entry:
@@ -632,26 +633,6 @@ def failed_shard(task: ShardTask, reason: str) -> dict[str, Any]:
     return {"shard": task.k, "error": reason, "failed_items": items, "task": task}
 
 
-class _RayShardActor:
-    """A Ray Data actor: a :class:`ShardEncoder` over batches of task rows."""
-
-    def __init__(self, ctx: WorkerContext):
-        self.worker = ShardEncoder(ctx)
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        import json
-        import pickle
-
-        out = []
-        for k, blob in zip(batch["k"], batch["task"]):
-            try:
-                entry = self.worker(pickle.loads(blob))
-            except Exception as e:  # noqa: BLE001 - one shard's failure; the others go on
-                entry = {"shard": int(k), "error": f"{type(e).__name__}: {e}"}
-            out.append(json.dumps(entry))
-        return {"entry": out}
-
-
 #: Ray reads this when it is imported: "0" makes a Ray started here use the loopback address as
 #: its node address, so its servers listen on 127.0.0.1 only (by default a local Ray listens on
 #: every interface of the machine). Set before the first ``import ray`` of a process.
@@ -673,86 +654,9 @@ def ray_module(local: bool = False):
         local_ray_on_loopback()
     try:
         import ray  # noqa: F401
-        import ray.data  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("--engine ray", "distributed", "ray[data]") from None
+        raise MissingDependencyError("--engine ray", "distributed", "ray") from None
     return ray
-
-
-def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions, cpus: int) -> Iterator[dict]:
-    import json
-    import pickle
-
-    ray = ray_module(local=not opts.address and not _ray_initialized())
-    if not ray.is_initialized():
-        init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
-        if opts.address:
-            init["address"] = opts.address
-        try:
-            ray.init(**init)
-        except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
-            raise InvalidInputError(f"cannot start or reach Ray{' at ' + opts.address if opts.address else ''}: {e}") from None
-    if opts.gpus_per_worker:
-        have = float(ray.cluster_resources().get("GPU", 0))
-        if have < opts.gpus_per_worker:
-            raise InvalidInputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: the Ray cluster has {have:g} GPU(s); "
-                                    "join a cluster with GPUs (--address) or leave out --gpus-per-worker")
-    dctx = ray.data.DataContext.get_current()
-    dctx.enable_progress_bars = False
-    if hasattr(dctx, "print_on_execution_start"):
-        dctx.print_on_execution_start = False
-    # Tasks go to Ray in windows: a catalog of 100M inputs never sits in the driver at once, and
-    # each window's actors load the model once for many shards.
-    window = max(16, 8 * opts.workers)
-    # Ray Data restarts a dead actor (max_restarts -1) and runs the shard it held again, at most
-    # max_retries times (max_task_retries); one shard in flight per actor, so an actor's death
-    # costs only the shard it was encoding. A shard Ray gives up on is an errored block, which
-    # the run tolerates (max_errored_blocks -1): it is reported with its inputs below.
-    # (Ray 2.60 names no parameter for the two retry settings: they go as ray_remote_args, which
-    # it announces will go in 2.64; its deprecation warning is silenced below.)
-    retry_args = {"max_restarts": -1, "max_task_retries": opts.max_retries}
-    remote_args: dict[str, Any] = {"num_cpus": cpus}
-    if opts.gpus_per_worker:
-        remote_args["num_gpus"] = opts.gpus_per_worker
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    errored_blocks = dctx.max_errored_blocks
-    dctx.max_errored_blocks = -1
-    try:
-        while True:
-            chunk = list(itertools.islice(tasks, window))
-            if not chunk:
-                return
-            rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
-            ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-            pool = ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows)), max_tasks_in_flight_per_actor=1)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*ray_remote_args. is deprecated")
-                ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1,
-                                    batch_format="numpy", compute=pool, **remote_args, **retry_args)
-            by_k = {t.k: t for t in chunk}
-            seen: set[int] = set()
-            try:
-                for row in ds.iter_rows():
-                    entry = json.loads(row["entry"])
-                    k = int(entry["shard"])
-                    seen.add(k)
-                    if "error" in entry and k in by_k:
-                        entry = failed_shard(by_k[k], f"shard {k} could not be written: {entry['error']}")
-                    elif ctx.expect_encoder is None:
-                        ctx.expect_encoder = entry.get("encoder")  # the next windows' actors check it
-                    yield entry
-            except Exception as e:  # noqa: BLE001
-                cause = _setup_cause(e)
-                if cause is not None:
-                    raise WorkerSetupError(cause) from None
-                raise
-            for t in chunk:  # a shard Ray gave up on (its actor died every time) is reported, never silent
-                if t.k not in seen:
-                    yield failed_shard(t, f"the Ray actor encoding shard {t.k} died {1 + opts.max_retries} time(s) "
-                                          "(killed, out of memory, or a crash in native code); run encode-catalog "
-                                          "again to retry this shard")
-    finally:
-        dctx.max_errored_blocks = errored_blocks
 
 
 class RayShardWorker:
@@ -813,7 +717,7 @@ def start_ray(address: str | None = None, **init: Any):
     return ray
 
 
-def _run_ray_actors(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions,
+def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions,
                     cpus: int) -> Iterator[dict]:
     """Ray: ``workers`` long-lived actors for the whole run, each loading the encoder once, each
     given the next shard (a small description: ids, paths, captions) the moment it answers the
@@ -925,11 +829,3 @@ def _ray_initialized() -> bool:
 
     ray = sys.modules.get("ray")
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
-
-
-def _setup_cause(e: BaseException) -> str | None:
-    text = str(e)
-    marker = "WorkerSetupError: "
-    if marker in text:
-        return text.split(marker, 1)[1].strip().splitlines()[0]
-    return None
