@@ -202,11 +202,10 @@ class ShardEncoder:
 
             modalities = getattr(self.encoder, "modalities", ())
             if "image" in modalities:
-                # a whole batch: ONNX Runtime's memory arena grows to a batch's size on first use
-                # (~50k page faults, ~0.15 s of kernel CPU with the default encoder at 16 images),
-                # which would otherwise land in the first shard
-                side = max(256, getattr(self.encoder, "image_min_side", None) or 256)
-                self.encoder.encode_images([Image.new("RGB", (side * 4 // 3, side), (118, 140, 165))] * self.ctx.batch_size)
+                # One image, not a batch: ONNX Runtime's arena and the heap still grow to a batch's
+                # size in the first shard (~50k page faults, 0.1-0.2 s of CPU), but a blank batch
+                # here cost 1.4 s more start-up CPU (it looks drawn: OCR runs on it) to save that.
+                self.encoder.encode_images([Image.new("RGB", (256, 256), (118, 140, 165))])
             if "text" in modalities and self.ctx.encode_captions:
                 self.encoder.encode_texts(["a photo"])
         except Exception as e:  # noqa: BLE001
