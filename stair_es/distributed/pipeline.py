@@ -707,8 +707,9 @@ def start_ray(address: str | None = None, **init: Any):
             # Ray starts its worker processes at nice 15 by default; a local Ray's actors then lose
             # the CPU to any other job of the machine (measured here: the same CPU per image, shards
             # taking 1.7x the wall time of the process pool's, whose workers run at this process's
-            # niceness). Actors of a Ray started here run at this process's niceness too.
-            args["_system_config"] = {"worker_niceness": _niceness(), **args.get("_system_config", {})}
+            # niceness). Ray adds worker_niceness to the raylet's, which is this process's: with 0
+            # the actors of a Ray started here run at this process's niceness too.
+            args["_system_config"] = {"worker_niceness": 0, **args.get("_system_config", {})}
         try:
             ray.init(**args)
         except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
@@ -814,13 +815,6 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-
-
-def _niceness() -> int:
-    try:
-        return os.nice(0)
-    except (AttributeError, OSError):  # not Unix
-        return 0
 
 
 def _ray_initialized() -> bool:
