@@ -484,7 +484,7 @@ def test_local_engine_does_not_import_ray():
     assert out == ["False", "False"]
 
 
-@pytest.mark.parametrize("engine,blocked,extra", [("local", "pyarrow", "pyarrow"), ("ray", "ray", "ray[data]")])
+@pytest.mark.parametrize("engine,blocked,extra", [("local", "pyarrow", "pyarrow"), ("ray", "ray", "ray")])
 def test_missing_extra_is_one_clear_line(tmp_path, engine, blocked, extra):
     src = make_catalog(tmp_path / "cat", n_drawings=1)
     code = (f"import sys; sys.modules[{blocked!r}] = None; from stair_es.cli.main import cli; "
