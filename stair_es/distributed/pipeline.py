@@ -717,8 +717,7 @@ def start_ray(address: str | None = None, **init: Any):
     return ray
 
 
-def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions,
-                    cpus: int) -> Iterator[dict]:
+def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions, cpus: int) -> Iterator[dict]:
     """Ray: ``workers`` long-lived actors for the whole run, each loading the encoder once, each
     given the next shard (a small description: ids, paths, captions) the moment it answers the
     last; the actor reads and decodes the images, encodes them and writes the shard itself, and
