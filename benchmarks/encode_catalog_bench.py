@@ -19,9 +19,9 @@ core (ONNX Runtime on one thread), so 2 workers against 1 is 2 cores against 1:
 Also printed per configuration: the workers' timeline (busy, waiting between shards, before
 their first / after their last shard), their ``getrusage`` per image (user and kernel CPU, page
 faults, context switches), CPU by thread name (workers, driver) and by process (Ray's raylet,
-GCS, agents, idle workers). ``ray:2:nice15`` runs Ray's workers at Ray's default niceness 15
-and ``ray:2:noenv`` without encode-catalog's ``MALLOC_ARENA_MAX`` for the actors, ``ray:2:arenas4`` with 4 (A/B of the
-two settings that matter on a shared machine).
+GCS, agents, idle workers). ``ray:2:nice15`` runs Ray's workers at Ray's default niceness (15
+above the driver's) and ``ray:2:arenas2`` with ``MALLOC_ARENA_MAX=2`` in the actors (A/B of two
+settings measured for docs/distributed.md).
 
 ``--configs local:1:pin,local:2:pin`` holds each worker to its own core (``--pin-workers``), so
 2 workers against 1 is 2 cores against 1. Where the CPU goes is printed per image from the
@@ -93,11 +93,8 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     label = engine
     env = dict(pipeline.RAY_WORKER_ENV)
     label += extra.pop("ray_label", "")
-    if extra.pop("ray_default_env", False):  # ray:2:noenv: actors without encode-catalog's malloc setting
-        pipeline.RAY_WORKER_ENV.clear()
-        label += ":noenv"
     arenas = extra.pop("ray_arenas", None)
-    if arenas:  # ray:2:arenas4: MALLOC_ARENA_MAX=4 in the actors
+    if arenas:  # ray:2:arenas2: MALLOC_ARENA_MAX=2 in the actors
         pipeline.RAY_WORKER_ENV["MALLOC_ARENA_MAX"] = str(arenas)
         label += f":arenas{arenas}"
     infra0 = ray_infra_cpu() if engine == "ray" else {}
@@ -491,8 +488,6 @@ def main(argv: list[str] | None = None) -> int:
                     extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
                     if "pin" in flags:
                         extra["pin_workers"] = True
-                    if "noenv" in flags:
-                        extra["ray_default_env"] = True
                     for f in flags:
                         if f.startswith("arenas"):
                             extra["ray_arenas"] = int(f[6:])
@@ -627,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             if top:
                 print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
     print()
-    for e in ("ray", "ray:noenv", "ray:nice15", "ray:arenas4", "ray:arenas8"):
+    for e in ("ray", "ray:nice15", "ray:arenas2", "ray:arenas4"):
         if ("local", 2) in by and (e, 2) in by:
             print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
                   f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "

@@ -47,11 +47,12 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 STALL_WARNING_S = 60
 MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls in a row is given up on
-#: The environment of each Ray actor's process, on top of the job's. glibc's malloc makes up to 8
-#: arenas per core; in an actor, whose core worker runs ~20 threads of its own, the encoder's
-#: short-lived threads then took arenas that had to grow again for every batch (~200 page faults
-#: and 1-3 ms of kernel CPU per image, measured), which 2 arenas avoid.
-RAY_WORKER_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2"}
+#: Environment variables for each Ray actor's process, on top of the job's (none by default).
+#: ``MALLOC_ARENA_MAX=2`` was measured here: it halved the page faults of actors whose encoder
+#: started a new thread per batch (each took a malloc arena that had to grow again, in a process
+#: with ~20 threads of Ray's own); since the encoder keeps its threads, the faults are gone
+#: without it and the cap only added user time (docs/distributed.md).
+RAY_WORKER_ENV: dict[str, str] = {}
 
 
 class WorkerSetupError(ModelError):
