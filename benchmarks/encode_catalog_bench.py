@@ -11,7 +11,17 @@ core (ONNX Runtime on one thread), so 2 workers against 1 is 2 cores against 1:
 
 * ``images/s``: inputs / wall time of the run, worker start-up and model loading included;
 * ``steady images/s``: inputs / (end of the last shard - start of the first), start-up excluded;
+* ``all busy images/s``: images done while every worker was inside a shard (from the last
+  worker's first shard to the first worker's last one, shards counted for their part inside
+  that window) / that window: the rate a long run keeps, without start-up skew or the tail;
 * ``CPU ms/image``: CPU seconds of the workers (all their threads) per image.
+
+Also printed per configuration: the workers' timeline (busy, waiting between shards, before
+their first / after their last shard), their ``getrusage`` per image (user and kernel CPU, page
+faults, context switches), CPU by thread name (workers, driver) and by process (Ray's raylet,
+GCS, agents, idle workers). ``ray:2:nice15`` runs Ray's workers at Ray's default niceness (15
+above the driver's) and ``ray:2:arenas2`` with ``MALLOC_ARENA_MAX=2`` in the actors (A/B of two
+settings measured for docs/distributed.md).
 
 ``--configs local:1:pin,local:2:pin`` holds each worker to its own core (``--pin-workers``), so
 2 workers against 1 is 2 cores against 1. Where the CPU goes is printed per image from the
@@ -21,8 +31,8 @@ and what that accounting bounds 2 workers at on 2 idle cores. ``--ceiling`` meas
 round, what 2 cores give over 1 right now for the same work without any pipeline (independent
 processes pinned one per core): on a shared machine, the yardstick for the wall-clock ratios.
 
-Ray runs on ``ray.init(num_cpus=2)`` started once before its configurations (that start is
-timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
+Ray runs on a local Ray with 2 CPUs started once before its configurations as encode-catalog
+starts one (``start_ray``; that start is timed separately). The encoder split (decode / ONNX network / the rest, one worker, in
 process) feeds the sizing table of docs/distributed.md. Shards -> embedded: synthetic shards
 (``--ingest-docs`` documents, ~40 image + ~10 caption tokens each) ingested through
 ``add_arrays``; documents/s of the ingest call. Every report carries the git commit, the
@@ -77,34 +87,111 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
     from stair_es.encoders.base import get_encoder
 
+    from stair_es.distributed import pipeline
+
     shutil.rmtree(out, ignore_errors=True)
+    label = engine
+    env = dict(pipeline.RAY_WORKER_ENV)
+    label += extra.pop("ray_label", "")
+    arenas = extra.pop("ray_arenas", None)
+    if arenas:  # ray:2:arenas2: MALLOC_ARENA_MAX=2 in the actors
+        pipeline.RAY_WORKER_ENV["MALLOC_ARENA_MAX"] = str(arenas)
+        label += f":arenas{arenas}"
     infra0 = ray_infra_cpu() if engine == "ray" else {}
     t0 = time.time()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
                                               cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
+    pipeline.RAY_WORKER_ENV.clear()
+    pipeline.RAY_WORKER_ENV.update(env)
     s = rep.summary()
     split = rep.cpu_split_ms_per_image()
+    n_in = max(1, s["inputs"])
+    by_proc = {}
     if engine == "ray":  # Ray's own processes (raylet, GCS, agents): CPU they took during the run
         infra1 = ray_infra_cpu()
-        split["ray_processes"] = round(1000 * sum(infra1[p] - c for p, c in infra0.items() if p in infra1)
-                                       / max(1, s["inputs"]), 2)
+        workers_pids = {e["pid"] for e in rep.shards}  # the actors: their CPU is the workers' own
+        for p, (name, c) in infra1.items():
+            if p not in workers_pids:
+                c -= infra0[p][1] if p in infra0 else 0.0  # a process started during the run: all of it
+                by_proc[name] = round(by_proc.get(name, 0.0) + 1000 * c / n_in, 2)
+        split["ray_processes"] = round(sum(by_proc.values()), 2)
+    worker_threads: dict = {}
+    for e in rep.shards:
+        for name, c in (e.get("thread_cpu") or {}).items():
+            worker_threads[name] = worker_threads.get(name, 0.0) + c
+    worker_threads = {k: round(1000 * v / n_in, 2) for k, v in sorted(worker_threads.items(), key=lambda kv: -kv[1])}
+    driver_threads = {k: round(1000 * v / n_in, 2) for k, v in rep.driver_threads.items()}
+    ru: dict = {}
+    for e in rep.shards:
+        for k, v in (e.get("rusage") or {}).items():
+            ru[k] = ru.get(k, 0.0) + v
+    # per image: user and kernel CPU ms, page faults, context switches (voluntary, preempted)
+    ru = {k: round((1000 if k.endswith("time") else 1) * v / n_in, 2) for k, v in ru.items()}
+    # Each worker's first shard also pays the growth of its heap and ONNX Runtime's arena to a
+    # batch's size (a fixed cost per worker, ~0.1-0.2 s of CPU): CPU per image without those shards
+    # is what a long run pays, and does not depend on how many workers share a short one.
+    firsts = {}
+    for e in sorted(rep.shards, key=lambda e: e["written_at"]):
+        firsts.setdefault(e["pid"], e["shard"])
+    later = [e for e in rep.shards if firsts.get(e["pid"]) != e["shard"]]
+    split["later_shards"] = (round(1000 * sum(e["cpu_s"] for e in later) / sum(e["inputs"] for e in later), 2)
+                                         if later else None)
     first_start = min(e["written_at"] - e["wall_s"] for e in rep.shards)
     last_end = max(e["written_at"] for e in rep.shards)
-    return {"engine": engine, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
+    return {"engine": label, "workers": workers, "images": s["inputs"], "failed": s["failed"] + len(rep.failed_shards),
             "wall_s": round(s["wall_s"], 2), "images_per_s": s["images_per_s"],
             "steady_images_per_s": round(s["inputs"] / (last_end - first_start), 2),
             "cpu_ms_per_image": s["worker_cpu_ms_per_image"], "driver_start_s": round(first_start - t0, 2),
-            "cpu_split_ms": split, **{k: v for k, v in extra.items()},
+            "cpu_split_ms": split, **{k: v for k, v in extra.items()}, "timeline": timeline(rep.shards, workers),
+            "worker_threads_ms": worker_threads, "driver_threads_ms": driver_threads, "worker_rusage": ru, "ray_processes_ms": by_proc,
             # share of a core the driver (and Ray's own processes) kept busy over the run: their cost
             # is per second of the run (polling, scheduling), not per image
             "overhead_cores": round((split.get("driver", 0.0) + split.get("ray_processes", 0.0)) * s["inputs"] / 1000
                                     / max(1e-9, s["wall_s"]), 3)}
 
 
-def ray_infra_cpu() -> dict[int, float]:
-    """CPU seconds so far of the local Ray's own processes (children of this one that are not
-    its worker processes: raylet, GCS server, dashboard and runtime-env agents, monitors)."""
+def timeline(entries: list[dict], workers: int) -> dict:
+    """How the workers' time went between the first shard's start and the last one's end: busy
+    (inside a shard), waiting between two shards of the same worker (the driver handing out the
+    next one), and idle before a worker's first shard or after its last (start-up skew, the tail)."""
+    by_pid: dict = {}
+    for e in entries:
+        by_pid.setdefault(e["pid"], []).append((e["written_at"] - e["wall_s"], e["written_at"], e["inputs"]))
+    if not by_pid:
+        return {}
+    t0 = min(a for v in by_pid.values() for a, _, _ in v)
+    t1 = max(b for v in by_pid.values() for _, b, _ in v)
+    span = t1 - t0
+    busy = gaps = head = tail = 0.0
+    n_gaps = 0
+    for v in by_pid.values():
+        v.sort()
+        busy += sum(b - a for a, b, _ in v)
+        head += v[0][0] - t0
+        tail += t1 - v[-1][1]
+        for (_, b, _), (a, _, _) in zip(v, v[1:]):
+            gaps += a - b
+            n_gaps += 1
+    slots = workers * span
+    # While every worker is at work (from the last one's first shard to the first one's last):
+    # images done in that window (each shard counted for its part inside it) per second.
+    w0 = max(v[0][0] for v in by_pid.values())
+    w1 = min(v[-1][1] for v in by_pid.values())
+    all_busy = None
+    if len(by_pid) == workers and w1 - w0 > 0:
+        done = sum(n * max(0.0, min(b, w1) - max(a, w0)) / max(1e-9, b - a) for v in by_pid.values() for a, b, n in v)
+        all_busy = round(done / (w1 - w0), 2)
+    return {"span_s": round(span, 3), "processes": len(by_pid), "all_busy_images_per_s": all_busy,
+            "all_busy_window_s": round(max(0.0, w1 - w0), 3), "busy": round(busy / slots, 3),
+            "between_shards": round(gaps / slots, 3), "gap_ms": round(1000 * gaps / max(1, n_gaps), 1),
+            "before_first": round(head / slots, 3), "after_last": round(tail / slots, 3),
+            "shard_s": round(busy / max(1, len(entries)), 3)}
+
+
+def ray_infra_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of the local Ray's processes (every child of this one: raylet, GCS server,
+    agents, monitors, idle and actor worker processes), by pid, with their names."""
     try:
         import psutil
     except ImportError:
@@ -113,10 +200,8 @@ def ray_infra_cpu() -> dict[int, float]:
     for p in psutil.Process().children(recursive=True):
         try:
             name = p.name()
-            if name.startswith("ray::") and name not in ("ray::DashboardAgent", "ray::RuntimeEnvAgent"):
-                continue  # a worker process (idle, or an actor: its CPU is the worker's own)
             t = p.cpu_times()
-            out[p.pid] = t.user + t.system
+            out[p.pid] = (name, t.user + t.system)
         except psutil.Error:
             continue
     return out
@@ -382,14 +467,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"ceiling": result["ceilings"][-1]}), flush=True)
             for cfg in args.configs.split(","):
                 engine, workers, *flags = cfg.split(":")  # e.g. local:2:pin (each worker on its own core)
-                if engine == "ray" and not ray_up:
-                    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
-                    import ray
+                mode = engine + (":nice15" if "nice15" in flags else "")
+                if engine == "ray" and ray_up != mode:  # a Ray of its own for each worker niceness
+                    from stair_es.distributed.pipeline import start_ray
 
+                    if ray_up:
+                        import ray
+
+                        ray.shutdown()
                     t0 = time.perf_counter()
-                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                    result["ray_init_s"] = round(time.perf_counter() - t0, 2)
-                    ray_up = True
+                    # as encode-catalog starts a local Ray (on 127.0.0.1, workers at this process's
+                    # niceness), with 2 CPUs; ray:2:nice15 keeps Ray's default worker niceness (15)
+                    start_ray(num_cpus=2, **({"_system_config": {"worker_niceness": 15}} if "nice15" in flags else {}))
+                    result.setdefault("ray_init_s", round(time.perf_counter() - t0, 2))
+                    ray_up = mode
                 allowed = os.sched_getaffinity(0)
                 if args.pin and engine == "local":
                     os.sched_setaffinity(0, set(sorted(allowed)[:int(workers)]))  # spawned workers inherit it
@@ -397,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
                     extra = {"decode_threads": args.decode_threads} if args.decode_threads is not None else {}
                     if "pin" in flags:
                         extra["pin_workers"] = True
+                    for f in flags:
+                        if f.startswith("arenas"):
+                            extra["ray_arenas"] = int(f[6:])
+                    if "nice15" in flags:
+                        extra["ray_label"] = ":nice15"
                     run = encode_run(src, tmp / f"out-{engine}-{workers}", engine, int(workers), args.batch_size,
                                      args.shard_size, **extra)
                 finally:
@@ -425,35 +521,40 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict = {}
     for r in result["runs"]:
         groups.setdefault((r["engine"] + (":pin" if r.get("pin_workers") else ""), r["workers"]), []).append(r)
+    for v in groups.values():
+        for x in v:
+            x["all_busy_images_per_s"] = (x.get("timeline") or {}).get("all_busy_images_per_s") or x["steady_images_per_s"]
     by = {k: {f: statistics.median(x[f] for x in v) for f in ("images", "wall_s", "images_per_s", "steady_images_per_s",
-                                                               "cpu_ms_per_image")} | {"engine": k[0], "workers": k[1], "n": len(v)}
-          for k, v in groups.items()}
+                                                               "all_busy_images_per_s", "cpu_ms_per_image")}
+          | {"engine": k[0], "workers": k[1], "n": len(v)} for k, v in groups.items()}
     result["medians"] = [dict(v) for v in by.values()]
     print(f"medians of {args.runs} run(s)")
-    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'CPU ms/img':>10}")
+    print(f"{'engine':10} {'workers':>7} {'images':>6} {'wall s':>7} {'images/s':>9} {'steady/s':>9} {'all busy/s':>10} "
+          f"{'CPU ms/img':>10}")
     for r in by.values():
         print(f"{r['engine']:10} {r['workers']:>7} {r['images']:>6.0f} {r['wall_s']:>7.2f} {r['images_per_s']:>9.2f} "
-              f"{r['steady_images_per_s']:>9.2f} {r['cpu_ms_per_image']:>10.2f}")
-    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "driver", "reader",
-             "ray_processes")
+              f"{r['steady_images_per_s']:>9.2f} {r['all_busy_images_per_s']:>10.2f} {r['cpu_ms_per_image']:>10.2f}")
+    parts = ("decode", "encode", "other_threads", "rows", "write", "gc", "worker_total", "later_shards",
+             "driver", "reader", "ray_processes")
     print()
     print("where the CPU goes, ms per image (medians; workers' threads: decode, encode = main thread, other threads = "
           "pixel worker/OCR/ORT; gc is wall time; driver = the driver process, reader = its reading of SOURCE; "
-          "ray_processes = raylet, GCS, agents)")
+          "later_shards = workers' CPU per image without each worker's first shard; ray_processes = raylet, GCS, agents)")
     print(f"{'engine':10} {'workers':>7} " + " ".join(f"{p:>13}" for p in parts))
     for (e, w), v in groups.items():
-        med = {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts}
+        med = {p: statistics.median((x["cpu_split_ms"].get(p) or 0.0) for x in v) for p in parts}
         print(f"{e:10} {w:>7} " + " ".join(f"{med[p]:>13.2f}" for p in parts))
     # What the CPU accounting says 2 idle cores can give (per-thread CPU clocks: other jobs on the
     # machine barely move these figures, unlike wall-clock rates).
-    meds = {k: {p: statistics.median(x["cpu_split_ms"].get(p, 0.0) for x in v) for p in parts} for k, v in groups.items()}
+    meds = {k: {p: statistics.median((x["cpu_split_ms"].get(p) or 0.0) for x in v) for p in parts} for k, v in groups.items()}
     result["cpu_bounds"] = {}
     for e in ("local", "local:pin", "ray"):
         if (e, 1) not in meds or (e, 2) not in meds:
             continue
         one, two = meds[(e, 1)], meds[(e, 2)]
         main1 = one["encode"] + one["rows"] + one["write"]
-        tot1, tot2 = one["worker_total"], two["worker_total"]
+        # a long run's CPU per image: without each worker's first shard (see encode_run)
+        tot1, tot2 = one["later_shards"] or one["worker_total"], two["later_shards"] or two["worker_total"]
         ovh2 = statistics.median(x.get("overhead_cores", 0.0) for x in groups[(e, 2)])
         rate2 = (2 - ovh2) * 1000 / tot2
         b = {"main_thread_ms": round(main1, 2), "side_threads_ms": round(tot1 - main1, 2),
@@ -488,10 +589,47 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(f"{r:.2f}x / {c:.2f}x" for r, c in effs) + f" -> median {rel:.2f} of the ceiling")
     for e in ("local", "local:pin", "ray"):
         if (e, 1) in by and (e, 2) in by:
-            print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x (steady)")
-    if ("local", 2) in by and ("ray", 2) in by:
-        print(f"ray overhead at 2 workers: {100 * (1 - by[('ray', 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
-              f"(steady), {100 * (1 - by[('ray', 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall)")
+            print(f"{e}: 2 workers / 1 worker = {by[(e, 2)]['steady_images_per_s'] / by[(e, 1)]['steady_images_per_s']:.2f}x "
+                  f"(steady), {by[(e, 2)]['all_busy_images_per_s'] / by[(e, 1)]['all_busy_images_per_s']:.2f}x (all busy); "
+                  "per round (all busy): " + ", ".join(
+                      f"{t['all_busy_images_per_s'] / o['all_busy_images_per_s']:.2f}x"
+                      for o in groups[(e, 1)] for t in groups[(e, 2)] if o.get("round") == t.get("round")))
+    print()
+    print("where the workers' time goes between the first shard's start and the last one's end (medians; shares of "
+          "workers x span): busy in a shard, between two shards, before the first, after the last")
+    for (e, w), v in groups.items():
+        tl = [x["timeline"] for x in v if x.get("timeline")]
+        if tl:
+            med = {k: statistics.median(t[k] for t in tl) for k in ("busy", "between_shards", "gap_ms", "before_first",
+                                                                     "after_last", "shard_s")}
+            print(f"{e:10} {w:>7} busy {med['busy']:.3f}  between {med['between_shards']:.3f} ({med['gap_ms']:.1f} ms "
+                  f"per gap)  before first {med['before_first']:.3f}  after last {med['after_last']:.3f}  "
+                  f"shard {med['shard_s']:.2f} s")
+    print("workers' rusage per image, medians: user and kernel CPU ms, minor page faults, context switches "
+          "(voluntary / preempted)")
+    for (e, w), v in groups.items():
+        rus = [x["worker_rusage"] for x in v if x.get("worker_rusage")]
+        if rus:
+            med = {k: statistics.median(r.get(k, 0.0) for r in rus) for k in rus[0]}
+            print(f"{e:10} {w:>7} user {med.get('utime', 0):.2f}  kernel {med.get('stime', 0):.2f}  faults "
+                  f"{med.get('minflt', 0):.0f}  switches {med.get('nvcsw', 0):.1f} / {med.get('nivcsw', 0):.1f}")
+    print("CPU ms per image by thread (workers, driver) and by process (Ray's own), medians:")
+    for (e, w), v in groups.items():
+        for key in ("worker_threads_ms", "driver_threads_ms", "ray_processes_ms"):
+            names = {n for x in v for n in (x.get(key) or {})}
+            med = {n: statistics.median((x.get(key) or {}).get(n, 0.0) for x in v) for n in names}
+            top = sorted(((n, m) for n, m in med.items() if m >= 0.05), key=lambda kv: -kv[1])
+            if top:
+                print(f"{e:10} {w:>7} {key[:-3]:15} " + ", ".join(f"{n} {m:.2f}" for n, m in top))
+    print()
+    for e in ("ray", "ray:nice15", "ray:arenas2", "ray:arenas4"):
+        if ("local", 2) in by and (e, 2) in by:
+            print(f"{e} overhead at 2 workers: {100 * (1 - by[(e, 2)]['steady_images_per_s'] / by[('local', 2)]['steady_images_per_s']):.1f} % "
+                  f"(steady), {100 * (1 - by[(e, 2)]['all_busy_images_per_s'] / by[('local', 2)]['all_busy_images_per_s']):.1f} % "
+                  f"(all busy), {100 * (1 - by[(e, 2)]['images_per_s'] / by[('local', 2)]['images_per_s']):.1f} % (wall); "
+                  "per round (steady): " + ", ".join(
+                      f"{100 * (1 - t['steady_images_per_s'] / o['steady_images_per_s']):.1f} %"
+                      for o in groups[("local", 2)] for t in groups[(e, 2)] if o.get("round") == t.get("round")))
     sp = result.get("split")
     if sp:
         print(f"one core, per image: decode {sp['decode_ms']} ms, encode {sp['encode_ms']} ms "

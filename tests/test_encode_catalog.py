@@ -131,6 +131,10 @@ def test_shard_folder_layout_and_metadata(tmp_path, catalog):
         assert set(split) == {"decode", "encode", "rows", "write", "other_threads", "gc"}
         assert all(v >= 0 for v in split.values())
         assert sum(v for k, v in split.items() if k != "gc") <= e["cpu_s"] + 0.01
+        if sys.platform.startswith("linux"):  # per thread and getrusage: what a Ray worker spends beside the work
+            assert e["thread_cpu"] and all(v >= 0 for v in e["thread_cpu"].values())
+            assert set(e["rusage"]) == {"utime", "stime", "minflt", "majflt", "nvcsw", "nivcsw"}
+            assert e["rusage"]["utime"] + e["rusage"]["stime"] == pytest.approx(e["cpu_s"], abs=0.05)
     firsts = {}
     for e in sorted(entries, key=lambda e: e["written_at"]):
         firsts.setdefault(e["pid"], e)
@@ -480,7 +484,7 @@ def test_local_engine_does_not_import_ray():
     assert out == ["False", "False"]
 
 
-@pytest.mark.parametrize("engine,blocked,extra", [("local", "pyarrow", "pyarrow"), ("ray", "ray", "ray[data]")])
+@pytest.mark.parametrize("engine,blocked,extra", [("local", "pyarrow", "pyarrow"), ("ray", "ray", "ray")])
 def test_missing_extra_is_one_clear_line(tmp_path, engine, blocked, extra):
     src = make_catalog(tmp_path / "cat", n_drawings=1)
     code = (f"import sys; sys.modules[{blocked!r}] = None; from stair_es.cli.main import cli; "

@@ -107,15 +107,15 @@ def test_gpus_per_worker_reaches_the_actors_and_is_checked_against_the_cluster(l
     class Stop(Exception):
         pass
 
-    def fake_map_batches(self, fn, **kw):
+    def fake_options(self, **kw):
         seen.update(kw)
         raise Stop
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
-    monkeypatch.setattr(ray.data.Dataset, "map_batches", fake_map_batches)
+    monkeypatch.setattr(ray.actor.ActorClass, "options", fake_options)
     with pytest.raises(Stop):
         encode_catalog(str(cat), str(tmp_path / "o2"), color_encoder, opts)
-    assert seen["num_gpus"] == 1 and seen["num_cpus"] == 1 and seen["compute"].max_size == 1
+    assert seen["num_gpus"] == 1 and seen["num_cpus"] == 1 and seen["max_task_retries"] == 0
 
 
 DRIVER = textwrap.dedent("""
@@ -172,6 +172,32 @@ def test_sigkill_of_a_ray_driver_then_resume(tmp_path):
     assert resumed >= done_before >= 2 and written + resumed == -(-len(expected) // 2)
     ids = [r["id"] for f in sorted(out.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len(ids) == len(set(ids)) and set(ids) == expected
+
+
+NICE_DRIVER = textwrap.dedent("""
+    import os, sys
+    from stair_es.distributed.pipeline import start_ray
+    ray = start_ray(num_cpus=1)
+
+    @ray.remote(num_cpus=1)
+    def niceness():
+        return os.nice(0)
+
+    print("NICE", os.nice(0), ray.get(niceness.remote()), flush=True)
+""")
+
+
+@pytest.mark.process
+def test_a_local_ray_started_by_encode_catalog_runs_its_workers_at_the_callers_niceness(tmp_path):
+    # Ray's default (15) leaves its workers the CPU that other jobs of the machine do not want
+    argv = ["nice", "-n", "3", sys.executable, "-c", NICE_DRIVER]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=180, start_new_session=True)
+    except FileNotFoundError:
+        pytest.skip("no `nice` command on this machine")
+    assert "NICE" in out.stdout, out.stderr[-2000:]
+    driver, worker = map(int, out.stdout.split("NICE", 1)[1].split()[:2])
+    assert worker == driver >= 3
 
 
 def test_the_local_ray_listens_on_loopback_only(local_ray):

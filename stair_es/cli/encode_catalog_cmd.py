@@ -18,7 +18,7 @@ from .common import echo_json, encoder_kwargs, encoder_options, json_option, std
 @click.argument("out_dir")
 @encoder_options(default="default")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: a process pool on this machine (no Ray needed); ray: Ray Data actors on a local Ray or "
+              help="local: a process pool on this machine (no Ray needed); ray: Ray actors on a local Ray or "
                    "the cluster at --address.")
 @click.option("--address", metavar="ADDR", help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a "
                                                 "local Ray. Only with --engine ray.")

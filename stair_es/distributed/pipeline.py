@@ -6,9 +6,12 @@ and hands the rest to an engine:
 
 * ``local``: a process pool (``spawn``: a forked copy of a driver that already runs ONNX
   Runtime threads is not safe); no Ray import;
-* ``ray``: Ray Data ``map_batches`` over an actor pool (``concurrency`` = workers, each actor
-  asking for ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs), on a local Ray or an
-  existing cluster (``address``).
+* ``ray``: ``workers`` long-lived Ray actors for the whole run (each asking for
+  ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs), fed one shard description at a time,
+  on a local Ray or an existing cluster (``address``). Not Ray Data: its ``map_batches`` made a
+  new actor pool per window of shards (the models loaded again each time), left workers idle
+  ~170 ms between shards and ran helper actors that cost ~14 CPU ms per image on 2 cores
+  (measured with ``benchmarks/encode_catalog_bench.py``; see docs/distributed.md).
 
 Both run the same :class:`ShardEncoder` per worker: the encoder loads once per process, with
 ONNX Runtime's threads sized to the worker's CPUs, and each shard is decoded and encoded by
@@ -28,7 +31,6 @@ import os
 import socket
 import threading
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -36,13 +38,21 @@ from typing import Any, Callable, Iterable, Iterator
 from ..catalog import CatalogEntry, CatalogItem
 from ..errors import InvalidInputError, MissingDependencyError, ModelError, StairError
 from ..schema import IndexSchema, ItemResult
-from .cpu import CpuSplit
+from .cpu import CpuSplit, rusage, rusage_delta, thread_cpu, thread_cpu_delta
 from .shards import (FORMAT, HEADER, MANIFEST_DIR, ShardRows, ids_digest, list_shards, open_fs, pyarrow_modules,
                      read_json, remove_failures, write_failures, write_json_atomic, write_shard)
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
+STALL_WARNING_S = 60
+MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls in a row is given up on
+#: Environment variables for each Ray actor's process, on top of the job's (none by default).
+#: ``MALLOC_ARENA_MAX=2`` was measured here: it halved the page faults of actors whose encoder
+#: started a new thread per batch (each took a malloc arena that had to grow again, in a process
+#: with ~20 threads of Ray's own); since the encoder keeps its threads, the faults are gone
+#: without it and the cap only added user time (docs/distributed.md).
+RAY_WORKER_ENV: dict[str, str] = {}
 
 
 class WorkerSetupError(ModelError):
@@ -85,6 +95,7 @@ class EncodeCatalogReport:
     wall_s: float = 0.0
     failures: list[dict[str, Any]] = field(default_factory=list)  # inputs not usable (this run's shards)
     driver_cpu_s: float = 0.0  # CPU of the driver process over the run (all its threads; not the workers)
+    driver_threads: dict[str, float] = field(default_factory=dict)  # of which each thread name (Linux)
     reader_cpu_s: float = 0.0  # of which reading SOURCE and cutting it into shards
 
     def summary(self) -> dict[str, Any]:
@@ -164,6 +175,12 @@ class ShardEncoder:
                 f"{encoder_signature(self.config)}: finish it with the same --encoder/--model/--encoder-option, "
                 "or write to another OUT_DIR")
         self.ctx = ctx
+        # The decoding threads live as long as the worker: each keeps its malloc arena, grown
+        # once. (New threads per shard took arenas that had to grow again: in a Ray actor, whose
+        # own threads hold other arenas, 200-450 page faults per image in every shard.)
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._decoders = ThreadPoolExecutor(max_workers=max(1, ctx.decode_threads), thread_name_prefix="stair-es-decode")
         self.fs, self.folder = open_fs(ctx.out_dir)
         self.schema = IndexSchema()
         self._warm_up()
@@ -186,6 +203,9 @@ class ShardEncoder:
 
             modalities = getattr(self.encoder, "modalities", ())
             if "image" in modalities:
+                # One image, not a batch: ONNX Runtime's arena and the heap still grow to a batch's
+                # size in the first shard (~50k page faults, 0.1-0.2 s of CPU), but a blank batch
+                # here cost 1.4 s more start-up CPU (it looks drawn: OCR runs on it) to save that.
                 self.encoder.encode_images([Image.new("RGB", (256, 256), (118, 140, 165))])
             if "text" in modalities and self.ctx.encode_captions:
                 self.encoder.encode_texts(["a photo"])
@@ -193,42 +213,40 @@ class ShardEncoder:
             log.debug("warm-up of the encoder failed (the first shard will show why): %s", e)
 
     def __call__(self, task: ShardTask) -> dict[str, Any]:
-        from concurrent.futures import ThreadPoolExecutor
-
         from ..ingest import IngestOptions, build_documents, safe_load
         from .sources import location_loader
 
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, th0, ru0 = time.perf_counter(), time.process_time(), thread_cpu(), rusage()
         opts = IngestOptions(batch_size=self.ctx.batch_size, encode_captions=self.ctx.encode_captions)
         split = CpuSplit()
         load = split.timed_load(safe_load(location_loader(getattr(self.encoder, "image_min_side", None))))
         rows = ShardRows()
         problems: list[ItemResult] = [i for i in task.items if isinstance(i, ItemResult)]
         fields = self.schema.sparse_fields
-        with ThreadPoolExecutor(max_workers=max(1, self.ctx.decode_threads)) as pool:
-            def stage(batch: list[CatalogEntry]) -> tuple[list[CatalogEntry], dict]:
-                return batch, {e.id: pool.submit(load, e.path) for e in batch
-                               if e.path is not None and "image" not in (e.vectors or {})}
+        pool = self._decoders
+        def stage(batch: list[CatalogEntry]) -> tuple[list[CatalogEntry], dict]:
+            return batch, {e.id: pool.submit(load, e.path) for e in batch
+                           if e.path is not None and "image" not in (e.vectors or {})}
 
-            # Batches cut from the shard's inputs as `ingest` cuts them from the catalog's (unusable
-            # inputs included, then left out), so with a shard size that is a multiple of the batch
-            # size every image is encoded in the very batch `ingest --batch-size B` would put it in:
-            # some encoders' last bits depend on the batch (one image alone takes other kernels).
-            # Batch i+1 is decoded while batch i is encoded, as `ingest` does.
-            batches = [[e for e in task.items[i:i + opts.batch_size] if isinstance(e, CatalogEntry)]
-                       for i in range(0, len(task.items), opts.batch_size)]
-            batches = [b for b in batches if b]
-            staged = stage(batches[0]) if batches else None
-            for nxt in itertools.chain(batches[1:], [None]):
-                batch, futures = staged
-                staged = stage(nxt) if nxt is not None else None
-                with split.timed("encode"):
-                    docs, failed = build_documents(batch, self.encoder, self.schema, opts, futures)
-                problems += failed
-                by_id = {e.id: e for e in batch}
-                with split.timed("rows"):
-                    for d in docs:
-                        rows.add(d, by_id[d.id].warning, fields)
+        # Batches cut from the shard's inputs as `ingest` cuts them from the catalog's (unusable
+        # inputs included, then left out), so with a shard size that is a multiple of the batch
+        # size every image is encoded in the very batch `ingest --batch-size B` would put it in:
+        # some encoders' last bits depend on the batch (one image alone takes other kernels).
+        # Batch i+1 is decoded while batch i is encoded, as `ingest` does.
+        batches = [[e for e in task.items[i:i + opts.batch_size] if isinstance(e, CatalogEntry)]
+                   for i in range(0, len(task.items), opts.batch_size)]
+        batches = [b for b in batches if b]
+        staged = stage(batches[0]) if batches else None
+        for nxt in itertools.chain(batches[1:], [None]):
+            batch, futures = staged
+            staged = stage(nxt) if nxt is not None else None
+            with split.timed("encode"):
+                docs, failed = build_documents(batch, self.encoder, self.schema, opts, futures)
+            problems += failed
+            by_id = {e.id: e for e in batch}
+            with split.timed("rows"):
+                for d in docs:
+                    rows.add(d, by_id[d.id].warning, fields)
         with split.timed("write"):
             size = write_shard(self.fs, self.folder, task.k, rows, self.config, fields)
             if problems:
@@ -241,6 +259,7 @@ class ShardEncoder:
             "inputs": len(task.items), "failures": sum(1 for p in problems if not p.ok),
             "skipped": sum(1 for p in problems if p.ok), "ids_digest": task.digest, "encoder": self.config,
             "cpu_s": round(cpu, 4), "wall_s": round(time.perf_counter() - t0, 4), "cpu_split": split.result(cpu),
+            "thread_cpu": thread_cpu_delta(th0, thread_cpu(), total=cpu), "rusage": rusage_delta(ru0, rusage()),
             "worker_startup_cpu_s": round(self.startup_cpu_s, 4) if self.startup_cpu_s is not None else None,
             "host": socket.gethostname(), "pid": os.getpid(), "written_at": time.time(),
         }
@@ -318,7 +337,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     if opts.engine == "local" and opts.gpus_per_worker:
         raise InvalidInputError("--gpus-per-worker needs --engine ray (the local pool does not schedule GPUs; "
                                 "with one GPU here, pass --encoder-option device=cuda instead)")
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, th0 = time.perf_counter(), time.process_time(), thread_cpu()
     fs, folder = open_fs(out_dir)
     fs.create_dir(f"{folder}/{MANIFEST_DIR}", recursive=True)
     header = read_json(fs, f"{folder}/{HEADER}")
@@ -409,6 +428,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     report.driver_cpu_s = time.process_time() - c0
+    report.driver_threads = thread_cpu_delta(th0, thread_cpu())
     return report
 
 
@@ -613,26 +633,6 @@ def failed_shard(task: ShardTask, reason: str) -> dict[str, Any]:
     return {"shard": task.k, "error": reason, "failed_items": items, "task": task}
 
 
-class _RayShardActor:
-    """A Ray Data actor: a :class:`ShardEncoder` over batches of task rows."""
-
-    def __init__(self, ctx: WorkerContext):
-        self.worker = ShardEncoder(ctx)
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        import json
-        import pickle
-
-        out = []
-        for k, blob in zip(batch["k"], batch["task"]):
-            try:
-                entry = self.worker(pickle.loads(blob))
-            except Exception as e:  # noqa: BLE001 - one shard's failure; the others go on
-                entry = {"shard": int(k), "error": f"{type(e).__name__}: {e}"}
-            out.append(json.dumps(entry))
-        return {"entry": out}
-
-
 #: Ray reads this when it is imported: "0" makes a Ray started here use the loopback address as
 #: its node address, so its servers listen on 127.0.0.1 only (by default a local Ray listens on
 #: every interface of the machine). Set before the first ``import ray`` of a process.
@@ -654,86 +654,167 @@ def ray_module(local: bool = False):
         local_ray_on_loopback()
     try:
         import ray  # noqa: F401
-        import ray.data  # noqa: F401
     except ImportError:
-        raise MissingDependencyError("--engine ray", "distributed", "ray[data]") from None
+        raise MissingDependencyError("--engine ray", "distributed", "ray") from None
+    return ray
+
+
+class RayShardWorker:
+    """A Ray actor: one :class:`ShardEncoder`, built on its first shard (so a loading error comes
+    back as the answer of that call, with its reason), then one shard per call."""
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.worker: ShardEncoder | None = None
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def run(self, task: ShardTask) -> tuple[str, Any]:
+        try:
+            if self.worker is None:
+                self.worker = ShardEncoder(self.ctx)
+            return "ok", self.worker(task)
+        except WorkerSetupError as e:
+            return "setup", str(e)
+        except Exception as e:  # noqa: BLE001 - one shard's failure; the actor goes on with the next
+            return "error", f"{type(e).__name__}: {e}"
+
+
+def ray_actor_options(opts: EncodeCatalogOptions, cpus: int) -> dict[str, Any]:
+    """Resources and fault handling of each actor: ``cpus`` CPUs (and ``--gpus-per-worker`` GPUs);
+    an actor that dies is restarted by Ray (``max_restarts=-1``: it loads the model again), but
+    the call it was running is not retried by Ray (``max_task_retries=0``): the driver retries that
+    shard itself, so it can count the attempts and charge a death to that shard alone."""
+    out: dict[str, Any] = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 1}
+    if RAY_WORKER_ENV:  # merged by Ray with the job's own runtime_env env_vars
+        out["runtime_env"] = {"env_vars": dict(RAY_WORKER_ENV)}
+    if opts.gpus_per_worker:
+        out["num_gpus"] = opts.gpus_per_worker
+    return out
+
+
+def start_ray(address: str | None = None, **init: Any):
+    """``ray.init`` as encode-catalog wants it (unless this process already joined a Ray): on
+    ``address``, or a local Ray on 127.0.0.1 without the dashboard, without workers' logs sent
+    to the driver, and with Ray's own logging at warnings."""
+    ray = ray_module(local=not address and not _ray_initialized())
+    if not ray.is_initialized():
+        args: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+                                **init}
+        if address:
+            args["address"] = address
+        else:
+            # Ray starts its worker processes at nice 15 by default; a local Ray's actors then lose
+            # the CPU to any other job of the machine (measured here: the same CPU per image, shards
+            # taking 1.7x the wall time of the process pool's, whose workers run at this process's
+            # niceness). Ray adds worker_niceness to the raylet's, which is this process's: with 0
+            # the actors of a Ray started here run at this process's niceness too.
+            args["_system_config"] = {"worker_niceness": 0, **args.get("_system_config", {})}
+        try:
+            ray.init(**args)
+        except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
+            raise InvalidInputError(f"cannot start or reach Ray{' at ' + address if address else ''}: {e}") from None
     return ray
 
 
 def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions, cpus: int) -> Iterator[dict]:
-    import json
-    import pickle
-
-    ray = ray_module(local=not opts.address and not _ray_initialized())
-    if not ray.is_initialized():
-        init: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
-        if opts.address:
-            init["address"] = opts.address
-        try:
-            ray.init(**init)
-        except Exception as e:  # noqa: BLE001 - no cluster at that address, a bad address...
-            raise InvalidInputError(f"cannot start or reach Ray{' at ' + opts.address if opts.address else ''}: {e}") from None
+    """Ray: ``workers`` long-lived actors for the whole run, each loading the encoder once, each
+    given the next shard (a small description: ids, paths, captions) the moment it answers the
+    last; the actor reads and decodes the images, encodes them and writes the shard itself, and
+    answers with the manifest entry. The catalog is read lazily, one shard ahead per actor.
+    Only actors that have started get shards (on a cluster short of CPUs the others wait, idle).
+    An actor that dies (SIGKILL, out of memory) costs only the shard it held: Ray restarts it and
+    that shard goes back in the queue until it has been tried ``1 + max_retries`` times."""
+    ray = start_ray(opts.address)
     if opts.gpus_per_worker:
         have = float(ray.cluster_resources().get("GPU", 0))
         if have < opts.gpus_per_worker:
             raise InvalidInputError(f"--gpus-per-worker {opts.gpus_per_worker:g}: the Ray cluster has {have:g} GPU(s); "
                                     "join a cluster with GPUs (--address) or leave out --gpus-per-worker")
-    dctx = ray.data.DataContext.get_current()
-    dctx.enable_progress_bars = False
-    if hasattr(dctx, "print_on_execution_start"):
-        dctx.print_on_execution_start = False
-    # Tasks go to Ray in windows: a catalog of 100M inputs never sits in the driver at once, and
-    # each window's actors load the model once for many shards.
-    window = max(16, 8 * opts.workers)
-    # Ray Data restarts a dead actor (max_restarts -1) and runs the shard it held again, at most
-    # max_retries times (max_task_retries); one shard in flight per actor, so an actor's death
-    # costs only the shard it was encoding. A shard Ray gives up on is an errored block, which
-    # the run tolerates (max_errored_blocks -1): it is reported with its inputs below.
-    # (Ray 2.60 names no parameter for the two retry settings: they go as ray_remote_args, which
-    # it announces will go in 2.64; its deprecation warning is silenced below.)
-    retry_args = {"max_restarts": -1, "max_task_retries": opts.max_retries}
-    remote_args: dict[str, Any] = {"num_cpus": cpus}
-    if opts.gpus_per_worker:
-        remote_args["num_gpus"] = opts.gpus_per_worker
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    errored_blocks = dctx.max_errored_blocks
-    dctx.max_errored_blocks = -1
+    from ray.exceptions import RayActorError
+
+    first = list(itertools.islice(tasks, opts.workers))  # no more actors than shards
+    if not first:
+        return
+    tasks = itertools.chain(first, tasks)
+    actor_cls = ray.remote(RayShardWorker).options(**ray_actor_options(opts, cpus))
+    actors = [actor_cls.remote(ctx) for _ in range(len(first))]
+    waiting: dict[Any, tuple[int, ShardTask | None]] = {a.ready.remote(): (i, None) for i, a in enumerate(actors)}
+    idle: deque[int] = deque()
+    retry: deque[ShardTask] = deque()
+    attempts: dict[int, int] = {}
+    probe_failures: dict[int, int] = {}
+    lost = 0
+    source_done = started = False
     try:
         while True:
-            chunk = list(itertools.islice(tasks, window))
-            if not chunk:
+            while idle:  # every started, idle actor gets the next shard
+                task = retry.popleft() if retry else None
+                if task is None and not source_done:
+                    task = next(tasks, None)
+                    source_done = task is None
+                if task is None:
+                    break
+                i = idle.popleft()
+                waiting[actors[i].run.remote(task)] = (i, task)
+            if not any(t is not None for _, t in waiting.values()) and (source_done and not retry):
                 return
-            rows = [{"k": t.k, "task": pickle.dumps(t)} for t in chunk]
-            ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-            pool = ray.data.ActorPoolStrategy(size=min(opts.workers, len(rows)), max_tasks_in_flight_per_actor=1)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*ray_remote_args. is deprecated")
-                ds = ds.map_batches(_RayShardActor, fn_constructor_kwargs={"ctx": ctx}, batch_size=1,
-                                    batch_format="numpy", compute=pool, **remote_args, **retry_args)
-            by_k = {t.k: t for t in chunk}
-            seen: set[int] = set()
-            try:
-                for row in ds.iter_rows():
-                    entry = json.loads(row["entry"])
-                    k = int(entry["shard"])
-                    seen.add(k)
-                    if "error" in entry and k in by_k:
-                        entry = failed_shard(by_k[k], f"shard {k} could not be written: {entry['error']}")
-                    elif ctx.expect_encoder is None:
-                        ctx.expect_encoder = entry.get("encoder")  # the next windows' actors check it
-                    yield entry
-            except Exception as e:  # noqa: BLE001
-                cause = _setup_cause(e)
-                if cause is not None:
-                    raise WorkerSetupError(cause) from None
-                raise
-            for t in chunk:  # a shard Ray gave up on (its actor died every time) is reported, never silent
-                if t.k not in seen:
-                    yield failed_shard(t, f"the Ray actor encoding shard {t.k} died {1 + opts.max_retries} time(s) "
-                                          "(killed, out of memory, or a crash in native code); run encode-catalog "
-                                          "again to retry this shard")
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=STALL_WARNING_S)
+            if not ready and not started:
+                log.warning("no Ray actor has started after %d s: the cluster may lack the resources each one asks "
+                            "for (%s); waiting", STALL_WARNING_S, ray_actor_options(opts, cpus))
+            for ref in ready:
+                i, task = waiting.pop(ref)
+                try:
+                    answer = ray.get(ref)
+                except RayActorError:  # the actor died (SIGKILL, out of memory): Ray restarts it
+                    # It gets no shard before it answers again: a call sent right after a death
+                    # may reach the dead process and fail without running, which must not count
+                    # as an attempt of a shard.
+                    probe_failures[i] = probe_failures.get(i, 0) + 1 if task is None else 0
+                    if probe_failures[i] > MAX_PROBE_FAILURES:
+                        log.warning("a Ray actor could not be restarted; going on with the others")
+                        lost += 1
+                        if lost == len(actors):
+                            raise WorkerSetupError("every Ray actor died and could not be restarted; see the Ray "
+                                                   "logs of the cluster") from None
+                    else:
+                        if probe_failures[i]:
+                            time.sleep(0.1)
+                        waiting[actors[i].ready.remote()] = (i, None)
+                    if task is None:
+                        continue
+                    attempts[task.k] = attempts.get(task.k, 0) + 1
+                    log.warning("a Ray actor died while encoding shard %d (attempt %d of %d)", task.k,
+                                attempts[task.k], 1 + opts.max_retries)
+                    if attempts[task.k] > opts.max_retries:
+                        yield failed_shard(task, f"the Ray actor encoding shard {task.k} died {attempts[task.k]} "
+                                                 "time(s) (killed, out of memory, or a crash in native code); run "
+                                                 "encode-catalog again to retry this shard")
+                    else:
+                        retry.append(task)
+                    continue
+                idle.append(i)
+                if task is None:  # the actor started (or restarted)
+                    started = True
+                    probe_failures.pop(i, None)
+                    continue
+                kind, payload = answer
+                if kind == "setup":
+                    raise WorkerSetupError(payload)
+                if kind == "error":
+                    yield failed_shard(task, f"shard {task.k} could not be written: {payload}")
+                    continue
+                if ctx.expect_encoder is None:
+                    ctx.expect_encoder = payload.get("encoder")  # actors restarted later check it
+                yield payload
     finally:
-        dctx.max_errored_blocks = errored_blocks
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 def _ray_initialized() -> bool:
@@ -741,11 +822,3 @@ def _ray_initialized() -> bool:
 
     ray = sys.modules.get("ray")
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
-
-
-def _setup_cause(e: BaseException) -> str | None:
-    text = str(e)
-    marker = "WorkerSetupError: "
-    if marker in text:
-        return text.split(marker, 1)[1].strip().splitlines()[0]
-    return None
