@@ -15,8 +15,7 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="Parquet shards need the 'distributed' extra (pyarrow)")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the test Ray listens on 127.0.0.1 only (before import)
-ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' extra (ray[data])")
-pytest.importorskip("ray.data", reason="--engine ray needs the 'distributed' extra (ray[data])")
+ray = pytest.importorskip("ray", reason="--engine ray needs the 'distributed' extra (ray)")
 import pyarrow.parquet as pq  # noqa: E402
 
 from encode_catalog_util import add_poison, broken_encoder, color_encoder, dying_color_encoder, make_catalog  # noqa: E402
