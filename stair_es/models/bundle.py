@@ -6,7 +6,6 @@ Must not know how models are downloaded or what they compute.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -22,8 +21,8 @@ from typing import Any
 from .. import __version__
 from ..errors import InvalidInputError, MissingDependencyError, ModelError
 from .store import (
-    BUNDLE_FORMAT, CHUNK, ENTRY_FILE, FORMAT_VERSION, MANIFEST_FILE, InstallLock, StoreEntry, byte_bar, check_id,
-    check_revision, clear_stale, commit_entry, copy_hashing, files_digest, hash_file, installed_entry, now_utc,
+    BUNDLE_FORMAT, ENTRY_FILE, FORMAT_VERSION, MANIFEST_FILE, InstallLock, StoreEntry, byte_bar, check_id,
+    check_revision, clear_stale, commit_entry, copy_hashing, copy_stream, files_digest, hash_file, installed_entry, now_utc,
     os_errors, read_entry_meta, tmp_dir, verify_entry
 )
 
@@ -34,11 +33,7 @@ _TAR_SUFFIXES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}
 
 
 def _tar_mode(path: Path) -> str | None:
-    name = path.name.lower()
-    for suffix, mode in _TAR_SUFFIXES.items():
-        if name.endswith(suffix):
-            return mode
-    return None
+    return next((mode for suffix, mode in _TAR_SUFFIXES.items() if path.name.lower().endswith(suffix)), None)
 
 
 def encoder_artifacts(entry: StoreEntry) -> list[Path]:
@@ -255,18 +250,14 @@ def _stage_tar(source: Path, staged: Path, progress: bool) -> dict[str, Any]:
                     raise _checksum_error(source, rel)
                 dst = staged / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                h = hashlib.sha256()
                 try:
                     f = tar.extractfile(names[full])
                     assert f is not None
                     with f, open(dst, "wb") as out:
-                        for chunk in iter(lambda: f.read(CHUNK), b""):
-                            h.update(chunk)
-                            out.write(chunk)
-                            bar.update(len(chunk))
+                        digest = copy_stream(f, out, bar.update)
                 except (tarfile.TarError, OSError, EOFError, AssertionError):
                     raise _checksum_error(source, rel) from None
-                if h.hexdigest() != manifest["files"][rel]["sha256"]:
+                if digest != manifest["files"][rel]["sha256"]:
                     raise _checksum_error(source, rel)
     return manifest
 

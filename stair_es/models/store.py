@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 from urllib.parse import quote
 
 from .. import __version__
@@ -61,10 +61,8 @@ def store_dir() -> Path:
 
 def offline() -> bool:
     """Whether the user asked for no network (``HF_HUB_OFFLINE`` or ``STAIR_ES_OFFLINE``)."""
-    for var in ("STAIR_ES_OFFLINE", "HF_HUB_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return True
-    return False
+    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+               for var in ("STAIR_ES_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def check_id(model_id: str) -> str:
@@ -124,9 +122,6 @@ class StoreEntry:
     @property
     def size(self) -> int:
         return int(sum(f["size"] for f in self.meta["files"].values()))
-
-    def record(self) -> dict[str, Any]:
-        return {"id": self.id, "revision": self.revision, "sha256": self.meta["sha256"]}
 
 
 def read_entry_meta(folder: Path) -> dict[str, Any] | None:
@@ -248,15 +243,21 @@ def hash_file(path: Path, progress: Progress | None = None) -> str:
 
 def copy_hashing(src: Path, dst: Path, progress: Progress | None = None) -> str:
     """Copy ``src`` to ``dst`` and return the sha256 of what was written."""
-    h = hashlib.sha256()
     with open(src, "rb") as fi, open(dst, "wb") as fo:
-        for chunk in iter(lambda: fi.read(CHUNK), b""):
-            h.update(chunk)
-            fo.write(chunk)
-            if progress:
-                progress(len(chunk))
+        digest = copy_stream(fi, fo, progress)
         fo.flush()
         os.fsync(fo.fileno())
+    return digest
+
+
+def copy_stream(fi: BinaryIO, fo: BinaryIO, progress: Progress | None = None) -> str:
+    """Copy the open file ``fi`` into ``fo`` in chunks; the sha256 of what was copied."""
+    h = hashlib.sha256()
+    for chunk in iter(lambda: fi.read(CHUNK), b""):
+        h.update(chunk)
+        fo.write(chunk)
+        if progress:
+            progress(len(chunk))
     return h.hexdigest()
 
 
