@@ -416,21 +416,22 @@ class QueryConfig:
 
     DEFAULT_SUMMARY = "search's defaults"
 
+    def _search_options(self) -> dict[str, Any]:
+        """The search options this configuration sets (the others are left to search's defaults)."""
+        return {k: getattr(self, k) for k in ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand")
+                if getattr(self, k) is not None}
+
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"label": self.label, "encoder": self.encoder or "(recorded in the index)"}
         if self.encoder_options:
             d["encoder_options"] = dict(self.encoder_options)
-        for k in ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        return d
+        return {**d, **self._search_options()}
 
     def summary(self) -> str:
         """One line naming what this configuration sets, e.g. ``encoder=default text=grounded``."""
         parts = [f"encoder={self.encoder}"] if self.encoder else []
         parts += [f"{k}={v}" for k, v in self.encoder_options.items()]
-        parts += [f"{k.replace('_', '-')}={getattr(self, k)}" for k in
-                  ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand") if getattr(self, k) is not None]
+        parts += [f"{k.replace('_', '-')}={v}" for k, v in self._search_options().items()]
         return " ".join(parts) or self.DEFAULT_SUMMARY
 
     def spec(self, query: RatedQuery, top_k: int, encoder: Any = None):
@@ -438,9 +439,7 @@ class QueryConfig:
         # lazy: search brings the encoders; only running queries needs it
         from .search import QuerySpec
 
-        kwargs: dict[str, Any] = {k: getattr(self, k) for k in
-                                  ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand")
-                                  if getattr(self, k) is not None}
+        kwargs = self._search_options()
         if encoder is not None:  # the encoder built once for the whole run (_one_encoder)
             return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder_instance=encoder, **kwargs)
         return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder=self.encoder,
@@ -588,10 +587,12 @@ class Evaluation:
                 "notes": self.notes}
 
 
-def _check_top_k(top_k: int) -> None:
+def _check_ready(top_k: int) -> None:
+    """A usable ``top_k``, and ir-measures installed."""
     if not isinstance(top_k, int) or top_k < MIN_TOP_K:
         raise InvalidInputError(f"top_k must be at least {MIN_TOP_K} (got {top_k!r}): MRR@10, nDCG@10 and R@10 look at "
                                 "the top 10 hits")
+    _ir_measures()
 
 
 def _missing_relevant(backend: Any, index: str, queries: Sequence[RatedQuery]) -> dict[str, list[str]]:
@@ -678,14 +679,8 @@ def evaluate(backend: Any, index: str, queries: Sequence[RatedQuery], config: Qu
     error and left out; the metrics are means over the evaluated queries.
     """
     config = config or QueryConfig()
-    _check_top_k(top_k)
-    _ir_measures()
-    cached = _ReadCache(backend)
-    cached.index_info(index)
-    errors = list(problems.errors) if problems else []
-    warnings = list(problems.warnings) if problems else []
-    missing = _missing_relevant(cached, index, queries)
-    warnings.extend(_missing_warnings(queries, missing))
+    _check_ready(top_k)
+    cached, missing, errors, warnings = _prepare(backend, index, queries, problems)
     with _progress(len(queries), progress) as bar:
         runs = _run(cached, index, queries, config, top_k, bar)
     ok = [q for q in queries if not isinstance(runs[q.id], Exception)]
@@ -693,6 +688,17 @@ def evaluate(backend: Any, index: str, queries: Sequence[RatedQuery], config: Qu
     results = _results(ok, runs, missing)
     return Evaluation(index, config, top_k, mean_metrics([r.metrics for r in results]), results,
                       _by_line(errors), _by_line(warnings))
+
+
+def _prepare(backend: Any, index: str, queries: Sequence[RatedQuery], problems: Ratings | None):
+    """What :func:`evaluate` and :func:`compare` read before running any query: the backend behind
+    a :class:`_ReadCache`, the rated documents the index lacks, and the errors and warnings so far
+    (those of ``problems``, then the missing documents)."""
+    cached = _ReadCache(backend)
+    cached.index_info(index)
+    missing = _missing_relevant(cached, index, queries)
+    warnings = [*(problems.warnings if problems else []), *_missing_warnings(queries, missing)]
+    return cached, missing, list(problems.errors) if problems else [], warnings
 
 
 def _by_line(problems: list[Problem]) -> list[Problem]:
@@ -749,16 +755,10 @@ class Comparison:
 def compare(backend: Any, index: str, queries: Sequence[RatedQuery], config_a: QueryConfig, config_b: QueryConfig, *,
             top_k: int = 10, progress: bool = False, problems: Ratings | None = None) -> Comparison:
     """Run the rated queries under two configurations and score both on the queries both could run."""
-    _check_top_k(top_k)
-    _ir_measures()
+    _check_ready(top_k)
     if config_a.label == config_b.label:
         raise InvalidInputError("the two configurations need different labels")
-    cached = _ReadCache(backend)
-    cached.index_info(index)
-    errors = list(problems.errors) if problems else []
-    warnings = list(problems.warnings) if problems else []
-    missing = _missing_relevant(cached, index, queries)
-    warnings.extend(_missing_warnings(queries, missing))
+    cached, missing, errors, warnings = _prepare(backend, index, queries, problems)
     with _progress(2 * len(queries), progress) as bar:
         runs = [_run(cached, index, queries, c, top_k, bar) for c in (config_a, config_b)]
     ok = []
