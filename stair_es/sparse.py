@@ -262,8 +262,4 @@ class SparseVector:
 
 
 def _names(vocab: Vocabulary, ids: Iterable[int]) -> str:
-    out = []
-    for i in ids:
-        i = int(i)
-        out.append(repr(vocab.tokens[i]) if 0 <= i < len(vocab) else f"id {i}")
-    return ", ".join(out)
+    return ", ".join(repr(vocab.tokens[int(i)]) if 0 <= i < len(vocab) else f"id {int(i)}" for i in ids)
