@@ -114,7 +114,6 @@ class StairEncoder(Encoder):
                                             "weights": {0: "batch"}}, tolerance=1e-3),
         }
 
-
     def _tower(self, which: str) -> Any:
         if which == "text" and self.head == "visualsparta":
             return False  # a bag of words: no network to export

@@ -184,7 +184,6 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
     # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-
     model.eval()
     dev = model.device
     report = DataReport(source=getattr(source, "name", str(source)))

@@ -141,7 +141,6 @@ def train(
     # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-
     if model.head in ("visualsparta", "vdr") and tc.stages != ("single",):
         raise InvalidInputError(f"the {model.head} head trains in one stage (the three-stage plan is STAIR's): use stages 'single' (--stages single)")
     world, rank = dist_info()
@@ -329,7 +328,6 @@ def init_distributed() -> str | None:
     Returns the device this process should use, or None outside ``torchrun``.
     """
 
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -366,7 +364,6 @@ def _reduce_gradients(model: StairModel, params: list[torch.nn.Parameter], world
     already holds its whole gradient: it is divided by processes x micro-batches.
     """
     if world > 1:
-
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -389,7 +386,6 @@ def _broadcast_parameters(model: StairModel) -> None:
 def _barrier() -> None:
     world, _ = dist_info()
     if world > 1:
-
         dist.barrier()
 
 
@@ -459,7 +455,6 @@ def _checkpoint(model: StairModel, opt, state: TrainState, tc: TrainConfig, ckpt
     if stream is not None:
         streams = [stream.state()]
         if world > 1:
-
             streams = [None] * world
             dist.all_gather_object(streams, stream.state())
     if rank != 0:
