@@ -149,10 +149,6 @@ class BM25Index:
     def n_docs(self) -> int:
         return int(self.seg_pos.size)
 
-    @property
-    def n_text_docs(self) -> int:
-        return self.n_docs  # rows without terms are left out at build
-
     def scores(self, text: str) -> np.ndarray:
         """BM25 score of every row for ``text`` (a repeated query term counts again, as in Lucene's ``match``)."""
         out = np.zeros(self.n_docs, np.float32)
@@ -217,10 +213,6 @@ def _collect(ix: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     return texts, np.asarray(seg_pos, np.int32), np.asarray(local, np.int32)
 
 
-def _file(ix: Any) -> Path:
-    return Path(ix.path) / FOLDER / FILE
-
-
 def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
     """The BM25 index of the engine index ``ix`` at its current commit: from memory, from its
     file (checksum verified), or rebuilt from the segments and saved (best effort)."""
@@ -229,7 +221,7 @@ def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
 
     ix.refresh()
     key = commit_key(ix)
-    path = _file(ix)
+    path = Path(ix.path) / FOLDER / FILE
     with _cache_lock:
         got = _cache.get(str(path))
         if got is not None and got.key == key:
@@ -266,7 +258,7 @@ def search_embedded(ix: Any, text: str, top_k: int, flt: Any = None, notes: list
     """BM25 top ``top_k`` on an engine index after ``flt`` (a resolved filter or None):
     ``[(segment state, local doc, score), ...]`` best first."""
     bm = load_or_build(ix, notes)
-    if bm.n_text_docs == 0:
+    if bm.n_docs == 0:  # rows without terms are left out at build: no row, no text
         raise InvalidInputError(
             f"the index at {ix.path} has no text for BM25: hybrid search needs documents with a caption or keyword "
             "metadata (a NAME.txt caption beside each image, or \"caption\"/\"metadata\" in a JSONL manifest), then ingest again"

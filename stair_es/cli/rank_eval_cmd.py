@@ -179,16 +179,12 @@ def _print_notes(common, results) -> None:
 
 
 def _print_problems(errors, warnings) -> None:
-    if errors:
-        click.echo("")
-        click.echo(f"not evaluated ({len(errors)}):")
-        for p in errors:
-            click.echo(f"  {p}")
-    if warnings:
-        click.echo("")
-        click.echo(f"warnings ({len(warnings)}):")
-        for p in warnings:
-            click.echo(f"  {p}")
+    for title, problems in (("not evaluated", errors), ("warnings", warnings)):
+        if problems:
+            click.echo("")
+            click.echo(f"{title} ({len(problems)}):")
+            for p in problems:
+                click.echo(f"  {p}")
 
 
 def _print_grounding(labelled) -> None:
