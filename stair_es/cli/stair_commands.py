@@ -176,9 +176,9 @@ def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch
         size = f"{n // 1000}K" if n % 1000 == 0 else f"{n}"
         title = f"{ds} {size}".strip() if ds else f"{source.name} ({n} images)"
         click.echo(format_table(res, f"{title}: {n} images, {res['n_captions']} captions", str(model)))
-        extra = {k: v for k, v in res.items() if k.startswith(("active", "interp"))}
-        for k, v in extra.items():
-            click.echo(f"{k:22s} {v:.4f}")
+        for k, v in res.items():
+            if k.startswith(("active", "interp")):
+                click.echo(f"{k:22s} {v:.4f}")
         click.echo(res_summary(res), err=True)
         return
     from stair_es.stair.data import load_caption_data

@@ -196,7 +196,8 @@ def train(
         rng.bit_generator.state = np_rng_state
     ckpt = out / "checkpoint"
     hidden_cache = None
-    autocast = _autocast(tc.precision, dev)
+    autocast = (contextlib.nullcontext() if tc.precision == "fp32"
+                else torch.autocast(device_type=dev.type, dtype=torch.bfloat16))
     t0 = time.time()
     while state.stage_index < len(tc.stages):
         stage = tc.stages[state.stage_index]
@@ -232,14 +233,12 @@ def train(
                 mask = torch.from_numpy(batch["mask"][sl]).to(dev)
                 with autocast:
                     if hidden_cache is not None:
-                        img = model.encode_image_hidden(hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32), prune=False)
-                    elif tc.freeze_image_tower:
-                        pix = model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]])
-                        with torch.no_grad():
-                            h = model.image_hidden(pix)
-                        img = model.encode_image_hidden(h, prune=False)
+                        h = hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32)
                     else:
-                        img = model.encode_image(model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]]), prune=False)
+                        pix = model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]])
+                        with torch.no_grad() if tc.freeze_image_tower else contextlib.nullcontext():
+                            h = model.image_hidden(pix)
+                    img = model.encode_image_hidden(h, prune=False)
                     txt = model.encode_text(ids, mask, mask_to_input=masked, prune=False)
                 return img.float(), txt.float()
 
@@ -389,12 +388,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 def _trim(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     width = max(1, int(mask.sum(1).max()))
     return ids[:, :width], mask[:, :width]
@@ -419,10 +412,8 @@ def _image_hidden_cache(model: StairModel, data: CaptionData, batch_size: int = 
     from tqdm.auto import tqdm
 
     model.image.eval()
-    out = []
-    for i in tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False):
-        out.append(model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16))
-    return torch.cat(out)
+    return torch.cat([model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16)
+                      for i in tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False)])
 
 
 def _tc_dict(tc: TrainConfig) -> dict[str, Any]:
