@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -470,8 +469,7 @@ class _ReadCache:
         return getattr(self._backend, name)
 
 
-@contextmanager
-def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]:
+def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Any:
     """The query encoder of ``config``, built once, exactly as
     :func:`stair_es.search.make_request` builds it for a search (``query_encoder`` on the index's
     recorded config, ``force`` allowing another encoder version).
@@ -499,7 +497,7 @@ def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]
                                 f"({', '.join(options) or 'none'}): {e}") from None
     if "text" not in encoder.modalities:
         raise InvalidInputError(f"the {encoder.name!r} encoder does not encode texts; rank-eval's queries are texts")
-    yield encoder
+    return encoder
 
 
 @dataclass
@@ -633,21 +631,21 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
     from .search import make_request
 
     out: dict[str, Any] = {}
-    with _one_encoder(backend, index, config) as encoder:
-        for q in queries:
-            try:
-                request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
-                result = backend.search(index, request)
-            except _GLOBAL_ERRORS:
-                raise
-            except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...
-                out[q.id] = e
-            else:
-                notes = list(dict.fromkeys([*request.notes, *result.notes]))
-                extra = {"grounding": list(getattr(request, "grounding", None) or []), "notes": notes,
-                         "expanded_tokens": list((getattr(request, "expansion", None) or {}).values())}
-                out[q.id] = (result, qvec, extra)
-            bar.update(1)
+    encoder = _one_encoder(backend, index, config)
+    for q in queries:
+        try:
+            request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
+            result = backend.search(index, request)
+        except _GLOBAL_ERRORS:
+            raise
+        except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...
+            out[q.id] = e
+        else:
+            notes = list(dict.fromkeys([*request.notes, *result.notes]))
+            extra = {"grounding": list(getattr(request, "grounding", None) or []), "notes": notes,
+                     "expanded_tokens": list((getattr(request, "expansion", None) or {}).values())}
+            out[q.id] = (result, qvec, extra)
+        bar.update(1)
     return out
 
 

@@ -32,10 +32,6 @@ log = logging.getLogger(__name__)
 _TAR_SUFFIXES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz"}
 
 
-def _tar_mode(path: Path) -> str | None:
-    return next((mode for suffix, mode in _TAR_SUFFIXES.items() if path.name.lower().endswith(suffix)), None)
-
-
 def encoder_artifacts(entry: StoreEntry) -> list[Path]:
     """The derived files the entry's encoder needs at run time without torch (in the model cache)."""
     # lazy: the encoders bring onnxruntime and image code; only this path needs them
@@ -75,7 +71,7 @@ def export(model: str, dest: Path | str, *, tar: bool = False, weights_only: boo
 
     entry = installed_entry(model)
     dest = Path(dest).expanduser()
-    mode = _tar_mode(dest)
+    mode = next((m for suffix, m in _TAR_SUFFIXES.items() if dest.name.lower().endswith(suffix)), None)
     if tar and mode is None:  # plain tar: weights barely compress (gzip saved 7% of 100 MB of fp32 in ~10x the time)
         dest, mode = dest.with_name(dest.name + ".tar"), "w"
     if dest.exists() and not (dest.is_dir() and mode is None and not any(dest.iterdir())):
