@@ -145,12 +145,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
 
     def list_indices(self) -> list[str]:
         res = self.request("GET", "/_mapping", action="list indices")
-        out = []
-        for name, entry in (res or {}).items():
-            meta = ((entry or {}).get("mappings") or {}).get("_meta") or {}
-            if isinstance(meta.get(META_KEY), Mapping) and not name.startswith("."):
-                out.append(name)
-        return sorted(out)
+        return sorted(name for name, entry in (res or {}).items() if not name.startswith(".") and isinstance(
+            (((entry or {}).get("mappings") or {}).get("_meta") or {}).get(META_KEY), Mapping))
 
     def index_info(self, index: str) -> IndexInfo:
         meta = self._meta(index, fresh=True)
@@ -290,14 +286,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
 
     @staticmethod
     def _metadata_out(src: Mapping[str, Any], schema: IndexSchema) -> dict[str, Any]:
-        out = {}
-        for k, v in src.items():
-            if k not in schema.fields:
-                continue
-            if schema.fields[k] == "date" and v is not None:
-                v = format_date(int(v)) if isinstance(v, (int, float)) else v
-            out[k] = v
-        return out
+        return {k: format_date(int(v)) if schema.fields[k] == "date" and isinstance(v, (int, float)) else v
+                for k, v in src.items() if k in schema.fields}
 
     def get(self, index: str, doc_id: str) -> Document:
         meta = self._meta(index)
