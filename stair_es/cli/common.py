@@ -178,10 +178,7 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: i
         return s if len(s) <= max_width else s[: max_width - 1] + "…"
 
     body = [[cell(v) for v in r] for r in rows]
-    widths = [len(h) for h in headers]
-    for r in body:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     sep = "  ".join("-" * w for w in widths)
     out = [line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]

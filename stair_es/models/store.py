@@ -418,11 +418,8 @@ def listing() -> list[dict[str, Any]]:
     installed: dict[str, list[StoreEntry]] = {}
     for entry in entries():
         installed.setdefault(entry.id.lower(), []).append(entry)
-    rows = []
-    for known in CATALOG:
-        rows.append(_row(known.id, known, installed.pop(known.id.lower(), [])))
-    for group in installed.values():
-        rows.append(_row(group[0].id, None, group))
+    rows = [_row(known.id, known, installed.pop(known.id.lower(), [])) for known in CATALOG]
+    rows += [_row(group[0].id, None, group) for group in installed.values()]
     return rows
 
 
