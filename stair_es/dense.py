@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import DamagedIndexError, InvalidInputError, InvalidVectorError, ModelError, StairError
-from .lexical import commit_key
+from .lexical import commit_key, filter_rows
 from .schema import DENSE_FIELD, DTYPES, MAX_DIMS, SIMILARITIES, DenseSpec, as_vector  # noqa: F401 - the dense API
 
 log = logging.getLogger(__name__)
@@ -482,11 +482,7 @@ def search_embedded(ix: Any, spec: DenseSpec, q: np.ndarray, top_k: int, flt: An
     segs = ix.snapshot().segments  # the commit the view was built from
     score, pos, loc, seq = view.scores(np.asarray(q, np.float32))
     if flt is not None and score.size:
-        keep = np.zeros(score.size, bool)
-        for p, s in enumerate(segs):
-            rows = np.flatnonzero(pos == p)
-            if rows.size:
-                keep[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[loc[rows]]
+        keep = filter_rows(ix, segs, flt, pos, loc)
         score, pos, loc, seq = score[keep], pos[keep], loc[keep], seq[keep]
     live = sum(s.live for s in segs)
     if notes is not None and view.n < live:

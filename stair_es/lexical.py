@@ -195,6 +195,16 @@ _cache: dict[str, BM25Index] = {}
 _cache_lock = threading.Lock()
 
 
+def filter_rows(ix: Any, segs: Sequence[Any], flt: Any, seg_pos: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Which rows (each a segment position and a local document of the commit ``segs``) pass ``flt``."""
+    mask = np.zeros(seg_pos.size, bool)
+    for p, s in enumerate(segs):
+        rows = np.flatnonzero(seg_pos == p)
+        if rows.size:
+            mask[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[local[rows]]
+    return mask
+
+
 def commit_key(ix: Any) -> tuple:
     """The engine commit a BM25 index belongs to: (generation, manifest checksum)."""
     return ix.snapshot().key
@@ -264,11 +274,5 @@ def search_embedded(ix: Any, text: str, top_k: int, flt: Any = None, notes: list
             "metadata (a NAME.txt caption beside each image, or \"caption\"/\"metadata\" in a JSONL manifest), then ingest again"
         )
     segs = ix.snapshot().segments  # the commit bm was built from (keys match)
-    mask = None
-    if flt is not None:
-        mask = np.zeros(bm.n_docs, bool)
-        for p, s in enumerate(segs):
-            rows = np.flatnonzero(bm.seg_pos == p)
-            if rows.size:
-                mask[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[bm.local[rows]]
+    mask = filter_rows(ix, segs, flt, bm.seg_pos, bm.local) if flt is not None else None
     return [(segs[int(bm.seg_pos[h.row])], int(bm.local[h.row]), h.score) for h in bm.top(text, top_k, mask)]
