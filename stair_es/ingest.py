@@ -45,13 +45,8 @@ class IngestOptions:
 
 
 def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for it in items:
-        batch.append(it)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
         yield batch
 
 
@@ -212,7 +207,7 @@ def ingest_catalog(
                 encoder = encoder_factory()
         futures: dict[str, Future] = {}
         if encoder is not None or dense_enc is not None:
-            load = safe_load(_image_loader(encoder) if encoder is not None else _image_loader(None))
+            load = safe_load(_image_loader(encoder))
             for e in ready:
                 needs = (encoder is not None and "image" not in (e.vectors or {})) or (dense_enc is not None and e.dense is None)
                 if e.path is not None and needs:
@@ -346,7 +341,7 @@ def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseV
     return run
 
 
-def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:
+def _image_loader(encoder: Encoder | None) -> Callable[[Any], Any]:
     """``load_image`` decoding JPEGs at the smallest scale the encoder can use (``image_min_side``)."""
     from functools import partial
 

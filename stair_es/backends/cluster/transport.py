@@ -72,7 +72,6 @@ class Transport:
         self.adapter, self.config, self.policy = adapter, config, policy
         self._client: Any = None
         self.version: tuple[int, ...] | None = None
-        self.distribution: str | None = None
         self.stats = {"bulk_requests": 0, "retried_items": 0, "retry_rounds": 0}
 
     @property
@@ -96,7 +95,6 @@ class Transport:
         self.adapter.check_info(info)
         ver = str((info.get("version") or {}).get("number", "0"))
         self.version = tuple(int(x) for x in ver.split("-")[0].split(".")[:3] if x.isdigit()) or (0,)
-        self.distribution = (info.get("version") or {}).get("distribution") or self.adapter.engine
         self._client = client
         log.debug("connected to %s %s at %s", self.adapter.label, ver, self.config.display_urls)
 
