@@ -215,13 +215,11 @@ def ingest_catalog(
         return done, ready, futures
 
     try:
-        batches = _batches(entries, opts.batch_size)
-        upcoming = next(batches, None)
-        staged = stage(upcoming) if upcoming is not None else None
+        stages = map(stage, _batches(entries, opts.batch_size))  # lazy: each batch is staged when asked for
+        staged = next(stages, None)
         while staged is not None:
             early, ready, futures = staged
-            upcoming = next(batches, None)
-            staged = stage(upcoming) if upcoming is not None else None
+            staged = next(stages, None)  # start decoding the next batch before this one is encoded
             if early:
                 emit(early)
             if ready:

@@ -95,10 +95,6 @@ def id_dir(model_id: str) -> Path:
     return store_dir() / slug(model_id)
 
 
-def rev_dir_name(revision: str) -> str:
-    return quote(revision, safe="")
-
-
 # --- reading entries ---------------------------------------------------------------------------
 @dataclass
 class StoreEntry:
@@ -337,7 +333,7 @@ def _alive(pid: int) -> bool:
 def commit_entry(staged: Path, meta: dict[str, Any]) -> StoreEntry:
     """Write ``stair-es-model.json`` into the staged folder and rename it into place (under the lock).
     An entry already installed at that revision with the same files is kept."""
-    target = id_dir(meta["id"]) / rev_dir_name(meta["revision"])
+    target = id_dir(meta["id"]) / quote(meta["revision"], safe="")  # a revision such as "v1/rc" as one folder
     (staged / ENTRY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", "utf-8")
     existing = read_entry_meta(target)
     if existing is not None and existing["sha256"] == meta["sha256"]:

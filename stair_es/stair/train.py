@@ -222,7 +222,8 @@ def train(
             else:  # every process draws the same global batch and keeps its slice
                 batch = _sample(rng, data, tc.batch_size)
                 batch = {k: v[rank * local_bs : (rank + 1) * local_bs] for k, v in batch.items()}
-                batch["ids"], batch["mask"] = _trim(batch["ids"], batch["mask"])
+                width = max(1, int(batch["mask"].sum(1).max()))  # this slice's longest caption
+                batch["ids"], batch["mask"] = batch["ids"][:, :width], batch["mask"][:, :width]
             li = lt = 0.0
             if model.head == "stair":
                 li = flops_weight(tc.lambda_image, state.step, tc.flops_warmup_steps) if stage != "2" else 0.0
@@ -386,11 +387,6 @@ def _barrier() -> None:
     world, _ = dist_info()
     if world > 1:
         dist.barrier()
-
-
-def _trim(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    width = max(1, int(mask.sum(1).max()))
-    return ids[:, :width], mask[:, :width]
 
 
 def _config_diff(saved: dict[str, Any], now: dict[str, Any]) -> str:
