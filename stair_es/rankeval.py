@@ -534,17 +534,9 @@ class QueryResult:
         d = {"query": self.query.query, "id": self.query.id, "line": self.query.line,
              "first_relevant_rank": self.first_relevant_rank, "top": [h.to_dict() for h in self.top],
              "query_tokens": self.query_tokens, "metrics": self.metrics, "relevant": len(self.query.relevant)}
-        if self.query.where:
-            d["where"] = list(self.query.where)
-        if self.missing:
-            d["relevant_not_in_index"] = self.missing
-        if self.grounding:
-            d["grounding"] = self.grounding
-        if self.expanded_tokens:
-            d["expanded_tokens"] = self.expanded_tokens
-        if self.notes:
-            d["notes"] = self.notes
-        return d
+        optional = {"where": list(self.query.where), "relevant_not_in_index": self.missing, "grounding": self.grounding,
+                    "expanded_tokens": self.expanded_tokens, "notes": self.notes}
+        return {**d, **{k: v for k, v in optional.items() if v}}
 
 
 def _badness(r: QueryResult) -> tuple:

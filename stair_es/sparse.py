@@ -14,7 +14,6 @@ Serialisations:
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -238,11 +237,6 @@ class SparseVector:
         drop = np.fromiter(token_ids, dtype=np.int32)
         keep = ~np.isin(self.ids, drop)
         return SparseVector(self.ids[keep], self.weights[keep], self.vocab)
-
-    def scale(self, factor: float) -> "SparseVector":
-        if not (math.isfinite(factor) and factor > 0):
-            raise InvalidVectorError(f"scale factor must be positive and finite, got {factor}")
-        return SparseVector(self.ids, (self.weights * np.float32(factor)).astype(np.float32), self.vocab)
 
     def dot(self, other: "SparseVector") -> float:
         common, a, b = np.intersect1d(self.ids, other.ids, assume_unique=True, return_indices=True)

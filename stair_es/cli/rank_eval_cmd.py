@@ -116,18 +116,14 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, p
             raise InvalidInputError("the --compare-* options describe the same configuration as A: change the encoder, "
                                     "an encoder option or a weight")
         result = compare(backend, index, queries, config_a, config_b, top_k=top_k, progress=show_bar, problems=rated)
-        evaluated, errors = len(result.a.results), result.a.errors
-        if as_json:
-            echo_json(result.to_dict())
-        else:
-            _print_comparison(result, show, explain_words)
+        evaluated, errors, show_result = len(result.a.results), result.a.errors, _print_comparison
     else:
         result = evaluate(backend, index, queries, config_a, top_k=top_k, progress=show_bar, problems=rated)
-        evaluated, errors = len(result.results), result.errors
-        if as_json:
-            echo_json(result.to_dict())
-        else:
-            _print_evaluation(result, show, explain_words)
+        evaluated, errors, show_result = len(result.results), result.errors, _print_evaluation
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        show_result(result, show, explain_words)
     if not evaluated:
         raise InvalidInputError(_nothing_evaluated(ratings, errors))
 
