@@ -13,6 +13,7 @@ a query is encoded or scored (``stair_es.search`` and the backends do that).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -149,10 +150,8 @@ def _grade(value: Any) -> int:
 def _number(text: str) -> int | float | str:
     """A qrels grade field as a number (the string itself when it is none, for the message)."""
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(text)
-        except ValueError:
-            pass
     return text
 
 

@@ -7,6 +7,7 @@ exit codes, never tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -137,10 +138,8 @@ def encoder_kwargs(model: str | None, opts: Sequence[str]) -> dict[str, Any]:
 
 def _parse_scalar(v: str) -> Any:
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(v)
-        except ValueError:
-            pass
     if v.lower() in ("true", "false"):
         return v.lower() == "true"
     return v

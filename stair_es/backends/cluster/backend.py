@@ -10,6 +10,7 @@ through the hooks ``translate_request``, ``_after_search`` and ``_explain_notes`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -152,11 +153,9 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         meta = self._meta(index, fresh=True)
         count = self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
         size = None
-        try:
+        with contextlib.suppress(StairError, KeyError, TypeError, ValueError):
             stats = self.request("GET", self._path(index, "_stats", "store"), action="read index stats", index=index, retry=False)
             size = int(stats["_all"]["primaries"]["store"]["size_in_bytes"])
-        except (StairError, KeyError, TypeError, ValueError):
-            pass
         extra = {"engine": self.adapter.engine, "field_type": meta.field_type,
                  "cluster_version": ".".join(map(str, self.version or ())), "url": self.config.display_urls}
         return IndexInfo(index, meta.schema, int(count.get("count", 0)), size, extra)
@@ -390,10 +389,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 scroll_id = res.get("_scroll_id", scroll_id)
         finally:
             if scroll_id:
-                try:
+                with contextlib.suppress(StairError):
                     self.request("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
-                except StairError:
-                    pass
 
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         """Exact document frequencies by scanning the field's stored feature maps (one pass, 1000 docs/page).

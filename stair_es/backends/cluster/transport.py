@@ -10,6 +10,7 @@ documents. Nothing here imports a client library at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -87,10 +88,8 @@ class Transport:
         try:
             info = self.adapter.request(client, "GET", "/")
         except Exception as e:  # noqa: BLE001 - mapped to typed errors
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:  # noqa: BLE001
-                pass
             raise self.map_error(e, "connect") from None
         self.adapter.check_info(info)
         ver = str((info.get("version") or {}).get("number", "0"))
@@ -100,10 +99,8 @@ class Transport:
 
     def close(self) -> None:
         if self._client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
             self._client = None
 
     def map_error(self, e: BaseException, action: str, index: str | None = None) -> StairError:
@@ -240,13 +237,11 @@ class Transport:
                 log.info("bulk: %d item(s) to retry (e.g. %s)", len(pending), next(iter(last_error.values()), "?"))
                 raise _Retry()
 
-        try:
+        with contextlib.suppress(_Retry, RetryError):
             for attempt in Retrying(stop=stop_after_attempt(self.policy.max_retries + 1), wait=self.policy.wait(),
                                     retry=retry_if_exception_type(_Retry), reraise=True):
                 with attempt:
                     one_round()
-        except (_Retry, RetryError):
-            pass
         for k in pending:
             out[k] = (False, f"gave up after {self.policy.max_retries + 1} attempts: {last_error.get(k, 'unknown error')}")
         return out
