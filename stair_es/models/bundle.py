@@ -302,17 +302,13 @@ def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
             shutil.move(str(staged / rel), str(tmp))
             os.replace(tmp, target)
-        if manifest.get("stair_es") != _version() and any(r.startswith("cache/") for r in manifest["files"]):
+        if manifest.get("stair_es") != __version__ and any(r.startswith("cache/") for r in manifest["files"]):
             log.warning("%s was exported by stair_es %s and this is %s: if the encoder's export format changed "
                         "in between, it makes its derived files again on first use (needs torch)",
-                        source.name, manifest.get("stair_es"), _version())
+                        source.name, manifest.get("stair_es"), __version__)
         meta = dict(meta)
-        meta["installed"] = {"how": "import", "from": source.name, "at": now_utc(), "stair_es": _version()}
+        meta["installed"] = {"how": "import", "from": source.name, "at": now_utc(), "stair_es": __version__}
         with InstallLock(meta["id"]):
             return commit_entry(model_dir, meta)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-
-
-def _version() -> str:
-    return __version__
