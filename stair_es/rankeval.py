@@ -132,10 +132,9 @@ def _records(path: str | Path, errors: list[Problem]) -> Iterator[tuple[int, str
 
 
 def _looks_like_jsonl(path: str | Path) -> bool:
-    for _, text, err in _lines(path):
-        if err is None and _content(text):
-            return text.lstrip().startswith("{")
-    return True  # an empty file: reported as having no queries
+    # the first line with content decides; an empty file counts as JSONL (reported as having no queries)
+    return next((text.lstrip().startswith("{") for _, text, err in _lines(path) if err is None and _content(text)),
+                True)
 
 
 def _grade(value: Any) -> int:

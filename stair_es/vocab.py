@@ -134,10 +134,8 @@ def hf_tokenizer(vocab: Vocabulary | None = None, *, max_length: int | None = No
     truncation (special tokens included). Built in milliseconds; never imports transformers.
     A new object per call for a custom vocabulary; the shipped vocabulary's is cached.
     """
-    if vocab is None or vocab.digest == VOCAB_MD5:
-        base = _shipped_hf_tokenizer()
-    else:
-        base = _build_hf_tokenizer(tuple(vocab.tokens))
+    shipped = vocab is None or vocab.digest == VOCAB_MD5
+    base = _shipped_hf_tokenizer() if shipped else _build_hf_tokenizer(tuple(vocab.tokens))
     if max_length is None:
         return base
     # lazy: tokenizers loads only when text is tokenized

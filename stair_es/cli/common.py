@@ -169,10 +169,8 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: i
             s = f"{v:.4f}"
         elif isinstance(v, (list, tuple)):
             s = ",".join(str(x) for x in v)
-        elif v is None:
-            s = ""
         else:
-            s = str(v)
+            s = "" if v is None else str(v)
         s = s.replace("\n", " ")
         return s if len(s) <= max_width else s[: max_width - 1] + "…"
 

@@ -84,7 +84,8 @@ def train_cmd(data, output, model_config, stages, steps, lam, no_cts_mask, **opt
     from stair_es.stair.train import TrainConfig, dist_info, init_distributed, new_model, train
 
     device = init_distributed() or opts["device"]
-    echo = click.echo if dist_info()[1] == 0 else (lambda *a, **k: None)  # one voice under torchrun: only rank 0 prints
+    # one voice under torchrun: only rank 0 prints
+    echo = click.echo if dist_info()[1] == 0 else (lambda *a, **k: None)
     if opts["threads"]:
         torch.set_num_threads(opts["threads"])
     cfg = load_config(model_config)

@@ -408,8 +408,9 @@ def _image_hidden_cache(model: StairModel, data: CaptionData, batch_size: int = 
     from tqdm.auto import tqdm
 
     model.image.eval()
+    starts = tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False)
     return torch.cat([model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16)
-                      for i in tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False)])
+                      for i in starts])
 
 
 def _tc_dict(tc: TrainConfig) -> dict[str, Any]:

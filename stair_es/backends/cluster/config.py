@@ -115,7 +115,8 @@ class ClusterConfig:
             raise InvalidInputError(f"timeout must be positive, got {timeout}")
         if values.get("password") and not values.get("username"):
             raise InvalidInputError("a password was given without a username (--username / STAIR_ES_USERNAME)")
-        credentials = {k: values.get(k) for k in _ENV if k != "urls"}  # api_key, username, password, bearer_token, ca_certs
+        # api_key, username, password, bearer_token, ca_certs
+        credentials = {k: values.get(k) for k in _ENV if k != "urls"}
         return cls(urls=urls, verify_certs=bool(verify), timeout=timeout, **credentials,
                    **{k: values[k] for k in _INDEX_OPTIONS if k in values})
 

@@ -266,8 +266,6 @@ def _item_error(item: Mapping[str, Any]) -> str:
     if isinstance(err, Mapping):
         typ, reason = error_body_reason({"error": err})
         text = f"{typ}: {reason}" if typ else reason
-    elif err is not None:
-        text = str(err)
     else:
-        text = "unknown error"
+        text = "unknown error" if err is None else str(err)
     return f"HTTP {status}: {text}" if isinstance(status, int) else text
