@@ -225,8 +225,7 @@ def filter_depth(flt: "Filter | None") -> int:
         children = getattr(node, "filters", None)
         if children is None and isinstance(node, Not):
             children = [node.filter]
-        for c in children or ():
-            stack.append((c, d + 1))
+        stack.extend((c, d + 1) for c in children or ())
     return deepest
 
 @dataclass(frozen=True)

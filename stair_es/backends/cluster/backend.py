@@ -178,11 +178,9 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         if not src:
             raise InvalidInputError("the document has no non-zero token weight in any sparse field")
         values, new = schema.normalize_metadata(doc.metadata)
-        for k, t in new.items():
-            schema.fields[k] = t
-            new_fields[k] = t
-        for k, v in values.items():
-            src[k] = list(v) if isinstance(v, tuple) else v
+        schema.fields.update(new)
+        new_fields.update(new)
+        src.update({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
         if doc.caption is not None:
             src["caption_text"] = doc.caption
         if meta.has_text:
