@@ -13,6 +13,8 @@ without it fails loudly instead of silently switching to ``bow``.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -206,6 +208,10 @@ class DefaultEncoder(GroundingEncoder):
                 self._ocr_version_error = e
         #: after ``encode_images``: index in the batch -> a warning for that image (e.g. OCR failed on it)
         self.image_warnings: dict[int, str] = {}
+        # idle pixel worker threads, kept between calls: the OCR engine lives in the thread that
+        # reads (one per thread), so a new thread per call would load it again for every batch
+        self._pixel_workers: list[Any] = []
+        self._pixel_lock = threading.Lock()
 
     @property
     def image_min_side(self) -> int | None:  # type: ignore[override]
@@ -331,13 +337,27 @@ class DefaultEncoder(GroundingEncoder):
             failures = dict(self.ocr.failures)
         return pixels, sides, gates, failures
 
+    @contextmanager
+    def _pixel_worker(self):
+        """A one-thread executor for a call's pixel work, taken from the idle ones (a new one when
+        every worker is busy with another call) and given back afterwards."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._pixel_lock:
+            pool = self._pixel_workers.pop() if self._pixel_workers else None
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-pixels")
+        try:
+            yield pool
+        finally:
+            with self._pixel_lock:
+                self._pixel_workers.append(pool)
+
     def _iter_parts(self, images: Sequence[Any], batch_size: int, progress: bool):
         """Per image, each source's vector, in order. The pixel work of chunk i+1 (resampling
         the classifier's crop, colour names, the drawing gate: Pillow and numpy, which release
         the GIL) runs on a worker thread while the classifier runs on chunk i, so on a
         multi-core machine it costs almost no wall time. Same vectors as one chunk at a time."""
-        from concurrent.futures import ThreadPoolExecutor
-
         from .base import progress_bar, single_threaded_blas
 
         images = list(images)
@@ -353,8 +373,8 @@ class DefaultEncoder(GroundingEncoder):
             return
         self.image_warnings = {}
         net = self.image_encoder.load()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-pixels") as pool, \
-                single_threaded_blas(), progress_bar(len(images), "encoding images", progress) as bar:
+        with self._pixel_worker() as pool, single_threaded_blas(), \
+                progress_bar(len(images), "encoding images", progress) as bar:
             pending = pool.submit(self._pixel_work, chunks[0])
             for i, chunk in enumerate(chunks):
                 pixels, sides, gates, failures = pending.result()

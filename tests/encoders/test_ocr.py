@@ -178,3 +178,25 @@ def test_an_index_read_by_another_ocr_version_is_searched_by_text_but_not_extend
         enc.encode_images([Image.new("RGB", (64, 64), "white")])
     forced = DefaultEncoder(text="bow", sources="imagenet,ocr", ocr="rapidocr-ppocrv6-1", allow_version_mismatch=True)
     assert forced._ocr_version_error is None
+
+
+@needs_engine
+def test_the_ocr_engine_is_loaded_once_for_many_batches(imagenet_encoder, photos):
+    """Ingest calls encode_images once per batch; a batch with one drawing reads it on the pixel
+    worker thread, and RapidOCR's engine (seconds of CPU to load) must not be built again for
+    every batch."""
+    from stair_es.encoders.default import DefaultEncoder
+
+    enc = DefaultEncoder(text="bow", sources="imagenet,colour,clipart,ocr")
+    built = []
+
+    def build():
+        built.append(1)
+        return _FlakyEngine()
+
+    enc.ocr._build_engine = build
+    sign = _text_picture("HOTEL", size=90)
+    for _ in range(4):  # four "batches", one drawing each
+        [vec, _cat] = enc.encode_images([sign, photos["chelsea"]])
+        assert vec.weight("stop") > 0
+    assert len(built) == 1
