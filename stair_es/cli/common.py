@@ -63,17 +63,24 @@ def cluster_connection_options(engine: str) -> list[Callable]:
     ]
 
 
+def options(*opts: Callable) -> Callable[[Callable], Callable]:
+    """One decorator for several click options, listed in ``--help`` in the order given."""
+    def deco(f: Callable) -> Callable:
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
 def backend_options(f: Callable) -> Callable:
     """Options that choose and connect a backend. Only flags the user gave reach the backend."""
-    opts = [
+    f = options(
         click.option("--backend", type=click.Choice(BACKENDS), envvar="STAIR_ES_BACKEND", default="embedded",
                      show_default=True, help="Where indices live. [env: STAIR_ES_BACKEND]"),
         click.option("--home", type=click.Path(file_okay=False), envvar="STAIR_ES_HOME",
                      help="Embedded engine: folder holding the indices. [env: STAIR_ES_HOME; default ~/.local/share/stair-es]"),
         *cluster_connection_options("Elasticsearch/OpenSearch"),
-    ]
-    for o in reversed(opts):
-        f = o(f)
+    )(f)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
