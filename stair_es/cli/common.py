@@ -122,13 +122,13 @@ def make_backend(conn: dict[str, Any]):
 
 
 def encoder_options(default: str | None) -> Callable:
-    def deco(f: Callable) -> Callable:
-        f = click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
-                         help="Extra encoder option, e.g. text=bow or device=cuda; repeatable.")(f)
-        f = click.option("--model", help="Model for the encoder: a local directory or a hub id (e.g. for --encoder stair or splade).")(f)
-        help_ = "Encoder name (see `stair-es encoders`)." + ("" if default else " Default: the encoder recorded in the index.")
-        return click.option("--encoder", default=default, show_default=bool(default), help=help_)(f)
-    return deco
+    help_ = "Encoder name (see `stair-es encoders`)." + ("" if default else " Default: the encoder recorded in the index.")
+    return options(
+        click.option("--encoder", default=default, show_default=bool(default), help=help_),
+        click.option("--model", help="Model for the encoder: a local directory or a hub id (e.g. for --encoder stair or splade)."),
+        click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
+                     help="Extra encoder option, e.g. text=bow or device=cuda; repeatable."),
+    )
 
 
 def encoder_kwargs(model: str | None, opts: Sequence[str]) -> dict[str, Any]:
