@@ -193,9 +193,8 @@ def _file_entry(file: Path, root: Path) -> CatalogItem:
 
 
 def _is_sidecar(file: Path) -> bool:
-    if file.suffix.lower() not in SIDECAR_EXTENSIONS:
-        return False
-    return any(file.with_suffix(ext).exists() or file.with_suffix(ext.upper()).exists() for ext in IMAGE_EXTENSIONS)
+    return file.suffix.lower() in SIDECAR_EXTENSIONS and any(
+        file.with_suffix(ext).exists() or file.with_suffix(ext.upper()).exists() for ext in IMAGE_EXTENSIONS)
 
 
 def read_folder(folder: Path) -> Iterator[CatalogItem]:

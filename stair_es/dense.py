@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import DamagedIndexError, InvalidInputError, InvalidVectorError, ModelError, StairError
-from .lexical import commit_key
+from .lexical import commit_key, filter_rows
 from .schema import DENSE_FIELD, DTYPES, MAX_DIMS, SIMILARITIES, DenseSpec, as_vector  # noqa: F401 - the dense API
 
 log = logging.getLogger(__name__)
@@ -132,18 +132,15 @@ class DenseEncoder:
         return DenseSpec(self.dims, "cosine", dtype, self.config())
 
     def encode_images(self, images: Sequence[Any], batch_size: int = 32) -> np.ndarray:
-        out = []
-        with self._torch.no_grad():
-            for i in range(0, len(images), batch_size):
-                out.append(self.model.encode_image(self.model.preprocess_images(images[i : i + batch_size])).cpu().numpy())
-        return np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.dims), np.float32)
+        return self._batched(images, batch_size, lambda b: self.model.encode_image(self.model.preprocess_images(b)))
 
     def encode_texts(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        out = []
+        return self._batched(texts, batch_size, lambda b: self.model.encode_text(*self.model.tokenize(list(b))[:2]))
+
+    def _batched(self, items: Sequence[Any], batch_size: int, encode: Any) -> np.ndarray:
+        """``encode`` over ``items`` ``batch_size`` at a time, without gradients: one float32 matrix."""
         with self._torch.no_grad():
-            for i in range(0, len(texts), batch_size):
-                ids, mask, _ = self.model.tokenize(list(texts[i : i + batch_size]))
-                out.append(self.model.encode_text(ids, mask).cpu().numpy())
+            out = [encode(items[i : i + batch_size]).cpu().numpy() for i in range(0, len(items), batch_size)]
         return np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.dims), np.float32)
 
 
@@ -485,11 +482,7 @@ def search_embedded(ix: Any, spec: DenseSpec, q: np.ndarray, top_k: int, flt: An
     segs = ix.snapshot().segments  # the commit the view was built from
     score, pos, loc, seq = view.scores(np.asarray(q, np.float32))
     if flt is not None and score.size:
-        keep = np.zeros(score.size, bool)
-        for p, s in enumerate(segs):
-            rows = np.flatnonzero(pos == p)
-            if rows.size:
-                keep[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[loc[rows]]
+        keep = filter_rows(ix, segs, flt, pos, loc)
         score, pos, loc, seq = score[keep], pos[keep], loc[keep], seq[keep]
     live = sum(s.live for s in segs)
     if notes is not None and view.n < live:
@@ -514,13 +507,6 @@ def vector_of(ix: Any, spec: DenseSpec, doc_id: str) -> np.ndarray | None:
         if hit.size:
             return np.asarray(vecs[rows[hit[0]]], np.float32)
     return None
-
-
-def brute_force(vectors: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Reference scores (for tests and benchmarks): every row against ``q``."""
-    return np.asarray(vectors, np.float32) @ np.asarray(q, np.float32)
-
-
 
 
 # --- `stair-es index check` ----------------------------------------------------------------------

@@ -98,11 +98,8 @@ def fuse_results(lists: Mapping[str, Sequence[Hit]] | Sequence[Hit], bm25: Seque
             by_id[h.id] = h
     fused = fuse([Ranked(name, [h.id for h in lists.get(name, [])], [h.score for h in lists.get(name, [])]) for name in names],
                  opts.fusion, k=opts.rrf_k, weights=opts.weights)
-    out = []
-    for f in fused[:top_k]:
-        h = by_id[f.id]
-        out.append(Hit(h.id, f.score, h.metadata, h.caption, h.source, _retrievers(f, names)))
-    return out
+    return [Hit(f.id, f.score, by_id[f.id].metadata, by_id[f.id].caption, by_id[f.id].source, _retrievers(f, names))
+            for f in fused[:top_k]]
 
 
 def fusion_note(opts: HybridOptions, where: str) -> str:

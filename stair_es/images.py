@@ -20,6 +20,7 @@ This module knows nothing about encoders or indices.
 
 from __future__ import annotations
 
+import contextlib
 import glob as _glob
 import io
 import os
@@ -182,10 +183,8 @@ def _finish(
             raise ImageError(f"{name}: truncated or damaged image data ({msg or 'unexpected end of file'})") from None
         raise ImageError(f"{name}: cannot decode image ({msg})") from None
 
-    try:
+    with contextlib.suppress(Exception):  # a broken EXIF block must not lose an otherwise good picture
         img = ImageOps.exif_transpose(img) or img
-    except Exception:  # a broken EXIF block must not lose an otherwise good picture
-        pass
     rgb = to_rgb(img, name)
     if min_side:
         factor = min(rgb.size) // (2 * min_side)

@@ -45,13 +45,8 @@ class IngestOptions:
 
 
 def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for it in items:
-        batch.append(it)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
         yield batch
 
 
@@ -212,7 +207,7 @@ def ingest_catalog(
                 encoder = encoder_factory()
         futures: dict[str, Future] = {}
         if encoder is not None or dense_enc is not None:
-            load = safe_load(_image_loader(encoder) if encoder is not None else _image_loader(None))
+            load = safe_load(_image_loader(encoder))
             for e in ready:
                 needs = (encoder is not None and "image" not in (e.vectors or {})) or (dense_enc is not None and e.dense is None)
                 if e.path is not None and needs:
@@ -220,13 +215,11 @@ def ingest_catalog(
         return done, ready, futures
 
     try:
-        batches = _batches(entries, opts.batch_size)
-        upcoming = next(batches, None)
-        staged = stage(upcoming) if upcoming is not None else None
+        stages = map(stage, _batches(entries, opts.batch_size))  # lazy: each batch is staged when asked for
+        staged = next(stages, None)
         while staged is not None:
             early, ready, futures = staged
-            upcoming = next(batches, None)
-            staged = stage(upcoming) if upcoming is not None else None
+            staged = next(stages, None)  # start decoding the next batch before this one is encoded
             if early:
                 emit(early)
             if ready:
@@ -346,7 +339,7 @@ def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseV
     return run
 
 
-def _image_loader(encoder: Encoder) -> Callable[[Any], Any]:
+def _image_loader(encoder: Encoder | None) -> Callable[[Any], Any]:
     """``load_image`` decoding JPEGs at the smallest scale the encoder can use (``image_min_side``)."""
     from functools import partial
 

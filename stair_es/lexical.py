@@ -149,10 +149,6 @@ class BM25Index:
     def n_docs(self) -> int:
         return int(self.seg_pos.size)
 
-    @property
-    def n_text_docs(self) -> int:
-        return self.n_docs  # rows without terms are left out at build
-
     def scores(self, text: str) -> np.ndarray:
         """BM25 score of every row for ``text`` (a repeated query term counts again, as in Lucene's ``match``)."""
         out = np.zeros(self.n_docs, np.float32)
@@ -199,6 +195,16 @@ _cache: dict[str, BM25Index] = {}
 _cache_lock = threading.Lock()
 
 
+def filter_rows(ix: Any, segs: Sequence[Any], flt: Any, seg_pos: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Which rows (each a segment position and a local document of the commit ``segs``) pass ``flt``."""
+    mask = np.zeros(seg_pos.size, bool)
+    for p, s in enumerate(segs):
+        rows = np.flatnonzero(seg_pos == p)
+        if rows.size:
+            mask[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[local[rows]]
+    return mask
+
+
 def commit_key(ix: Any) -> tuple:
     """The engine commit a BM25 index belongs to: (generation, manifest checksum)."""
     return ix.snapshot().key
@@ -217,10 +223,6 @@ def _collect(ix: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
     return texts, np.asarray(seg_pos, np.int32), np.asarray(local, np.int32)
 
 
-def _file(ix: Any) -> Path:
-    return Path(ix.path) / FOLDER / FILE
-
-
 def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
     """The BM25 index of the engine index ``ix`` at its current commit: from memory, from its
     file (checksum verified), or rebuilt from the segments and saved (best effort)."""
@@ -229,7 +231,7 @@ def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
 
     ix.refresh()
     key = commit_key(ix)
-    path = _file(ix)
+    path = Path(ix.path) / FOLDER / FILE
     with _cache_lock:
         got = _cache.get(str(path))
         if got is not None and got.key == key:
@@ -266,17 +268,11 @@ def search_embedded(ix: Any, text: str, top_k: int, flt: Any = None, notes: list
     """BM25 top ``top_k`` on an engine index after ``flt`` (a resolved filter or None):
     ``[(segment state, local doc, score), ...]`` best first."""
     bm = load_or_build(ix, notes)
-    if bm.n_text_docs == 0:
+    if bm.n_docs == 0:  # rows without terms are left out at build: no row, no text
         raise InvalidInputError(
             f"the index at {ix.path} has no text for BM25: hybrid search needs documents with a caption or keyword "
             "metadata (a NAME.txt caption beside each image, or \"caption\"/\"metadata\" in a JSONL manifest), then ingest again"
         )
     segs = ix.snapshot().segments  # the commit bm was built from (keys match)
-    mask = None
-    if flt is not None:
-        mask = np.zeros(bm.n_docs, bool)
-        for p, s in enumerate(segs):
-            rows = np.flatnonzero(bm.seg_pos == p)
-            if rows.size:
-                mask[rows] = np.asarray(s.seg.filter_mask(flt, ix.schema, ix.vocab), bool)[bm.local[rows]]
+    mask = filter_rows(ix, segs, flt, bm.seg_pos, bm.local) if flt is not None else None
     return [(segs[int(bm.seg_pos[h.row])], int(bm.local[h.row]), h.score) for h in bm.top(text, top_k, mask)]

@@ -268,7 +268,6 @@ def load_counts(folder: Path) -> Cooccurrence | None:
     # lazy: the engine (numba) loads only when an embedded index is opened
     from .engine.storage import read_arrays, verify_file
 
-
     path = _stats_path(folder)
     if not path.is_file():
         return None
@@ -329,10 +328,10 @@ def index_counts(backend, index: str, *, vocab: Vocabulary | None = None, notes:
                 notes.append(f"{e}: recomputed")
         if stored is not None and stored.generation == generation:
             return stored
-        counts, seen = _scan_with_generation(backend, index, vocab)
-        counts.generation = seen
+        counts = _scan_counts(backend, index, vocab)
+        counts.generation = backend.generation(index, refresh=False)  # the one generation the scan read
         try:
-            save_counts(path, counts, seen)
+            save_counts(path, counts, counts.generation)
         except OSError as e:  # a read-only folder: still answer, but say the counts could not be kept
             if notes is not None:
                 notes.append(f"the neighbour statistics could not be stored in {path} ({e.strerror or e}); "
@@ -346,12 +345,6 @@ def index_counts(backend, index: str, *, vocab: Vocabulary | None = None, notes:
         notes.append(f"neighbour statistics of the {backend.name} index {index!r} come from a scan of its {n_docs} "
                      "documents, kept in this process's memory only (recounted when the document count changes)")
     return _MEMO[key]
-
-
-def _scan_with_generation(backend, index: str, vocab: Vocabulary) -> tuple[Cooccurrence, int]:
-    """A scan and the generation it saw (the backend's scan reads one generation)."""
-    counts = _scan_counts(backend, index, vocab)
-    return counts, backend.generation(index, refresh=False)
 
 
 # --- incremental upkeep (embedded backend) ---------------------------------------------------------

@@ -48,20 +48,24 @@ class Filter:
         return self
 
 
-@dataclass(frozen=True)
-class Term(Filter):
-    field: str
-    value: Any
+class _OnField(Filter):
+    """A filter on one metadata field (``self.field``)."""
 
     def fields(self) -> set[str]:
-        return {self.field}
+        return {self.field}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Term(_OnField):
+    field: str
+    value: Any
 
     def resolve(self, schema, vocab):
         return Term(self.field, _coerce(schema, self.field, self.value))
 
 
 @dataclass(frozen=True)
-class Terms(Filter):
+class Terms(_OnField):
     field: str
     values: tuple
 
@@ -71,15 +75,12 @@ class Terms(Filter):
         if not self.values:
             raise InvalidInputError(f"a terms filter on {field!r} needs at least one value")
 
-    def fields(self) -> set[str]:
-        return {self.field}
-
     def resolve(self, schema, vocab):
         return Terms(self.field, [_coerce(schema, self.field, v) for v in self.values])
 
 
 @dataclass(frozen=True)
-class Range(Filter):
+class Range(_OnField):
     field: str
     gt: Any = None
     gte: Any = None
@@ -90,9 +91,6 @@ class Range(Filter):
         if self.gt is None and self.gte is None and self.lt is None and self.lte is None:
             raise InvalidInputError(f"a range filter on {self.field!r} needs at least one bound")
 
-    def fields(self) -> set[str]:
-        return {self.field}
-
     def resolve(self, schema, vocab):
         ftype = schema.field_type(self.field)
         if ftype not in ("number", "date"):
@@ -102,11 +100,8 @@ class Range(Filter):
 
 
 @dataclass(frozen=True)
-class Exists(Filter):
+class Exists(_OnField):
     field: str
-
-    def fields(self) -> set[str]:
-        return {self.field}
 
     def resolve(self, schema, vocab):
         schema.field_type(self.field)
@@ -147,37 +142,30 @@ class HasTokens(Filter):
 
 
 @dataclass(frozen=True)
-class And(Filter):
+class _Group(Filter):
+    """``And`` / ``Or``: a flat tuple of filters (a nested group of the same kind is unfolded)."""
+
     filters: tuple[Filter, ...]
 
     def __init__(self, filters: Iterable[Filter]):
         flat: list[Filter] = []
         for f in filters:
-            flat.extend(f.filters if isinstance(f, And) else (f,))
+            flat.extend(f.filters if isinstance(f, type(self)) else (f,))
         object.__setattr__(self, "filters", tuple(flat))
 
     def fields(self):
         return set().union(*(f.fields() for f in self.filters)) if self.filters else set()
 
     def resolve(self, schema, vocab):
-        return And(f.resolve(schema, vocab) for f in self.filters)
+        return type(self)(f.resolve(schema, vocab) for f in self.filters)
 
 
-@dataclass(frozen=True)
-class Or(Filter):
-    filters: tuple[Filter, ...]
+class And(_Group):
+    """Documents that pass every filter."""
 
-    def __init__(self, filters: Iterable[Filter]):
-        flat: list[Filter] = []
-        for f in filters:
-            flat.extend(f.filters if isinstance(f, Or) else (f,))
-        object.__setattr__(self, "filters", tuple(flat))
 
-    def fields(self):
-        return set().union(*(f.fields() for f in self.filters)) if self.filters else set()
-
-    def resolve(self, schema, vocab):
-        return Or(f.resolve(schema, vocab) for f in self.filters)
+class Or(_Group):
+    """Documents that pass any of the filters."""
 
 
 @dataclass(frozen=True)
@@ -237,8 +225,7 @@ def filter_depth(flt: "Filter | None") -> int:
         children = getattr(node, "filters", None)
         if children is None and isinstance(node, Not):
             children = [node.filter]
-        for c in children or ():
-            stack.append((c, d + 1))
+        stack.extend((c, d + 1) for c in children or ())
     return deepest
 
 @dataclass(frozen=True)
@@ -366,14 +353,11 @@ class _ExprParser:
     def parse_and(self):
         left = self.parse_unary()
         while self.peek() not in (None, "OR", ")"):
-            if self.peek() == "AND":
+            op = self.peek()  # AND, NOT (a NOT b = a AND NOT b), or adjacency
+            if op in ("AND", "NOT"):
                 self.i += 1
-                left = left & self.parse_unary()
-            elif self.peek() == "NOT":
-                self.i += 1
-                left = left & Not(self.parse_unary())
-            else:
-                left = left & self.parse_unary()
+            right = self.parse_unary()
+            left = left & (Not(right) if op == "NOT" else right)
         return left
 
     def parse_unary(self):

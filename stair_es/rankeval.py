@@ -13,9 +13,9 @@ a query is encoded or scored (``stair_es.search`` and the backends do that).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -132,10 +132,9 @@ def _records(path: str | Path, errors: list[Problem]) -> Iterator[tuple[int, str
 
 
 def _looks_like_jsonl(path: str | Path) -> bool:
-    for _, text, err in _lines(path):
-        if err is None and _content(text):
-            return text.lstrip().startswith("{")
-    return True  # an empty file: reported as having no queries
+    # the first line with content decides; an empty file counts as JSONL (reported as having no queries)
+    return next((text.lstrip().startswith("{") for _, text, err in _lines(path) if err is None and _content(text)),
+                True)
 
 
 def _grade(value: Any) -> int:
@@ -150,10 +149,8 @@ def _grade(value: Any) -> int:
 def _number(text: str) -> int | float | str:
     """A qrels grade field as a number (the string itself when it is none, for the message)."""
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(text)
-        except ValueError:
-            pass
     return text
 
 
@@ -416,21 +413,22 @@ class QueryConfig:
 
     DEFAULT_SUMMARY = "search's defaults"
 
+    def _search_options(self) -> dict[str, Any]:
+        """The search options this configuration sets (the others are left to search's defaults)."""
+        return {k: getattr(self, k) for k in ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand")
+                if getattr(self, k) is not None}
+
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"label": self.label, "encoder": self.encoder or "(recorded in the index)"}
         if self.encoder_options:
             d["encoder_options"] = dict(self.encoder_options)
-        for k in ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand"):
-            if getattr(self, k) is not None:
-                d[k] = getattr(self, k)
-        return d
+        return {**d, **self._search_options()}
 
     def summary(self) -> str:
         """One line naming what this configuration sets, e.g. ``encoder=default text=grounded``."""
         parts = [f"encoder={self.encoder}"] if self.encoder else []
         parts += [f"{k}={v}" for k, v in self.encoder_options.items()]
-        parts += [f"{k.replace('_', '-')}={getattr(self, k)}" for k in
-                  ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand") if getattr(self, k) is not None]
+        parts += [f"{k.replace('_', '-')}={v}" for k, v in self._search_options().items()]
         return " ".join(parts) or self.DEFAULT_SUMMARY
 
     def spec(self, query: RatedQuery, top_k: int, encoder: Any = None):
@@ -438,9 +436,7 @@ class QueryConfig:
         # lazy: search brings the encoders; only running queries needs it
         from .search import QuerySpec
 
-        kwargs: dict[str, Any] = {k: getattr(self, k) for k in
-                                  ("caption_weight", "image_weight", "query_top_k", "min_weight", "expand")
-                                  if getattr(self, k) is not None}
+        kwargs = self._search_options()
         if encoder is not None:  # the encoder built once for the whole run (_one_encoder)
             return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder_instance=encoder, **kwargs)
         return QuerySpec(text=query.query, wheres=query.where, top_k=top_k, encoder=self.encoder,
@@ -471,8 +467,7 @@ class _ReadCache:
         return getattr(self._backend, name)
 
 
-@contextmanager
-def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]:
+def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Any:
     """The query encoder of ``config``, built once, exactly as
     :func:`stair_es.search.make_request` builds it for a search (``query_encoder`` on the index's
     recorded config, ``force`` allowing another encoder version).
@@ -500,7 +495,7 @@ def _one_encoder(backend: Any, index: str, config: QueryConfig) -> Iterator[Any]
                                 f"({', '.join(options) or 'none'}): {e}") from None
     if "text" not in encoder.modalities:
         raise InvalidInputError(f"the {encoder.name!r} encoder does not encode texts; rank-eval's queries are texts")
-    yield encoder
+    return encoder
 
 
 @dataclass
@@ -537,17 +532,9 @@ class QueryResult:
         d = {"query": self.query.query, "id": self.query.id, "line": self.query.line,
              "first_relevant_rank": self.first_relevant_rank, "top": [h.to_dict() for h in self.top],
              "query_tokens": self.query_tokens, "metrics": self.metrics, "relevant": len(self.query.relevant)}
-        if self.query.where:
-            d["where"] = list(self.query.where)
-        if self.missing:
-            d["relevant_not_in_index"] = self.missing
-        if self.grounding:
-            d["grounding"] = self.grounding
-        if self.expanded_tokens:
-            d["expanded_tokens"] = self.expanded_tokens
-        if self.notes:
-            d["notes"] = self.notes
-        return d
+        optional = {"where": list(self.query.where), "relevant_not_in_index": self.missing, "grounding": self.grounding,
+                    "expanded_tokens": self.expanded_tokens, "notes": self.notes}
+        return {**d, **{k: v for k, v in optional.items() if v}}
 
 
 def _badness(r: QueryResult) -> tuple:
@@ -588,10 +575,12 @@ class Evaluation:
                 "notes": self.notes}
 
 
-def _check_top_k(top_k: int) -> None:
+def _check_ready(top_k: int) -> None:
+    """A usable ``top_k``, and ir-measures installed."""
     if not isinstance(top_k, int) or top_k < MIN_TOP_K:
         raise InvalidInputError(f"top_k must be at least {MIN_TOP_K} (got {top_k!r}): MRR@10, nDCG@10 and R@10 look at "
                                 "the top 10 hits")
+    _ir_measures()
 
 
 def _missing_relevant(backend: Any, index: str, queries: Sequence[RatedQuery]) -> dict[str, list[str]]:
@@ -632,21 +621,21 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
     from .search import make_request
 
     out: dict[str, Any] = {}
-    with _one_encoder(backend, index, config) as encoder:
-        for q in queries:
-            try:
-                request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
-                result = backend.search(index, request)
-            except _GLOBAL_ERRORS:
-                raise
-            except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...
-                out[q.id] = e
-            else:
-                notes = list(dict.fromkeys([*request.notes, *result.notes]))
-                extra = {"grounding": list(getattr(request, "grounding", None) or []), "notes": notes,
-                         "expanded_tokens": list((getattr(request, "expansion", None) or {}).values())}
-                out[q.id] = (result, qvec, extra)
-            bar.update(1)
+    encoder = _one_encoder(backend, index, config)
+    for q in queries:
+        try:
+            request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
+            result = backend.search(index, request)
+        except _GLOBAL_ERRORS:
+            raise
+        except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...
+            out[q.id] = e
+        else:
+            notes = list(dict.fromkeys([*request.notes, *result.notes]))
+            extra = {"grounding": list(getattr(request, "grounding", None) or []), "notes": notes,
+                     "expanded_tokens": list((getattr(request, "expansion", None) or {}).values())}
+            out[q.id] = (result, qvec, extra)
+        bar.update(1)
     return out
 
 
@@ -678,14 +667,8 @@ def evaluate(backend: Any, index: str, queries: Sequence[RatedQuery], config: Qu
     error and left out; the metrics are means over the evaluated queries.
     """
     config = config or QueryConfig()
-    _check_top_k(top_k)
-    _ir_measures()
-    cached = _ReadCache(backend)
-    cached.index_info(index)
-    errors = list(problems.errors) if problems else []
-    warnings = list(problems.warnings) if problems else []
-    missing = _missing_relevant(cached, index, queries)
-    warnings.extend(_missing_warnings(queries, missing))
+    _check_ready(top_k)
+    cached, missing, errors, warnings = _prepare(backend, index, queries, problems)
     with _progress(len(queries), progress) as bar:
         runs = _run(cached, index, queries, config, top_k, bar)
     ok = [q for q in queries if not isinstance(runs[q.id], Exception)]
@@ -693,6 +676,17 @@ def evaluate(backend: Any, index: str, queries: Sequence[RatedQuery], config: Qu
     results = _results(ok, runs, missing)
     return Evaluation(index, config, top_k, mean_metrics([r.metrics for r in results]), results,
                       _by_line(errors), _by_line(warnings))
+
+
+def _prepare(backend: Any, index: str, queries: Sequence[RatedQuery], problems: Ratings | None):
+    """What :func:`evaluate` and :func:`compare` read before running any query: the backend behind
+    a :class:`_ReadCache`, the rated documents the index lacks, and the errors and warnings so far
+    (those of ``problems``, then the missing documents)."""
+    cached = _ReadCache(backend)
+    cached.index_info(index)
+    missing = _missing_relevant(cached, index, queries)
+    warnings = [*(problems.warnings if problems else []), *_missing_warnings(queries, missing)]
+    return cached, missing, list(problems.errors) if problems else [], warnings
 
 
 def _by_line(problems: list[Problem]) -> list[Problem]:
@@ -749,16 +743,10 @@ class Comparison:
 def compare(backend: Any, index: str, queries: Sequence[RatedQuery], config_a: QueryConfig, config_b: QueryConfig, *,
             top_k: int = 10, progress: bool = False, problems: Ratings | None = None) -> Comparison:
     """Run the rated queries under two configurations and score both on the queries both could run."""
-    _check_top_k(top_k)
-    _ir_measures()
+    _check_ready(top_k)
     if config_a.label == config_b.label:
         raise InvalidInputError("the two configurations need different labels")
-    cached = _ReadCache(backend)
-    cached.index_info(index)
-    errors = list(problems.errors) if problems else []
-    warnings = list(problems.warnings) if problems else []
-    missing = _missing_relevant(cached, index, queries)
-    warnings.extend(_missing_warnings(queries, missing))
+    cached, missing, errors, warnings = _prepare(backend, index, queries, problems)
     with _progress(2 * len(queries), progress) as bar:
         runs = [_run(cached, index, queries, c, top_k, bar) for c in (config_a, config_b)]
     ok = []

@@ -98,15 +98,13 @@ def normalize_value(ftype: str, value: Any, field_name: str) -> Any:
     if value is None:
         return None
     if ftype == "keyword":
-        vals = value if isinstance(value, (list, tuple)) else [value]
-        out = []
-        for v in vals:
+        many = isinstance(value, (list, tuple))
+        for v in value if many else [value]:
             if not isinstance(v, str):
                 raise InvalidInputError(f"field {field_name!r} is a keyword field; got {type(v).__name__} {v!r}")
             if len(v) > MAX_KEYWORD_CHARS:
                 raise InvalidInputError(f"field {field_name!r}: keyword longer than {MAX_KEYWORD_CHARS} characters")
-            out.append(v)
-        return out[0] if not isinstance(value, (list, tuple)) else tuple(out)
+        return tuple(value) if many else value
     if ftype == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidInputError(f"field {field_name!r} is a number field; got {type(value).__name__} {value!r}")

@@ -14,7 +14,6 @@ Serialisations:
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -239,11 +238,6 @@ class SparseVector:
         keep = ~np.isin(self.ids, drop)
         return SparseVector(self.ids[keep], self.weights[keep], self.vocab)
 
-    def scale(self, factor: float) -> "SparseVector":
-        if not (math.isfinite(factor) and factor > 0):
-            raise InvalidVectorError(f"scale factor must be positive and finite, got {factor}")
-        return SparseVector(self.ids, (self.weights * np.float32(factor)).astype(np.float32), self.vocab)
-
     def dot(self, other: "SparseVector") -> float:
         common, a, b = np.intersect1d(self.ids, other.ids, assume_unique=True, return_indices=True)
         if not common.size:
@@ -262,8 +256,4 @@ class SparseVector:
 
 
 def _names(vocab: Vocabulary, ids: Iterable[int]) -> str:
-    out = []
-    for i in ids:
-        i = int(i)
-        out.append(repr(vocab.tokens[i]) if 0 <= i < len(vocab) else f"id {i}")
-    return ", ".join(out)
+    return ", ".join(repr(vocab.tokens[int(i)]) if 0 <= i < len(vocab) else f"id {int(i)}" for i in ids)

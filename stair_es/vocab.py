@@ -17,7 +17,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -37,13 +37,9 @@ class Vocabulary:
         self._index = {t: i for i, t in enumerate(self.tokens)}
         if len(self._index) != len(self.tokens):
             raise ModelError(f"vocabulary {name!r} has duplicate entries")
-        special = np.zeros(len(self.tokens), dtype=bool)
-        for i, t in enumerate(self.tokens):
-            if t[:1] == "[" and _SPECIAL_RE.match(t):
-                special[i] = True
-        self.special_mask = special
+        self.special_mask = np.fromiter((t[:1] == "[" and bool(_SPECIAL_RE.match(t)) for t in self.tokens), bool,
+                                        len(self.tokens))
         self.special_mask.flags.writeable = False
-        self.unk_id = self._index.get("[UNK]")
         self._digest: str | None = None
 
     # --- construction -------------------------------------------------------------------
@@ -122,9 +118,6 @@ class Vocabulary:
     def encode(self, text: str) -> list[int]:
         return [self._index[t] for t in self.tokenize(text)]
 
-    def ids_for(self, tokens: Iterable[str]) -> list[int]:
-        return [self.id(t) for t in tokens]
-
 
 def basic_tokenize(text: str) -> list[str]:
     """Lower-case, strip accents, drop control chars, split on whitespace and punctuation
@@ -141,10 +134,8 @@ def hf_tokenizer(vocab: Vocabulary | None = None, *, max_length: int | None = No
     truncation (special tokens included). Built in milliseconds; never imports transformers.
     A new object per call for a custom vocabulary; the shipped vocabulary's is cached.
     """
-    if vocab is None or vocab.digest == VOCAB_MD5:
-        base = _shipped_hf_tokenizer()
-    else:
-        base = _build_hf_tokenizer(tuple(vocab.tokens))
+    shipped = vocab is None or vocab.digest == VOCAB_MD5
+    base = _shipped_hf_tokenizer() if shipped else _build_hf_tokenizer(tuple(vocab.tokens))
     if max_length is None:
         return base
     # lazy: tokenizers loads only when text is tokenized

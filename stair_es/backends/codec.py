@@ -52,15 +52,7 @@ def encode_token(token: str) -> str:
     """Feature name for a vocabulary token (reversible with :func:`decode_token`)."""
     if not token:
         raise InvalidVectorError("an empty string is not a token")
-    if all(_safe(c) for c in token):
-        return token
-    out = []
-    for c in token:
-        if _safe(c):
-            out.append(c)
-        else:
-            out.extend(f"%{b:02X}" for b in c.encode("utf-8"))
-    return "".join(out)
+    return "".join(c if _safe(c) else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in token)
 
 
 def decode_token(name: str) -> str:

@@ -173,10 +173,8 @@ class EmbeddedBackend(SearchBackend):
         st = ix.stats()
         spec = self.dense_spec(index)
         schema = replace(ix.schema, dense=spec.to_dict()) if spec is not None else ix.schema
-        return IndexInfo(index, schema, st["docs"], st["bytes_on_disk"], {
-            "path": str(ix.path), "segments": st["segments"], "deleted": st["deleted"], "postings": st["postings"],
-            "postings_per_field": st["postings_per_field"], "bytes_per_posting": st["bytes_per_posting"],
-        })
+        figures = {k: st[k] for k in ("segments", "deleted", "postings", "postings_per_field", "bytes_per_posting")}
+        return IndexInfo(index, schema, st["docs"], st["bytes_on_disk"], {"path": str(ix.path), **figures})
 
     def delete_index(self, index: str) -> None:
         path = self._path(index)

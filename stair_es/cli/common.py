@@ -7,6 +7,7 @@ exit codes, never tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -62,17 +63,24 @@ def cluster_connection_options(engine: str) -> list[Callable]:
     ]
 
 
+def options(*opts: Callable) -> Callable[[Callable], Callable]:
+    """One decorator for several click options, listed in ``--help`` in the order given."""
+    def deco(f: Callable) -> Callable:
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
 def backend_options(f: Callable) -> Callable:
     """Options that choose and connect a backend. Only flags the user gave reach the backend."""
-    opts = [
+    f = options(
         click.option("--backend", type=click.Choice(BACKENDS), envvar="STAIR_ES_BACKEND", default="embedded",
                      show_default=True, help="Where indices live. [env: STAIR_ES_BACKEND]"),
         click.option("--home", type=click.Path(file_okay=False), envvar="STAIR_ES_HOME",
                      help="Embedded engine: folder holding the indices. [env: STAIR_ES_HOME; default ~/.local/share/stair-es]"),
         *cluster_connection_options("Elasticsearch/OpenSearch"),
-    ]
-    for o in reversed(opts):
-        f = o(f)
+    )(f)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -114,13 +122,13 @@ def make_backend(conn: dict[str, Any]):
 
 
 def encoder_options(default: str | None) -> Callable:
-    def deco(f: Callable) -> Callable:
-        f = click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
-                         help="Extra encoder option, e.g. text=bow or device=cuda; repeatable.")(f)
-        f = click.option("--model", help="Model for the encoder: a local directory or a hub id (e.g. for --encoder stair or splade).")(f)
-        help_ = "Encoder name (see `stair-es encoders`)." + ("" if default else " Default: the encoder recorded in the index.")
-        return click.option("--encoder", default=default, show_default=bool(default), help=help_)(f)
-    return deco
+    help_ = "Encoder name (see `stair-es encoders`)." + ("" if default else " Default: the encoder recorded in the index.")
+    return options(
+        click.option("--encoder", default=default, show_default=bool(default), help=help_),
+        click.option("--model", help="Model for the encoder: a local directory or a hub id (e.g. for --encoder stair or splade)."),
+        click.option("--encoder-option", "encoder_opts", multiple=True, metavar="KEY=VALUE",
+                     help="Extra encoder option, e.g. text=bow or device=cuda; repeatable."),
+    )
 
 
 def encoder_kwargs(model: str | None, opts: Sequence[str]) -> dict[str, Any]:
@@ -137,10 +145,8 @@ def encoder_kwargs(model: str | None, opts: Sequence[str]) -> dict[str, Any]:
 
 def _parse_scalar(v: str) -> Any:
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(v)
-        except ValueError:
-            pass
     if v.lower() in ("true", "false"):
         return v.lower() == "true"
     return v
@@ -170,18 +176,13 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: i
             s = f"{v:.4f}"
         elif isinstance(v, (list, tuple)):
             s = ",".join(str(x) for x in v)
-        elif v is None:
-            s = ""
         else:
-            s = str(v)
+            s = "" if v is None else str(v)
         s = s.replace("\n", " ")
         return s if len(s) <= max_width else s[: max_width - 1] + "…"
 
     body = [[cell(v) for v in r] for r in rows]
-    widths = [len(h) for h in headers]
-    for r in body:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     sep = "  ".join("-" * w for w in widths)
     out = [line, sep] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in body]

@@ -157,9 +157,7 @@ def export(encoder, encoder_opts, as_json) -> None:
     # the default encoder's optional objects source has a detector tower too
     for part in (enc, getattr(enc, "image_encoder", None), getattr(enc, "text_encoder", None),
                  getattr(enc, "objects", None)):
-        if part is not None and hasattr(part, "tower_spec") and part not in towers:
-            towers.append(part)
-        if part is not None and hasattr(part, "onnx_spec") and part not in towers:
+        if part is not None and (hasattr(part, "tower_spec") or hasattr(part, "onnx_spec")) and part not in towers:
             towers.append(part)
     if not towers:
         raise InvalidInputError(f"encoder {encoder!r} has no neural tower to export")

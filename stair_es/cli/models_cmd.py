@@ -19,11 +19,11 @@ def _size(n: int | None) -> str:
     if n is None:
         return ""
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"
+    return f"{value:.1f} GB"
 
 
 def _entry_json(entry: store.StoreEntry) -> dict:

@@ -8,7 +8,8 @@ import click
 
 from stair_es.errors import InvalidInputError
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
+from .common import (backend_options, echo_json, encoder_kwargs, encoder_options, json_option, options, stderr_is_tty,
+                     table)
 
 #: Hits shown per query in the table (--json has the whole top k).
 SHOWN_HITS = 5
@@ -16,30 +17,26 @@ SHOWN_HITS = 5
 SHOWN_TOKENS = 6
 
 
-def _config_options(f):
-    opts = [
-        click.option("--caption-weight", type=float, default=None,
-                     help="Weight of the match against caption tokens, as in `stair-es search` [default: search's, 0.5]."),
-        click.option("--image-weight", type=float, default=None,
-                     help="Weight of the match against image tokens [default: search's, 1.0]."),
-        click.option("--query-top-k", type=click.IntRange(min=1), help="Keep only the N strongest query tokens."),
-        click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
-        click.option("--expand", type=click.IntRange(min=0), default=None, metavar="N",
-                     help="Add each query token's N best image-token neighbours, as `stair-es search --expand`."),
-        click.option("--force", is_flag=True, help="Evaluate even if the index was built with another encoder version."),
-        click.option("--compare-encoder", metavar="NAME",
-                     help="Compare with queries encoded by this encoder (configuration B; alone it starts from that "
-                          "encoder's defaults, not A's options)."),
-        click.option("--compare-model", metavar="PATH", help="Model for --compare-encoder (a local folder or a hub id)."),
-        click.option("--compare-encoder-option", "compare_opts", multiple=True, metavar="KEY=VALUE",
-                     help="Configuration B: this encoder option on top of A's (e.g. text=grounded); repeatable."),
-        click.option("--compare-caption-weight", type=float, help="Configuration B: this --caption-weight."),
-        click.option("--compare-image-weight", type=float, help="Configuration B: this --image-weight."),
-        click.option("--compare-expand", type=click.IntRange(min=0), metavar="N", help="Configuration B: this --expand."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+_config_options = options(
+    click.option("--caption-weight", type=float, default=None,
+                 help="Weight of the match against caption tokens, as in `stair-es search` [default: search's, 0.5]."),
+    click.option("--image-weight", type=float, default=None,
+                 help="Weight of the match against image tokens [default: search's, 1.0]."),
+    click.option("--query-top-k", type=click.IntRange(min=1), help="Keep only the N strongest query tokens."),
+    click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
+    click.option("--expand", type=click.IntRange(min=0), default=None, metavar="N",
+                 help="Add each query token's N best image-token neighbours, as `stair-es search --expand`."),
+    click.option("--force", is_flag=True, help="Evaluate even if the index was built with another encoder version."),
+    click.option("--compare-encoder", metavar="NAME",
+                 help="Compare with queries encoded by this encoder (configuration B; alone it starts from that "
+                      "encoder's defaults, not A's options)."),
+    click.option("--compare-model", metavar="PATH", help="Model for --compare-encoder (a local folder or a hub id)."),
+    click.option("--compare-encoder-option", "compare_opts", multiple=True, metavar="KEY=VALUE",
+                 help="Configuration B: this encoder option on top of A's (e.g. text=grounded); repeatable."),
+    click.option("--compare-caption-weight", type=float, help="Configuration B: this --caption-weight."),
+    click.option("--compare-image-weight", type=float, help="Configuration B: this --image-weight."),
+    click.option("--compare-expand", type=click.IntRange(min=0), metavar="N", help="Configuration B: this --expand."),
+)
 
 
 @click.command("rank-eval")
@@ -116,18 +113,14 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, p
             raise InvalidInputError("the --compare-* options describe the same configuration as A: change the encoder, "
                                     "an encoder option or a weight")
         result = compare(backend, index, queries, config_a, config_b, top_k=top_k, progress=show_bar, problems=rated)
-        evaluated, errors = len(result.a.results), result.a.errors
-        if as_json:
-            echo_json(result.to_dict())
-        else:
-            _print_comparison(result, show, explain_words)
+        evaluated, errors, show_result = len(result.a.results), result.a.errors, _print_comparison
     else:
         result = evaluate(backend, index, queries, config_a, top_k=top_k, progress=show_bar, problems=rated)
-        evaluated, errors = len(result.results), result.errors
-        if as_json:
-            echo_json(result.to_dict())
-        else:
-            _print_evaluation(result, show, explain_words)
+        evaluated, errors, show_result = len(result.results), result.errors, _print_evaluation
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        show_result(result, show, explain_words)
     if not evaluated:
         raise InvalidInputError(_nothing_evaluated(ratings, errors))
 
@@ -179,16 +172,12 @@ def _print_notes(common, results) -> None:
 
 
 def _print_problems(errors, warnings) -> None:
-    if errors:
-        click.echo("")
-        click.echo(f"not evaluated ({len(errors)}):")
-        for p in errors:
-            click.echo(f"  {p}")
-    if warnings:
-        click.echo("")
-        click.echo(f"warnings ({len(warnings)}):")
-        for p in warnings:
-            click.echo(f"  {p}")
+    for title, problems in (("not evaluated", errors), ("warnings", warnings)):
+        if problems:
+            click.echo("")
+            click.echo(f"{title} ({len(problems)}):")
+            for p in problems:
+                click.echo(f"  {p}")
 
 
 def _print_grounding(labelled) -> None:

@@ -8,75 +8,68 @@ import click
 
 from stair_es.search import QuerySpec, make_request
 
-from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
+from .common import (backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, options,
+                     table)
 
 
-def query_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--tokens", "token_map", metavar="JSON",
-                     help='Query with a given token map instead of text, e.g. \'{"dog": 1.2, "beach": 0.4}\'.'),
-        click.option("--image", "image_path", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="Query by example: the image's own tokens (encoded as the index's images are) are the query."),
-        click.option("--where", "wheres", multiple=True, metavar="COND",
-                     help="Metadata filter, repeatable (ANDed): FIELD=VALUE, FIELD=A|B, FIELD!=VALUE, FIELD<N, "
-                          "FIELD>=N (numbers, dates), 'FIELD exists', prefix ! to negate."),
-        click.option("--require", "requires", multiple=True, metavar="WORD",
-                     help="Whitelist: documents must contain WORD's tokens (any of the --require words; "
-                          "all with --require-all). Quote an exact token: '\"##s\"'."),
-        click.option("--require-all", is_flag=True, help="Documents must contain every --require word."),
-        click.option("--exclude", "excludes", multiple=True, metavar="WORD",
-                     help="Index-side blacklist: drop documents containing WORD's tokens."),
-        click.option("--exclude-query", "query_excludes", multiple=True, metavar="WORD",
-                     help="Query-side blacklist: remove WORD's tokens from the query."),
-        click.option("--expr", metavar="EXPR", help="Boolean token filter, e.g. 'dog AND (beach OR park) NOT cat'."),
-        click.option("--token-field", default="image", show_default=True,
-                     help="Sparse field that --require/--exclude/--expr look at."),
-        click.option("--caption-weight", default=0.5, show_default=True, type=float,
-                     help="Weight of the match against caption tokens (0 = images only)."),
-        click.option("--image-weight", default=1.0, show_default=True, type=float,
-                     help="Weight of the match against image tokens."),
-        click.option("--top-k", "-k", default=10, show_default=True, help="Number of hits."),
-        click.option("--query-top-k", type=int, help="Keep only the N strongest query tokens."),
-        click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
-        click.option("--expand", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-                     help="Add each query token's N best image-token neighbours by PPMI (co-occurrence of caption "
-                          "words and image tokens in this index; see `stair-es neighbours`), weighted "
-                          "--expand-weight x query weight x NPMI."),
-        click.option("--expand-weight", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True,
-                     help="Weight of an expansion token whose PPMI is maximal (NPMI = 1), relative to its query token."),
-        click.option("--expand-min-count", type=click.IntRange(min=1), default=2, show_default=True,
-                     help="Expansion neighbours must share at least this many captioned documents with the token."),
-        click.option("--force", is_flag=True,
-                     help="Search even if the index was built with another version of its encoder "
-                          "(token map, weights); results may be poorer until you re-ingest."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+query_options = options(
+    click.option("--tokens", "token_map", metavar="JSON",
+                 help='Query with a given token map instead of text, e.g. \'{"dog": 1.2, "beach": 0.4}\'.'),
+    click.option("--image", "image_path", type=click.Path(dir_okay=False), metavar="FILE",
+                 help="Query by example: the image's own tokens (encoded as the index's images are) are the query."),
+    click.option("--where", "wheres", multiple=True, metavar="COND",
+                 help="Metadata filter, repeatable (ANDed): FIELD=VALUE, FIELD=A|B, FIELD!=VALUE, FIELD<N, "
+                      "FIELD>=N (numbers, dates), 'FIELD exists', prefix ! to negate."),
+    click.option("--require", "requires", multiple=True, metavar="WORD",
+                 help="Whitelist: documents must contain WORD's tokens (any of the --require words; "
+                      "all with --require-all). Quote an exact token: '\"##s\"'."),
+    click.option("--require-all", is_flag=True, help="Documents must contain every --require word."),
+    click.option("--exclude", "excludes", multiple=True, metavar="WORD",
+                 help="Index-side blacklist: drop documents containing WORD's tokens."),
+    click.option("--exclude-query", "query_excludes", multiple=True, metavar="WORD",
+                 help="Query-side blacklist: remove WORD's tokens from the query."),
+    click.option("--expr", metavar="EXPR", help="Boolean token filter, e.g. 'dog AND (beach OR park) NOT cat'."),
+    click.option("--token-field", default="image", show_default=True,
+                 help="Sparse field that --require/--exclude/--expr look at."),
+    click.option("--caption-weight", default=0.5, show_default=True, type=float,
+                 help="Weight of the match against caption tokens (0 = images only)."),
+    click.option("--image-weight", default=1.0, show_default=True, type=float,
+                 help="Weight of the match against image tokens."),
+    click.option("--top-k", "-k", default=10, show_default=True, help="Number of hits."),
+    click.option("--query-top-k", type=int, help="Keep only the N strongest query tokens."),
+    click.option("--min-weight", type=float, help="Drop query tokens weighing less than this."),
+    click.option("--expand", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                 help="Add each query token's N best image-token neighbours by PPMI (co-occurrence of caption "
+                      "words and image tokens in this index; see `stair-es neighbours`), weighted "
+                      "--expand-weight x query weight x NPMI."),
+    click.option("--expand-weight", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True,
+                 help="Weight of an expansion token whose PPMI is maximal (NPMI = 1), relative to its query token."),
+    click.option("--expand-min-count", type=click.IntRange(min=1), default=2, show_default=True,
+                 help="Expansion neighbours must share at least this many captioned documents with the token."),
+    click.option("--force", is_flag=True,
+                 help="Search even if the index was built with another version of its encoder "
+                      "(token map, weights); results may be poorer until you re-ingest."),
+)
 
 
-def hybrid_options(f: Callable) -> Callable:
-    opts = [
-        click.option("--hybrid", is_flag=True,
-                     help="Hybrid search: fuse the learned sparse ranking with BM25 over the documents' caption and "
-                          "keyword metadata (needs TEXT), and with dense vectors if --retrievers names them."),
-        click.option("--retrievers", metavar="LIST",
-                     help="Which retrievers --hybrid fuses, comma-separated, from sparse, bm25, dense "
-                          "(e.g. sparse,bm25,dense; implies --hybrid) [default: sparse,bm25]. dense needs an index "
-                          "with dense vectors; its query is TEXT through the index's dense model, or --vector-file."),
-        click.option("--vector-file", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="The dense retriever's query vector: a JSON list of numbers (or {\"vector\": [...]}) or a .npy file."),
-        click.option("--fusion", type=click.Choice(["rrf", "linear"]), default="rrf", show_default=True,
-                     help="How --hybrid fuses the rankings: reciprocal rank fusion, or min-max normalised weighted sum."),
-        click.option("--rrf-k", type=int, default=60, show_default=True, help="RRF rank constant k: score = sum 1/(k + rank)."),
-        click.option("--weights", default=None, metavar="W1,W2[,W3]",
-                     help="Weights of the normalised scores for --fusion linear, one per retriever in --retrievers "
-                          "order (scaled to sum to 1) [default: equal]."),
-        click.option("--window", type=int, help="Candidates taken from each retriever before fusion [default: max(100, top-k)]."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+hybrid_options = options(
+    click.option("--hybrid", is_flag=True,
+                 help="Hybrid search: fuse the learned sparse ranking with BM25 over the documents' caption and "
+                      "keyword metadata (needs TEXT), and with dense vectors if --retrievers names them."),
+    click.option("--retrievers", metavar="LIST",
+                 help="Which retrievers --hybrid fuses, comma-separated, from sparse, bm25, dense "
+                      "(e.g. sparse,bm25,dense; implies --hybrid) [default: sparse,bm25]. dense needs an index "
+                      "with dense vectors; its query is TEXT through the index's dense model, or --vector-file."),
+    click.option("--vector-file", type=click.Path(dir_okay=False), metavar="FILE",
+                 help="The dense retriever's query vector: a JSON list of numbers (or {\"vector\": [...]}) or a .npy file."),
+    click.option("--fusion", type=click.Choice(["rrf", "linear"]), default="rrf", show_default=True,
+                 help="How --hybrid fuses the rankings: reciprocal rank fusion, or min-max normalised weighted sum."),
+    click.option("--rrf-k", type=int, default=60, show_default=True, help="RRF rank constant k: score = sum 1/(k + rank)."),
+    click.option("--weights", default=None, metavar="W1,W2[,W3]",
+                 help="Weights of the normalised scores for --fusion linear, one per retriever in --retrievers "
+                      "order (scaled to sum to 1) [default: equal]."),
+    click.option("--window", type=int, help="Candidates taken from each retriever before fusion [default: max(100, top-k)]."),
+)
 
 
 _HYBRID_KEYS = ("hybrid", "retrievers", "vector_file", "fusion", "rrf_k", "weights", "window")

@@ -84,10 +84,8 @@ def train_cmd(data, output, model_config, stages, steps, lam, no_cts_mask, **opt
     from stair_es.stair.train import TrainConfig, dist_info, init_distributed, new_model, train
 
     device = init_distributed() or opts["device"]
-    if dist_info()[1] != 0:  # one voice under torchrun: only rank 0 prints
-        echo = lambda *a, **k: None  # noqa: E731
-    else:
-        echo = click.echo
+    # one voice under torchrun: only rank 0 prints
+    echo = click.echo if dist_info()[1] == 0 else (lambda *a, **k: None)
     if opts["threads"]:
         torch.set_num_threads(opts["threads"])
     cfg = load_config(model_config)
@@ -176,9 +174,9 @@ def eval_cmd(model, data, image_root, split, prompt, standard, max_images, batch
         size = f"{n // 1000}K" if n % 1000 == 0 else f"{n}"
         title = f"{ds} {size}".strip() if ds else f"{source.name} ({n} images)"
         click.echo(format_table(res, f"{title}: {n} images, {res['n_captions']} captions", str(model)))
-        extra = {k: v for k, v in res.items() if k.startswith(("active", "interp"))}
-        for k, v in extra.items():
-            click.echo(f"{k:22s} {v:.4f}")
+        for k, v in res.items():
+            if k.startswith(("active", "interp")):
+                click.echo(f"{k:22s} {v:.4f}")
         click.echo(res_summary(res), err=True)
         return
     from stair_es.stair.data import load_caption_data

@@ -70,8 +70,5 @@ CATALOG: tuple[CatalogEntry, ...] = (
 
 
 def catalog_entry(model_id: str) -> CatalogEntry | None:
-    for entry in CATALOG:
-        if entry.id.lower() == model_id.lower():
-            return entry
-    return None
+    return next((entry for entry in CATALOG if entry.id.lower() == model_id.lower()), None)
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 from urllib.parse import quote
 
 from .. import __version__
@@ -61,10 +61,8 @@ def store_dir() -> Path:
 
 def offline() -> bool:
     """Whether the user asked for no network (``HF_HUB_OFFLINE`` or ``STAIR_ES_OFFLINE``)."""
-    for var in ("STAIR_ES_OFFLINE", "HF_HUB_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return True
-    return False
+    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on")
+               for var in ("STAIR_ES_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def check_id(model_id: str) -> str:
@@ -97,10 +95,6 @@ def id_dir(model_id: str) -> Path:
     return store_dir() / slug(model_id)
 
 
-def rev_dir_name(revision: str) -> str:
-    return quote(revision, safe="")
-
-
 # --- reading entries ---------------------------------------------------------------------------
 @dataclass
 class StoreEntry:
@@ -124,9 +118,6 @@ class StoreEntry:
     @property
     def size(self) -> int:
         return int(sum(f["size"] for f in self.meta["files"].values()))
-
-    def record(self) -> dict[str, Any]:
-        return {"id": self.id, "revision": self.revision, "sha256": self.meta["sha256"]}
 
 
 def read_entry_meta(folder: Path) -> dict[str, Any] | None:
@@ -248,15 +239,21 @@ def hash_file(path: Path, progress: Progress | None = None) -> str:
 
 def copy_hashing(src: Path, dst: Path, progress: Progress | None = None) -> str:
     """Copy ``src`` to ``dst`` and return the sha256 of what was written."""
-    h = hashlib.sha256()
     with open(src, "rb") as fi, open(dst, "wb") as fo:
-        for chunk in iter(lambda: fi.read(CHUNK), b""):
-            h.update(chunk)
-            fo.write(chunk)
-            if progress:
-                progress(len(chunk))
+        digest = copy_stream(fi, fo, progress)
         fo.flush()
         os.fsync(fo.fileno())
+    return digest
+
+
+def copy_stream(fi: BinaryIO, fo: BinaryIO, progress: Progress | None = None) -> str:
+    """Copy the open file ``fi`` into ``fo`` in chunks; the sha256 of what was copied."""
+    h = hashlib.sha256()
+    for chunk in iter(lambda: fi.read(CHUNK), b""):
+        h.update(chunk)
+        fo.write(chunk)
+        if progress:
+            progress(len(chunk))
     return h.hexdigest()
 
 
@@ -336,7 +333,7 @@ def _alive(pid: int) -> bool:
 def commit_entry(staged: Path, meta: dict[str, Any]) -> StoreEntry:
     """Write ``stair-es-model.json`` into the staged folder and rename it into place (under the lock).
     An entry already installed at that revision with the same files is kept."""
-    target = id_dir(meta["id"]) / rev_dir_name(meta["revision"])
+    target = id_dir(meta["id"]) / quote(meta["revision"], safe="")  # a revision such as "v1/rc" as one folder
     (staged / ENTRY_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", "utf-8")
     existing = read_entry_meta(target)
     if existing is not None and existing["sha256"] == meta["sha256"]:
@@ -417,11 +414,8 @@ def listing() -> list[dict[str, Any]]:
     installed: dict[str, list[StoreEntry]] = {}
     for entry in entries():
         installed.setdefault(entry.id.lower(), []).append(entry)
-    rows = []
-    for known in CATALOG:
-        rows.append(_row(known.id, known, installed.pop(known.id.lower(), [])))
-    for group in installed.values():
-        rows.append(_row(group[0].id, None, group))
+    rows = [_row(known.id, known, installed.pop(known.id.lower(), [])) for known in CATALOG]
+    rows += [_row(group[0].id, None, group) for group in installed.values()]
     return rows
 
 

@@ -17,6 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -140,21 +141,22 @@ def read_records(path: str | Path, report: DataReport) -> list[tuple[str, list[s
     return out
 
 
-def decode_image(path: str, size: int) -> np.ndarray:
+def decode_image(src: Any, size: int, name: str | None = None) -> np.ndarray:
+    """``src`` (a path or a file object) as uint8 RGB (size, size, 3); an :class:`ImageError`
+    naming the image as ``name`` (messages without a name are reasons listed beside its place)."""
     # lazy: image libraries load only when images are read or drawn
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
-            im.load()
+        with Image.open(src) as im:
             im = im.convert("RGB")
             if im.size != (size, size):
                 im = im.resize((size, size), Image.BILINEAR)
             return np.asarray(im, dtype=np.uint8)
     except FileNotFoundError:
-        raise ImageError(f"image {path} does not exist") from None
+        raise ImageError(f"image {name} does not exist" if name else "image file does not exist") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise ImageError(f"image {path} cannot be decoded: {e}") from e
+        raise ImageError(f"image {name} cannot be decoded: {e}" if name else f"cannot be decoded: {e}") from e
 
 
 def load_caption_data(
@@ -194,7 +196,7 @@ def load_caption_data(
             continue
         if image not in index:
             try:
-                arr = decode_image(image, image_size)
+                arr = decode_image(image, image_size, image)
             except ImageError as e:
                 bad.add(image)
                 report.skipped_images.append((image, str(e)))
@@ -221,7 +223,8 @@ def load_caption_data(
 
 
 def pad_tokens(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(r) for r in rows)
+    """Token rows padded to the longest (``[CLS] [SEP]`` wide when there are none): (ids, mask)."""
+    width = max((len(r) for r in rows), default=2)
     ids = np.full((len(rows), width), pad_id, np.int64)
     mask = np.zeros((len(rows), width), np.int64)
     for i, r in enumerate(rows):

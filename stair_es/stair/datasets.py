@@ -29,8 +29,7 @@ import numpy as np
 
 from ..errors import ImageError, InvalidInputError
 from ..vocab import Vocabulary, default_vocabulary
-from .data import DataReport, pad_tokens
-
+from .data import DataReport, decode_image as decode, pad_tokens
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -224,22 +223,6 @@ def open_source(spec: str, *, image_root: str | None = None, splits: Sequence[st
 
 
 # --- decoding -----------------------------------------------------------------------------
-def decode(src: Any, size: int) -> np.ndarray:
-    # lazy: image libraries load only when images are read or drawn
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(src) as im:
-            im = im.convert("RGB")
-            if im.size != (size, size):
-                im = im.resize((size, size), Image.BILINEAR)
-            return np.asarray(im, dtype=np.uint8)
-    except FileNotFoundError:
-        raise ImageError("image file does not exist") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise ImageError(f"cannot be decoded: {e}") from e
-
-
 class CaptionChecker:
     """Tokenizes captions and says why one is unusable (empty, unreadable by the vocabulary)."""
 

@@ -59,12 +59,10 @@ class StairEncoder(Encoder):
         self.normalize_images = normalize and self.model.uses_cosine
         self.min_weight = float(min_weight)
         # lazy: the encoders bring onnxruntime and image code; only this path needs them
+        from ..encoders.runtime import runtime_choice
         from ..encoders.text import BagOfWordsEncoder
 
         self._bow = BagOfWordsEncoder(vocab=self.model.vocab)
-        # lazy: the encoders bring onnxruntime and image code; only this path needs them
-        from ..encoders.runtime import runtime_choice
-
         self.runtime = runtime_choice(runtime)
         self._towers: dict[str, Any] = {}  # "image"/"text" -> OnnxTower, or False for PyTorch
 
@@ -114,7 +112,6 @@ class StairEncoder(Encoder):
                                             "weights": {0: "batch"}}, tolerance=1e-3),
         }
 
-
     def _tower(self, which: str) -> Any:
         if which == "text" and self.head == "visualsparta":
             return False  # a bag of words: no network to export
@@ -158,7 +155,9 @@ class StairEncoder(Encoder):
 
     def encode_texts(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False, idf: np.ndarray | None = None) -> list[SparseVector]:
         if self.text_mode == "mask":
-            return [self._mask_vector(t, idf) for t in texts]
+            # Section 7.1's text-encoder-free query is the bag-of-words encoder: the query's own
+            # tokens, stopwords and punctuation dropped, optionally idf-weighted.
+            return [self._bow.encode_text(t, idf) for t in texts]
         out: list[SparseVector] = []
         with self._torch.no_grad(), progress_bar(len(texts), "encoding texts", progress) as bar:
             for i in range(0, len(texts), batch_size):
@@ -173,11 +172,6 @@ class StairEncoder(Encoder):
                 out.extend(self._to_vectors(enc))
                 bar.update(len(chunk))
         return out
-
-    def _mask_vector(self, text: str, idf: np.ndarray | None) -> SparseVector:
-        # Section 7.1's text-encoder-free query is the bag-of-words encoder: the query's own
-        # tokens, stopwords and punctuation dropped, optionally idf-weighted.
-        return self._bow.encode_text(text, idf)
 
     @property
     def uses_idf(self) -> bool:

@@ -112,10 +112,8 @@ def evaluate(model: StairModel, data: CaptionData, batch_size: int = 64, mask_te
     sim = simf.numpy()
     relevant = caption_relevance(data, first)  # images x queries
     out: dict[str, Any] = {"n_images": len(first), "distinct_query_captions": len({data.captions[q] for q in first})}
-    for k, v in recall_at_k(sim.T, relevant.T).items():
-        out[f"t2i_r@{k}"] = v
-    for k, v in recall_at_k(sim, relevant).items():
-        out[f"i2t_r@{k}"] = v
+    out.update({f"t2i_r@{k}": v for k, v in recall_at_k(sim.T, relevant.T).items()})
+    out.update({f"i2t_r@{k}": v for k, v in recall_at_k(sim, relevant).items()})
     if model.is_sparse:
         out["active_tokens_image"] = float((img > 0).sum(1).float().mean())
         out["active_tokens_text"] = float((txt > 0).sum(1).float().mean())
@@ -184,7 +182,6 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
     # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-
     model.eval()
     dev = model.device
     report = DataReport(source=getattr(source, "name", str(source)))
@@ -244,10 +241,8 @@ def evaluate_retrieval(model: StairModel, source: Any, *, batch_size: int = 64, 
         best = sim.masked_fill(~rel, float("-inf")).amax(1, keepdim=True)
         i2t_rank[start : start + q.shape[0]] = ((sim >= best) & ~rel).sum(1)
     out: dict[str, Any] = {"n_images": imgs.n, "n_captions": len(owner), "prompt": prompt}
-    for k in (1, 5, 10):
-        out[f"t2i_r@{k}"] = float((t2i_rank < k).float().mean())
-    for k in (1, 5, 10):
-        out[f"i2t_r@{k}"] = float((i2t_rank < k).float().mean())
+    out.update({f"t2i_r@{k}": float((t2i_rank < k).float().mean()) for k in (1, 5, 10)})
+    out.update({f"i2t_r@{k}": float((i2t_rank < k).float().mean()) for k in (1, 5, 10)})
     if model.is_sparse:
         out["active_tokens_image"] = imgs.nnz_per_row()
         out["active_tokens_text"] = txts.nnz_per_row()

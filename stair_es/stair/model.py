@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import MissingDependencyError, ModelError
 from ..vocab import Vocabulary, default_vocabulary
 from .config import StairConfig, normalize_head
+from .data import pad_tokens
 
 try:
     # lazy: torch takes seconds to import; loaded only when a model runs
@@ -363,7 +364,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def tokenize_batch(vocab: Vocabulary, texts: Sequence[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    cls_id, sep_id, pad_id = vocab.id("[CLS]"), vocab.id("[SEP]"), vocab.id("[PAD]")
+    cls_id, sep_id = vocab.id("[CLS]"), vocab.id("[SEP]")
     rows, truncated = [], 0
     for text in texts:
         ids = vocab.encode(text)
@@ -371,13 +372,8 @@ def tokenize_batch(vocab: Vocabulary, texts: Sequence[str], max_length: int) -> 
             ids = ids[: max_length - 2]
             truncated += 1
         rows.append([cls_id, *ids, sep_id])
-    width = max((len(r) for r in rows), default=2)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return out, mask, truncated
+    out, mask = pad_tokens(rows, vocab.id("[PAD]"))
+    return torch.from_numpy(out), torch.from_numpy(mask), truncated
 
 
 def image_to_array(image: Any, size: int) -> np.ndarray:

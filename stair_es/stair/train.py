@@ -141,7 +141,6 @@ def train(
     # lazy: progress bars load only for long work
     from tqdm.auto import tqdm
 
-
     if model.head in ("visualsparta", "vdr") and tc.stages != ("single",):
         raise InvalidInputError(f"the {model.head} head trains in one stage (the three-stage plan is STAIR's): use stages 'single' (--stages single)")
     world, rank = dist_info()
@@ -197,7 +196,8 @@ def train(
         rng.bit_generator.state = np_rng_state
     ckpt = out / "checkpoint"
     hidden_cache = None
-    autocast = _autocast(tc.precision, dev)
+    autocast = (contextlib.nullcontext() if tc.precision == "fp32"
+                else torch.autocast(device_type=dev.type, dtype=torch.bfloat16))
     t0 = time.time()
     while state.stage_index < len(tc.stages):
         stage = tc.stages[state.stage_index]
@@ -222,7 +222,8 @@ def train(
             else:  # every process draws the same global batch and keeps its slice
                 batch = _sample(rng, data, tc.batch_size)
                 batch = {k: v[rank * local_bs : (rank + 1) * local_bs] for k, v in batch.items()}
-                batch["ids"], batch["mask"] = _trim(batch["ids"], batch["mask"])
+                width = max(1, int(batch["mask"].sum(1).max()))  # this slice's longest caption
+                batch["ids"], batch["mask"] = batch["ids"][:, :width], batch["mask"][:, :width]
             li = lt = 0.0
             if model.head == "stair":
                 li = flops_weight(tc.lambda_image, state.step, tc.flops_warmup_steps) if stage != "2" else 0.0
@@ -233,14 +234,12 @@ def train(
                 mask = torch.from_numpy(batch["mask"][sl]).to(dev)
                 with autocast:
                     if hidden_cache is not None:
-                        img = model.encode_image_hidden(hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32), prune=False)
-                    elif tc.freeze_image_tower:
-                        pix = model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]])
-                        with torch.no_grad():
-                            h = model.image_hidden(pix)
-                        img = model.encode_image_hidden(h, prune=False)
+                        h = hidden_cache[torch.from_numpy(batch["images"][sl])].to(dev, torch.float32)
                     else:
-                        img = model.encode_image(model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]]), prune=False)
+                        pix = model.pixels(batch["pixels"][sl] if streaming else data.images[batch["images"][sl]])
+                        with torch.no_grad() if tc.freeze_image_tower else contextlib.nullcontext():
+                            h = model.image_hidden(pix)
+                    img = model.encode_image_hidden(h, prune=False)
                     txt = model.encode_text(ids, mask, mask_to_input=masked, prune=False)
                 return img.float(), txt.float()
 
@@ -329,7 +328,6 @@ def init_distributed() -> str | None:
     Returns the device this process should use, or None outside ``torchrun``.
     """
 
-
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -366,7 +364,6 @@ def _reduce_gradients(model: StairModel, params: list[torch.nn.Parameter], world
     already holds its whole gradient: it is divided by processes x micro-batches.
     """
     if world > 1:
-
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -389,19 +386,7 @@ def _broadcast_parameters(model: StairModel) -> None:
 def _barrier() -> None:
     world, _ = dist_info()
     if world > 1:
-
         dist.barrier()
-
-
-def _autocast(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def _trim(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    width = max(1, int(mask.sum(1).max()))
-    return ids[:, :width], mask[:, :width]
 
 
 def _config_diff(saved: dict[str, Any], now: dict[str, Any]) -> str:
@@ -423,10 +408,9 @@ def _image_hidden_cache(model: StairModel, data: CaptionData, batch_size: int = 
     from tqdm.auto import tqdm
 
     model.image.eval()
-    out = []
-    for i in tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False):
-        out.append(model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16))
-    return torch.cat(out)
+    starts = tqdm(range(0, len(data.images), batch_size), desc="caching image tower outputs", leave=False)
+    return torch.cat([model.image_hidden(model.pixels(data.images[i : i + batch_size])).to("cpu", torch.float16)
+                      for i in starts])
 
 
 def _tc_dict(tc: TrainConfig) -> dict[str, Any]:
@@ -459,7 +443,6 @@ def _checkpoint(model: StairModel, opt, state: TrainState, tc: TrainConfig, ckpt
     if stream is not None:
         streams = [stream.state()]
         if world > 1:
-
             streams = [None] * world
             dist.all_gather_object(streams, stream.state())
     if rank != 0:

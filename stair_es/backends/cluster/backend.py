@@ -10,6 +10,7 @@ through the hooks ``translate_request``, ``_after_search`` and ``_explain_notes`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -145,22 +146,16 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
 
     def list_indices(self) -> list[str]:
         res = self.request("GET", "/_mapping", action="list indices")
-        out = []
-        for name, entry in (res or {}).items():
-            meta = ((entry or {}).get("mappings") or {}).get("_meta") or {}
-            if isinstance(meta.get(META_KEY), Mapping) and not name.startswith("."):
-                out.append(name)
-        return sorted(out)
+        return sorted(name for name, entry in (res or {}).items() if not name.startswith(".") and isinstance(
+            (((entry or {}).get("mappings") or {}).get("_meta") or {}).get(META_KEY), Mapping))
 
     def index_info(self, index: str) -> IndexInfo:
         meta = self._meta(index, fresh=True)
         count = self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
         size = None
-        try:
+        with contextlib.suppress(StairError, KeyError, TypeError, ValueError):
             stats = self.request("GET", self._path(index, "_stats", "store"), action="read index stats", index=index, retry=False)
             size = int(stats["_all"]["primaries"]["store"]["size_in_bytes"])
-        except (StairError, KeyError, TypeError, ValueError):
-            pass
         extra = {"engine": self.adapter.engine, "field_type": meta.field_type,
                  "cluster_version": ".".join(map(str, self.version or ())), "url": self.config.display_urls}
         return IndexInfo(index, meta.schema, int(count.get("count", 0)), size, extra)
@@ -183,11 +178,9 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         if not src:
             raise InvalidInputError("the document has no non-zero token weight in any sparse field")
         values, new = schema.normalize_metadata(doc.metadata)
-        for k, t in new.items():
-            schema.fields[k] = t
-            new_fields[k] = t
-        for k, v in values.items():
-            src[k] = list(v) if isinstance(v, tuple) else v
+        schema.fields.update(new)
+        new_fields.update(new)
+        src.update({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
         if doc.caption is not None:
             src["caption_text"] = doc.caption
         if meta.has_text:
@@ -290,14 +283,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
 
     @staticmethod
     def _metadata_out(src: Mapping[str, Any], schema: IndexSchema) -> dict[str, Any]:
-        out = {}
-        for k, v in src.items():
-            if k not in schema.fields:
-                continue
-            if schema.fields[k] == "date" and v is not None:
-                v = format_date(int(v)) if isinstance(v, (int, float)) else v
-            out[k] = v
-        return out
+        return {k: format_date(int(v)) if schema.fields[k] == "date" and isinstance(v, (int, float)) else v
+                for k, v in src.items() if k in schema.fields}
 
     def get(self, index: str, doc_id: str) -> Document:
         meta = self._meta(index)
@@ -400,10 +387,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 scroll_id = res.get("_scroll_id", scroll_id)
         finally:
             if scroll_id:
-                try:
+                with contextlib.suppress(StairError):
                     self.request("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
-                except StairError:
-                    pass
 
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         """Exact document frequencies by scanning the field's stored feature maps (one pass, 1000 docs/page).

@@ -115,17 +115,10 @@ class ClusterConfig:
             raise InvalidInputError(f"timeout must be positive, got {timeout}")
         if values.get("password") and not values.get("username"):
             raise InvalidInputError("a password was given without a username (--username / STAIR_ES_USERNAME)")
-        return cls(
-            urls=urls,
-            api_key=values.get("api_key"),
-            username=values.get("username"),
-            password=values.get("password"),
-            bearer_token=values.get("bearer_token"),
-            ca_certs=values.get("ca_certs"),
-            verify_certs=bool(verify),
-            timeout=timeout,
-            **{k: values[k] for k in _INDEX_OPTIONS if k in values},
-        )
+        # api_key, username, password, bearer_token, ca_certs
+        credentials = {k: values.get(k) for k in _ENV if k != "urls"}
+        return cls(urls=urls, verify_certs=bool(verify), timeout=timeout, **credentials,
+                   **{k: values[k] for k in _INDEX_OPTIONS if k in values})
 
     @property
     def display_urls(self) -> str:

@@ -35,21 +35,19 @@ def bm25_query(text: str, sparse_query: Mapping[str, Any]) -> dict[str, Any]:
 def es_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
     """Elasticsearch ``knn`` (the body of a ``knn`` retriever or search section) on ``dense``:
     ``k`` = the window, ``num_candidates`` = twice that (at most 10,000), the shared filter."""
-    out: dict[str, Any] = {"field": DENSE_FIELD, "query_vector": [float(x) for x in vector], "k": window,
-                           "num_candidates": min(MAX_WINDOW, 2 * window)}
-    f = filter_of(sparse_query)
-    if f:
-        out["filter"] = {"bool": f}
-    return out
+    return _filtered({"field": DENSE_FIELD, "query_vector": [float(x) for x in vector], "k": window,
+                      "num_candidates": min(MAX_WINDOW, 2 * window)}, sparse_query)
 
 
 def os_knn(vector: Any, sparse_query: Mapping[str, Any], window: int) -> dict[str, Any]:
     """OpenSearch ``knn`` query on ``dense`` (``k`` = the window; the filter inside, as efficient filtering)."""
-    inner: dict[str, Any] = {"vector": [float(x) for x in vector], "k": window}
+    return {"knn": {DENSE_FIELD: _filtered({"vector": [float(x) for x in vector], "k": window}, sparse_query)}}
+
+
+def _filtered(knn: dict[str, Any], sparse_query: Mapping[str, Any]) -> dict[str, Any]:
+    """``knn`` with the sparse query's filter and exclusions (if any) as its ``filter``."""
     f = filter_of(sparse_query)
-    if f:
-        inner["filter"] = {"bool": f}
-    return {"knn": {DENSE_FIELD: inner}}
+    return {**knn, "filter": {"bool": f}} if f else knn
 
 
 def _needs(opts: HybridOptions, text: str | None, vector: Any) -> None:

@@ -203,18 +203,16 @@ class _FilterContext:
         self.clauses = 0
 
     def dsl(self, f: Filter) -> dict[str, Any]:
-        if isinstance(f, Term):
+        if isinstance(f, (Term, Terms, Range, Exists)):
             self.clauses += 1
+        if isinstance(f, Term):
             return {"term": {f.field: _value(f.value)}}
         if isinstance(f, Terms):
-            self.clauses += 1
             return {"terms": {f.field: [_value(v) for v in f.values]}}
         if isinstance(f, Range):
-            self.clauses += 1
             bounds = {k: _value(getattr(f, k)) for k in ("gt", "gte", "lt", "lte") if getattr(f, k) is not None}
             return {"range": {f.field: bounds}}
         if isinstance(f, Exists):
-            self.clauses += 1
             return {"exists": {"field": f.field}}
         if isinstance(f, HasTokens):
             parts = [self.token_clause(f.field, t) for t in f.tokens]
@@ -249,9 +247,7 @@ class _FilterContext:
 
 def _value(v: Any) -> Any:
     # dates are epoch-ms ints after resolve; the mapping's format accepts epoch_millis and ISO
-    if isinstance(v, tuple):
-        return list(v)
-    return v
+    return list(v) if isinstance(v, tuple) else v
 
 
 def query_dsl(

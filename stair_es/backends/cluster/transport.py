@@ -10,6 +10,7 @@ documents. Nothing here imports a client library at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -72,7 +73,6 @@ class Transport:
         self.adapter, self.config, self.policy = adapter, config, policy
         self._client: Any = None
         self.version: tuple[int, ...] | None = None
-        self.distribution: str | None = None
         self.stats = {"bulk_requests": 0, "retried_items": 0, "retry_rounds": 0}
 
     @property
@@ -88,24 +88,19 @@ class Transport:
         try:
             info = self.adapter.request(client, "GET", "/")
         except Exception as e:  # noqa: BLE001 - mapped to typed errors
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:  # noqa: BLE001
-                pass
             raise self.map_error(e, "connect") from None
         self.adapter.check_info(info)
         ver = str((info.get("version") or {}).get("number", "0"))
         self.version = tuple(int(x) for x in ver.split("-")[0].split(".")[:3] if x.isdigit()) or (0,)
-        self.distribution = (info.get("version") or {}).get("distribution") or self.adapter.engine
         self._client = client
         log.debug("connected to %s %s at %s", self.adapter.label, ver, self.config.display_urls)
 
     def close(self) -> None:
         if self._client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._client.close()
-            except Exception:  # noqa: BLE001
-                pass
             self._client = None
 
     def map_error(self, e: BaseException, action: str, index: str | None = None) -> StairError:
@@ -242,13 +237,11 @@ class Transport:
                 log.info("bulk: %d item(s) to retry (e.g. %s)", len(pending), next(iter(last_error.values()), "?"))
                 raise _Retry()
 
-        try:
+        with contextlib.suppress(_Retry, RetryError):
             for attempt in Retrying(stop=stop_after_attempt(self.policy.max_retries + 1), wait=self.policy.wait(),
                                     retry=retry_if_exception_type(_Retry), reraise=True):
                 with attempt:
                     one_round()
-        except (_Retry, RetryError):
-            pass
         for k in pending:
             out[k] = (False, f"gave up after {self.policy.max_retries + 1} attempts: {last_error.get(k, 'unknown error')}")
         return out
@@ -273,8 +266,6 @@ def _item_error(item: Mapping[str, Any]) -> str:
     if isinstance(err, Mapping):
         typ, reason = error_body_reason({"error": err})
         text = f"{typ}: {reason}" if typ else reason
-    elif err is not None:
-        text = str(err)
     else:
-        text = "unknown error"
+        text = "unknown error" if err is None else str(err)
     return f"HTTP {status}: {text}" if isinstance(status, int) else text
