@@ -270,3 +270,18 @@ def test_adding_to_an_index_encodes_as_it_was_built(tmp_path, run):
 def _mkdir(path):
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_index_optimize_merges_into_at_most_max_segments(run, shop):
+    assert run("index", "create", "shop", "--encoder", "fake-color").exit_code == 0
+    r = run("ingest", "shop", str(shop), "--encoder", "fake-color", "--batch-size", "1", "--allow-failures")
+    assert r.exit_code == 0, r.output
+    before = json.loads(run("search", "shop", "blue", "--json").output)["hits"]
+    assert json.loads(run("index", "stats", "shop", "--json").output)["segments"] == 4  # one commit a batch
+    r = run("index", "optimize", "shop", "--max-segments", "2")
+    assert r.exit_code == 0, r.output
+    assert "4 docs in 2 segment(s)" in r.output
+    assert json.loads(run("search", "shop", "blue", "--json").output)["hits"] == before
+    assert "in 1 segment(s)" in run("index", "optimize", "shop").output
+    r = run("index", "optimize", "shop", "--max-segments", "0")
+    assert r.exit_code == 2 and "--max-segments" in r.output

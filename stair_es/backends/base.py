@@ -110,8 +110,8 @@ class SearchBackend(ABC):
         (:mod:`stair_es.hybrid` says what each argument means)."""
         raise UnsupportedError(f"the {self.name} backend has no hybrid search; search it without --hybrid")
 
-    def optimize(self, index: str) -> None:
-        """Merge the index's segments into one."""
+    def optimize(self, index: str, *, max_segments: int | None = None) -> None:
+        """Merge the index's segments into one (or into at most ``max_segments``)."""
         raise UnsupportedError(f"`index optimize` is for the embedded engine; the {self.name} backend merges segments itself")
 
     def check(self, index: str, *, repair: bool = False) -> dict[str, Any]:

@@ -184,11 +184,11 @@ class EmbeddedBackend(SearchBackend):
         EngineIndex.open(path, writable=True).close()  # raises IndexLockedError while another process writes
         shutil.rmtree(path)
 
-    def optimize(self, index: str) -> None:
+    def optimize(self, index: str, *, max_segments: int | None = None) -> None:
         ix = self._writer(index)
         upkeep = StatsUpdater(ix)  # merging changes the generation, not the documents: re-tag stored statistics
         upkeep.before([])
-        ix.optimize()
+        ix.optimize(max_segments)
         upkeep.after([], [])
         upkeep.finish()
 

