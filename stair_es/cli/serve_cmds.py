@@ -218,6 +218,13 @@ def _send(cluster, dry_run: bool, method: str, path: str, body: Any, what: str) 
     return cluster_call(cluster(), method, path, body, what)
 
 
+def _send_and_show(cluster, dry_run: bool, method: str, path: str, body: Any, what: str) -> None:
+    """:func:`_send`, then the cluster's answer printed as JSON (the request itself with --dry-run)."""
+    res = _send(cluster, dry_run, method, path, body, what)
+    if res is not None:
+        echo_json(res)
+
+
 _SERVE_URL = click.option("--serve-url", required=True, metavar="URL",
                           help="Base URL of `stair-es serve` as the cluster's nodes reach it, e.g. http://10.0.0.5:8080.")
 _SERVE_KEY = click.option("--serve-api-key-file", type=click.Path(dir_okay=False),
@@ -260,10 +267,8 @@ def es_create_pipeline(pipeline_id, inference_id, input_field, output_field, dry
     """PUT _ingest/pipeline/PIPELINE_ID with the `inference` processor."""
     from stair_es.serve.integrations import es_ingest_pipeline
 
-    res = _send(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}",
-                es_ingest_pipeline(inference_id, input_field, output_field), "create the ingest pipeline")
-    if res is not None:
-        echo_json(res)
+    _send_and_show(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}",
+                   es_ingest_pipeline(inference_id, input_field, output_field), "create the ingest pipeline")
 
 
 @es_group.command("create-index")
@@ -279,9 +284,7 @@ def es_create_index(index, inference_id, search_inference_id, field_type, field,
     from stair_es.serve.integrations import es_mappings
 
     body = es_mappings(field_type, inference_id=inference_id, search_inference_id=search_inference_id, field=field)
-    res = _send(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
-    if res is not None:
-        echo_json(res)
+    _send_and_show(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
 
 
 @click.group("opensearch")
@@ -353,9 +356,7 @@ def os_create_pipeline(pipeline_id, model_id, input_field, output_field, prune_t
         body = os_ingest_pipeline(model_id, input_field, output_field, prune_type=prune_type, prune_ratio=prune_ratio)
     except ValueError as e:
         raise InvalidInputError(f"{e}; pass --prune-ratio") from None
-    res = _send(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}", body, "create the ingest pipeline")
-    if res is not None:
-        echo_json(res)
+    _send_and_show(cluster, dry_run, "PUT", f"/_ingest/pipeline/{pipeline_id}", body, "create the ingest pipeline")
 
 
 @opensearch_group.command("create-search-pipeline")
@@ -368,10 +369,8 @@ def os_create_search_pipeline(pipeline_id, prune_ratio, expansion_rate, max_wind
     """PUT /_search/pipeline/PIPELINE_ID with the neural_sparse two-phase processor."""
     from stair_es.serve.integrations import os_two_phase_pipeline
 
-    res = _send(cluster, dry_run, "PUT", f"/_search/pipeline/{pipeline_id}",
-                os_two_phase_pipeline(prune_ratio, expansion_rate, max_window_size), "create the search pipeline")
-    if res is not None:
-        echo_json(res)
+    _send_and_show(cluster, dry_run, "PUT", f"/_search/pipeline/{pipeline_id}",
+                   os_two_phase_pipeline(prune_ratio, expansion_rate, max_window_size), "create the search pipeline")
 
 
 @opensearch_group.command("create-index")
@@ -388,9 +387,7 @@ def os_create_index(index, pipeline, keys, field, dry_run, cluster) -> None:
     body = os_mappings(field=field, keys=keys)
     if pipeline:
         body.setdefault("settings", {}).setdefault("index", {})["default_pipeline"] = pipeline
-    res = _send(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
-    if res is not None:
-        echo_json(res)
+    _send_and_show(cluster, dry_run, "PUT", f"/{index}", body, "create the index")
 
 
 COMMANDS = [serve, es_group, opensearch_group]
