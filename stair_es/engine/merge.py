@@ -97,10 +97,11 @@ def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
                  (cb, co, np.concatenate([c[2] for c in n_cap])), (sb, so, np.concatenate([s[2] for s in n_src])))
 
 
-def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift: int) -> tuple[Batch, tuple]:
-    """Documents (as a vector-less batch) and merged postings of the kept docs of ``segs``, in order."""
-    batches = [segment_to_batch(s, k, with_vectors=False) for s, k in zip(segs, keeps)]
-    batch = concat_batches(batches, ())
+def _merge_tables(segs: Sequence[Segment], keeps: Sequence[np.ndarray], *, concatenated: bool) -> tuple:
+    """What both merges read their inputs by: the union of the segments' keys, per (segment, union
+    key) the pair range and first posting of that key (offsets into the segments' arrays laid end
+    to end when ``concatenated``, else into each segment's own), the old -> new doc map (-1:
+    dropped), each segment's first doc in that map, and the number of docs kept."""
     keys_u = np.unique(np.concatenate([np.asarray(s.keys) for s in segs])).astype(np.uint32)
     S, U = len(segs), keys_u.size
     kstart = np.zeros((S, U), np.int64)
@@ -116,10 +117,19 @@ def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift:
         pstart[i, j] = s.post_ptr[:-1] + post_base
         doc_base[i] = doc_off
         newdoc[doc_off + np.asarray(k, np.int64)] = out_base + np.arange(len(k))
-        pair_base += s.pair_block.size
-        post_base += s.post_w.size
+        if concatenated:
+            pair_base += s.pair_block.size
+            post_base += s.post_w.size
         doc_off += s.n_docs
         out_base += len(k)
+    return keys_u, kstart, kend, pstart, newdoc, doc_base, out_base
+
+
+def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift: int) -> tuple[Batch, tuple]:
+    """Documents (as a vector-less batch) and merged postings of the kept docs of ``segs``, in order."""
+    batches = [segment_to_batch(s, k, with_vectors=False) for s, k in zip(segs, keeps)]
+    batch = concat_batches(batches, ())
+    keys_u, kstart, kend, pstart, newdoc, doc_base, _ = _merge_tables(segs, keeps, concatenated=True)
     bshifts = {s.bshift for s in segs}
     if len(bshifts) != 1:
         raise ValueError("cannot merge segments with different block sizes")
@@ -160,23 +170,8 @@ def merge_segments_to_file(path: Path, name: str, segs: Sequence[Segment], keeps
     del parts
     if batch.n_docs == 0:
         return None
-    keys_u = np.unique(np.concatenate([np.asarray(s.keys) for s in segs])).astype(np.uint32)
-    S, U = len(segs), keys_u.size
-    kstart = np.zeros((S, U), np.int64)
-    kend = np.zeros((S, U), np.int64)
-    pstart = np.zeros((S, U), np.int64)
-    newdoc = np.full(sum(s.n_docs for s in segs), -1, np.int64)
-    doc_base = np.zeros(S, np.int64)
-    doc_off = out_base = 0
-    for i, (s, k) in enumerate(zip(segs, keeps)):
-        j = np.searchsorted(keys_u, s.keys)
-        kstart[i, j] = s.pair_ptr[:-1]
-        kend[i, j] = s.pair_ptr[1:]
-        pstart[i, j] = s.post_ptr[:-1]
-        doc_base[i] = doc_off
-        newdoc[doc_off + np.asarray(k, np.int64)] = out_base + np.arange(len(k))
-        doc_off += s.n_docs
-        out_base += len(k)
+    keys_u, kstart, kend, pstart, newdoc, doc_base, out_base = _merge_tables(segs, keeps, concatenated=False)
+    U = keys_u.size
     ins = [List([np.asarray(getattr(s, a)) for s in segs]) for a in ("pair_block", "pair_cnt", "post_off", "post_w")]
     cnt_post, cnt_pair = K.merge_counts(kstart, kend, pstart, ins[0], ins[1], ins[2], newdoc, doc_base, bshift_in, bshift)
     for s in segs:
@@ -184,7 +179,7 @@ def merge_segments_to_file(path: Path, name: str, segs: Sequence[Segment], keeps
     has = cnt_post > 0
     post_ptr = np.concatenate(([0], np.cumsum(cnt_post[has]))).astype(np.int64)
     pair_ptr = np.concatenate(([0], np.cumsum(cnt_pair[has]))).astype(np.int64)
-    T, P, N = int(has.sum()), int(pair_ptr[-1]), int(post_ptr[-1])
+    P, N = int(pair_ptr[-1]), int(post_ptr[-1])
     arrays: dict[str, Any] = {
         "keys": keys_u[has], "post_ptr": post_ptr, "pair_ptr": pair_ptr,
         "pair_block": (np.uint16, P), "pair_cnt": (np.uint8, P), "pair_max": (np.uint16, P), "pair_sub": (np.uint8, P),
