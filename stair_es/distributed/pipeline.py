@@ -374,6 +374,17 @@ def worker_cores(workers: int) -> list[int | None]:
     return [cores[i] for i in range(workers)] if workers <= len(cores) else [None] * workers
 
 
+def _next_shard(retry: deque[ShardTask], tasks: Iterator[ShardTask], source_done: bool) -> tuple[ShardTask | None, bool]:
+    """The next shard to hand out -- one to try again first, else the source's next -- and whether
+    the source is used up (None: nothing to hand out now)."""
+    if retry:
+        return retry.popleft(), source_done
+    if source_done:
+        return None, True
+    task = next(tasks, None)
+    return task, task is None
+
+
 def _died(task: ShardTask, attempts: int, exitcode: int | None) -> str:
     how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
            else f"exit status {exitcode}" if exitcode is not None else "it stopped answering")
@@ -400,10 +411,7 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
             for i, slot in enumerate(slots):  # every idle worker gets the next shard
                 if slot.task is not None:
                     continue
-                task = retry.popleft() if retry else None
-                if task is None and not source_done:
-                    task = next(tasks, None)
-                    source_done = task is None
+                task, source_done = _next_shard(retry, tasks, source_done)
                 if task is None:
                     break
                 try:
@@ -581,10 +589,7 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
     try:
         while True:
             while idle:  # every started, idle actor gets the next shard
-                task = retry.popleft() if retry else None
-                if task is None and not source_done:
-                    task = next(tasks, None)
-                    source_done = task is None
+                task, source_done = _next_shard(retry, tasks, source_done)
                 if task is None:
                     break
                 i = idle.popleft()
