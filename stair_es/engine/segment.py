@@ -292,7 +292,7 @@ class Segment(SegmentFilters):
         """Raise the DamagedIndexError of a chunk a kernel found damaged (naming its byte range)."""
         from ..errors import DamagedIndexError
 
-        self.verifier._check(np.array([chunk], np.int64))  # raises, naming the byte range
+        self.verifier.verify_chunks(np.array([chunk], np.int64))  # raises, naming the byte range
         raise DamagedIndexError(f"{self.path}: chunk {chunk} failed its checksum in a search but not when read again "
                                 "(the file is changing under the reader?); run `stair-es index check`")
 

@@ -334,7 +334,9 @@ class ChunkVerifier:
         self.table = foot.table if foot.table is not None else np.zeros(0, "<u4")
         self.ok = ok if ok is not None else np.zeros(self.table.size, bool)
 
-    def _check(self, chunks: np.ndarray) -> None:
+    def verify_chunks(self, chunks: np.ndarray) -> None:
+        """Verify these chunks now (verified or not before), marking each one verified; the
+        first damaged one raises DamagedIndexError naming its byte range."""
         size = 1 << self.shift
         for c in chunks.tolist():
             lo = c << self.shift
@@ -361,7 +363,7 @@ class ChunkVerifier:
                 bad = verify(self.mm, self.table, self.ok, self.shift, self.content, starts, ends)
                 if bad < 0:
                     return
-                self._check(np.array([bad], np.int64))  # raises, naming the byte range
+                self.verify_chunks(np.array([bad], np.int64))  # raises, naming the byte range
         first = starts >> self.shift
         last = (ends - 1) >> self.shift
         if starts.size == 1:
@@ -374,13 +376,13 @@ class ChunkVerifier:
             chunks = concat_ranges(first, last + 1)
         need = np.sort(chunks[~self.ok[chunks]])
         if need.size:  # sorted, each once (np.unique would import numpy.ma: ~20 ms of a cold search)
-            self._check(need[np.concatenate(([True], need[1:] != need[:-1]))])
+            self.verify_chunks(need[np.concatenate(([True], need[1:] != need[:-1]))])
 
     def verify_all(self) -> None:
         if checksum.range_verifier() is not None and self.content:
             self.verify_ranges(np.zeros(1, np.int64), np.array([self.content], np.int64))  # compiled
         else:
-            self._check(np.flatnonzero(~self.ok))
+            self.verify_chunks(np.flatnonzero(~self.ok))
 
 
 _CHUNK_STATE: dict[tuple[str, int, int, int], np.ndarray] = {}
