@@ -204,8 +204,8 @@ def encoder_factory(name: str, **options: Any) -> Callable[[], Any]:
 
     from ..encoders import base
 
-    target = base._BUILTIN.get(name)
-    if target is not None and not isinstance(target, str):
+    target = base.registered_factory(name)
+    if target is not None:
         return partial(target, **options)
     return partial(base.get_encoder, name, **options)
 

@@ -109,6 +109,13 @@ def register_encoder(name: str, target: str | Callable[..., Encoder]) -> None:
     _BUILTIN[name] = target  # type: ignore[assignment]
 
 
+def registered_factory(name: str) -> Callable[..., Encoder] | None:
+    """The callable registered under ``name`` in this process (``register_encoder`` with a class
+    or function), or None: unknown here, a ``"module:attr"`` string, or an entry point."""
+    target = _BUILTIN.get(name)
+    return None if target is None or isinstance(target, str) else target
+
+
 def list_encoders() -> list[str]:
     names = set(_BUILTIN)
     names.update(ep.name for ep in entry_points(group="stair_es.encoders"))
