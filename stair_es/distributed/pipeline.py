@@ -24,6 +24,7 @@ names -- no id is written twice.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -133,9 +134,6 @@ class EncodeCatalogReport:
         return out
 
 
-# --- the worker ------------------------------------------------------------------------------------
-
-
 # --- the driver ------------------------------------------------------------------------------------
 
 def _item_key(item: CatalogItem) -> str:
@@ -243,19 +241,12 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     run = _run_local if opts.engine == "local" else _run_ray
     with progress_bar(total or 0, f"encode {src}", opts.progress, unit="img") as bar:
         for entry in run(pending(), ctx, opts, cpus):
-            if "error" in entry:
-                task = entry.pop("task", None)
+            failed, task = "error" in entry, entry.pop("task", None)
+            if failed:
                 if task is not None:
                     _write_failed_shard(fs, folder, task, entry["error"])
-                report.failures += entry.get("failed_items", [])
                 entry["failed_inputs"] = len(entry.get("failed_items", []))
-                if on_shard is not None:
-                    on_shard(entry)
-                entry.pop("failed_items", None)
-                report.failed_shards.append(entry)
-                bar.update(len(task.items) if task is not None else 0)
-                continue
-            if header.get("encoder") is None:
+            elif header.get("encoder") is None:
                 header["encoder"] = entry["encoder"]
                 write_json_atomic(fs, f"{folder}/{HEADER}", header)
                 ctx.expect_encoder = entry["encoder"]
@@ -263,8 +254,8 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
             if on_shard is not None:
                 on_shard(entry)
             entry.pop("failed_items", None)
-            report.shards.append(entry)
-            bar.update(entry["inputs"])
+            (report.failed_shards if failed else report.shards).append(entry)
+            bar.update(entry["inputs"] if not failed else len(task.items) if task is not None else 0)
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     report.driver_cpu_s = time.process_time() - c0
@@ -306,10 +297,8 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
     One :class:`ShardEncoder`, built on the first shard (an error there reaches the driver with
     its reason). The process ends when the driver closes the pipe or dies."""
     if core is not None:
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not Linux, or the core went away: run unpinned
             os.sched_setaffinity(0, {core})
-        except (AttributeError, OSError):  # not Linux, or the core went away: run unpinned
-            pass
     parent = os.getppid()
 
     def orphaned() -> None:  # a SIGKILLed driver must not leave workers writing into OUT_DIR
@@ -353,10 +342,8 @@ class _Slot:
         self.ready = False  # the process got as far as running the worker's code
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.conn.send(None)
-        except (OSError, ValueError):
-            pass
         self.proc.join(timeout=5)
         if self.proc.is_alive():
             self.proc.kill()
@@ -390,6 +377,17 @@ def _died(task: ShardTask, attempts: int, exitcode: int | None) -> str:
            else f"exit status {exitcode}" if exitcode is not None else "it stopped answering")
     return (f"the worker process encoding shard {task.k} died {attempts} time(s) ({how}: killed, out of memory, or a "
             "crash in native code); run encode-catalog again to retry this shard")
+
+
+def _shard_answer(ctx: WorkerContext, task: ShardTask, kind: str, payload: Any) -> dict:
+    """A worker's answer for ``task`` as the run reports it; a worker that cannot load the encoder stops the run."""
+    if kind == "setup":
+        raise WorkerSetupError(payload)
+    if kind == "error":
+        return failed_shard(task, f"shard {task.k} could not be written: {payload}")
+    if ctx.expect_encoder is None:
+        ctx.expect_encoder = payload.get("encoder")  # workers started (or restarted) later check it
+    return payload
 
 
 def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalogOptions, cpus: int) -> Iterator[dict]:
@@ -454,19 +452,11 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
                     slot.stop()
                     slots[i] = _Slot(mp, ctx, slot.core)
                     continue
-                kind, payload = msg
-                if kind == "ready":
+                if msg[0] == "ready":
                     slot.ready = True
                     continue  # the shard's answer comes next
                 slot.task = None
-                if kind == "setup":
-                    raise WorkerSetupError(payload)
-                if kind == "error":
-                    yield failed_shard(task, f"shard {task.k} could not be written: {payload}")
-                else:
-                    if ctx.expect_encoder is None:
-                        ctx.expect_encoder = payload.get("encoder")  # workers started later check it
-                    yield payload
+                yield _shard_answer(ctx, task, *msg)
     finally:
         for slot in slots:
             slot.stop()
@@ -636,21 +626,11 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
                     started = True
                     probe_failures.pop(i, None)
                     continue
-                kind, payload = answer
-                if kind == "setup":
-                    raise WorkerSetupError(payload)
-                if kind == "error":
-                    yield failed_shard(task, f"shard {task.k} could not be written: {payload}")
-                    continue
-                if ctx.expect_encoder is None:
-                    ctx.expect_encoder = payload.get("encoder")  # actors restarted later check it
-                yield payload
+                yield _shard_answer(ctx, task, *answer)
     finally:
         for a in actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(a)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
 
 
 def _ray_initialized() -> bool:

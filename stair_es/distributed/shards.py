@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,15 +108,20 @@ def ids_digest(ids: Iterable[str]) -> str:
 
 # --- writing --------------------------------------------------------------------------------------
 
-def _write_bytes_atomic(fs, path: str, data: bytes) -> None:
+def _write_atomic(fs, path: str, write) -> None:
+    """``write(fs, tmp)`` under a temporary name, then renamed to ``path`` (never read half-written)."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
+    write(fs, tmp)
     fs.move(tmp, path)
 
 
 def write_json_atomic(fs, path: str, obj: Any) -> None:
-    _write_bytes_atomic(fs, path, json.dumps(obj, indent=1, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    data = json.dumps(obj, indent=1, ensure_ascii=False, sort_keys=True).encode("utf-8")
+
+    def write(fs, tmp):
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+    _write_atomic(fs, path, write)
 
 
 def read_json(fs, path: str) -> Any | None:
@@ -175,9 +181,7 @@ def write_shard(fs, folder: str, k: int, rows: ShardRows, encoder: dict[str, Any
     meta = {"format": FORMAT, "encoder": encoder, "sparse_fields": list(sparse_fields), "shard": k, "rows": len(rows.ids)}
     table = pa.table(cols).replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode("utf-8")})
     path = f"{folder}/{shard_name(k)}"
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    pq.write_table(table, tmp, filesystem=fs, compression="zstd")
-    fs.move(tmp, path)
+    _write_atomic(fs, path, lambda fs, tmp: pq.write_table(table, tmp, filesystem=fs, compression="zstd"))
     return fs.get_file_info(path).size
 
 
@@ -190,10 +194,7 @@ def write_failures(fs, folder: str, k: int, items: Sequence[Any]) -> None:
         "action": pa.array(["skipped" if i.ok else "failed" for i in items], pa.string()),
         "reason": pa.array([(i.error if not i.ok else i.warning) or "" for i in items], pa.string()),
     })
-    path = f"{folder}/{failures_name(k)}"
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    pq.write_table(table, tmp, filesystem=fs)
-    fs.move(tmp, path)
+    _write_atomic(fs, f"{folder}/{failures_name(k)}", lambda fs, tmp: pq.write_table(table, tmp, filesystem=fs))
 
 
 def remove_failures(fs, folder: str, k: int) -> None:
@@ -235,23 +236,20 @@ class ShardInfo:
         return None
 
 
+_SHARD_FILE = re.compile(r"(part|failures)-(\d+)\.parquet")
+
+
 def list_shards(fs, folder: str) -> list[ShardInfo]:
     """Every shard of the folder: finished ones (with a manifest entry) and leftovers."""
     _, _, pafs = pyarrow_modules()
     sizes: dict[int, int] = {}
     failures: set[int] = set()
     for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-        base = info.base_name
-        if info.is_file and base.startswith("part-") and base.endswith(".parquet"):
-            try:
-                sizes[int(base[5:-8])] = info.size
-            except ValueError:
-                continue
-        elif info.is_file and base.startswith("failures-") and base.endswith(".parquet"):
-            try:
-                failures.add(int(base[9:-8]))
-            except ValueError:
-                continue
+        m = _SHARD_FILE.fullmatch(info.base_name) if info.is_file else None
+        if m and m[1] == "part":
+            sizes[int(m[2])] = info.size
+        elif m:
+            failures.add(int(m[2]))
     entries: dict[int, dict[str, Any]] = {}
     for info in fs.get_file_info(pafs.FileSelector(f"{folder}/{MANIFEST_DIR}", allow_not_found=True)):
         base = info.base_name

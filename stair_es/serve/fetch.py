@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import ipaddress
 import socket
@@ -202,10 +203,8 @@ class _Watch:
 
 
 def _shut(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _opener(watch: _Watch, deadline: float, allow_private: bool) -> urllib.request.OpenerDirector:
@@ -340,10 +339,8 @@ class UrlFetcher:
         loop = asyncio.get_running_loop()
 
         def done(_f) -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
                 loop.call_soon_threadsafe(self._release)
-            except RuntimeError:  # the loop is closed
-                pass
 
         cf = self._pool.submit(fetch_blocking, url, self.max_bytes, left, self.timeout, allow_private=self.allow_private)
         cf.add_done_callback(done)  # the slot is free when the thread is, not before

@@ -11,6 +11,7 @@ must not know any route or the service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -25,6 +26,19 @@ from .security import HTML_HEADERS, content_security_policy, host_allowed, key_f
 from .stats import T_ENTRY
 
 log = logging.getLogger("stair_es.serve")
+
+
+async def _send_error(send, status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    """Answers a refused request in the one error shape (``body`` from :func:`.errors.error_body`)."""
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                            *extra]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _retry(ms: int) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
 
 
 # --- body guard (size and time caps before any route runs) -------------------------------------
@@ -122,11 +136,7 @@ class BodyGuard:
         return None, data
 
     async def _refuse(self, send, status: int, message: str) -> None:
-        payload = json.dumps(error_body(2, "InvalidInputError", message)).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_error(send, status, error_body(2, "InvalidInputError", message), [(b"connection", b"close")])
 
 
 #: Where :class:`BodyGuard` leaves the parsed JSON body for the routes (:class:`~.runtime.ParsedJSONRoute`).
@@ -175,13 +185,9 @@ class HostGuard:
         host = next((v for k, v in scope.get("headers") or [] if k == b"host"), None)
         host_s = host.decode("latin-1") if host is not None else None
         if not host_allowed(host_s, self.allowed):
-            payload = json.dumps(error_body(2, "InvalidInputError", (
+            return await _send_error(send, 400, error_body(2, "InvalidInputError", (
                 f"Host {host_s[:100]!r} is not a name this server answers to; reach it by an allowed name, or "
-                "start it with --allowed-host NAME"))).encode()
-            await send({"type": "http.response.start", "status": 400,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(payload)).encode())]})
-            return await send({"type": "http.response.body", "body": payload})
+                "start it with --allowed-host NAME")))
         start: dict | None = None
         chunks: list[bytes] = []
 
@@ -241,11 +247,7 @@ class KeyGate:
             return await self.app(scope, receive, send)
         message = ("this server requires an API key: send 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
                    if given is None else "wrong API key")
-        payload = json.dumps(error_body(2, "AuthError", message)).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_error(send, 401, error_body(2, "AuthError", message), [(b"www-authenticate", b"Bearer")])
 
 
 class InFlightGate:
@@ -285,13 +287,9 @@ class InFlightGate:
     async def _gate(self, scope, receive, send):
         if self.in_flight >= self.limit:
             ms = self.retry_after_ms()
-            payload = json.dumps(error_body(5, "ServerBusyError", (
+            return await _send_error(send, 429, error_body(5, "ServerBusyError", (
                 f"the server is busy: {self.in_flight} requests in progress, the most it holds; retry after {ms} ms"),
-                ms)).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-            headers += [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
-            await send({"type": "http.response.start", "status": 429, "headers": headers})
-            return await send({"type": "http.response.body", "body": payload})
+                ms), _retry(ms))
         self.in_flight += 1
         try:
             await self.app(scope, receive, send)
@@ -311,15 +309,9 @@ async def _internal_error(scope, send) -> None:
     unless an answer had already started."""
     if not (scope.get("state") or {}).get(ERROR_LOGGED):
         log.error("internal error on %s %s", scope.get("method"), scope.get("path"), exc_info=True)
-    payload = json.dumps(error_body(70, "InternalError", f"internal error: {sys.exc_info()[0].__name__} "
-                                                         "(see the server log)")).encode()
-    try:
-        await send({"type": "http.response.start", "status": 500,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode())]})
-    except Exception:  # noqa: BLE001 - the answer had started: the client gets what was sent
-        return
-    await send({"type": "http.response.body", "body": payload})
+    body = error_body(70, "InternalError", f"internal error: {sys.exc_info()[0].__name__} (see the server log)")
+    with contextlib.suppress(Exception):  # the answer had started: the client gets what was sent
+        await _send_error(send, 500, body)
 
 
 class QueueFullGate:
@@ -337,9 +329,6 @@ class QueueFullGate:
             if (path.startswith("/v1/") or path == "/") and self.admission.full():
                 ms = self.admission.retry_after_ms()
                 self.admission.shed += 1
-                payload = json.dumps(error_body(5, "ServerBusyError", self.admission.busy_message(), ms)).encode()
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-                headers += [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
-                await send({"type": "http.response.start", "status": 429, "headers": headers})
-                return await send({"type": "http.response.body", "body": payload})
+                return await _send_error(send, 429, error_body(5, "ServerBusyError", self.admission.busy_message(), ms),
+                                         _retry(ms))
         return await self.app(scope, receive, send)

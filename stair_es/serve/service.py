@@ -37,24 +37,16 @@ from .security import ImageRoots
 log = logging.getLogger(__name__)
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: float, kind: type = float) -> Any:
+    """``$name`` as ``kind`` (int or float), or ``default`` when unset or blank."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
-        return int(value)
+        return kind(value)
     except ValueError:
-        raise InvalidInputError(f"${name}={value!r} is not an integer; set a whole number or unset it") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise InvalidInputError(f"${name}={value!r} is not a number; set a number or unset it") from None
+        what = "an integer; set a whole number" if kind is int else "a number; set a number"
+        raise InvalidInputError(f"${name}={value!r} is not {what} or unset it") from None
 
 
 @dataclass
@@ -83,10 +75,10 @@ class ServeConfig:
     worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
     # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
     # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
-    loop_nice: int = field(default_factory=lambda: _env_int("STAIR_ES_SERVE_LOOP_NICE", 0))
+    loop_nice: int = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_NICE", 0, int))
     # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
     # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
-    switch_interval_ms: float = field(default_factory=lambda: _env_float("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
+    switch_interval_ms: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call
@@ -638,6 +630,14 @@ class Service:
                         "encoder": (info.schema.encoder or {}).get("name")})
         return out
 
+    def _image_file(self, index: str, doc_id: str) -> Path:
+        """The file of a document's source image, if it lies under an image root."""
+        doc = self.backend.get(index, doc_id)
+        real = self.policy.roots.contains(doc.source) if doc.source and self.policy.roots else None
+        if real is None:
+            raise ThumbnailUnavailable(f"document {doc_id!r} has no image under this server's image roots")
+        return real
+
     def thumbnail(self, index: str, doc_id: str, size: int = 256) -> bytes:
         """A JPEG of a document's source image, if that file lies under an image root."""
         size = max(32, min(int(size), 1024))
@@ -646,10 +646,7 @@ class Service:
             if key in self._thumbs:
                 self._thumbs.move_to_end(key)
                 return self._thumbs[key]
-        doc = self.backend.get(index, doc_id)
-        real = self.policy.roots.contains(doc.source) if doc.source and self.policy.roots else None
-        if real is None:
-            raise ThumbnailUnavailable(f"document {doc_id!r} has no image under this server's image roots")
+        real = self._image_file(index, doc_id)
         from ..images import load_image
 
         try:
@@ -680,10 +677,7 @@ class Service:
                                     f"index {index!r} uses {enc.name!r}")
         if getattr(model, "head", "stair") != "stair":
             raise InvalidInputError(f"the heatmap needs a model with the stair head; index {index!r} uses a {model.head!r} model")
-        doc = self.backend.get(index, doc_id)
-        real = self.policy.roots.contains(doc.source) if doc.source and self.policy.roots else None
-        if real is None:
-            raise ThumbnailUnavailable(f"document {doc_id!r} has no image under this server's image roots")
+        real = self._image_file(index, doc_id)
         from ..images import load_image
         from ..stair.localize import localize, overlay
 

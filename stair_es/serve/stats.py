@@ -29,6 +29,7 @@ This module knows asyncio, not FastAPI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections import deque
@@ -95,10 +96,8 @@ class ServeStats:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-            try:
+            with contextlib.suppress(ValueError):
                 gc.callbacks.remove(self._on_gc)
-            except ValueError:
-                pass
 
     # --- the summary -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -112,12 +111,8 @@ class ServeStats:
         return out
 
     def reset(self) -> None:
-        self.search.clear()
-        self.shed.clear()
-        self.shed_queue.clear()
-        self.loop_lag.clear()
-        for v in self.gc_pauses.values():
-            v.clear()
+        for kept in (self.search, self.shed, self.shed_queue, self.loop_lag, *self.gc_pauses.values()):
+            kept.clear()
         self.started = time.time()
 
 
