@@ -27,6 +27,7 @@ It must not know how backends store documents: it reads them through ``backend.s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -155,16 +156,9 @@ class Cooccurrence:
         """Counts of ``(image token ids, caption text)`` pairs, accumulated ``chunk`` at a time."""
         vocab = vocab or default_vocabulary()
         total = cls()
-        imgs: list[np.ndarray] = []
-        caps: list[str | None] = []
-        for ids, caption in docs:
-            imgs.append(np.asarray(ids))
-            caps.append(caption)
-            if len(imgs) >= chunk:
-                total = total + cls.from_rows(imgs, _caption_rows(caps, vocab))
-                imgs, caps = [], []
-        if imgs:
-            total = total + cls.from_rows(imgs, _caption_rows(caps, vocab))
+        it = iter(docs)
+        while part := list(itertools.islice(it, chunk)):
+            total = total + cls.from_rows([np.asarray(ids) for ids, _ in part], _caption_rows([c for _, c in part], vocab))
         return total
 
     def _combine(self, other: "Cooccurrence", sign: int) -> "Cooccurrence":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import BackendError, MissingDependencyError
+from ..errors import BackendError
 from .cluster import ClusterBackend, ClusterConfig, EngineAdapter
 from .cluster.mapping import mapping
 from .cluster.translate import query_dsl, translate
@@ -27,22 +27,11 @@ __all__ = ["ElasticsearchBackend", "mapping", "query_dsl", "translate", "encode_
 _JSON = {"accept": "application/json", "content-type": "application/json"}
 
 
-def _client_module():
-    try:
-        # lazy: optional client (extra elasticsearch), imported when the backend is used
-        import elasticsearch
-    except ImportError:
-        raise MissingDependencyError("the Elasticsearch backend", "elasticsearch", "'elasticsearch>=8.15,<9'") from None
-    return elasticsearch
-
-
 class ElasticsearchAdapter(EngineAdapter):
     engine = "elasticsearch"
     label = "Elasticsearch"
     loggers = ("elasticsearch", "elastic_transport")
-
-    def __init__(self) -> None:
-        self.es = _client_module()
+    package, install = "elasticsearch", "'elasticsearch>=8.15,<9'"
 
     def make_client(self, cfg: ClusterConfig) -> Any:
         kwargs: dict[str, Any] = {
@@ -63,7 +52,7 @@ class ElasticsearchAdapter(EngineAdapter):
         elif cfg.username:
             kwargs["basic_auth"] = (cfg.username, cfg.password or "")
         try:
-            return self.es.Elasticsearch(cfg.urls, **kwargs)
+            return self.lib.Elasticsearch(cfg.urls, **kwargs)
         except (ValueError, TypeError, OSError) as e:
             # e.g. a CA bundle path that does not exist
             raise BackendError(f"cannot set up the Elasticsearch client for {cfg.display_urls}: {e}") from None
@@ -73,17 +62,11 @@ class ElasticsearchAdapter(EngineAdapter):
         resp = client.perform_request(method, path, params=dict(params) if params else None, headers=headers, body=body)
         return resp.body
 
-    def streaming_bulk(self):
-        # lazy: optional client (extra elasticsearch), imported when the backend is used
-        from elasticsearch.helpers import streaming_bulk
-
-        return streaming_bulk
-
     def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
         # lazy: optional client (extra elasticsearch), imported when the backend is used
         import elastic_transport as et
 
-        es = self.es
+        es = self.lib
         if isinstance(exc, es.UnsupportedProductError):
             return "product", None, str(exc)
         if isinstance(exc, et.TlsError):

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import BackendError, MissingDependencyError
+from ..errors import BackendError
 from ..query import SearchRequest
 from ..schema import Document
 from .cluster import ClusterBackend, ClusterConfig, EngineAdapter
@@ -38,22 +38,11 @@ CEILING_SEARCH = 16.0
 MAX_K = 10_000
 
 
-def _client_module():
-    try:
-        # lazy: optional client (extra opensearch), imported when the backend is used
-        import opensearchpy
-    except ImportError:
-        raise MissingDependencyError("the OpenSearch backend", "opensearch", "opensearch-py") from None
-    return opensearchpy
-
-
 class OpenSearchAdapter(EngineAdapter):
     engine = "opensearch"
     label = "OpenSearch"
     loggers = ("opensearch",)
-
-    def __init__(self) -> None:
-        self.os = _client_module()
+    package, install = "opensearchpy", "opensearch-py"
 
     def make_client(self, cfg: ClusterConfig) -> Any:
         headers: dict[str, str] = {}
@@ -75,21 +64,15 @@ class OpenSearchAdapter(EngineAdapter):
         if headers:
             kwargs["headers"] = headers
         try:
-            return self.os.OpenSearch(hosts=list(cfg.urls), **kwargs)
-        except (ValueError, TypeError, OSError, self.os.exceptions.ImproperlyConfigured) as e:
+            return self.lib.OpenSearch(hosts=list(cfg.urls), **kwargs)
+        except (ValueError, TypeError, OSError, self.lib.exceptions.ImproperlyConfigured) as e:
             raise BackendError(f"cannot set up the OpenSearch client for {cfg.display_urls}: {e}") from None
 
     def request(self, client: Any, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None) -> Any:
         return client.transport.perform_request(method, path, params=dict(params) if params else None, body=body)
 
-    def streaming_bulk(self):
-        # lazy: optional client (extra opensearch), imported when the backend is used
-        from opensearchpy.helpers import streaming_bulk
-
-        return streaming_bulk
-
     def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
-        ex = self.os.exceptions
+        ex = self.lib.exceptions
         if isinstance(exc, ex.SSLError):
             return "tls", None, _short(exc)
         if isinstance(exc, ex.ConnectionTimeout):

@@ -189,5 +189,17 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, max_width: i
     return "\n".join(x.rstrip() for x in out)
 
 
+def human_size(n: int | None, unknown: str = "?") -> str:
+    """A byte count for people (512 B, 3.4 KB, 1.2 MB, 5.0 GB); ``unknown`` for None."""
+    if n is None:
+        return unknown
+    value = float(n)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
 def stderr_is_tty() -> bool:
     return sys.stderr.isatty()

@@ -9,7 +9,7 @@ from stair_es.schema import FIELD_TYPES, IndexSchema
 
 from stair_es.encoders.base import get_encoder
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, table
+from .common import backend_options, echo_json, encoder_kwargs, encoder_options, human_size, json_option, table
 
 
 @click.group("index")
@@ -83,8 +83,8 @@ def list_(as_json: bool, backend) -> None:
     if not infos:
         click.echo("no indices (create one with `stair-es index create NAME` or `stair-es ingest NAME SOURCE`)")
         return
-    click.echo(table([(i.name, i.doc_count, _size(i.size_bytes), (i.schema.encoder or {}).get("name", "")) for i in infos],
-                     ["index", "docs", "size", "encoder"]))
+    click.echo(table([(i.name, i.doc_count, human_size(i.size_bytes), (i.schema.encoder or {}).get("name", ""))
+                      for i in infos], ["index", "docs", "size", "encoder"]))
 
 
 @index_group.command("stats")
@@ -97,7 +97,7 @@ def stats(name: str, as_json: bool, backend) -> None:
     if as_json:
         echo_json(info.to_dict())
         return
-    rows = [("docs", info.doc_count), ("size", _size(info.size_bytes)),
+    rows = [("docs", info.doc_count), ("size", human_size(info.size_bytes)),
             ("sparse fields", ", ".join(info.schema.sparse_fields)),
             ("metadata fields", ", ".join(f"{k}:{v}" for k, v in sorted(info.schema.fields.items())) or "-"),
             ("encoder", info.schema.encoder or "-")]
@@ -116,16 +116,6 @@ def delete(name: str, yes: bool, backend) -> None:
         click.confirm(f"Delete index {name!r} and all its documents?", abort=True)
     backend.delete_index(name)
     click.echo(f"deleted index {name!r}")
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @index_group.command("optimize")

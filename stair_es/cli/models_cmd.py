@@ -8,22 +8,11 @@ import click
 
 from stair_es import models as store
 
-from .common import echo_json, json_option, stderr_is_tty, table
+from .common import echo_json, human_size, json_option, stderr_is_tty, table
 
 _WHERE = ("The store is $STAIR_ES_MODEL_STORE or <data home>/_models/store, derived files (ONNX towers...) "
           "live in $STAIR_ES_MODEL_CACHE or <data home>/_models; the data home is $STAIR_ES_HOME or "
           "~/.local/share/stair-es.")
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KB", "MB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"
 
 
 def _entry_json(entry: store.StoreEntry) -> dict:
@@ -57,7 +46,7 @@ def list_cmd(as_json: bool) -> None:
         return
     body = []
     for r in rows:
-        here = ", ".join(f"{i['revision'][:12]} ({_size(i['size'])})" for i in r["installed"]) or "no"
+        here = ", ".join(f"{i['revision'][:12]} ({human_size(i['size'], '')})" for i in r["installed"]) or "no"
         body.append((r["id"], r["kind"] or "?", r["download_size"] or "", r["licence"] or "", r["revision"] or "",
                      here, r["purpose"]))
     click.echo(table(body, ["model", "encoder", "download", "licence", "pull revision", "in store", "for"], max_width=70))
@@ -83,7 +72,7 @@ def pull_cmd(model_id: str, revision: str | None, kind: str | None, refresh: boo
         echo_json(_entry_json(entry))
         return
     click.echo(f"{entry.id} at revision {entry.revision} is in the store: {entry.folder} "
-               f"({len(entry.meta['files'])} files, {_size(entry.size)})")
+               f"({len(entry.meta['files'])} files, {human_size(entry.size, '')})")
 
 
 @models_group.command("export")
@@ -105,7 +94,7 @@ def export_cmd(model: str, dest: Path, tar: bool, weights_only: bool, as_json: b
         return
     derived = sum(1 for r in manifest["files"] if r.startswith("cache/"))
     click.echo(f"exported {manifest['id']} at revision {manifest['revision']} to {manifest['path']} "
-               f"({len(manifest['files'])} files, {derived} derived, {_size(manifest['size'])})")
+               f"({len(manifest['files'])} files, {derived} derived, {human_size(manifest['size'], '')})")
     if manifest["weights_only"]:
         click.echo("note: no derived files in the bundle; the importing machine needs torch to make them", err=True)
     click.echo(f"on the other machine: stair-es models import {Path(manifest['path']).name}")
@@ -123,7 +112,7 @@ def import_cmd(source: Path, as_json: bool) -> None:
         echo_json(_entry_json(entry))
         return
     click.echo(f"imported {entry.id} at revision {entry.revision} into {entry.folder} "
-               f"({len(entry.meta['files'])} files, {_size(entry.size)}); use it with "
+               f"({len(entry.meta['files'])} files, {human_size(entry.size, '')}); use it with "
                f"--encoder {entry.kind or 'ENCODER'} --model {entry.id}")
 
 

@@ -174,8 +174,7 @@ def _print_notes(common, results) -> None:
 def _print_problems(errors, warnings) -> None:
     for title, problems in (("not evaluated", errors), ("warnings", warnings)):
         if problems:
-            click.echo("")
-            click.echo(f"{title} ({len(problems)}):")
+            click.echo(f"\n{title} ({len(problems)}):")
             for p in problems:
                 click.echo(f"  {p}")
 
@@ -185,11 +184,9 @@ def _print_grounding(labelled) -> None:
     blocks = [(q, [(label, r) for label, r in runs if r.grounding]) for q, runs in labelled]
     blocks = [(q, runs) for q, runs in blocks if runs]
     if not blocks:
-        click.echo("")
-        click.echo("(the query encoder reports no word grounding)")
+        click.echo("\n(the query encoder reports no word grounding)")
         return
-    click.echo("")
-    click.echo("how the query words became tokens:")
+    click.echo("\nhow the query words became tokens:")
     for q, runs in blocks:
         click.echo(f"  {q.query!r}")
         for label, r in runs:
@@ -204,8 +201,7 @@ def _print_evaluation(ev, show: int, explain_words: bool = False) -> None:
     click.echo(table([(k, _fmt(v)) for k, v in ev.metrics.items()], ["metric", "mean"]))
     worst = ev.worst_first()[:show]
     if worst:
-        click.echo("")
-        click.echo(f"worst queries first ({len(worst)} of {n}; hits: + relevant with grade, - judged non-relevant, "
+        click.echo(f"\nworst queries first ({len(worst)} of {n}; hits: + relevant with grade, - judged non-relevant, "
                    "? not rated):")
         rows = [(_rank(r), r.metrics["nDCG@10"], r.query.query + _where_note(r), _fmt_tokens(r), _fmt_hits(r))
                 for r in worst]
@@ -237,11 +233,9 @@ def _print_comparison(cmp, show: int, explain_words: bool = False) -> None:
     differ = [p for p in cmp.changed_first() if cmp.ranked_differently(p)]
     changed = differ[:show]
     if n and not differ:
-        click.echo("")
-        click.echo("no query is ranked differently under B")
+        click.echo("\nno query is ranked differently under B")
     if changed:
-        click.echo("")
-        click.echo(f"queries ranked differently, most changed first ({len(changed)} shown of {len(differ)} changed, "
+        click.echo(f"\nqueries ranked differently, most changed first ({len(changed)} shown of {len(differ)} changed, "
                    f"{n} evaluated; 1st rel = rank of the first relevant hit):")
         rows = [(_rank(ra), _rank(rb), ra.metrics["nDCG@10"], rb.metrics["nDCG@10"], ra.query.query + _where_note(ra),
                  _fmt_tokens(ra), _fmt_tokens(rb)) for ra, rb in changed]

@@ -13,7 +13,7 @@ import click
 from stair_es.errors import BackendError, InvalidInputError, MissingDependencyError
 
 from .common import (CONNECTION_KEYS, backend_options, cluster_connection_options, echo_json, encoder_kwargs, encoder_options,
-                     make_backend)
+                     make_backend, options)
 
 
 # --- stair-es serve ----------------------------------------------------------------------------
@@ -110,12 +110,8 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @encoder_options(default="default")
 @backend_options
-def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls, allow_private_urls, api_key_file,
-          default_index, workers, max_queue, max_queue_ms, queue_timeout_ms, request_timeout, max_in_flight, max_url_fetches, url_timeout, header_timeout, worker_nice, loop_nice, batching,
-          max_batch,
-          batch_window_ms, max_body_mb, max_image_mb, max_inputs, max_filters, max_clause_tokens, max_query_tokens,
-          max_top_k, max_explain_hits, max_text_chars, body_timeout, warm, debug_stats, log_level, encoder, model, encoder_opts,
-          backend) -> None:
+def serve(host, port, image_roots, allowed_hosts, api_key_file, max_queue_ms, queue_timeout_ms, request_timeout,
+          max_body_mb, max_image_mb, warm, log_level, encoder, model, encoder_opts, backend, **same) -> None:
     """Serve encode, search and explain over HTTP, a results page at /, and the inference
     endpoints Elasticsearch and OpenSearch call (see `stair-es es` and `stair-es opensearch`).
 
@@ -139,74 +135,55 @@ def serve(host, port, image_roots, allowed_hosts, public_docs, allow_image_urls,
 
     api_key = load_api_key(api_key_file)
     check_bind(host, api_key)
-    if allow_private_urls and not allow_image_urls:
+    if same["allow_private_urls"] and not same["allow_image_urls"]:
         click.echo("warning: --allow-private-urls has no effect without --allow-image-urls (no image URL is fetched)",
                    err=True)
     if warm:  # read by every embedded index reader this process opens (EngineIndex.open)
         os.environ["STAIR_ES_WARM"] = "1"
+    # the options named as ServeConfig's fields go in as they are
     config = ServeConfig(backend=backend.name, encoder=encoder, encoder_options=encoder_kwargs(model, encoder_opts),
-                         image_roots=list(image_roots), allow_image_urls=allow_image_urls, api_key=api_key,
-                         allow_private_urls=allow_private_urls,
-                         workers=workers, max_queue=max_queue, max_queue_ms=max_queue_ms or None, queue_timeout_ms=queue_timeout_ms or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
-                         max_image_bytes=int(max_image_mb * 1024 * 1024), max_inputs=max_inputs,
-                         body_timeout=body_timeout, default_index=default_index, batching=batching,
-                         max_batch=max_batch, batch_window_ms=batch_window_ms, max_filters=max_filters,
-                         max_clause_tokens=max_clause_tokens, max_query_tokens=max_query_tokens, max_top_k=max_top_k,
-                         max_explain_hits=max_explain_hits, max_text_chars=max_text_chars, bind_host=host,
-                         allowed_hosts=list(allowed_hosts), public_docs=public_docs,
-                         request_timeout=request_timeout or None, max_in_flight=max_in_flight,
-                         max_url_fetches=max_url_fetches, url_timeout=url_timeout, header_timeout=header_timeout,
-                         worker_nice=worker_nice, loop_nice=loop_nice, debug_stats=debug_stats)
+                         image_roots=list(image_roots), allowed_hosts=list(allowed_hosts), api_key=api_key,
+                         max_queue_ms=max_queue_ms or None, queue_timeout_ms=queue_timeout_ms or None,
+                         request_timeout=request_timeout or None, max_body_bytes=int(max_body_mb * 1024 * 1024),
+                         max_image_bytes=int(max_image_mb * 1024 * 1024), bind_host=host, **same)
     service = Service(config, backend=backend)
     app = create_app(config, service=service)
     d = config.describe()
     click.echo(f"stair-es serve on http://{host}:{port} (backend {d['backend']}, encoder {d['encoder']}, "
-               f"{workers} workers, search batching {batching}, API key {'required' if api_key else 'off'}, image roots: "
-               f"{', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
+               f"{config.workers} workers, search batching {config.batching}, API key {'required' if api_key else 'off'}, "
+               f"image roots: {', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
     # uvicorn's access log shows method, path and status only: never headers (where the key travels).
     # No limit_concurrency: the app's own gate answers 429 with Retry-After instead of uvicorn's bare 503.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5, server_header=False,
-                http=header_deadline_protocol(header_timeout), h11_max_incomplete_event_size=16 * 1024)
+                http=header_deadline_protocol(config.header_timeout), h11_max_incomplete_event_size=16 * 1024)
 
 
 # --- cluster set-up ---------------------------------------------------------------------------
 def cluster_options(engine: str) -> Callable:
     """Connection flags of one engine (the same meaning as `--backend {engine}` elsewhere)."""
     def deco(f: Callable) -> Callable:
-        opts = [
-            *cluster_connection_options(engine),
-            click.option("--print", "dry_run", is_flag=True,
-                         help="Print the request(s) as JSON (secrets redacted) instead of sending them."),
-        ]
-        for o in reversed(opts):
-            f = o(f)
+        f = options(*cluster_connection_options(engine),
+                    click.option("--print", "dry_run", is_flag=True,
+                                 help="Print the request(s) as JSON (secrets redacted) instead of sending them."))(f)
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             conn = {k: kwargs.pop(k) for k in CONNECTION_KEYS}
             conn["backend"] = engine
-            holder: dict[str, Any] = {}
 
+            @functools.cache  # connected on the first request, if any
             def get_cluster():
-                if "b" not in holder:
-                    holder["b"] = make_backend(dict(conn))
-                return holder["b"]
+                return make_backend(dict(conn))
 
             kwargs["cluster"] = get_cluster
             try:
                 return f(*args, **kwargs)
             finally:
-                if "b" in holder:
-                    holder["b"].close()
+                if get_cluster.cache_info().currsize:
+                    get_cluster().close()
 
         return wrapper
     return deco
-
-
-def _serve_key(path: str | None) -> str | None:
-    from stair_es.serve.security import load_api_key
-
-    return load_api_key(path)
 
 
 def _send(cluster, dry_run: bool, method: str, path: str, body: Any, what: str) -> Any:
@@ -249,8 +226,9 @@ def es_group() -> None:
 def es_register_inference(inference_id, serve_url, serve_api_key_file, documents, batch_size, dry_run, cluster) -> None:
     """PUT _inference/sparse_embedding/INFERENCE_ID with the `custom` service pointing at stair-es serve."""
     from stair_es.serve.integrations import es_inference_endpoint, redact
+    from stair_es.serve.security import load_api_key
 
-    body = es_inference_endpoint(serve_url, documents=documents, api_key=_serve_key(serve_api_key_file),
+    body = es_inference_endpoint(serve_url, documents=documents, api_key=load_api_key(serve_api_key_file),
                                  batch_size=batch_size)
     res = _send(cluster, dry_run, "PUT", f"/_inference/sparse_embedding/{inference_id}", body, "register the inference endpoint")
     if res is not None:
@@ -309,9 +287,10 @@ def os_register_model(serve_url, serve_api_key_file, kind, keys, name, model_gro
                       cluster) -> None:
     """Create the connector, register the remote model and deploy it; prints the model id."""
     from stair_es.serve.integrations import os_connector, os_register_model as reg_body
+    from stair_es.serve.security import load_api_key
 
     name = name or f"stair-es-{kind}"
-    connector = os_connector(serve_url, kind=kind, keys=keys, api_key=_serve_key(serve_api_key_file), name=name)
+    connector = os_connector(serve_url, kind=kind, keys=keys, api_key=load_api_key(serve_api_key_file), name=name)
     res = _send(cluster, dry_run, "POST", "/_plugins/_ml/connectors/_create", connector, "create the ml-commons connector")
     connector_id = (res or {}).get("connector_id", "<connector_id>")
     if res is not None and not res.get("connector_id"):

@@ -58,10 +58,7 @@ _STATUS: list[tuple[type, int]] = [
 def status_of(e: StairError) -> int:
     if isinstance(e, ServerBusyError):
         return e.status
-    for cls, status in _STATUS:
-        if isinstance(e, cls):
-            return status
-    return 500
+    return next((status for cls, status in _STATUS if isinstance(e, cls)), 500)
 
 
 def retry_headers(retry_after_ms: int) -> dict[str, str]:

@@ -104,8 +104,7 @@ def text_or_image(item: str, kind: str, policy: ImagePolicy) -> tuple[str, Any]:
         kind = "image" if looks_like_image else "text"
     if kind == "text":
         return "text", item
-    if item.startswith("image:"):
-        item = item[len("image:"):]
+    item = item.removeprefix("image:")
     if item.startswith("data:"):
         return "image", {"base64": item}
     if item.lower().startswith(("http://", "https://")):

@@ -26,10 +26,6 @@ ES_ENDPOINT = "/v1/elasticsearch/sparse_embedding"
 OS_ENDPOINT = "/v1/opensearch/sparse_encoding"
 
 
-def _base(url: str) -> str:
-    return url.rstrip("/")
-
-
 # --- Elasticsearch ------------------------------------------------------------------------------
 def es_inference_endpoint(serve_url: str, *, documents: str = "text", api_key: str | None = None,
                           batch_size: int | None = None) -> dict[str, Any]:
@@ -47,7 +43,7 @@ def es_inference_endpoint(serve_url: str, *, documents: str = "text", api_key: s
         raise ValueError("documents must be 'text' or 'image'")
     headers = {"Content-Type": "application/json"}
     settings: dict[str, Any] = {
-        "url": _base(serve_url) + ES_ENDPOINT,
+        "url": serve_url.rstrip("/") + ES_ENDPOINT,
         "headers": headers,
         "request": '{"input": ${input}, "input_type": ${input_type}}',
         "response": {"json_parser": {"token_path": ES_TOKEN_PATH, "weight_path": ES_WEIGHT_PATH}},
@@ -129,7 +125,7 @@ def os_connector(serve_url: str, *, kind: str = "text", keys: str = "token", api
         "actions": [{
             "action_type": "predict",
             "method": "POST",
-            "url": f"{_base(serve_url)}{OS_ENDPOINT}?{query}",
+            "url": f"{serve_url.rstrip('/')}{OS_ENDPOINT}?{query}",
             "headers": headers,
             "request_body": "${parameters.input}",
             "pre_process_function": "connector.pre_process.default.embedding",
@@ -204,21 +200,12 @@ def cluster_call(backend: Any, method: str, path: str, body: Any = None, what: s
 
 def redact(body: Any) -> Any:
     """A copy with secret values replaced, for printing and logs."""
-    s = json.loads(json.dumps(body))
-
-    def walk(x: Any) -> Any:
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k in ("secret_parameters", "credential") and isinstance(v, dict):
-                    x[k] = {kk: "<redacted>" for kk in v}
-                else:
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-        return x
-
-    return walk(s)
+    if isinstance(body, dict):
+        return {k: dict.fromkeys(v, "<redacted>") if k in ("secret_parameters", "credential") and isinstance(v, dict)
+                else redact(v) for k, v in body.items()}
+    if isinstance(body, (list, tuple)):
+        return [redact(v) for v in body]
+    return body
 
 
 # --- the JSON files in mappings/inference/ --------------------------------------------------------

@@ -161,8 +161,7 @@ def _bad_field(data: Any) -> str | None:
                     return f"{path} (a key)" if path != "body" else "a field name"
                 stack.append((key_path, v))
         elif isinstance(value, list):
-            for i in range(len(value) - 1, -1, -1):
-                stack.append((f"{path}[{i}]", value[i]))
+            stack.extend((f"{path}[{i}]", value[i]) for i in reversed(range(len(value))))
     return None
 
 

@@ -100,8 +100,7 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
         out.append(f"<p class='summary'>{len(result['hits'])} shown" + (f" of {total} matching" if total is not None else "")
                    + f" · {result['took_ms']:.1f} ms" + (" · filters: " + _e(" AND ".join(conditions)) if conditions else "")
                    + "</p>")
-        for n in result.get("notes", []):
-            out.append(f"<p class='note'>{_e(n)}</p>")
+        out += [f"<p class='note'>{_e(n)}</p>" for n in result.get("notes", [])]
         qt = " ".join(f"{_e(t)}:{w:.2f}" for t, w in list(result.get("query_tokens", {}).items())[:12])
         out.append(f"<p class='qtokens'>query tokens: <code>{qt}</code></p>")
         if not result["hits"]:

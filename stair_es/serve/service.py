@@ -495,12 +495,6 @@ class Service:
             return None
         return idf(df, n)
 
-    def _spec(self, body: Mapping[str, Any]) -> tuple[str, PreparedSearch]:
-        prepared = self.prepare_searches([body])[0]
-        if isinstance(prepared, Exception):
-            raise prepared
-        return prepared.index, prepared
-
     def search_many(self, bodies: Sequence[Mapping[str, Any]], *, threads: int | None = None) -> list[dict[str, Any] | Exception]:
         """The answers of several searches, each a result dict or the error of that search alone.
 
@@ -611,8 +605,10 @@ class Service:
         doc_id = body.get("id")
         if not isinstance(doc_id, str) or not doc_id:
             raise InvalidInputError("give the document 'id' to explain")
-        index, p = self._spec(body)
-        data = self.backend.explain(index, doc_id, p.request).to_dict()
+        p = self.prepare_searches([body])[0]
+        if isinstance(p, Exception):
+            raise p
+        data = self.backend.explain(p.index, doc_id, p.request).to_dict()
         data["notes"] = p.notes + data["notes"]
         return data
 

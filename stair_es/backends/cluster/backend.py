@@ -11,6 +11,7 @@ through the hooks ``translate_request``, ``_after_search`` and ``_explain_notes`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import replace
@@ -198,13 +199,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
         meta = self._meta(index, fresh=True)
         report = IngestReport()
-        batch: list[Document] = []
-        for doc in docs:
-            batch.append(doc)
-            if len(batch) >= self.bulk_policy.chunk_docs:
-                self._ingest_batch(index, meta, batch, report, on_batch)
-                batch = []
-        if batch:
+        it = iter(docs)
+        while batch := list(itertools.islice(it, self.bulk_policy.chunk_docs)):
             self._ingest_batch(index, meta, batch, report, on_batch)
         if self.config.refresh is True and report.succeeded:
             self.request("POST", self._path(index, "_refresh"), action=f"refresh {index!r}", index=index)

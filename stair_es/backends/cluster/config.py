@@ -83,15 +83,9 @@ class ClusterConfig:
     @classmethod
     def resolve(cls, engine: str, config_file: str | os.PathLike | None = None, **given: Any) -> "ClusterConfig":
         """Flags (``given``, ``None`` = not given) > ``STAIR_ES_*`` environment > config file > defaults."""
-        values: dict[str, Any] = {}
-        values.update({k: v for k, v in _read_config_file(engine, config_file).items() if k not in _INDEX_OPTIONS})
-        for key, env in _ENV.items():
-            v = os.environ.get(env)
-            if v:
-                values[key] = v
-        for key, v in given.items():
-            if v is not None:
-                values[key] = v
+        values = {k: v for k, v in _read_config_file(engine, config_file).items() if k not in _INDEX_OPTIONS}
+        values.update({key: os.environ[env] for key, env in _ENV.items() if os.environ.get(env)})
+        values.update({key: v for key, v in given.items() if v is not None})
         urls = values.get("urls", values.get("url"))
         if urls is None:
             urls = [DEFAULT_URL]

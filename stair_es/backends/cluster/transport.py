@@ -11,10 +11,11 @@ documents. Nothing here imports a client library at module import time.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ...errors import BackendError, ConnectionFailedError, IndexNotFoundError, StairError
+from ...errors import BackendError, ConnectionFailedError, IndexNotFoundError, MissingDependencyError, StairError
 from .config import BulkPolicy, ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,17 @@ class EngineAdapter:
     loggers: tuple[str, ...] = ()  # the client's loggers, quietened unless the user asked for debug output
     engine = "abstract"
     label = "abstract"
+    package = ""  # the client library, imported when an adapter is made (the extra is named as the engine)
+    install = ""  # what `pip install` brings it
+
+    def __init__(self) -> None:
+        if not self.package:
+            return
+        try:
+            # lazy: optional client (extra elasticsearch / opensearch), imported when the backend is used
+            self.lib = importlib.import_module(self.package)
+        except ImportError:
+            raise MissingDependencyError(f"the {self.label} backend", self.engine, self.install) from None
 
     def make_client(self, cfg: ClusterConfig) -> Any:
         raise NotImplementedError
@@ -36,7 +48,7 @@ class EngineAdapter:
         raise NotImplementedError
 
     def streaming_bulk(self) -> Callable[..., Iterator[tuple[bool, dict]]]:
-        raise NotImplementedError
+        return importlib.import_module(f"{self.package}.helpers").streaming_bulk
 
     def classify(self, exc: BaseException) -> tuple[str, int | None, str]:
         """(kind, HTTP status, reason); kind: connection | timeout | tls | product | api | other."""
