@@ -14,6 +14,7 @@ a query is encoded or scored (``stair_es.search`` and the backends do that).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -450,18 +451,8 @@ class _ReadCache:
 
     def __init__(self, backend: Any):
         self._backend = backend
-        self._info: dict[str, Any] = {}
-        self._df: dict[tuple[str, str], Any] = {}
-
-    def index_info(self, index: str):
-        if index not in self._info:
-            self._info[index] = self._backend.index_info(index)
-        return self._info[index]
-
-    def doc_freqs(self, index: str, field: str):
-        if (index, field) not in self._df:
-            self._df[(index, field)] = self._backend.doc_freqs(index, field)
-        return self._df[(index, field)]
+        self.index_info = functools.cache(backend.index_info)
+        self.doc_freqs = functools.cache(backend.doc_freqs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)

@@ -9,6 +9,7 @@ This module owns naming and handle caching; everything about storage is in the e
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -196,8 +197,6 @@ class EmbeddedBackend(SearchBackend):
     def ingest(self, index: str, docs: Iterable[Document], *, on_batch: ProgressCallback | None = None) -> IngestReport:
         ix = self._writer(index)
         report = IngestReport()
-        batch: list[Document] = []
-
         upkeep = StatsUpdater(ix)  # keeps stored neighbour statistics current (a no-op when there are none)
         # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import DenseStore, read_spec
@@ -205,7 +204,7 @@ class EmbeddedBackend(SearchBackend):
         spec = read_spec(ix.path)
         store = DenseStore(ix.path, spec) if spec is not None else None
 
-        def flush() -> None:
+        def flush(batch: list[Document]) -> None:
             upkeep.before([d.id for d in batch if isinstance(d, Document)])
             todo, vectors, refused = _dense_checked(batch, spec, index)
             if store is not None:
@@ -220,16 +219,12 @@ class EmbeddedBackend(SearchBackend):
             upkeep.after(*_written(todo, items))
             items = _in_order(batch, todo, items, refused)
             report.extend(items)
-            batch.clear()
             if on_batch is not None:
                 on_batch(items)
 
-        for d in docs:
-            batch.append(d)
-            if len(batch) >= self.batch_size:
-                flush()
-        if batch:
-            flush()
+        it = iter(docs)
+        while batch := list(itertools.islice(it, max(1, self.batch_size))):
+            flush(batch)
         upkeep.finish()
         return report
 

@@ -131,12 +131,9 @@ class StairEncoder(Encoder):
     def _to_vectors(self, enc, normalize: bool | None = None) -> list[SparseVector]:
         if self.normalize if normalize is None else normalize:
             enc = self._torch.nn.functional.normalize(enc, dim=-1, eps=1e-6)
-        enc = enc.cpu().numpy()
-        out = []
-        for row in enc:
-            nz = np.flatnonzero(row > self.min_weight)
-            out.append(SparseVector.from_arrays(nz, row[nz], self.vocab, drop_special=True))
-        return out
+        rows = enc.cpu().numpy()
+        kept = [np.flatnonzero(row > self.min_weight) for row in rows]
+        return [SparseVector.from_arrays(nz, row[nz], self.vocab, drop_special=True) for row, nz in zip(rows, kept)]
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         out: list[SparseVector] = []

@@ -437,12 +437,9 @@ def _read_config(path: Path) -> StairConfig:
 def _read_vocab(path: Path, config: StairConfig) -> Vocabulary:
     vocab_path = path / VOCAB_NAME
     default = default_vocabulary()
-    if not vocab_path.exists():
+    vocab = Vocabulary.from_file(vocab_path, name=f"{path.name}/{VOCAB_NAME}") if vocab_path.exists() else default
+    if vocab.digest == default.digest:
         vocab = default
-    else:
-        vocab = Vocabulary.from_file(vocab_path, name=f"{path.name}/{VOCAB_NAME}")
-        if vocab.digest == default.digest:
-            vocab = default
     if len(vocab) != config.vocab_size:
         raise ModelError(
             f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "

@@ -61,10 +61,8 @@ def _needs(opts: HybridOptions, text: str | None, vector: Any) -> None:
 def es_retriever(sparse_query: Mapping[str, Any], text: str | None, opts: HybridOptions, vector: Any = None) -> dict[str, Any]:
     """The Elasticsearch ``retriever`` (the value of ``"retriever"`` in a ``_search`` body)."""
     _needs(opts, text, vector)
-    by_name = {"sparse": lambda: {"standard": {"query": dict(sparse_query)}},
-               "bm25": lambda: {"standard": {"query": bm25_query(text, sparse_query)}},
-               "dense": lambda: {"knn": es_knn(vector, sparse_query, opts.window)}}
-    subs = [by_name[n]() for n in opts.retrievers]
+    parts = (component_query("elasticsearch", n, sparse_query, text, vector, opts.window) for n in opts.retrievers)
+    subs = [part if "knn" in part else {"standard": part} for part in parts]  # a query, or the dense knn section
     if opts.fusion == "rrf":
         return {"rrf": {"retrievers": subs, "rank_window_size": opts.window, "rank_constant": opts.rrf_k}}
     return {"linear": {"retrievers": [{"retriever": r, "weight": float(w), "normalizer": "minmax"}

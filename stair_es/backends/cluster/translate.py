@@ -126,15 +126,10 @@ def translate(
     keys = "id" if (engine == "opensearch" and field_type == "sparse_vector") else "token"
     ctx = _FilterContext(engine, field_type, keys, vocab)
     notes: list[str] = []
-    filters: list[dict[str, Any]] = []
-    must_not: list[dict[str, Any]] = []
-    if request.filter is not None:
-        parts = request.filter.filters if isinstance(request.filter, And) else (request.filter,)
-        for f in parts:
-            if isinstance(f, Not):
-                must_not.append(ctx.dsl(f.filter))
-            else:
-                filters.append(ctx.dsl(f))
+    given = request.filter
+    parts = () if given is None else given.filters if isinstance(given, And) else (given,)
+    filters = [ctx.dsl(f) for f in parts if not isinstance(f, Not)]
+    must_not = [ctx.dsl(f.filter) for f in parts if isinstance(f, Not)]
     budget = max_clauses - ctx.clauses - (1 if text else 0)
     if budget < 1:
         raise InvalidInputError(
