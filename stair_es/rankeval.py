@@ -80,12 +80,8 @@ class Problem:
     kind: str = "error"
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"line": self.line, self.kind: self.message}
-        if self.file is not None:
-            d["file"] = self.file
-        if self.query_id is not None:
-            d["id"] = self.query_id
-        return d
+        optional = {"file": self.file, "id": self.query_id}
+        return {"line": self.line, self.kind: self.message, **{k: v for k, v in optional.items() if v is not None}}
 
     def __str__(self) -> str:
         where = f"{self.file or ''}:{self.line}" if self.line is not None else (self.file or "")

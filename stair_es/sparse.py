@@ -239,9 +239,7 @@ class SparseVector:
         return SparseVector(self.ids[keep], self.weights[keep], self.vocab)
 
     def dot(self, other: "SparseVector") -> float:
-        common, a, b = np.intersect1d(self.ids, other.ids, assume_unique=True, return_indices=True)
-        if not common.size:
-            return 0.0
+        _, a, b = np.intersect1d(self.ids, other.ids, assume_unique=True, return_indices=True)
         return float(np.dot(self.weights[a].astype(np.float32), other.weights[b].astype(np.float32)))
 
     def contributions(self, other: "SparseVector") -> list[tuple[str, float, float, float]]:
