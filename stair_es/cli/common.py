@@ -42,9 +42,11 @@ class StairGroup(click.Group):
             ctx.exit(70)
 
 
-#: The keyword names :func:`cluster_connection_options` adds to a command.
-CONNECTION_KEYS = ("urls", "api_key", "username", "password", "bearer_token", "ca_certs", "insecure", "timeout",
-                   "config_file")
+#: The keyword names :func:`cluster_connection_options` adds to a command, and the flag of each.
+_CLUSTER_FLAGS = {"urls": "--url", "api_key": "--api-key", "username": "--username", "password": "--password",
+                  "bearer_token": "--bearer-token", "ca_certs": "--ca-certs", "timeout": "--timeout",
+                  "config_file": "--config", "insecure": "--insecure"}
+CONNECTION_KEYS = tuple(_CLUSTER_FLAGS)
 
 
 def cluster_connection_options(engine: str) -> list[Callable]:
@@ -92,11 +94,6 @@ def backend_options(f: Callable) -> Callable:
             kwargs["backend"].close()
 
     return wrapper
-
-
-_CLUSTER_FLAGS = {"urls": "--url", "api_key": "--api-key", "username": "--username", "password": "--password",
-                  "bearer_token": "--bearer-token", "ca_certs": "--ca-certs", "timeout": "--timeout",
-                  "config_file": "--config", "insecure": "--insecure"}
 
 
 def make_backend(conn: dict[str, Any]):
