@@ -106,11 +106,9 @@ def encode(inputs, force_text, top_k, query_index, encoder, model, encoder_opts,
             if hasattr(enc, "explain_text"):  # e.g. clip-vocab: the text's own words vs its projection
                 sources = enc.explain_text(item)
             kind = "text"
-        out.append({"input": item, "kind": kind, "nnz": vec.nnz, "tokens": vec.to_token_map(top_k)})
-        if kind == "text" and grounding is not None:
-            out[-1]["grounding"] = grounding
-        if sources is not None:
-            out[-1]["sources"] = sources
+        optional = {"grounding": grounding, "sources": sources}  # grounding: texts encoded as queries on an index
+        out.append({"input": item, "kind": kind, "nnz": vec.nnz, "tokens": vec.to_token_map(top_k),
+                    **{k: v for k, v in optional.items() if v is not None}})
     if as_json:
         echo_json(out)
         return

@@ -155,9 +155,7 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
         result = backend.search(index, request)
     explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
     if as_json:
-        data = result.to_dict()
-        data["query_tokens"] = qvec.to_token_map(50)
-        data["grounding"] = request.grounding
+        data = {**result.to_dict(), "query_tokens": qvec.to_token_map(50), "grounding": request.grounding}
         if getattr(result, "plan", None) is not None:  # the embedded engine: each segment's strategy and why
             data["plan"] = result.plan.to_dict()
         if request.expansion:
@@ -250,8 +248,7 @@ def explain(index, doc_id, text, limit, as_json, backend, **q) -> None:
                  "window": win, "notes": res.notes}
     source_of = _token_sources(backend.index_info(index).schema)
     if as_json:
-        data = exp.to_dict()
-        data["grounding"] = request.grounding
+        data = {**exp.to_dict(), "grounding": request.grounding}
         if fused is not None:
             data["hybrid"] = fused
         for c in data.get("contributions", []):

@@ -306,8 +306,7 @@ def import_bundle(source: Path | str, *, progress: bool = False) -> StoreEntry:
             log.warning("%s was exported by stair_es %s and this is %s: if the encoder's export format changed "
                         "in between, it makes its derived files again on first use (needs torch)",
                         source.name, manifest.get("stair_es"), __version__)
-        meta = dict(meta)
-        meta["installed"] = {"how": "import", "from": source.name, "at": now_utc(), "stair_es": __version__}
+        meta = {**meta, "installed": {"how": "import", "from": source.name, "at": now_utc(), "stair_es": __version__}}
         with InstallLock(meta["id"]):
             return commit_entry(model_dir, meta)
     finally:

@@ -9,6 +9,7 @@ encoder first so no request ever loads a model. It must not know FastAPI.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -16,7 +17,6 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,8 +210,7 @@ class Service:
                                   max_image_bytes=config.max_image_bytes)
         self._lock = threading.Lock()
         self._encoders: dict[str, Encoder] = {}
-        self._thumbs: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
-        self._thumb_lock = threading.Lock()
+        self._thumbnail = functools.lru_cache(maxsize=512)(self._jpeg)  # the last 512 thumbnails made
 
     # --- models (each built once) --------------------------------------------------------------
     def _cached(self, key: str, build) -> Encoder:
@@ -545,24 +544,22 @@ class Service:
         return payload, (t1 - t0, c1 - c0, t2 - t1, c2 - c1)
 
     # --- what leaves the server: no absolute server paths ------------------------------------------
+    @functools.cached_property
     def _server_paths(self) -> list[tuple[str, str]]:
-        paths = getattr(self, "_paths", None)
-        if paths is None:
-            found: list[tuple[str, str]] = []
-            home = getattr(self.backend, "home", None) or self.config.backend_options.get("home")
-            for given, label in [(home, "<index home>")] + [(r, "<image root>") for r in self.config.image_roots]:
-                if not given:
-                    continue
-                for form in {str(Path(given)), str(Path(given).expanduser().resolve())}:
-                    if form not in ("/", "."):
-                        found.append((form.rstrip("/"), label))
-            paths = self._paths = sorted(set(found), key=lambda x: -len(x[0]))  # longest first
-        return paths
+        found: list[tuple[str, str]] = []
+        home = getattr(self.backend, "home", None) or self.config.backend_options.get("home")
+        for given, label in [(home, "<index home>")] + [(r, "<image root>") for r in self.config.image_roots]:
+            if not given:
+                continue
+            for form in {str(Path(given)), str(Path(given).expanduser().resolve())}:
+                if form not in ("/", "."):
+                    found.append((form.rstrip("/"), label))
+        return sorted(set(found), key=lambda x: -len(x[0]))  # longest first
 
     def scrub(self, message: str) -> str:
         """``message`` with the server's paths replaced: index home and image roots by a label,
         any other absolute path by its last component."""
-        for path, label in self._server_paths():
+        for path, label in self._server_paths:
             message = message.replace(path, label)
         return _ABS_PATH.sub(lambda m: m.group(1).rsplit("/", 1)[-1] or m.group(1), message)
 
@@ -609,8 +606,7 @@ class Service:
         if isinstance(p, Exception):
             raise p
         data = self.backend.explain(p.index, doc_id, p.request).to_dict()
-        data["notes"] = p.notes + data["notes"]
-        return data
+        return {**data, "notes": p.notes + data["notes"]}
 
     # --- indices, thumbnails, health -------------------------------------------------------------
     def indices(self) -> list[dict[str, Any]]:
@@ -636,12 +632,9 @@ class Service:
 
     def thumbnail(self, index: str, doc_id: str, size: int = 256) -> bytes:
         """A JPEG of a document's source image, if that file lies under an image root."""
-        size = max(32, min(int(size), 1024))
-        key = (index, doc_id, size)
-        with self._thumb_lock:
-            if key in self._thumbs:
-                self._thumbs.move_to_end(key)
-                return self._thumbs[key]
+        return self._thumbnail(index, doc_id, max(32, min(int(size), 1024)))
+
+    def _jpeg(self, index: str, doc_id: str, size: int) -> bytes:
         real = self._image_file(index, doc_id)
         from ..images import load_image
 
@@ -652,12 +645,7 @@ class Service:
         img.thumbnail((size, size))
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=82)
-        data = buf.getvalue()
-        with self._thumb_lock:
-            self._thumbs[key] = data
-            while len(self._thumbs) > 512:
-                self._thumbs.popitem(last=False)
-        return data
+        return buf.getvalue()
 
     def heatmap(self, index: str, doc_id: str, query: str, size: int = 256, alpha: float = 0.5) -> bytes:
         """A PNG of a document's image with the STAIR localisation of ``query`` laid over it

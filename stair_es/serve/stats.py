@@ -101,14 +101,11 @@ class ServeStats:
 
     # --- the summary -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"since_s": round(time.time() - self.started, 1), "kept": KEEP}
-        out["search"] = _phases_summary(list(self.search))
-        out["shed"] = _pct_ms(list(self.shed))
-        out["shed_from_queue"] = _pct_ms(list(self.shed_queue))
-        out["loop_lag"] = _pct_ms(list(self.loop_lag))
-        out["gc"] = {f"generation_{g}": _pct_ms(list(v)) for g, v in self.gc_pauses.items()}
-        out["gc"]["frozen_objects"] = gc.get_freeze_count()
-        return out
+        gc_pauses = {f"generation_{g}": _pct_ms(list(v)) for g, v in self.gc_pauses.items()}
+        return {"since_s": round(time.time() - self.started, 1), "kept": KEEP,
+                "search": _phases_summary(list(self.search)), "shed": _pct_ms(list(self.shed)),
+                "shed_from_queue": _pct_ms(list(self.shed_queue)), "loop_lag": _pct_ms(list(self.loop_lag)),
+                "gc": {**gc_pauses, "frozen_objects": gc.get_freeze_count()}}
 
     def reset(self) -> None:
         for kept in (self.search, self.shed, self.shed_queue, self.loop_lag, *self.gc_pauses.values()):

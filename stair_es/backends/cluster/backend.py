@@ -238,8 +238,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
             on_batch(items)
 
     def _add_fields(self, index: str, meta: IndexMeta, new_fields: dict[str, str]) -> None:
-        raw = dict(meta.raw_meta)
-        raw["schema"] = meta.schema.to_dict()
+        raw = {**meta.raw_meta, "schema": meta.schema.to_dict()}
         body = {"properties": metadata_properties(new_fields), "_meta": {META_KEY: raw}}
         self.request("PUT", self._path(index, "_mapping"), body, action=f"add fields {sorted(new_fields)} to {index!r}", index=index)
         meta.raw_meta = raw
