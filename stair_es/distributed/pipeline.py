@@ -372,11 +372,17 @@ def _next_shard(retry: deque[ShardTask], tasks: Iterator[ShardTask], source_done
     return task, task is None
 
 
-def _died(task: ShardTask, attempts: int, exitcode: int | None) -> str:
-    how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
-           else f"exit status {exitcode}" if exitcode is not None else "it stopped answering")
-    return (f"the worker process encoding shard {task.k} died {attempts} time(s) ({how}: killed, out of memory, or a "
-            "crash in native code); run encode-catalog again to retry this shard")
+def _lost(task: ShardTask, attempts: dict[int, int], retry: deque[ShardTask], max_retries: int, who: str,
+          how: str = "") -> Iterator[dict]:
+    """``who`` died holding ``task``: the shard goes back in ``retry``, or, once it has been tried
+    ``1 + max_retries`` times, is given up on (``how`` the worker died, if known)."""
+    n = attempts[task.k] = attempts.get(task.k, 0) + 1
+    log.warning("%s died while encoding shard %d (attempt %d of %d)", who, task.k, n, 1 + max_retries)
+    if n <= max_retries:
+        retry.append(task)
+        return
+    yield failed_shard(task, f"the {who.removeprefix('a ')} encoding shard {task.k} died {n} time(s) ({how}killed, "
+                             "out of memory, or a crash in native code); run encode-catalog again to retry this shard")
 
 
 def _shard_answer(ctx: WorkerContext, task: ShardTask, kind: str, payload: Any) -> dict:
@@ -441,13 +447,9 @@ def _run_local(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatal
                             "call encode_catalog under `if __name__ == '__main__':` (workers are spawned and import "
                             "the main module), and keep the encoder factory importable (a module-level function or "
                             "functools.partial)")
-                    attempts[task.k] = attempts.get(task.k, 0) + 1
-                    log.warning("a worker process died while encoding shard %d (attempt %d of %d)", task.k,
-                                attempts[task.k], 1 + opts.max_retries)
-                    if attempts[task.k] > opts.max_retries:
-                        yield failed_shard(task, _died(task, attempts[task.k], slot.proc.exitcode))
-                    else:
-                        retry.append(task)
+                    how = (f"killed by signal {-code}" if code is not None and code < 0
+                           else f"exit status {code}" if code is not None else "it stopped answering")
+                    yield from _lost(task, attempts, retry, opts.max_retries, "a worker process", f"{how}: ")
                     slot.task = None
                     slot.stop()
                     slots[i] = _Slot(mp, ctx, slot.core)
@@ -611,15 +613,7 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
                         waiting[actors[i].ready.remote()] = (i, None)
                     if task is None:
                         continue
-                    attempts[task.k] = attempts.get(task.k, 0) + 1
-                    log.warning("a Ray actor died while encoding shard %d (attempt %d of %d)", task.k,
-                                attempts[task.k], 1 + opts.max_retries)
-                    if attempts[task.k] > opts.max_retries:
-                        yield failed_shard(task, f"the Ray actor encoding shard {task.k} died {attempts[task.k]} "
-                                                 "time(s) (killed, out of memory, or a crash in native code); run "
-                                                 "encode-catalog again to retry this shard")
-                    else:
-                        retry.append(task)
+                    yield from _lost(task, attempts, retry, opts.max_retries, "a Ray actor")
                     continue
                 idle.append(i)
                 if task is None:  # the actor started (or restarted)
