@@ -26,11 +26,8 @@ class Sample:
 
 
 def _m(source: str, kind: str, color: bool, year: int | None, added: str, **extra: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {"source": source, "kind": kind, "color": color, "added": added}
-    if year is not None:
-        meta["year"] = year
-    meta.update(extra)
-    return meta
+    dated = {"year": year} if year is not None else {}
+    return {"source": source, "kind": kind, "color": color, "added": added, **dated, **extra}
 
 
 SAMPLES: tuple[Sample, ...] = (
