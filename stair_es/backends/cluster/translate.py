@@ -130,6 +130,7 @@ def translate(
     parts = () if given is None else given.filters if isinstance(given, And) else (given,)
     filters = [ctx.dsl(f) for f in parts if not isinstance(f, Not)]
     must_not = [ctx.dsl(f.filter) for f in parts if isinstance(f, Not)]
+    flt = {k: v for k, v in (("filter", filters), ("must_not", must_not)) if v}
     budget = max_clauses - ctx.clauses - (1 if text else 0)
     if budget < 1:
         raise InvalidInputError(
@@ -151,19 +152,14 @@ def translate(
         else:
             ns = {"query_tokens": feature_map(c.vector, keys), "boost": float(c.weight)}
             if keys == "id":  # OpenSearch sparse_vector (SEISMIC): k, top_n, heap_factor and the filter
-                flt = {k: v for k, v in (("filter", filters), ("must_not", must_not)) if v}
                 ns["method_parameters"] = (seismic or SeismicParams()).method_parameters(
                     request.top_k, {"bool": flt} if flt else None)
             should.append({"neural_sparse": {c.field: ns}})
     if text:
         should.append({"match": {"caption_text": {"query": text, "boost": float(text_weight)}}})
         notes.append("hybrid: BM25 on caption_text is added to the sparse score; scores are no longer a pure dot product")
-    bool_q: dict[str, Any] = {"should": should, "minimum_should_match": 1}
-    if filters:
-        bool_q["filter"] = filters
-    if must_not:
-        bool_q["must_not"] = must_not
-    return Translation({"bool": bool_q}, notes, replace(request, clauses=clauses))
+    return Translation({"bool": {"should": should, "minimum_should_match": 1, **flt}}, notes,
+                       replace(request, clauses=clauses))
 
 
 def filter_of(query: Mapping[str, Any]) -> dict[str, Any]:
