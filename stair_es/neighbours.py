@@ -158,7 +158,8 @@ class Cooccurrence:
         total = cls()
         it = iter(docs)
         while part := list(itertools.islice(it, chunk)):
-            total = total + cls.from_rows([np.asarray(ids) for ids, _ in part], _caption_rows([c for _, c in part], vocab))
+            images = [np.asarray(ids) for ids, _ in part]
+            total = total + cls.from_rows(images, _caption_rows([c for _, c in part], vocab))
         return total
 
     def _combine(self, other: "Cooccurrence", sign: int) -> "Cooccurrence":

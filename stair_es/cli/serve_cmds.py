@@ -150,8 +150,9 @@ def serve(host, port, image_roots, allowed_hosts, api_key_file, max_queue_ms, qu
     app = create_app(config, service=service)
     d = config.describe()
     click.echo(f"stair-es serve on http://{host}:{port} (backend {d['backend']}, encoder {d['encoder']}, "
-               f"{config.workers} workers, search batching {config.batching}, API key {'required' if api_key else 'off'}, "
-               f"image roots: {', '.join(d['image_roots']) or 'none'}); OpenAPI at /docs", err=True)
+               f"{config.workers} workers, search batching {config.batching}, "
+               f"API key {'required' if api_key else 'off'}, image roots: {', '.join(d['image_roots']) or 'none'}); "
+               "OpenAPI at /docs", err=True)
     # uvicorn's access log shows method, path and status only: never headers (where the key travels).
     # No limit_concurrency: the app's own gate answers 429 with Retry-After instead of uvicorn's bare 503.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5, server_header=False,
