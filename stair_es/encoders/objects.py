@@ -6,9 +6,9 @@ fire hydrant or traffic light; queries about photos name several things and coun
 detector trained on the 80 COCO classes -- MobileNetV3-CenterNet (``centernet.json`` /
 ``centernet.bin``, 4 MB of float16 weights, published in the MIT-licensed npm package
 ``@vladmandic/human`` 3.3.6, converted there from github.com/610265158/mobilenetv3_centernet)
--- on the picture resized to ``size`` x ``size`` (320 by default) and emits:
+-- on the picture resized to ``size`` x ``size`` (192 by default) and emits:
 
-* for every class whose heatmap peak is at least ``threshold`` (0.3), that class's tokens
+* for every class whose heatmap peak is at least ``threshold`` (0.25), that class's tokens
   (``configs/coco_wordnet.json``, made from WordNet like the ImageNet map by
   ``scripts/build_coco_tokens.py``: ``kite`` -> kite, toy; ``giraffe`` -> mammal, animal),
   each with share ``token share x peak x gain`` (``gain`` 0.7);
@@ -21,11 +21,13 @@ sources, ``w = log(1 + 10 * share)``.
 
 The model runs as a PyTorch module made from the TensorFlow.js graph
 (:mod:`stair_es.encoders.tfjs_graph`), exported once to ONNX and cached like every tower
-(:mod:`stair_es.encoders.runtime`). It costs about 20 ms of CPU per picture at 320 px on one
-core -- about 0.8x the rest of the image side -- so it is off by default: enable it
-with ``--encoder-option sources=imagenet,colour,clipart,ocr,scene,objects``. The index records
-``objects: VERSION`` (source rules + token map), so vectors from another detector or map are
-never mixed; text queries never load the detector.
+(:mod:`stair_es.encoders.runtime`). It costs about 8 ms of CPU per picture at 192 px on one
+core. It is a default source of the ``default`` encoder once its detector is installed
+(:func:`installed`: ``stair-es encoders export`` fetches it, and ``scripts/setup.sh`` runs that);
+``--encoder-option sources=...`` without ``objects`` leaves it out. The index records
+``objects: VERSION`` (source rules, input size + token map), so vectors from another detector,
+size, threshold or map are never mixed, and an index built with other ones (320 px and 0.3 while
+the source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text queries never load the detector.
 
 Getting the weights: ``model=FOLDER`` (an encoder option) or ``$STAIR_ES_OBJECTS_MODEL`` names
 a folder holding ``centernet.json`` and ``centernet.bin`` (``npm pack @vladmandic/human@3.3.6``
@@ -64,8 +66,11 @@ log = logging.getLogger(__name__)
 
 SOURCE_VERSION = 1
 SCALE = 10.0
-DEFAULT_SIZE = 320
-DEFAULT_THRESHOLD = 0.3
+#: 192 px with peaks from 0.25 (320 px and 0.3 while the source was opt-in): public photos P@1
+#: 0.367 against 0.360, no sample photo query lost (320 px lost one), 0.36x the detector's CPU
+#: (docs/encoders.md, "Objects as a default source")
+DEFAULT_SIZE = 192
+DEFAULT_THRESHOLD = 0.25
 DEFAULT_GAIN = 0.7
 #: person peaks -> counting word, and the share of the person peak it gets
 COUNT_WORDS: tuple[tuple[int, str, float], ...] = ((2, "people", 1.0), (3, "group", 0.8), (6, "crowd", 0.8))
@@ -92,6 +97,34 @@ def coco_token_map() -> dict[str, Any]:
         raise ModelError("the COCO token map coco_wordnet.json is damaged; reinstall stair-es or regenerate it with "
                          "scripts/build_coco_tokens.py")
     return data
+
+
+def settings_of_version(version: str | None) -> dict[str, Any]:
+    """The input size, threshold and gain an ``objects`` version string records
+    (``objects-v1-s320-t0.3-g0.7:...`` -> size 320, threshold 0.3, gain 0.7), or {}."""
+    import re
+
+    m = re.match(r"objects-v\d+-s(\d+)-t([0-9.]+)-g([0-9.]+):", version or "")
+    return {"size": int(m.group(1)), "threshold": float(m.group(2)), "gain": float(m.group(3))} if m else {}
+
+
+def installed(model: str | None = None) -> bool:
+    """Whether the detector's files are here without a download: ``model``, ``$STAIR_ES_OBJECTS_MODEL``
+    or the model cache holds them (their digests are checked when the detector loads). The
+    ``default`` encoder counts ``objects`` among its default sources only then."""
+    given = model or os.environ.get(ENV_MODEL)
+    folder = cache_folder()
+    if given:
+        folder = Path(given).expanduser()
+        folder = folder.parent if folder.is_file() else folder
+    return all((folder / name).is_file() for name in MODEL_FILES)
+
+
+def cache_folder() -> Path:
+    """Where a downloaded detector lives: in the model cache, named by its package and version."""
+    from .runtime import model_cache_dir
+
+    return model_cache_dir() / f"coco-centernet-human-{PACKAGE_VERSION}"
 
 
 def _carry_hint() -> str:
@@ -194,9 +227,7 @@ def model_folder(model: str | None = None, *, progress: bool | None = None) -> P
         if not folder.is_dir():
             raise InvalidInputError(f"objects_model {given!r} is not a folder; {_carry_hint()}")
         return check_model_folder(folder)
-    from .runtime import model_cache_dir
-
-    dest = model_cache_dir() / f"coco-centernet-human-{PACKAGE_VERSION}"
+    dest = cache_folder()
     with _FETCH_LOCK:
         if dest.is_dir():
             return check_model_folder(dest)
@@ -275,6 +306,10 @@ class ObjectsSource:
         return {"name": self.name, "version": self.version, "size": self.size, "threshold": self.threshold,
                 "gain": self.gain, "model": f"{PACKAGE}@{PACKAGE_VERSION}/models/centernet"}
 
+    def load(self) -> Any:
+        """Load the detector now (fetching its files when needed) instead of on the first picture."""
+        return self._runner()
+
     def _runner(self) -> Any:
         """A function (N, 3, size, size) float32 -> (class peaks (N, 80), person heatmaps (N, h, w))."""
         with self._lock:
@@ -341,17 +376,29 @@ class ObjectsSource:
                     out[word] = max(out.get(word, 0.0), share * float(peaks[0]))
         return out
 
-    def encode_many(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> list[SparseVector]:
-        """One vector per picture; pictures that look drawn get an empty one (never run)."""
+    def prepare(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> tuple[int, list[int], np.ndarray | None]:
+        """The detector's input for a batch: (batch size, the pictures that do not look drawn, their
+        pixels). Pixel work only (Pillow and numpy), so it can run ahead on another thread while
+        the detector runs on the previous batch (:meth:`encode_prepared`)."""
         if flats is None:
             from .clipart import drawing_score
 
             flats = [drawing_score(im) for im in images]
-        out = [SparseVector.empty(self.vocab) for _ in images]
         photos = [i for i, f in enumerate(flats) if f < self.max_flat]
-        if not photos:
+        pixels = np.stack([self.preprocess(images[i]) for i in photos]) if photos else None
+        return len(images), photos, pixels
+
+    def encode_prepared(self, prepared: tuple[int, list[int], np.ndarray | None]) -> list[SparseVector]:
+        """One vector per picture of a batch made by :meth:`prepare`; drawn ones get an empty one (never run)."""
+        n, photos, pixels = prepared
+        out = [SparseVector.empty(self.vocab) for _ in range(n)]
+        if pixels is None:
             return out
-        peaks, person = self._runner()(np.stack([self.preprocess(images[i]) for i in photos]))
+        peaks, person = self._runner()(pixels)
         for k, i in enumerate(photos):
             out[i] = shares_vector(self.shares_from_outputs(peaks[k], person[k]), self.vocab, SCALE)
         return out
+
+    def encode_many(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> list[SparseVector]:
+        """One vector per picture; pictures that look drawn get an empty one (never run)."""
+        return self.encode_prepared(self.prepare(images, flats))

@@ -227,10 +227,14 @@ def test_the_index_records_the_source_and_refuses_another_version():
 
     enc = get_encoder("default", sources="imagenet,colour,objects", text="bow")
     recorded = enc.config()["objects"]
-    assert recorded.startswith("objects-v1-s320") and obj.coco_token_map()["version"] in recorded
+    assert recorded.startswith("objects-v1-s192-t0.25-g0.7:") and obj.coco_token_map()["version"] in recorded
     assert "objects" in enc.token_sources("kite")
     with pytest.raises(EncoderVersionError, match="objects token source"):
         get_encoder("default", sources="imagenet,colour,objects", text="bow", objects="objects-v0")
+    # an index built while the source was opt-in (320 px, 0.3) keeps being encoded as it was
+    old = recorded.replace("-s192-t0.25-", "-s320-t0.3-")
+    rebuilt = get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=old)
+    assert (rebuilt.objects.size, rebuilt.objects.threshold) == (320, 0.3) and rebuilt.config()["objects"] == old
     # a text query never needs the detector
     assert enc.encode_texts(["two dogs"])[0].nnz > 0 and enc.objects._run is None
 
@@ -335,3 +339,46 @@ def test_the_real_detector_finds_the_person_and_the_cup(photos):
     astronaut, coffee = src.encode_many([photos["astronaut"], photos["coffee"]], [0.0, 0.0])
     assert "person" in astronaut.to_token_map()
     assert "cup" in coffee.to_token_map()
+
+
+# --- a default source once installed ---------------------------------------------------------------
+def test_the_default_encoder_counts_objects_only_once_its_detector_is_installed(tmp_path, monkeypatch, caplog):
+    from stair_es.encoders.default import default_sources
+
+    _, files = _fake_package(tmp_path, monkeypatch)
+    monkeypatch.delenv(obj.ENV_MODEL, raising=False)
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING"):
+        assert "objects" not in default_sources()  # nothing downloaded behind the user's back
+    assert obj.installed() is False
+    folder = obj.cache_folder()
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    assert obj.installed() and default_sources()[-1] == "objects"
+    # or a folder the user names
+    monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(tmp_path / "empty"))
+    assert "objects" not in default_sources()
+    monkeypatch.setenv(obj.ENV_MODEL, str(folder))
+    assert "objects" in default_sources()
+
+
+def test_encoders_export_installs_the_detector_or_says_why_not(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from stair_es.cli.main import cli
+
+    asked = []
+
+    def refuse(model=None, **kwargs):
+        asked.append(model)
+        raise ModelError("cannot download the objects source's detector from https://registry.npmjs.org/...: "
+                         "no route; on a machine with internet run `npm pack @vladmandic/human@3.3.6`")
+
+    monkeypatch.setattr(obj, "model_folder", refuse)
+    r = CliRunner().invoke(cli, ["encoders", "export"])
+    assert r.exit_code != 0 and "npm pack" in r.output and asked == [None]
+    # sources named without objects: nothing to fetch (the towers are exported as before)
+    monkeypatch.setattr("stair_es.encoders.runtime.load_tower", lambda spec: (_ for _ in ()).throw(ModelError("stop")))
+    r = CliRunner().invoke(cli, ["encoders", "export", "--encoder-option", "sources=imagenet,colour"])
+    assert asked == [None] and "stop" in r.output
