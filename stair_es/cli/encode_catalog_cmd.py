@@ -43,10 +43,8 @@ from .common import echo_json, encoder_kwargs, encoder_options, json_option, std
 @click.option("--allow-failures", is_flag=True, help="Exit 0 even if some inputs or shards failed.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 @json_option
-def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, address, workers, cpus_per_worker,
-                   gpus_per_worker, batch_size, shard_size, max_retries, pin_workers, no_captions, report_path,
-                   allow_failures, progress,
-                   as_json) -> None:
+def encode_catalog(source, out_dir, encoder, model, encoder_opts, no_captions, report_path, allow_failures, progress,
+                   as_json, **options) -> None:
     """Encode the images (and captions) of SOURCE into Parquet shards in OUT_DIR, on several
     processes or a Ray cluster; then `stair-es ingest INDEX OUT_DIR` puts them in an index.
 
@@ -67,17 +65,16 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
     from stair_es.encoders.base import list_encoders
     from stair_es.errors import UnknownNameError
 
-    if address and engine != "ray":
+    if options["address"] and options["engine"] != "ray":
         raise InvalidInputError("--address is for --engine ray")
-    if pin_workers and engine != "local":
+    if options["pin_workers"] and options["engine"] != "local":
         raise InvalidInputError("--pin-workers is for --engine local (Ray places its actors itself)")
     if encoder not in list_encoders():  # here, before any worker starts
         raise UnknownNameError(f"unknown encoder {encoder!r}; available: {', '.join(list_encoders())}")
     kwargs = encoder_kwargs(model, encoder_opts)
-    opts = EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch_size, shard_size=shard_size,
-                                address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                                encode_captions=not no_captions, max_retries=max_retries, pin_workers=pin_workers,
-                                progress=stderr_is_tty() if progress is None else progress)
+    # the options named as EncodeCatalogOptions' fields go in as they are
+    progress = stderr_is_tty() if progress is None else progress
+    opts = EncodeCatalogOptions(encode_captions=not no_captions, progress=progress, **options)
     with contextlib.ExitStack() as stack:
         on_shard = None
         if report_path:
@@ -108,6 +105,6 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, engine, addres
         click.echo(f"{summary['written']} shard(s) written now, {summary['resumed']} finished before, "
                    f"{summary['failed_shards']} failed; in the new shards {summary['documents']} documents, "
                    f"{summary['failed']} input(s) failed, {summary['skipped']} skipped; {summary['images_per_s'] or 0} "
-                   f"inputs/s ({engine}, {workers} worker(s)) -> {out_dir}")
+                   f"inputs/s ({opts.engine}, {opts.workers} worker(s)) -> {out_dir}")
     if (report.failures or report.failed_shards) and not allow_failures:
         raise click.exceptions.Exit(1)

@@ -38,8 +38,8 @@ from .common import backend_options, echo_json, encoder_kwargs, encoder_options,
 @json_option
 @backend_options
 @click.pass_context
-def ingest(ctx, index, source, encoder, model, encoder_opts, batch_size, reindex, no_captions, report_path,
-           allow_failures, progress, dense_model, dense_dtype, vectors_only, as_json, backend) -> None:
+def ingest(ctx, index, source, encoder, model, encoder_opts, no_captions, report_path, allow_failures, progress,
+           vectors_only, as_json, backend, **options) -> None:
     """Encode the images of SOURCE and add them to INDEX (created if missing).
 
     SOURCE is a folder (recursively; NAME.txt / NAME.json beside NAME.jpg give its caption and
@@ -69,9 +69,9 @@ def ingest(ctx, index, source, encoder, model, encoder_opts, batch_size, reindex
         raise InvalidInputError(f"{source} is not a folder of shards written by `stair-es encode-catalog` "
                                 "(it has no _stair_shards.json); leave out --vectors to encode it")
     kwargs = encoder_kwargs(model, encoder_opts)
-    opts = IngestOptions(batch_size=batch_size, reindex=reindex, encode_captions=not no_captions,
-                         progress=stderr_is_tty() if progress is None else progress, dense_model=dense_model,
-                         dense_dtype=dense_dtype)
+    progress = stderr_is_tty() if progress is None else progress
+    # the options named as IngestOptions' fields (batch size, reindex, dense model and type) go in as they are
+    opts = IngestOptions(encode_captions=not no_captions, progress=progress, **options)
     # The report file is written as items finish, so an interrupted run still says what it did.
     with contextlib.ExitStack() as stack:
         on_items = None
