@@ -27,7 +27,8 @@ core. It is a default source of the ``default`` encoder once its detector is ins
 ``--encoder-option sources=...`` without ``objects`` leaves it out. The index records
 ``objects: VERSION`` (source rules, input size + token map), so vectors from another detector,
 size, threshold or map are never mixed, and an index built with other ones (320 px and 0.3 while
-the source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text queries never load the detector.
+the source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text
+queries never load the detector.
 
 Getting the weights: ``model=FOLDER`` (an encoder option) or ``$STAIR_ES_OBJECTS_MODEL`` names
 a folder holding ``centernet.json`` and ``centernet.bin`` (``npm pack @vladmandic/human@3.3.6``
