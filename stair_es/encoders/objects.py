@@ -6,9 +6,9 @@ fire hydrant or traffic light; queries about photos name several things and coun
 detector trained on the 80 COCO classes -- MobileNetV3-CenterNet (``centernet.json`` /
 ``centernet.bin``, 4 MB of float16 weights, published in the MIT-licensed npm package
 ``@vladmandic/human`` 3.3.6, converted there from github.com/610265158/mobilenetv3_centernet)
--- on the picture resized to ``size`` x ``size`` (192 by default) and emits:
+-- on the picture resized to ``size`` x ``size`` (256 by default) and emits:
 
-* for every class whose heatmap peak is at least ``threshold`` (0.25), that class's tokens
+* for every class whose heatmap peak is at least ``threshold`` (0.3), that class's tokens
   (``configs/coco_wordnet.json``, made from WordNet like the ImageNet map by
   ``scripts/build_coco_tokens.py``: ``kite`` -> kite, toy; ``giraffe`` -> mammal, animal),
   each with share ``token share x peak x gain`` (``gain`` 0.7);
@@ -21,13 +21,13 @@ sources, ``w = log(1 + 10 * share)``.
 
 The model runs as a PyTorch module made from the TensorFlow.js graph
 (:mod:`stair_es.encoders.tfjs_graph`), exported once to ONNX and cached like every tower
-(:mod:`stair_es.encoders.runtime`). It costs about 8 ms of CPU per picture at 192 px on one
+(:mod:`stair_es.encoders.runtime`). It costs about 12 ms of CPU per picture at 256 px on one
 core. It is a default source of the ``default`` encoder once its detector is installed
 (:func:`installed`: ``stair-es encoders export`` fetches it, and ``scripts/setup.sh`` runs that);
 ``--encoder-option sources=...`` without ``objects`` leaves it out. The index records
 ``objects: VERSION`` (source rules, input size + token map), so vectors from another detector,
-size, threshold or map are never mixed, and an index built with other ones (320 px and 0.3 while
-the source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text
+size, threshold or map are never mixed, and an index built with other ones (320 px while the
+source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text
 queries never load the detector.
 
 Getting the weights: ``model=FOLDER`` (an encoder option) or ``$STAIR_ES_OBJECTS_MODEL`` names
@@ -67,11 +67,12 @@ log = logging.getLogger(__name__)
 
 SOURCE_VERSION = 1
 SCALE = 10.0
-#: 192 px with peaks from 0.25 (320 px and 0.3 while the source was opt-in): public photos P@1
-#: 0.367 against 0.360, no sample photo query lost (320 px lost one), 0.36x the detector's CPU
-#: (docs/encoders.md, "Objects as a default source")
-DEFAULT_SIZE = 192
-DEFAULT_THRESHOLD = 0.25
+#: 256 px (320 px while the source was opt-in; the model was trained at 512): 0.59x the detector's
+#: CPU at 320 px, as good on the public photos within a few queries, no sample photo query lost
+#: (320 px lost one); 192 px was cheaper still but its detections agreed far less with the
+#: model's own at 512 px (docs/encoders.md, "Objects as a default source")
+DEFAULT_SIZE = 256
+DEFAULT_THRESHOLD = 0.3
 DEFAULT_GAIN = 0.7
 #: person peaks -> counting word, and the share of the person peak it gets
 COUNT_WORDS: tuple[tuple[int, str, float], ...] = ((2, "people", 1.0), (3, "group", 0.8), (6, "crowd", 0.8))

@@ -227,14 +227,14 @@ def test_the_index_records_the_source_and_refuses_another_version():
 
     enc = get_encoder("default", sources="imagenet,colour,objects", text="bow")
     recorded = enc.config()["objects"]
-    assert recorded.startswith("objects-v1-s192-t0.25-g0.7:") and obj.coco_token_map()["version"] in recorded
+    assert recorded.startswith("objects-v1-s256-t0.3-g0.7:") and obj.coco_token_map()["version"] in recorded
     assert "objects" in enc.token_sources("kite")
     with pytest.raises(EncoderVersionError, match="objects token source"):
         get_encoder("default", sources="imagenet,colour,objects", text="bow", objects="objects-v0")
-    # an index built while the source was opt-in (320 px, 0.3) keeps being encoded as it was
-    old = recorded.replace("-s192-t0.25-", "-s320-t0.3-")
+    # an index built while the source was opt-in (320 px) keeps being encoded as it was
+    old = recorded.replace("-s256-t0.3-", "-s320-t0.25-")
     rebuilt = get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=old)
-    assert (rebuilt.objects.size, rebuilt.objects.threshold) == (320, 0.3) and rebuilt.config()["objects"] == old
+    assert (rebuilt.objects.size, rebuilt.objects.threshold) == (320, 0.25) and rebuilt.config()["objects"] == old
     # a text query never needs the detector
     assert enc.encode_texts(["two dogs"])[0].nnz > 0 and enc.objects._run is None
 
@@ -336,8 +336,10 @@ def test_the_real_detector_finds_the_person_and_the_cup(photos):
         pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
     src = obj.ObjectsSource(model=str(folder))
     assert src.tower_spec().kind == "coco-centernet"  # what `stair-es encoders export` prepares
-    astronaut, coffee = src.encode_many([photos["astronaut"], photos["coffee"]], [0.0, 0.0])
-    assert "person" in astronaut.to_token_map()
+    astronaut, chelsea = src.encode_many([photos["astronaut"], photos["chelsea"]], [0.0, 0.0])
+    assert "person" in astronaut.to_token_map() and "cat" in chelsea.to_token_map()
+    # at 320 px (the size of indices made while the source was opt-in) the close-up cup is found too
+    (coffee,) = obj.ObjectsSource(model=str(folder), size=320).encode_many([photos["coffee"]], [0.0])
     assert "cup" in coffee.to_token_map()
 
 
