@@ -47,8 +47,9 @@ GATE_SIDE = 128
 GATE_LOW, GATE_RANGE = 0.15, 0.30
 
 
-def drawing_score(image: Any) -> float:
-    """The share of flat pixels of a picture (see the module docstring): ~0 for photos, ~1 for drawings."""
+def _flat_pixels(image: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The picture at most ``GATE_SIDE`` px (int16 RGB) and which of its pixels (all but the first
+    row and column) equal their upper and left neighbours; None for a picture under 2 x 2 px."""
     from PIL import Image
 
     im = image if image.mode == "RGB" else image.convert("RGB")
@@ -57,10 +58,33 @@ def drawing_score(image: Any) -> float:
         im.thumbnail((GATE_SIDE, GATE_SIDE), Image.Resampling.BOX)
     a = np.asarray(im, dtype=np.int16)
     if a.shape[0] < 2 or a.shape[1] < 2:
-        return 1.0
+        return None
     core = a[1:, 1:]
-    flat = (np.abs(core - a[:-1, 1:]).max(axis=-1) <= 1) & (np.abs(core - a[1:, :-1]).max(axis=-1) <= 1)
-    return float(flat.mean())
+    return a, (np.abs(core - a[:-1, 1:]).max(axis=-1) <= 1) & (np.abs(core - a[1:, :-1]).max(axis=-1) <= 1)
+
+
+def drawing_score(image: Any) -> float:
+    """The share of flat pixels of a picture (see the module docstring): ~0 for photos, ~1 for drawings."""
+    found = _flat_pixels(image)
+    return 1.0 if found is None else float(found[1].mean())
+
+
+def foreground_flatness(image: Any) -> float:
+    """:func:`drawing_score` of what is not a plain background: when one colour holds at least half
+    of the picture's border, the pixels of that colour are left out. A product photo on a white
+    studio background scores ~1 by :func:`drawing_score` (all that white is flat) but ~0.05 here
+    (its object is a photo); a drawing's own fills stay flat. Without a plain background, or
+    with almost nothing else, it equals :func:`drawing_score`."""
+    found = _flat_pixels(image)
+    if found is None:
+        return 1.0
+    a, flat = found
+    border = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
+    colours, counts = np.unique(border, axis=0, return_counts=True)
+    if counts.max() * 2 < len(border):
+        return float(flat.mean())
+    foreground = np.abs(a[1:, 1:] - colours[counts.argmax()]).max(axis=-1) > 2
+    return float(flat[foreground].mean()) if foreground.mean() >= 0.05 else float(flat.mean())
 
 
 def drawing_gate(image: Any, score: float | None = None) -> float:

@@ -201,12 +201,10 @@ class DefaultEncoder(GroundingEncoder):
                 self._people_version_error = e  # text queries never read pictures: only image encoding is refused
         self.objects = None
         if "objects" in self.sources:  # COCO things and people counts from a detector (stair_es/encoders/objects.py)
-            from .objects import ObjectsSource
+            from .objects import ObjectsSource, settings_of_version
 
-            from .objects import settings_of_version
-
-            # an index records the size and threshold its pictures were read with (320 px and 0.3
-            # while the source was opt-in)
+            # an index records the size and threshold its pictures were read with (320 px while the
+            # source was opt-in)
             self.objects = ObjectsSource(model=o.objects_model, runtime=o.runtime, vocab=self.vocab,
                                          **settings_of_version(o.objects))  # the detector loads on the first image
             check_recorded_version("the objects token source", o.objects, self.objects.version, allow_version_mismatch,

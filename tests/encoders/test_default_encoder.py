@@ -19,6 +19,7 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
 
     monkeypatch.setattr(mod, "splade_available", lambda model="splade-tiny": False)
     monkeypatch.setattr(ocr_mod, "ocr_available", lambda: False)  # an install without RapidOCR: no ocr source
+    monkeypatch.setattr("stair_es.encoders.objects.installed", lambda model=None: False)  # nor the objects detector
     enc = DefaultEncoder()
     assert isinstance(enc.text_encoder, BagOfWordsEncoder)
     from stair_es.encoders.clipart import head_provenance
@@ -41,6 +42,7 @@ def test_default_sources_read_words_when_rapidocr_is_installed(monkeypatch):
     from stair_es.encoders.ocr import VERSION
 
     monkeypatch.setattr(ocr_mod, "ocr_available", lambda: True)
+    monkeypatch.setattr("stair_es.encoders.objects.installed", lambda model=None: False)  # tests/encoders/test_objects.py
     cfg = DefaultEncoder().config()
     assert cfg["sources"] == ["imagenet", "colour", "clipart", "scene", "ocr"]
     assert (cfg["ocr"], cfg["ocr_images"]) == (VERSION, "drawings")  # recorded: an index says what it was read with

@@ -209,6 +209,27 @@ def test_drawings_never_run_the_detector():
     assert out[0].nnz == 0
 
 
+def test_a_photo_on_a_plain_studio_background_is_read_as_a_photo(photos):
+    from PIL import Image, ImageDraw
+
+    from stair_es.encoders.clipart import drawing_score, foreground_flatness
+
+    product = Image.new("RGB", (1000, 760), "white")  # a catalog shot: the photo on white all round it
+    product.paste(photos["coffee"].resize((600, 400)), (200, 180))
+    drawing = Image.new("RGB", (400, 300), "white")  # clip art: flat fills on white
+    ImageDraw.Draw(drawing).ellipse((80, 40, 320, 260), fill=(200, 30, 30), outline=(0, 0, 0), width=6)
+    assert drawing_score(product) > 0.45 and foreground_flatness(product) < 0.2  # all that white is flat
+    assert drawing_score(drawing) > 0.45 and foreground_flatness(drawing) > 0.45
+    assert foreground_flatness(photos["coffee"]) == pytest.approx(drawing_score(photos["coffee"]))  # no plain border
+
+    for rules, batches in ((2, [1]), (1, [])):  # rules 2: the product photo alone goes to the detector
+        ran = []
+        src = _source(rules=rules)
+        src._run = lambda x, ran=ran: (ran.append(len(x)), (np.zeros((len(x), 80), np.float32), np.zeros((len(x), 4, 4))))[1]
+        src.encode_many([product, drawing], [drawing_score(product), drawing_score(drawing)])
+        assert ran == batches
+
+
 def test_every_token_is_a_whole_bert_token():
     src = _source()
     assert all(src.vocab.get(t) is not None and not t.startswith("##") for t in src.tokens)
@@ -227,14 +248,17 @@ def test_the_index_records_the_source_and_refuses_another_version():
 
     enc = get_encoder("default", sources="imagenet,colour,objects", text="bow")
     recorded = enc.config()["objects"]
-    assert recorded.startswith("objects-v1-s192-t0.25-g0.7:") and obj.coco_token_map()["version"] in recorded
+    assert recorded.startswith("objects-v2-s256-t0.3-g0.7:") and obj.coco_token_map()["version"] in recorded
     assert "objects" in enc.token_sources("kite")
     with pytest.raises(EncoderVersionError, match="objects token source"):
         get_encoder("default", sources="imagenet,colour,objects", text="bow", objects="objects-v0")
-    # an index built while the source was opt-in (320 px, 0.3) keeps being encoded as it was
-    old = recorded.replace("-s192-t0.25-", "-s320-t0.3-")
+    # an index built while the source was opt-in (rules 1, 320 px) keeps being encoded as it was
+    old = recorded.replace("objects-v2-s256-t0.3-", "objects-v1-s320-t0.25-")
     rebuilt = get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=old)
-    assert (rebuilt.objects.size, rebuilt.objects.threshold) == (320, 0.3) and rebuilt.config()["objects"] == old
+    assert (rebuilt.objects.rules, rebuilt.objects.size, rebuilt.objects.threshold) == (1, 320, 0.25)
+    assert rebuilt.config()["objects"] == old
+    with pytest.raises(EncoderVersionError, match="objects token source"):  # rules of a later stair_es
+        get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=recorded.replace("-v2-", "-v9-"))
     # a text query never needs the detector
     assert enc.encode_texts(["two dogs"])[0].nnz > 0 and enc.objects._run is None
 
@@ -336,8 +360,10 @@ def test_the_real_detector_finds_the_person_and_the_cup(photos):
         pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
     src = obj.ObjectsSource(model=str(folder))
     assert src.tower_spec().kind == "coco-centernet"  # what `stair-es encoders export` prepares
-    astronaut, coffee = src.encode_many([photos["astronaut"], photos["coffee"]], [0.0, 0.0])
-    assert "person" in astronaut.to_token_map()
+    astronaut, chelsea = src.encode_many([photos["astronaut"], photos["chelsea"]], [0.0, 0.0])
+    assert "person" in astronaut.to_token_map() and "cat" in chelsea.to_token_map()
+    # at 320 px (the size of indices made while the source was opt-in) the close-up cup is found too
+    (coffee,) = obj.ObjectsSource(model=str(folder), size=320).encode_many([photos["coffee"]], [0.0])
     assert "cup" in coffee.to_token_map()
 
 
