@@ -238,6 +238,8 @@ class Batcher:
         return ready[0] if ready else None
 
     def _run_one(self, r: _Ready) -> None:
+        if r.job.future.done():  # its caller gave up while the batch was prepared: not searched
+            return
         t0 = time.perf_counter()
         try:
             result = self.run(r.prepared)
