@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import provenance_line  # noqa: E402
+from benchmarks.common import provenance_line, user_shell_env  # noqa: E402
 
 QUERY = "a red car"
 
@@ -69,12 +69,9 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
 
 
 def _user_env(home: Path, pycache: Path) -> dict[str, str]:
-    """The environment of a user's shell: bytecode is cached (in a folder of this run, so the
-    checkout is not written to), whatever PYTHONDONTWRITEBYTECODE this shell has."""
-    env = dict(os.environ, STAIR_ES_HOME=str(home), STAIR_ES_MODEL_CACHE=str(home / "_models"),
-               PYTHONPYCACHEPREFIX=str(pycache))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+    """The environment of a user's shell (:func:`benchmarks.common.user_shell_env`) with ``home``
+    as stair_es's data home and model cache."""
+    return user_shell_env(pycache, STAIR_ES_HOME=str(home), STAIR_ES_MODEL_CACHE=str(home / "_models"))
 
 
 def threshold_table() -> None:

@@ -129,3 +129,12 @@ def provenance_line(info: Mapping[str, Any] | None = None) -> str:
     return (f"commit {m['commit'] or 'unknown'}; {m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM; "
             f"Python {m['python']}; {m['started']}")
 
+
+def user_shell_env(pycache: Path | str, **overrides: str) -> dict[str, str]:
+    """The environment of a user's shell for a timed ``stair-es`` command: this one's, plus
+    ``overrides``, with Python's bytecode cached under ``pycache`` (so the checkout is not written
+    to) whatever ``PYTHONDONTWRITEBYTECODE`` this shell has -- otherwise every command would
+    compile stair_es from source, about 0.2 s that no user with a normal shell pays."""
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(pycache), **overrides)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env

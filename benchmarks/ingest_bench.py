@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import provenance_line  # noqa: E402
+from benchmarks.common import provenance_line, user_shell_env  # noqa: E402
 
 from PIL import Image
 
@@ -84,13 +84,9 @@ def time_ingest(cli: str, folder: Path | list[Path], model_cache: Path, options:
 
 
 def user_env(model_cache: Path, **extra: str) -> dict[str, str]:
-    """The environment of a user's shell, as ``cold_search.py`` makes it: bytecode cached (in a
-    folder beside the model cache, so the checkout is not written to) whatever
-    PYTHONDONTWRITEBYTECODE this shell has -- otherwise every run would compile stair_es from
-    source, about 0.2 s that no user with a normal shell pays."""
-    env = dict(os.environ, STAIR_ES_MODEL_CACHE=str(model_cache), PYTHONPYCACHEPREFIX=f"{model_cache}-pycache", **extra)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+    """A user's shell (:func:`benchmarks.common.user_shell_env`) with this model cache; the
+    bytecode is cached beside it."""
+    return user_shell_env(f"{model_cache}-pycache", STAIR_ES_MODEL_CACHE=str(model_cache), **extra)
 
 
 def decode_speed(paths: list[Path], **kwargs) -> float:
