@@ -393,8 +393,8 @@ class DefaultEncoder(GroundingEncoder):
         with self._pixel_worker() as pool, single_threaded_blas(), \
                 progress_bar(len(images), "encoding images", progress) as bar:
             pending = pool.submit(self._pixel_work, chunks[0])
-            if self.objects is not None:  # on a first call, the detector's session is made beside the classifier's
-                pool.submit(self.objects.load)  # (a failure is raised where the detector first runs)
+            # on a first call, the detector's session is made beside the classifier's
+            detector = pool.submit(self.objects.load) if self.objects is not None else None
             net = self.image_encoder.load()
             for i, chunk in enumerate(chunks):
                 pixels, sides, gates, failures, detector_input = pending.result()
@@ -402,7 +402,8 @@ class DefaultEncoder(GroundingEncoder):
                 if i + 1 < len(chunks):
                     pending = pool.submit(self._pixel_work, chunks[i + 1])
                 probs = self.image_encoder.probabilities_from_pixels(pixels, net)
-                if detector_input is not None and self.objects is not None:
+                if detector_input is not None and detector is not None and self.objects is not None:
+                    detector.result()  # a detector that could not load says why here, once
                     for side, v in zip(sides, self.objects.encode_prepared(detector_input)):
                         side["objects"] = v
                 clipart = (self.clipart.encode_probabilities(probs, gates=gates) if self.clipart is not None

@@ -120,12 +120,17 @@ def installed(model: str | None = None) -> bool:
     """Whether the detector's files are here without a download: ``model``, ``$STAIR_ES_OBJECTS_MODEL``
     or the model cache holds them (their digests are checked when the detector loads). The
     ``default`` encoder counts ``objects`` among its default sources only then."""
-    given = model or os.environ.get(ENV_MODEL)
-    folder = cache_folder()
-    if given:
-        folder = Path(given).expanduser()
-        folder = folder.parent if folder.is_file() else folder
+    folder = _named_folder(model) or cache_folder()
     return all((folder / name).is_file() for name in MODEL_FILES)
+
+
+def _named_folder(model: str | None) -> Path | None:
+    """The folder ``model`` or ``$STAIR_ES_OBJECTS_MODEL`` names (a file in it names it too), or None."""
+    given = model or os.environ.get(ENV_MODEL)
+    if not given:
+        return None
+    folder = Path(given).expanduser()
+    return folder.parent if folder.is_file() else folder
 
 
 def cache_folder() -> Path:
@@ -227,12 +232,10 @@ def model_folder(model: str | None = None, *, progress: bool | None = None) -> P
     """The folder with the detector files: ``model``, else ``$STAIR_ES_OBJECTS_MODEL``, else the
     model cache (downloading there once; with a progress bar when ``progress`` is True, or when
     it is None and standard error is a terminal: the first image of an ingest waits for it)."""
-    given = model or os.environ.get(ENV_MODEL)
-    if given:
-        folder = Path(given).expanduser()
-        if folder.is_file():
-            folder = folder.parent
+    folder = _named_folder(model)
+    if folder is not None:
         if not folder.is_dir():
+            given = model or os.environ.get(ENV_MODEL)
             raise InvalidInputError(f"objects_model {given!r} is not a folder; {_carry_hint()}")
         return check_model_folder(folder)
     dest = cache_folder()

@@ -408,3 +408,22 @@ def test_encoders_export_installs_the_detector_or_says_why_not(tmp_path, monkeyp
     monkeypatch.setattr("stair_es.encoders.runtime.load_tower", lambda spec: (_ for _ in ()).throw(ModelError("stop")))
     r = CliRunner().invoke(cli, ["encoders", "export", "--encoder-option", "sources=imagenet,colour"])
     assert asked == [None] and "stop" in r.output
+
+
+def test_a_detector_that_cannot_load_says_why_and_is_tried_once_per_call():
+    pytest.importorskip("efficientnet_lite_pytorch", reason="needs the 'encoders' extra")
+    from PIL import Image
+
+    from stair_es.encoders.default import DefaultEncoder
+
+    enc = DefaultEncoder(sources="imagenet,objects", text="bow")
+    tried = []
+
+    def no_route():
+        tried.append(1)
+        raise ModelError("cannot download the objects source's detector: no route")
+
+    enc.objects._load = no_route  # the download fails (no network here)
+    with pytest.raises(ModelError, match="no route"):
+        enc.encode_images([Image.new("RGB", (300, 200), (10, 120, 30))])
+    assert tried == [1]  # not a second download for the same picture
