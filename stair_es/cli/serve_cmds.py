@@ -17,6 +17,16 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
 
 
 # --- stair-es serve ----------------------------------------------------------------------------
+def _queue_timeout(value: Any) -> float | str | None:
+    """--queue-timeout-ms: milliseconds, auto or off (0: off)."""
+    from stair_es.serve.admission import queue_timeout_setting
+
+    try:
+        return queue_timeout_setting(value)
+    except InvalidInputError as e:
+        raise click.BadParameter(f"{e} (e.g. 20, auto or off)", param_hint="'--queue-timeout-ms'") from None
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind. Anything but loopback requires an API key.")
@@ -48,11 +58,13 @@ from .common import (CONNECTION_KEYS, backend_options, cluster_connection_option
               help="Also answer 429 at once when the requests ahead would take longer than this to drain (requests "
                    "ahead x mean service time / workers): the queue follows the server's speed of the moment "
                    "(0: off, only --max-queue counts).")
-@click.option("--queue-timeout-ms", default=0.0, show_default=True, type=click.FloatRange(0, 3_600_000),
+@click.option("--queue-timeout-ms", default="auto", show_default=True, metavar="MS|auto|off",
               envvar="STAIR_ES_SERVE_QUEUE_TIMEOUT_MS", show_envvar=True,
+              callback=lambda ctx, param, value: _queue_timeout(value),
               help="Answer 429 (with Retry-After) instead of running a request that has waited longer than this in "
-                   "the queue when its turn comes, so that after a stall the backlog is told to come back instead of "
-                   "being served late (0: off).")
+                   "the queue when its turn comes, and refuse at once one expected to wait longer, so that latency "
+                   "stays bounded under overload and after a stall. auto: 20 ms, or 4 mean service times of its kind "
+                   "(searches, other work) when longer; off or 0: no limit (only --max-queue counts).")
 @click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000000),

@@ -23,6 +23,14 @@ request that would be expected to wait longer than the queue timeout is refused 
 once, as with ``--max-queue-ms`` (the lower of the two counts), so a steady overload is still
 shed in a millisecond, not after waiting the timeout.
 
+The queue timeout is on by default, derived from the service times seen (``"auto"``): a request
+may wait :data:`AUTO_FLOOR_MS` (20 ms), or :data:`AUTO_SERVICE_TIMES` (4) mean service times of
+its kind when that is longer. The two kinds are searches (the batcher's queue) and the worker
+pool's work (encoding, explain, the page), each with its own moving average, so a slow kind (an
+image encoding of 150 ms, a cluster's search) keeps a queue of its own length while a fast one
+(a search of 5 ms on 1M documents) is held to the 20 ms that keep its p99 near 50 ms at 80 % of
+the server's capacity (measured in docs/serve.md, "Defaults that hold the p99").
+
 With a ``request_timeout``, a request not answered in that time gets 504: if it was still
 waiting, it leaves the queue and its work never starts; if it was running, its answer is
 abandoned and the worker finishes it (a thread cannot be stopped mid-search), its slot held
@@ -45,6 +53,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from ..errors import InvalidInputError
 from .errors import RequestTimeoutError, ServerBusyError
 
 
@@ -98,18 +107,48 @@ def set_loop_priority(nice: int) -> str | None:
     return None
 
 
+#: ``--queue-timeout-ms auto`` (the default): a request may wait this long in the queue ...
+AUTO_FLOOR_MS = 20.0
+#: ... or this many mean service times of its kind, when that is longer.
+AUTO_SERVICE_TIMES = 4.0
+#: The kinds of work with a queue timeout of their own under ``auto``: searches through the batcher, and the pool's.
+KINDS = ("search", "pool")
+
+
+def queue_timeout_setting(value: Any) -> float | str | None:
+    """``--queue-timeout-ms`` as given (a number of ms, ``auto`` or ``off``; 0: off) -> ms, ``"auto"`` or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v == "auto":
+            return "auto"
+        if v in ("off", "none", ""):
+            return None
+        try:
+            value = float(v)
+        except ValueError:
+            raise InvalidInputError(f"queue timeout {value!r}: give milliseconds, 'auto' or 'off'") from None
+    value = float(value)
+    if value < 0 or value != value:
+        raise InvalidInputError(f"queue timeout {value:g}: give milliseconds >= 0 (0: off), 'auto' or 'off'")
+    return value if value > 0 else None
+
+
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
-                 queue_timeout_ms: float | None = None):
+                 queue_timeout_ms: float | str | None = None):
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
-        self.queue_timeout_ms = float(queue_timeout_ms) if queue_timeout_ms and queue_timeout_ms > 0 else None
+        # a fixed number of ms, "auto" (derived per kind of work from its service times) or None (off)
+        self.queue_timeout_ms = queue_timeout_setting(queue_timeout_ms)
         self.request_timeout = request_timeout if request_timeout and request_timeout > 0 else None
         self.admitted = 0  # running + waiting, on every path (the search batcher's queue included)
         self._busy = 0  # worker slots held by pool work
         self._waiting: deque[asyncio.Future] = deque()
         self._mean_s = 0.005  # moving average of service times (seconds); a guess until the first request
+        self._kind_mean_s = dict.fromkeys(KINDS, 0.005)  # the same, per kind of work (for the auto queue timeout)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
                                         initializer=lower_thread_priority, initargs=(worker_nice,))
         self.shed = 0  # counters, for tests and curious operators
@@ -117,9 +156,30 @@ class Admission:
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)
 
     # --- the numbers a refused client is told ----------------------------------------------------
-    def observe(self, seconds: float) -> None:
-        """One service time (seconds) into the moving average."""
-        self._mean_s += 0.1 * (max(0.0, seconds) - self._mean_s)
+    def observe(self, seconds: float, kind: str = "pool") -> None:
+        """One service time (seconds) of ``kind`` (``search`` or ``pool``) into the moving averages."""
+        seconds = max(0.0, seconds)
+        self._mean_s += 0.1 * (seconds - self._mean_s)
+        self._kind_mean_s[kind] += 0.1 * (seconds - self._kind_mean_s[kind])
+
+    def queue_timeout(self, kind: str = "pool") -> float | None:
+        """The queue timeout of ``kind`` in ms now (None: off): the fixed ``--queue-timeout-ms``, or
+        under ``auto`` :data:`AUTO_FLOOR_MS`, or :data:`AUTO_SERVICE_TIMES` mean service times of
+        that kind when longer. Safe to call from a search thread: it only reads numbers."""
+        qt = self.queue_timeout_ms
+        if qt == "auto":
+            return max(AUTO_FLOOR_MS, AUTO_SERVICE_TIMES * self._kind_mean_s[kind] * 1000)
+        return qt
+
+    def queue_timeout_s(self, kind: str = "pool") -> float | None:
+        ms = self.queue_timeout(kind)
+        return None if ms is None else ms / 1000
+
+    def _timeout_named(self, ms: float) -> str:
+        if self.queue_timeout_ms == "auto":
+            return (f"its queue timeout of {ms:.0f} ms (--queue-timeout-ms auto: {AUTO_FLOOR_MS:g} ms, or "
+                    f"{AUTO_SERVICE_TIMES:g} service times when longer)")
+        return f"--queue-timeout-ms {ms:g}"
 
     def retry_after_ms(self) -> int:
         """When a refused client should come back: the admitted requests' drain time, 1 ms to 60 s."""
@@ -135,44 +195,51 @@ class Admission:
         ahead = max(0, self.admitted - self.workers + 1)
         return ahead * self._mean_s * 1000 / self.workers
 
-    def _door_budget(self) -> tuple[float, str] | None:
-        """The wait a request may be expected to have before it is refused at the door, and the
-        option that sets it: ``--max-queue-ms``, or ``--queue-timeout-ms`` when lower (a request
-        that would wait past the queue timeout would only be refused later, after that wait)."""
-        budgets = [(v, o) for v, o in ((self.max_wait_ms, "--max-queue-ms"), (self.queue_timeout_ms, "--queue-timeout-ms"))
-                   if v is not None]
-        return min(budgets) if budgets else None
+    def _door_budget(self, kind: str = "pool") -> tuple[float, bool] | None:
+        """The wait a request of ``kind`` may be expected to have before it is refused at the door,
+        and whether the queue timeout sets it (else ``--max-queue-ms``): the lower of the two (a
+        request that would wait past the queue timeout would only be refused later, after that wait)."""
+        qt, mw = self.queue_timeout(kind), self.max_wait_ms
+        if qt is None:
+            return None if mw is None else (mw, False)
+        return (qt, True) if mw is None or qt <= mw else (mw, False)
 
-    def _over_budget(self) -> bool:
-        budget = self._door_budget()
-        return budget is not None and self.admitted >= self.workers and self.expected_wait_ms() > budget[0]
+    def _over_budget(self, kind: str = "pool") -> bool:
+        if self.admitted < self.workers:
+            return False
+        budget = self._door_budget(kind)
+        return budget is not None and self.expected_wait_ms() > budget[0]
 
-    def full(self) -> bool:
-        return self.admitted >= self.workers + self.max_queue or self._over_budget()
+    def full(self, kind: str = "pool") -> bool:
+        """Whether a request of ``kind`` (``search``: the batcher's; ``pool``: any other) is refused now."""
+        return self.admitted >= self.workers + self.max_queue or self._over_budget(kind)
 
-    def busy_message(self) -> str:
-        if self.admitted < self.workers + self.max_queue and self._over_budget():
-            ms, option = self._door_budget()
+    def busy_message(self, kind: str = "pool") -> str:
+        if self.admitted < self.workers + self.max_queue and self._over_budget(kind):
+            ms, by_timeout = self._door_budget(kind)
+            named = self._timeout_named(ms) if by_timeout else f"--max-queue-ms {ms:g}"
             return (f"the server is busy: the {self.admitted} requests running or queued would make this one wait about "
-                    f"{self.expected_wait_ms():.0f} ms, more than {option} {ms:g}; retry after "
+                    f"{self.expected_wait_ms():.0f} ms, more than {named}; retry after "
                     f"{self.retry_after_ms()} ms")
         return (f"the server is busy: {self.admitted} requests are running or queued, the most it holds (--workers "
                 f"{self.workers} + --max-queue {self.max_queue}); retry after {self.retry_after_ms()} ms")
 
-    def enter(self) -> None:
-        """Counts a request in, or refuses it (429) when workers + max_queue are already admitted."""
-        if self.full():
+    def enter(self, kind: str = "pool") -> None:
+        """Counts a request in, or refuses it (429) when workers + max_queue are already admitted
+        or it would be expected to wait past its budget."""
+        if self.full(kind):
             self.shed += 1
-            raise ServerBusyError(self.busy_message(), self.retry_after_ms())
+            raise ServerBusyError(self.busy_message(kind), self.retry_after_ms())
         self.admitted += 1
 
-    def overdue_error(self, waited: float) -> ServerBusyError:
-        """The 429 of a request that waited ``waited`` seconds in the queue, past ``--queue-timeout-ms``.
-        Safe to call from a search thread: it only reads numbers."""
+    def overdue_error(self, waited: float, kind: str = "pool") -> ServerBusyError:
+        """The 429 of a request of ``kind`` that waited ``waited`` seconds in the queue, past its queue
+        timeout. Safe to call from a search thread: it only reads numbers."""
         ms = waited * 1000
+        limit = self.queue_timeout(kind)
         return ServerBusyError(f"the server is busy: this request waited {ms:.0f} ms in the queue, more than "
-                               f"--queue-timeout-ms {self.queue_timeout_ms:g}, and was not run; retry after "
-                               f"{self.retry_after_ms()} ms", self.retry_after_ms(),
+                               f"{self._timeout_named(limit if limit is not None else 0.0)}, and was not run; retry "
+                               f"after {self.retry_after_ms()} ms", self.retry_after_ms(),
                                server_timing=f"queue;dur={ms:.2f}")
 
     def leave(self) -> None:
@@ -201,10 +268,11 @@ class Admission:
             else:
                 await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.monotonic()))
             waited = time.monotonic() - t0
-            if self.queue_timeout_ms is not None and waited * 1000 > self.queue_timeout_ms:
+            limit = self.queue_timeout("pool")
+            if limit is not None and waited * 1000 > limit:
                 self.overdue += 1
                 self._free()  # the slot it was handed goes to the next in line
-                raise self.overdue_error(waited)
+                raise self.overdue_error(waited, "pool")
         except (asyncio.TimeoutError, asyncio.CancelledError) as e:
             if fut.done() and not fut.cancelled():  # the slot was handed over just now: pass it on
                 self._free()
@@ -263,7 +331,7 @@ class Admission:
             self.leave()
 
     def _done(self, took: float) -> None:
-        self.observe(took)
+        self.observe(took, "pool")
         self._free()
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ are prepared, and are not served strictly in arrival order.
 
 A request whose caller stopped waiting (its deadline passed, or the client left) is dropped
 before its preparation and before its search, if it has not started them yet. With
-``max_wait`` (seconds), a request that has waited longer than that when its turn comes gets
+``max_wait`` (seconds, or a function giving them now, or None), a request that has waited longer than that when its turn comes gets
 ``overdue(waited)`` (an exception: the server's 429) instead of its search: after the machine
 stalled, the backlog is told to come back instead of being served late, so the queue drains
 at once and later requests are not held behind it.
@@ -98,13 +98,15 @@ class Batcher:
 
     def __init__(self, prepare: Callable[[list[Any]], Sequence[Any]], run: Callable[[Any], Any], *, workers: int = 2,
                  max_batch: int = 16, window: float = 0.0, name: str = "stair-es-batcher",
-                 thread_init: Callable[[], None] | None = None, max_wait: float | None = None,
+                 thread_init: Callable[[], None] | None = None,
+                 max_wait: float | Callable[[], float | None] | None = None,
                  overdue: Callable[[float], BaseException] | None = None):
         if max_batch < 1 or workers < 1:
             raise ValueError("max_batch and workers must be at least 1")
         self.prepare, self.run = prepare, run
         self.max_batch, self.window = int(max_batch), max(0.0, float(window))
-        self.max_wait = float(max_wait) if max_wait and max_wait > 0 else None
+        # seconds, or a function of nothing giving them (None: no limit), read at each turn
+        self._max_wait = max_wait if callable(max_wait) else (float(max_wait) if max_wait and max_wait > 0 else None)
         self._overdue = overdue or (lambda waited: TimeoutError(f"waited {waited * 1000:.0f} ms in the queue"))
         self._cond = threading.Condition()
         self._queue: deque[_Job] = deque()  # not yet taken, in arrival order
@@ -119,6 +121,15 @@ class Batcher:
                          for i in range(int(workers))]
         for t in self._threads:
             t.start()
+
+    @property
+    def max_wait(self) -> float | None:
+        """Seconds a request may have waited when its turn comes (None: no limit)."""
+        mw = self._max_wait
+        if callable(mw):
+            mw = mw()
+            return mw if mw and mw > 0 else None
+        return mw
 
     @property
     def waiting(self) -> int:
@@ -144,12 +155,16 @@ class Batcher:
         except RuntimeError:  # that event loop is closed: nobody waits for this answer
             pass
 
-    def _late(self, job: _Job, now: float) -> bool:
-        """Answers ``job`` with ``overdue`` if it waited past ``max_wait``; True then."""
-        if self.max_wait is None:
+    def _late(self, job: _Job, now: float, ready: _Ready | None = None) -> bool:
+        """Answers ``job`` with ``overdue`` if it waited past ``max_wait``; True then. A prepared
+        request (``ready``) has waited its time in the queue before its batch was taken and since
+        the batch was prepared, not the preparation itself, which was its own work (a batch of
+        query texts encoded together may take longer than the whole wait allowed)."""
+        limit = self.max_wait
+        if limit is None:
             return False
-        waited = now - job.t_submit
-        if waited <= self.max_wait:
+        waited = now - job.t_submit if ready is None else ready.queued + (now - ready.t_prepared)
+        if waited <= limit:
             return False
         self.overdue += 1
         try:
@@ -166,7 +181,7 @@ class Batcher:
             now = time.perf_counter()
             while self._ready:
                 r = self._ready.popleft()
-                if r.job.future.done() or self._late(r.job, now):  # gave up, or waited too long: not searched
+                if r.job.future.done() or self._late(r.job, now, r):  # gave up, or waited too long: not searched
                     continue
                 if self._ready:
                     self._cond.notify()  # another free thread takes the next one

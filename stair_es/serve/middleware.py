@@ -319,15 +319,18 @@ class QueueFullGate:
     at once, without its body being read, parsed or validated, so shedding stays cheap while the
     workers are saturated. (The route's own admission check still decides the close cases.)"""
 
-    def __init__(self, app, admission):
+    def __init__(self, app, admission, batched_search: bool = False):
         self.app, self.admission = app, admission
+        self.batched_search = batched_search  # /v1/search waits in the batcher's queue: its kind is "search"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             path = scope.get("path", "")
-            if (path.startswith("/v1/") or path == "/") and self.admission.full():
-                ms = self.admission.retry_after_ms()
-                self.admission.shed += 1
-                return await _send_error(send, 429, error_body(5, "ServerBusyError", self.admission.busy_message(), ms),
-                                         _retry(ms))
+            if path.startswith("/v1/") or path == "/":
+                kind = "search" if self.batched_search and path == "/v1/search" else "pool"
+                if self.admission.full(kind):
+                    ms = self.admission.retry_after_ms()
+                    self.admission.shed += 1
+                    return await _send_error(send, 429, error_body(5, "ServerBusyError",
+                                                                   self.admission.busy_message(kind), ms), _retry(ms))
         return await self.app(scope, receive, send)

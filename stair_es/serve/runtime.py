@@ -61,7 +61,7 @@ class Runtime:
         """The JSON answer of one search, its :class:`~.batching.Timing` and its search's own
         (engine wall, engine CPU, answer wall, answer CPU) in seconds."""
         adm = self.admission
-        adm.enter()
+        adm.enter("search")
         try:
             t0 = time.monotonic()
             submitted = self.batcher().submit(body)
@@ -72,7 +72,7 @@ class Runtime:
                     (payload, detail), t = await within(submitted, adm.request_timeout)
                 except asyncio.TimeoutError:  # the batcher drops it if it has not started
                     raise adm.timeout(time.monotonic() - t0, started=None) from None
-            adm.observe(t.run + t.prepare / max(1, t.size))
+            adm.observe(t.run + t.prepare / max(1, t.size), "search")
             return payload, t, detail
         finally:
             adm.leave()
@@ -103,8 +103,8 @@ class Runtime:
                                           workers=config.workers, max_batch=config.max_batch,
                                           window=config.batch_window_ms / 1000.0, name="stair-es-search",
                                           thread_init=functools.partial(lower_thread_priority, config.worker_nice),
-                                          max_wait=(config.queue_timeout_ms or 0) / 1000.0,
-                                          overdue=self.admission.overdue_error))
+                                          max_wait=functools.partial(self.admission.queue_timeout_s, "search"),
+                                          overdue=functools.partial(self.admission.overdue_error, kind="search")))
         return self._batchers[0]
 
     def close(self) -> None:

@@ -65,8 +65,10 @@ class ServeConfig:
     max_queue: int = 64  # requests waiting for a worker before the server answers 429 (stair_es.serve.admission)
     max_queue_ms: float | None = None  # 429 when the requests ahead would take longer than this to drain (None/0: off)
     # a request that has waited this long in the queue when its turn comes is answered 429 instead of run
-    # (--queue-timeout-ms; None/0: off): after a stall the backlog is told to come back, not served late
-    queue_timeout_ms: float | None = None
+    # (--queue-timeout-ms): after a stall the backlog is told to come back, not served late. "auto" (the
+    # default): 20 ms, or 4 mean service times of its kind (search / the pool's work) when longer
+    # (stair_es.serve.admission); a number of ms: fixed; None/0: off
+    queue_timeout_ms: float | str | None = "auto"
     request_timeout: float | None = 30.0  # seconds to an answer; 504 beyond, queued work dropped (None/0: no limit)
     max_in_flight: int | None = None  # HTTP requests in the app at once (any route), 429 beyond; None: workers + max_queue + 64
     max_url_fetches: int = 4  # image URL fetches at once (their own threads, never the workers)

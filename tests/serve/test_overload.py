@@ -66,7 +66,7 @@ async def until(cond, timeout=10.0):
 def test_queue_is_first_come_first_served_and_sheds_beyond_it(home, image_root):
     gate = Gate("gate-fifo")
     app = create_app(make_config(home, image_root, encoder="gate-fifo", workers=1, max_queue=3,
-                                 load_encoder_at_start=False))
+                                 queue_timeout_ms=None, load_encoder_at_start=False))  # only --max-queue counts
 
     async def main():
         async with asgi(app) as http:
@@ -707,7 +707,59 @@ def test_cli_queue_timeout_option_and_env(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--queue-timeout-ms", "40"])
     assert r.exit_code == 0, r.output
-    assert [c.queue_timeout_ms for c in started] == [None, 75.0, 40.0]
+    for value in ("off", "0"):
+        r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--queue-timeout-ms", value])
+        assert r.exit_code == 0, r.output
+    monkeypatch.delenv("STAIR_ES_SERVE_QUEUE_TIMEOUT_MS")
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow"])
+    assert r.exit_code == 0, r.output
+    # on by default (auto), as a bounded search queue is in Elasticsearch; off or 0 turns it off
+    assert [c.queue_timeout_ms for c in started] == ["auto", 75.0, 40.0, None, None, "auto"]
+    r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow", "--queue-timeout-ms", "soon"])
+    assert r.exit_code != 0 and "--queue-timeout-ms" in r.output and "'auto' or 'off'" in r.output
+
+
+def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
+    """The default queue timeout (auto): 20 ms while a request takes less than 5 ms, 4 service
+    times beyond, each kind of work (searches, the pool's encoding and the rest) by its own
+    moving average: slow image encodings keep a queue of their own length while fast searches
+    are held to 20 ms. The door refuses what would wait past it, naming why; 429 from the queue
+    names the timeout it waited past."""
+    from stair_es.serve.admission import AUTO_FLOOR_MS, Admission
+    from stair_es.serve.errors import ServerBusyError
+    from stair_es.serve.service import ServeConfig
+
+    assert ServeConfig().queue_timeout_ms == "auto"
+    adm = Admission(workers=2, max_queue=64, queue_timeout_ms="auto")
+    try:
+        assert adm.queue_timeout("search") == adm.queue_timeout("pool") == AUTO_FLOOR_MS
+        for _ in range(100):
+            adm.observe(0.150, "pool")  # image encodings of 150 ms
+            adm.observe(0.004, "search")  # searches of 4 ms
+        assert adm.queue_timeout("search") == AUTO_FLOOR_MS
+        assert abs(adm.queue_timeout("pool") - 600) < 1
+        adm._mean_s = 0.010
+        for _ in range(6):
+            adm.enter("pool")
+        # 5 ahead x 10 ms / 2 workers = 25 ms: past a search's 20 ms, within an encoding's 600 ms
+        assert adm.expected_wait_ms() == 25 and adm.full("search") and not adm.full("pool")
+        with pytest.raises(ServerBusyError, match="auto"):
+            adm.enter("search")
+        adm.enter("pool")
+        late = adm.overdue_error(0.7, "pool")
+        assert late.status == 429 and "waited 700 ms" in str(late) and "--queue-timeout-ms auto" in str(late)
+    finally:
+        adm.close()
+    with pytest.raises(Exception, match="'auto' or 'off'"):
+        Admission(workers=1, max_queue=1, queue_timeout_ms="later")
+    off = Admission(workers=1, max_queue=64, queue_timeout_ms=None)
+    try:
+        off._mean_s = 1.0
+        for _ in range(10):
+            off.enter()
+        assert off.queue_timeout("search") is None and not off.full("search")
+    finally:
+        off.close()
 
 
 def test_switch_interval_from_the_environment_while_the_app_runs(home, image_root, monkeypatch):
