@@ -32,6 +32,7 @@ from benchmarks.serve_load import (
     build_index,
     debug_stats,
     print_machine,
+    print_shed_split,
     process_rss_mb,
     query_maps,
     run_generator,
@@ -143,6 +144,7 @@ def main() -> None:
             print(f"| {r['setting']} | {r['rate']:.0f} | " + " | ".join(f"{bd[c]['tail_mean']:.1f}" for c in cols) + " |")
     print_machine(rows, "setting")
     print()
+    print_shed_split(rows, lambda r: f"{r['setting']} at {r['rate']:.0f}/s", "setting, rate")
     print("Shed answers at the door (the queue full) and from the queue (past --queue-timeout-ms):")
     print()
     print("| setting | rate /s | at the door % | p50 / p99 / max ms | from the queue % |")

@@ -197,10 +197,14 @@ class _Response:
     def __init__(self):
         self.done = False
         self.timing = b""
+        self.retry_ms = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"server-timing":
+        name = name.lower()
+        if name == b"server-timing":
             self.timing = value
+        elif name == b"retry-after-ms":
+            self.retry_ms = int(value)
 
     def on_message_complete(self) -> None:
         self.done = True
@@ -225,6 +229,9 @@ class Connection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        # of the last request: Retry-After-Ms (0: none), and time.perf_counter() when it was written
+        # (after any connect) and when its answer was complete
+        self.retry_ms, self.t_write, self.t_done = 0, 0.0, 0.0
 
     async def _connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -239,6 +246,7 @@ class Connection:
             parser = httptools.HttpResponseParser(resp)
             got = False
             try:
+                self.t_write = time.perf_counter()
                 self.writer.write(raw)
                 while not resp.done:
                     data = await self.reader.read(65536)
@@ -249,6 +257,7 @@ class Connection:
             except ConnectionError:
                 pass
             if resp.done:
+                self.t_done, self.retry_ms = time.perf_counter(), resp.retry_ms
                 return parser.get_status_code(), resp.timing
             self.close()
             # the server closed an idle keep-alive connection (uvicorn: after 5 s, which a long
@@ -273,7 +282,10 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
                max_requests: int, think_ms: float = 0.0, seed: int = 0) -> dict:
     """C closed-loop clients, each on its own keep-alive connection: send a query, wait for the
     answer, think (exponential pause of mean ``think_ms``; 0: none), send the next. Client k sends
-    queries k, k+C, k+2C, ... of the list, so concurrent requests are distinct queries."""
+    queries k, k+C, k+2C, ... of the list, so concurrent requests are distinct queries. A client
+    told 429 waits its ``Retry-After-Ms`` (at most 1 s) before its next request, as a polite
+    client does: the server's queue timeout (on by default) refuses what would wait past it, and
+    clients that resent at once would measure how fast it refuses, not how many it answers."""
     import random
     from urllib.parse import urlsplit
 
@@ -306,6 +318,8 @@ async def load(url: str, queries: list[dict[str, float]], clients: int, seconds:
                     timings.append(server_timing(timing))
             else:
                 errors[status] = errors.get(status, 0) + 1
+                if status == 429 and conn.retry_ms:
+                    await asyncio.sleep(min(1.0, conn.retry_ms / 1000, max(0.0, stop - time.monotonic())))
             i += clients
             if think_ms > 0:  # never past the end: the wall time below is the load's, not a last pause's
                 await asyncio.sleep(max(0.0, min(rng.expovariate(1000 / think_ms), stop - time.monotonic())))
@@ -378,8 +392,9 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
     rng = random.Random(seed)
     idle: list[Connection] = []
     opened = 0
-    # (status, ms from due to answer, ms from due to sent, Server-Timing, due time in seconds)
-    out: list[tuple[int, float, float, str, float]] = []
+    # (status, ms from due to answer, ms from due to sent, Server-Timing, due time in seconds, written and
+    # answered at: time.perf_counter() of the write, after any connect, and of the answer's last byte)
+    out: list[tuple[int, float, float, str, float, float, float]] = []
     # a few connections open before the clock starts, as a steady client population would have
     warm = [Connection(u.hostname, u.port) for _ in range(8)]
     await asyncio.gather(*(c.request(raws[i % len(raws)]) for i, c in enumerate(warm)))
@@ -400,7 +415,7 @@ async def open_loop(url: str, queries: list[dict[str, float]], rate: float, seco
         done = time.perf_counter()
         # due is time.perf_counter(), CLOCK_MONOTONIC on Linux: the same clock as the sampler's in the parent
         out.append((status, (done - due) * 1000, (sent - due) * 1000,
-                    timing.decode("latin-1") if status in (200, 429) else "", due))
+                    timing.decode("latin-1") if status in (200, 429) else "", due, conn.t_write, conn.t_done))
         if status:
             idle.append(conn)
 
@@ -520,7 +535,8 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
     growth = (None if rss_start is None or r.get("rss_peak_mb") is None
               else (r["rss_peak_mb"] - rss_start) / rss_start * 100)
     n = max(1, len(res))
-    return {"rate": rate, "offered": r["offered"], "sent": len(res), "qps": len(ok) / seconds,
+    split = shed_split(res)
+    return {"rate": rate, "offered": r["offered"], "sent": len(res), "qps": len(ok) / seconds, "shed_split": split,
             "p50_ms": a.get("p50_ms", nan), "p99_ms": a.get("p99_ms", nan), "max_ms": max(every) if every else nan,
             "shed_pct": 100 * len(shed) / n, "shed_p50_ms": b.get("p50_ms", nan),
             "shed_p99_ms": b.get("p99_ms", nan), "shed_max_ms": max(shed) if shed else nan, "errors": other,
@@ -540,6 +556,59 @@ def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None
             "tail_episodes": tail_episodes(res, r.get("machine_samples") or []),
             "breakdown": breakdown(res),
             "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
+
+
+def shed_split(res: list) -> dict | None:
+    """Where the door's 429s spent their time, from the server's stamps (``--debug-stats``:
+    ``Server-Timing: shed;desc="T_RECV T_SEND"``) and the generator's own write and receive times,
+    all ``time.perf_counter()`` (CLOCK_MONOTONIC, one clock for every process here): ``to_loop``
+    from the generator's write to the server's event loop handing uvicorn the bytes (the kernel,
+    and the loop's thread waking or finishing what it was doing), ``in_server`` from there to the
+    429 written (uvicorn's parsing, the app's task being scheduled, the gates), ``back`` from
+    there to the generator's last byte (the kernel, and the generator's loop waking or busy).
+    p50 / p99 / max ms of each, and for the slowest 1 % the mean of each."""
+    rows = []
+    for x in res:
+        if x[0] != 429 or len(x) < 7 or 'shed;desc="' not in x[3]:
+            continue
+        try:
+            t_recv, t_send = (float(v) for v in x[3].split('shed;desc="', 1)[1].split('"', 1)[0].split())
+        except ValueError:
+            continue
+        rows.append(((t_recv - x[5]) * 1000, (t_send - t_recv) * 1000, (x[6] - t_send) * 1000))
+    if not rows:
+        return None
+    a = np.array(rows)
+    total = a.sum(axis=1)
+    slow = a[total >= np.percentile(total, 99)]
+    out = {"n": len(rows)}
+    for j, name in enumerate(("to_loop", "in_server", "back")):
+        out[name] = {"p50": float(np.percentile(a[:, j], 50)), "p99": float(np.percentile(a[:, j], 99)),
+                     "max": float(a[:, j].max()), "slowest_1pct_mean": float(slow[:, j].mean())}
+    out["total"] = {"p50": float(np.percentile(total, 50)), "p99": float(np.percentile(total, 99)),
+                    "max": float(total.max())}
+    return out
+
+
+def print_shed_split(rows: list[dict], label, head: str) -> None:
+    """The table of :func:`shed_split` (rows of a server started with ``--debug-stats``), one line a row."""
+    if not any(r.get("shed_split") for r in rows):
+        return
+    print("The door's 429s, from the generator's write to its last byte read (ms; --debug-stats stamps): "
+          "to_loop = to the server's event loop, in_server = uvicorn + the gates, back = to the generator")
+    print()
+    print(f"| {head} | n | to_loop p50 / p99 / max | in_server p50 / p99 / max | back p50 / p99 / max | "
+          "total p50 / p99 / max | slowest 1 %: to_loop / in_server / back |")
+    print("|---|---:|---|---|---|---|---|")
+    for r in rows:
+        sp = r.get("shed_split")
+        if not sp:
+            continue
+        cell = lambda k: f"{sp[k]['p50']:.2f} / {sp[k]['p99']:.2f} / {sp[k]['max']:.2f}"  # noqa: E731
+        print(f"| {label(r)} | {sp['n']} | {cell('to_loop')} | {cell('in_server')} | {cell('back')} | {cell('total')} | "
+              f"{sp['to_loop']['slowest_1pct_mean']:.2f} / {sp['in_server']['slowest_1pct_mean']:.2f} / "
+              f"{sp['back']['slowest_1pct_mean']:.2f} |")
+    print()
 
 
 def open_loop_main(args) -> None:
@@ -642,6 +711,7 @@ def open_loop_main(args) -> None:
               "and its mean over the slowest 1 % (the tail). late: the generator sent it after its due time; "
               "outside: client time minus the server's pre + app (network, uvicorn, event-loop delay before the app)")
         print()
+        print_shed_split(rows, lambda r: f"{r['fraction']:.2f}", "x S")
         cols = ("late", "outside") + PHASES + ("engine_cpu", "engine_wait", "answer_wait", "total")
         print("| x S | | " + " | ".join(cols) + " |")
         print("|---:|---|" + "---:|" * len(cols))

@@ -168,7 +168,8 @@ def serve(host, port, image_roots, allowed_hosts, api_key_file, max_queue_ms, qu
     # uvicorn's access log shows method, path and status only: never headers (where the key travels).
     # No limit_concurrency: the app's own gate answers 429 with Retry-After instead of uvicorn's bare 503.
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5, server_header=False,
-                http=header_deadline_protocol(config.header_timeout), h11_max_incomplete_event_size=16 * 1024)
+                http=header_deadline_protocol(config.header_timeout, stamp=config.debug_stats),
+                h11_max_incomplete_event_size=16 * 1024)
 
 
 # --- cluster set-up ---------------------------------------------------------------------------

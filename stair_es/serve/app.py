@@ -107,7 +107,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             inner = SearchFastPath(inner, runtime=rt, api_key=config.api_key, scrub=svc.scrub)
         inner = BodyGuard(inner, max_bytes=config.max_body_bytes, timeout=config.body_timeout,
                           parse=lambda text: parse_capped(text, caps, other))
-        inner = QueueFullGate(inner, admission=rt.admission, batched_search=rt.batching)  # sheds before the body is read
+        inner = QueueFullGate(inner, admission=rt.admission, batched_search=rt.batching,  # sheds before the body is read
+                              stamp=config.debug_stats)
         inner = KeyGate(inner, api_key=config.api_key, public_docs=config.public_docs)  # before any body is read
         inner = HostGuard(inner, allowed=host_names(config.bind_host, config.allowed_hosts))
         return InFlightGate(inner, limit=config.in_flight_limit(), retry_after_ms=rt.admission.retry_after_ms,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..errors import InvalidInputError
 from .admission import within
 from .errors import error_body, retry_headers
+from .protocol import T_RECV
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 from .stats import T_ENTRY
 
@@ -319,9 +320,20 @@ class QueueFullGate:
     at once, without its body being read, parsed or validated, so shedding stays cheap while the
     workers are saturated. (The route's own admission check still decides the close cases.)"""
 
-    def __init__(self, app, admission, batched_search: bool = False):
+    def __init__(self, app, admission, batched_search: bool = False, stamp: bool = False):
         self.app, self.admission = app, admission
         self.batched_search = batched_search  # /v1/search waits in the batcher's queue: its kind is "search"
+        self.stamp = stamp  # --debug-stats: a shed answer tells when its bytes reached the loop and when it left
+
+    def _stamps(self, scope) -> list[tuple[bytes, bytes]]:
+        """``Server-Timing: shed;desc="T_RECV T_SEND"`` (``time.perf_counter()``, CLOCK_MONOTONIC on
+        Linux, the same clock in every process of the machine): with the client's own send and
+        receive times it splits a shed answer's time into reaching the server's event loop, inside
+        the server, and coming back (benchmarks/serve_load.py prints the three)."""
+        t_recv = (scope.get("state") or {}).get(T_RECV)
+        if not self.stamp or t_recv is None:
+            return []
+        return [(b"server-timing", f'shed;desc="{t_recv:.6f} {time.perf_counter():.6f}"'.encode())]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -332,5 +344,6 @@ class QueueFullGate:
                     ms = self.admission.retry_after_ms()
                     self.admission.shed += 1
                     return await _send_error(send, 429, error_body(5, "ServerBusyError",
-                                                                   self.admission.busy_message(kind), ms), _retry(ms))
+                                                                   self.admission.busy_message(kind), ms),
+                                             _retry(ms) + self._stamps(scope))
         return await self.app(scope, receive, send)

@@ -13,9 +13,13 @@ request gets when its headers are complete.
 from __future__ import annotations
 
 import asyncio
+import time
 
 #: Seconds a client may take to send a request's headers (the ``--header-timeout`` default).
 HEADER_TIMEOUT = 10.0
+#: Where the protocol leaves (with ``stamp``, under ``--debug-stats``) the ``time.perf_counter()`` at
+#: which the event loop handed it the bytes that completed a request's headers.
+T_RECV = "stair_es.t_recv"
 
 
 class CoalescingTransport:
@@ -58,8 +62,12 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type | None = None) -> type:
-    """uvicorn's HTTP/1.1 protocol class (httptools if installed, else h11) with a header deadline."""
+def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type | None = None, *,
+                             stamp: bool = False) -> type:
+    """uvicorn's HTTP/1.1 protocol class (httptools if installed, else h11) with a header deadline.
+    With ``stamp`` (``--debug-stats``) each request's scope state gets :data:`T_RECV`: when the
+    event loop handed over the bytes that completed its headers, before uvicorn parsed them and
+    before the app's task was scheduled (what a shed answer waits for beyond the app)."""
     if base is None:
         from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # noqa: N813
 
@@ -88,7 +96,14 @@ def header_deadline_protocol(header_timeout: float = HEADER_TIMEOUT, base: type 
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if stamp:
+                t, before = time.perf_counter(), self.cycle
             super().data_received(data)
+            if stamp and self.cycle is not None and self.cycle is not before:
+                state = self.cycle.scope.get("state")
+                if state is None:
+                    state = self.cycle.scope["state"] = {}
+                state[T_RECV] = t  # read by the gates (and the app's task has not run yet)
             if self._header_timer is not None and self.cycle is not self._armed_cycle:
                 self._disarm()  # a request's headers are complete: the body has its own deadline
 

@@ -47,7 +47,8 @@ def test_open_loop_generator_sends_on_schedule_and_summarizes(live_server):
     r = asyncio.run(open_loop(live_server.url, [{"red": 1.0}, {"blue": 1.0}], rate=40, seconds=1.0, top_k=3, seed=1))
     statuses = {x[0] for x in r["results"]}
     assert statuses == {200} and 15 <= len(r["results"]) <= 80  # Poisson, mean 40
-    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt, _, _ in r["results"])  # answered after it was due
+    assert all(ms >= lt >= 0 or lt < 0.5 for _, ms, lt, *_ in r["results"])  # answered after it was due
+    assert all(x[4] <= x[5] <= x[6] for x in r["results"])  # written after it was due, answered after written
     dues = [x[4] for x in r["results"]]
     assert max(dues) - min(dues) < 1.0  # each request's due time, on the clock the parent's sampler reads
     row = summarize_open(40, {**r, "rss_peak_mb": 110.0}, 1.0, 100.0)
@@ -126,3 +127,21 @@ def test_server_cpu_is_split_into_the_event_loop_thread_and_the_rest():
     assert acc["server_cpu_s"] == 1.5 and acc["server_loop_cpu_s"] == 0.35
     add_cpu(acc, {"server_cpu_s": 0.5, "server_loop_cpu_s": None})
     assert acc["server_loop_cpu_s"] is None and acc["server_cpu_s"] == 2.0
+
+
+def test_shed_answers_are_split_into_reaching_the_loop_the_server_and_coming_back():
+    """Where a slow 429 waited: the server's stamps (--debug-stats) against the generator's own
+    write and read times, one monotonic clock for every process of the machine."""
+    from benchmarks.serve_load import shed_split
+
+    res = [(429, 1.0, 0.0, f'shed;desc="{10 + i:.6f} {10 + i + 0.0002:.6f}"', 0.0, 10 + i - 0.0001, 10 + i + 0.0005)
+           for i in range(99)]
+    res.append((429, 9.0, 0.0, 'shed;desc="200.008000 200.008200"', 0.0, 200.0, 200.0085))  # 8 ms to reach the loop
+    res.append((429, 80.0, 0.0, "queue;dur=79.50", 0.0, 1.0, 1.08))  # shed from the queue: not the door's
+    res.append((200, 5.0, 0.0, "app;dur=4", 0.0, 1.0, 1.005))
+    sp = shed_split(res)
+    assert sp["n"] == 100
+    assert abs(sp["to_loop"]["p50"] - 0.1) < 1e-3 and abs(sp["in_server"]["p50"] - 0.2) < 1e-3
+    assert abs(sp["back"]["p50"] - 0.3) < 1e-3 and abs(sp["to_loop"]["max"] - 8.0) < 1e-3
+    assert abs(sp["to_loop"]["slowest_1pct_mean"] - 8.0) < 1e-3 and abs(sp["total"]["max"] - 8.5) < 1e-3
+    assert shed_split([(429, 1.0, 0.0, "", 0.0)]) is None  # no stamps (no --debug-stats): nothing to split

@@ -93,3 +93,39 @@ def test_every_kind_of_answer_on_one_keep_alive_connection(config, base):
         conn.close()
     finally:
         srv.close()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("debug_stats", [True, False])
+def test_shed_answers_carry_the_loops_receive_time_only_with_debug_stats(home, image_root, debug_stats):
+    """With --debug-stats a 429 of the door says when the event loop handed uvicorn its bytes and
+    when it left (``Server-Timing: shed;desc="T_RECV T_SEND"``, this machine's monotonic clock), so
+    a load generator can tell where a slow shed answer waited; without it, no clock is shown."""
+    import time as _time
+
+    import httpx
+
+    from stair_es.serve.service import ServeConfig
+
+    from .conftest import make_config
+
+    config: ServeConfig = make_config(home, image_root, debug_stats=debug_stats, load_encoder_at_start=False)
+    app = create_app(config)
+    srv = ThreadServer(app, http=header_deadline_protocol(10, stamp=debug_stats))
+    try:
+        adm = app.state.runtime.admission
+        adm.admitted = adm.workers + adm.max_queue  # the queue is full
+        t0 = _time.perf_counter()
+        with httpx.Client(base_url=srv.url, timeout=10) as http:
+            r = http.post("/v1/search", json={"tokens": {"red": 1.0}})
+        t1 = _time.perf_counter()
+        adm.admitted = 0
+    finally:
+        srv.close()
+    assert r.status_code == 429 and r.json()["error"]["type"] == "ServerBusyError"
+    timing = r.headers.get("server-timing")
+    if not debug_stats:
+        assert timing is None
+        return
+    t_recv, t_send = (float(v) for v in timing.split('shed;desc="')[1].split('"')[0].split())
+    assert t0 <= t_recv <= t_send <= t1
