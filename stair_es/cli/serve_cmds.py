@@ -83,6 +83,10 @@ def _queue_timeout(value: Any) -> float | str | None:
               show_envvar=True, help="Nice value of the thread that accepts, sheds and answers requests (Linux); the "
                                      "workers run --worker-nice steps above it. Negative puts it ahead of the machine's "
                                      "other processes and needs root or CAP_SYS_NICE (else a warning, and it runs unchanged).")
+@click.option("--loop-realtime", is_flag=True, envvar="STAIR_ES_SERVE_LOOP_REALTIME", show_envvar=True,
+              help="Run the thread that accepts, sheds and answers requests in the real-time class (SCHED_FIFO 1, "
+                   "Linux), so it runs at once when it wakes instead of after the next scheduler tick while searches "
+                   "hold every core; needs root or CAP_SYS_NICE (else a warning, and it runs unchanged). Off by default.")
 @click.option("--batching", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
               help="Serve /v1/search from one first-come-first-served queue: requests prepared in batches (query "
                    "texts encoded in one call), then searched on --workers threads. auto: on for the embedded "

@@ -135,6 +135,33 @@ def queue_timeout_setting(value: Any) -> float | str | None:
     return value if value > 0 else None
 
 
+def set_loop_realtime() -> str | None:
+    """Run on the event loop's thread: puts it in the real-time class (``SCHED_FIFO``, the lowest
+    real-time priority, 1), so that when it wakes (a request arrived, a search finished) it runs
+    at once instead of waiting for a core that CPU-bound threads hold: on a kernel that does not
+    preempt them on wake-up it waited for the next scheduler tick (4 ms at 250 Hz), once or
+    twice. With ``SCHED_RESET_ON_FORK``: the threads it starts (search threads, the worker pool)
+    are ordinary ones. The kernel allows it to root, to ``CAP_SYS_NICE`` or within
+    ``RLIMIT_RTPRIO``. Returns why it could not be done (the server runs on, unchanged), or None."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+    except PermissionError:
+        return ("the event loop's thread cannot run in the real-time class (--loop-realtime): that needs root, "
+                "CAP_SYS_NICE or an RLIMIT_RTPRIO of 1 or more; it runs as an ordinary thread")
+    except (AttributeError, OSError) as e:
+        return f"the event loop's thread cannot be made real-time here ({e}); it runs as an ordinary thread"
+    return None
+
+
+def unset_loop_realtime() -> None:
+    """Back to an ordinary thread (when the app stops: the thread may run other things after it)."""
+    try:
+        if os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,

@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
-from .admission import set_loop_priority
+from .admission import set_loop_priority, set_loop_realtime, unset_loop_realtime
 from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
@@ -49,6 +49,12 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             problem = set_loop_priority(config.loop_nice)
             if problem:
                 log.warning("%s", problem)
+        realtime = False
+        if config.loop_realtime:  # the same thread; the threads it starts from now on are ordinary ones
+            problem = set_loop_realtime()
+            if problem:
+                log.warning("%s", problem)
+            realtime = problem is None
         switch = sys.getswitchinterval()
         if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
             sys.setswitchinterval(config.switch_interval_ms / 1000.0)
@@ -72,6 +78,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             rt.stats.start()  # the event loop's stalls, sampled while the server runs
         yield
         gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
+        if realtime:
+            unset_loop_realtime()
         sys.setswitchinterval(switch)
         if rt.stats is not None:
             rt.stats.stop()

@@ -202,6 +202,9 @@ def test_cli_loop_nice_option_and_its_environment_variable(tmp_path, monkeypatch
     monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", "3")
     assert CliRunner().invoke(cli, base).exit_code == 0
     assert [c.loop_nice for c in started] == [0, -5, 3]
+    monkeypatch.delenv("STAIR_ES_SERVE_LOOP_REALTIME", raising=False)
+    assert CliRunner().invoke(cli, [*base, "--loop-realtime"]).exit_code == 0
+    assert [c.loop_realtime for c in started] == [False, False, False, True]
     bad = CliRunner().invoke(cli, [*base, "--loop-nice", "-30"])
     assert bad.exit_code == 2 and "--loop-nice" in bad.output
 
@@ -529,6 +532,55 @@ def test_the_event_loops_thread_can_run_at_its_own_nice_value(home, image_root, 
     monkeypatch.setenv("STAIR_ES_SERVE_LOOP_NICE", "high")
     with pytest.raises(Exception, match="STAIR_ES_SERVE_LOOP_NICE='high' is not an integer"):
         make_config(home, image_root)
+
+
+def test_the_event_loops_thread_can_run_real_time_and_its_searches_do_not(home, image_root, monkeypatch, caplog):
+    """--loop-realtime: the thread that accepts, sheds and answers runs in SCHED_FIFO while the app
+    runs (it then runs at once when it wakes, not after the next scheduler tick), the search and
+    worker threads it starts stay ordinary (SCHED_RESET_ON_FORK), and it is put back when the app
+    stops. Where the kernel refuses, a warning says what it needs and the server runs on."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    import stair_es.serve.admission as admission
+
+    def policies(c):
+        rt = c.app.state.runtime
+        threads = [t.native_id for b in rt._batchers for t in b._threads] + [t.ident and t.native_id
+                                                                          for t in rt.admission._pool._threads]
+        return (c.portal.call(os.sched_getscheduler, 0) & ~os.SCHED_RESET_ON_FORK,
+                {os.sched_getscheduler(tid) for tid in threads if tid})
+
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_REALTIME", "1")
+    config = make_config(home, image_root)
+    assert config.loop_realtime
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        allowed = True
+    except PermissionError:
+        allowed = False
+    if allowed:
+        with TestClient(create_app(config)) as c:
+            assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+            assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
+            loop_policy, others = policies(c)
+            portal_thread = c.portal
+            assert loop_policy == os.SCHED_FIFO and others == {os.SCHED_OTHER}
+        assert portal_thread is not None
+
+    def refused(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(admission.os, "sched_setscheduler", refused)
+    caplog.clear()
+    with TestClient(create_app(config)) as c:
+        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+        assert c.portal.call(os.sched_getscheduler, 0) == os.SCHED_OTHER
+    assert any("--loop-realtime" in r.getMessage() and "CAP_SYS_NICE" in r.getMessage() for r in caplog.records)
+    if not allowed:
+        pytest.skip("this process may not use SCHED_FIFO (needs root or CAP_SYS_NICE): only the refusal was checked")
 
 
 def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
