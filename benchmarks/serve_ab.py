@@ -27,6 +27,7 @@ from pathlib import Path
 from benchmarks.common import git_commit
 from benchmarks.corpora import CACHE_DIR
 from benchmarks.serve_load import (
+    GENERATOR,
     SERVER,
     add_cpu,
     build_index,
@@ -51,8 +52,11 @@ def main() -> None:
     ap.add_argument("--slice-seconds", type=float, default=5.0)
     ap.add_argument("--setting", action="append", required=True, help="NAME=[@PYTHON:FOLDER ]SERVER OPTIONS")
     ap.add_argument("--max-queue", type=int, default=64)
+    ap.add_argument("--generator-realtime", action="store_true",
+                    help="Run the load generator in SCHED_FIFO 1 (root or CAP_SYS_NICE; see serve_load).")
     ap.add_argument("--top-k", type=int, default=10)
     args = ap.parse_args()
+    GENERATOR.update(realtime=args.generator_realtime)
     name = f"load-{args.docs}"
     corpus = build_index(args.home, name, args.docs)
     qfile = Path(tempfile.mkdtemp(prefix="stair-serve-ab-")) / "queries.json"
@@ -67,7 +71,8 @@ def main() -> None:
         settings.append((label, python, cwd or None, rest.split()))
     print(f"# stair-es serve open-loop A/B: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.docs:,} docs, --max-queue {args.max_queue}, "
-          f"{args.slices} slices of {args.slice_seconds:g} s per setting and rate, in turn", flush=True)
+          f"{args.slices} slices of {args.slice_seconds:g} s per setting and rate, in turn"
+          f"{', the generator in SCHED_FIFO 1' if args.generator_realtime else ''}", flush=True)
     servers = {}
     try:
         for label, python, cwd, extra in settings:

@@ -85,6 +85,10 @@ FIELD = "image"
 #: The Python and folder the server runs with (``--server-python``, ``--server-cwd``): another
 #: checkout's server can be measured with this benchmark's own generator and summary.
 SERVER = {"python": sys.executable, "cwd": None}
+#: ``--generator-realtime``: the load generator in SCHED_FIFO 1 (root or CAP_SYS_NICE), so that on two
+#: shared cores its own wake-ups (sending when due, reading an answer) do not wait for a scheduler tick
+#: behind the server's search threads: what is left is the server's.
+GENERATOR = {"realtime": False}
 
 
 def build_index(home: Path, name: str, n_docs: int):
@@ -465,11 +469,15 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
     the server's resident memory sampled meanwhile and its CPU time counted."""
     import threading
 
+    realtime = GENERATOR["realtime"]
+
     def place() -> None:  # in the generator's process, before it runs
         if nice:
             os.nice(nice)
         if cpus:
             os.sched_setaffinity(0, cpus)
+        if realtime:
+            os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
 
     samples: list[float] = []
     machine: list[tuple[float, float, float]] = []  # (time, the machine's busy CPU s, the server's CPU s)
@@ -623,7 +631,8 @@ def open_loop_main(args) -> None:
     print("# load model: open loop, Poisson arrivals from a generator in another process; latency counted from each "
           "request's due time; saturation S = answers/s of closed-loop clients with no think time", flush=True)
     gen_cpus = {int(c) for c in args.generator_cpus.split(",")} if args.generator_cpus else None
-    print(f"# generator: nice +{args.generator_nice}, CPUs {sorted(gen_cpus) if gen_cpus else 'any'}", flush=True)
+    print(f"# generator: nice +{args.generator_nice}, CPUs {sorted(gen_cpus) if gen_cpus else 'any'}"
+          f"{', SCHED_FIFO 1' if args.generator_realtime else ''}", flush=True)
     for n in [int(x) for x in args.docs.split(",")]:
         name = f"load-{n}"
         corpus = build_index(args.home, name, n)
@@ -754,6 +763,9 @@ def main() -> None:
     ap.add_argument("--generator-nice", type=int, default=0,
                     help="Open loop: run the load generator this many nice steps below the benchmark (it shares the "
                          "server's cores; its lateness is counted in the latencies, and reported apart).")
+    ap.add_argument("--generator-realtime", action="store_true",
+                    help="Open loop: run the load generator in SCHED_FIFO 1 (root or CAP_SYS_NICE), so its own "
+                         "wake-ups do not wait behind the server's searches for a scheduler tick.")
     ap.add_argument("--generator-cpus", default="",
                     help="Open loop: pin the load generator to these CPUs (comma-separated ids; default: any).")
     ap.add_argument("--server-python", default=sys.executable,
@@ -762,6 +774,7 @@ def main() -> None:
     ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
     args = ap.parse_args()
     SERVER.update(python=args.server_python, cwd=args.server_cwd)
+    GENERATOR.update(realtime=args.generator_realtime)
     if args.open_loop:
         args.max_queue = 64 if args.max_queue is None else args.max_queue
         args.batching = args.batching or "auto"
