@@ -113,6 +113,9 @@ AUTO_FLOOR_MS = 20.0
 AUTO_SERVICE_TIMES = 4.0
 #: The kinds of work with a queue timeout of their own under ``auto``: searches through the batcher, and the pool's.
 KINDS = ("search", "pool")
+#: Under ``auto``, a kind's queue is bounded only by ``--max-queue`` until this many of its requests were served
+#: (its service time is not known yet: a guess would refuse slow work, such as the first image encodings).
+AUTO_MIN_SAMPLES = 8
 
 
 def queue_timeout_setting(value: Any) -> float | str | None:
@@ -175,7 +178,8 @@ class Admission:
         self._busy = 0  # worker slots held by pool work
         self._waiting: deque[asyncio.Future] = deque()
         self._mean_s = 0.005  # moving average of service times (seconds); a guess until the first request
-        self._kind_mean_s = dict.fromkeys(KINDS, 0.005)  # the same, per kind of work (for the auto queue timeout)
+        self._kind_mean_s = dict.fromkeys(KINDS, 0.0)  # the same, per kind of work (for the auto queue timeout)
+        self._kind_seen = dict.fromkeys(KINDS, 0)  # service times observed per kind
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
                                         initializer=lower_thread_priority, initargs=(worker_nice,))
         self.shed = 0  # counters, for tests and curious operators
@@ -187,14 +191,19 @@ class Admission:
         """One service time (seconds) of ``kind`` (``search`` or ``pool``) into the moving averages."""
         seconds = max(0.0, seconds)
         self._mean_s += 0.1 * (seconds - self._mean_s)
-        self._kind_mean_s[kind] += 0.1 * (seconds - self._kind_mean_s[kind])
+        seen = self._kind_seen[kind] = self._kind_seen[kind] + 1
+        # the first ones as a plain mean (no guess to forget), then a moving average
+        self._kind_mean_s[kind] += (seconds - self._kind_mean_s[kind]) * max(0.1, 1.0 / seen)
 
     def queue_timeout(self, kind: str = "pool") -> float | None:
         """The queue timeout of ``kind`` in ms now (None: off): the fixed ``--queue-timeout-ms``, or
         under ``auto`` :data:`AUTO_FLOOR_MS`, or :data:`AUTO_SERVICE_TIMES` mean service times of
-        that kind when longer. Safe to call from a search thread: it only reads numbers."""
+        that kind when longer (none until :data:`AUTO_MIN_SAMPLES` of that kind were served).
+        Safe to call from a search thread: it only reads numbers."""
         qt = self.queue_timeout_ms
         if qt == "auto":
+            if self._kind_seen[kind] < AUTO_MIN_SAMPLES:
+                return None
             return max(AUTO_FLOOR_MS, AUTO_SERVICE_TIMES * self._kind_mean_s[kind] * 1000)
         return qt
 

@@ -775,16 +775,22 @@ def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
     """The default queue timeout (auto): 20 ms while a request takes less than 5 ms, 4 service
     times beyond, each kind of work (searches, the pool's encoding and the rest) by its own
     moving average: slow image encodings keep a queue of their own length while fast searches
-    are held to 20 ms. The door refuses what would wait past it, naming why; 429 from the queue
-    names the timeout it waited past."""
-    from stair_es.serve.admission import AUTO_FLOOR_MS, Admission
+    are held to 20 ms. Until a kind's service time is known (8 served) only --max-queue bounds
+    it, so the first slow encodings are not refused on a guess. The door refuses what would wait
+    past it, naming why; 429 from the queue names the timeout it waited past."""
+    from stair_es.serve.admission import AUTO_FLOOR_MS, AUTO_MIN_SAMPLES, Admission
     from stair_es.serve.errors import ServerBusyError
     from stair_es.serve.service import ServeConfig
 
     assert ServeConfig().queue_timeout_ms == "auto"
     adm = Admission(workers=2, max_queue=64, queue_timeout_ms="auto")
     try:
-        assert adm.queue_timeout("search") == adm.queue_timeout("pool") == AUTO_FLOOR_MS
+        assert adm.queue_timeout("search") is None and adm.queue_timeout("pool") is None  # nothing measured yet
+        for _ in range(AUTO_MIN_SAMPLES - 1):
+            adm.observe(0.150, "pool")
+        assert adm.queue_timeout("pool") is None
+        adm.observe(0.150, "pool")  # the 8th: the encodings' own mean at once, not a guess slowly forgotten
+        assert abs(adm.queue_timeout("pool") - 600) < 1 and adm.queue_timeout("search") is None
         for _ in range(100):
             adm.observe(0.150, "pool")  # image encodings of 150 ms
             adm.observe(0.004, "search")  # searches of 4 ms
