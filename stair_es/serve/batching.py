@@ -24,10 +24,12 @@ are prepared, and are not served strictly in arrival order.
 
 A request whose caller stopped waiting (its deadline passed, or the client left) is dropped
 before its preparation and before its search, if it has not started them yet. With
-``max_wait`` (seconds, or a function giving them now, or None), a request that has waited longer than that when its turn comes gets
-``overdue(waited)`` (an exception: the server's 429) instead of its search: after the machine
-stalled, the backlog is told to come back instead of being served late, so the queue drains
-at once and later requests are not held behind it.
+``max_wait`` (seconds, or a function giving them now, or None), a request that has waited
+longer than that when its turn comes gets ``overdue(waited)`` (an exception: the server's 429)
+instead of its search: after the machine stalled, the backlog is told to come back instead of
+being served late, so the queue drains at once and later requests are not held behind it. Its
+wait is its time in the queue before its batch was taken and after the batch was prepared: the
+preparation itself is work on it.
 
 This module knows asyncio, not FastAPI; admission (429 when too many wait) is the caller's.
 """
