@@ -24,7 +24,7 @@ def _queue_timeout(value: Any) -> float | str | None:
     try:
         return queue_timeout_setting(value)
     except InvalidInputError as e:
-        raise click.BadParameter(f"{e} (e.g. 20, auto or off)", param_hint="'--queue-timeout-ms'") from None
+        raise click.BadParameter(str(e), param_hint="'--queue-timeout-ms'") from None
 
 
 @click.command("serve")

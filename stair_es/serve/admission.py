@@ -131,7 +131,7 @@ def queue_timeout_setting(value: Any) -> float | str | None:
         try:
             value = float(v)
         except ValueError:
-            raise InvalidInputError(f"queue timeout {value!r}: give milliseconds, 'auto' or 'off'") from None
+            raise InvalidInputError(f"queue timeout {value!r}: give milliseconds (e.g. 20), 'auto' or 'off'") from None
     value = float(value)
     if value < 0 or value != value:
         raise InvalidInputError(f"queue timeout {value:g}: give milliseconds >= 0 (0: off), 'auto' or 'off'")
