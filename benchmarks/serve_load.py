@@ -75,9 +75,12 @@ from benchmarks.serve_stats import (  # noqa: F401 - also imported from here by 
     machine_busy_s,
     others_cores,
     print_machine,
+    print_shed_split,
     process_cpu,
     process_rss_mb,
     server_timing,
+    shed_split,
+    summarize_open,
     tail_episodes,
 )
 
@@ -516,107 +519,6 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
         r["slice_wall_s"] = t1 - t0
     r["machine_samples"] = machine
     return r
-
-
-#: The Server-Timing phases of a search, in the order they happen (see POST /v1/search).
-
-
-def summarize_open(rate: float, r: dict, seconds: float, rss_start: float | None) -> dict:
-    res = r["results"]
-    ok = [x[1] for x in res if x[0] == 200]
-    shed = [x[1] for x in res if x[0] == 429]
-    # 429s of searches that waited past --queue-timeout-ms carry their queue wait; the door's carry nothing
-    shed_queue = [x[1] for x in res if x[0] == 429 and len(x) > 3 and "queue;dur" in x[3]]
-    shed_door = [x[1] for x in res if x[0] == 429 and not (len(x) > 3 and "queue;dur" in x[3])]
-    door = percentiles(shed_door, (50, 99))
-    other: dict[str, int] = {}
-    for x in res:
-        if x[0] not in (200, 429):
-            other[str(x[0])] = other.get(str(x[0]), 0) + 1
-    every = [x[1] for x in res if x[0] > 0]
-    a, b = percentiles(ok, (50, 99)), percentiles(shed, (50, 99))
-    # from the moment it was sent: without the generator's own lateness (it shares the cores)
-    ok_sent = percentiles([x[1] - x[2] for x in res if x[0] == 200], (99,))
-    shed_sent = percentiles([x[1] - x[2] for x in res if x[0] == 429], (50, 99))
-    late = percentiles([x[2] for x in res], (99,))
-    nan = float("nan")
-    growth = (None if rss_start is None or r.get("rss_peak_mb") is None
-              else (r["rss_peak_mb"] - rss_start) / rss_start * 100)
-    n = max(1, len(res))
-    split = shed_split(res)
-    return {"rate": rate, "offered": r["offered"], "sent": len(res), "qps": len(ok) / seconds, "shed_split": split,
-            "p50_ms": a.get("p50_ms", nan), "p99_ms": a.get("p99_ms", nan), "max_ms": max(every) if every else nan,
-            "shed_pct": 100 * len(shed) / n, "shed_p50_ms": b.get("p50_ms", nan),
-            "shed_p99_ms": b.get("p99_ms", nan), "shed_max_ms": max(shed) if shed else nan, "errors": other,
-            "p99_from_sent_ms": ok_sent.get("p99_ms", nan), "shed_p50_from_sent_ms": shed_sent.get("p50_ms", nan),
-            "shed_p99_from_sent_ms": shed_sent.get("p99_ms", nan),
-            "sent_late_p99_ms": late.get("p99_ms", nan), "connections": r["connections"],
-            "generator_cpu_ms_per_request": (r.get("generator_cpu_s") or 0.0) * 1000 / n,
-            "generator_core_pct": 100 * (r.get("generator_cpu_s") or 0.0) / max(1e-9, r.get("generator_wall_s") or seconds),
-            "server_cpu_ms_per_request": (None if r.get("server_cpu_s") is None else r["server_cpu_s"] * 1000 / n),
-            # the event loop's thread: uvicorn, the gates, parsing, validation, routing, the response
-            "server_loop_cpu_ms_per_request": (None if r.get("server_loop_cpu_s") is None
-                                               else r["server_loop_cpu_s"] * 1000 / n),
-            "shed_door_pct": 100 * len(shed_door) / n, "shed_queue_pct": 100 * len(shed_queue) / n,
-            "shed_door_p50_ms": door.get("p50_ms", nan), "shed_door_p99_ms": door.get("p99_ms", nan),
-            "shed_door_max_ms": max(shed_door) if shed_door else nan,
-            "others_cores": (r["others_cpu_s"] / r["slice_wall_s"] if r.get("slice_wall_s") else None),
-            "tail_episodes": tail_episodes(res, r.get("machine_samples") or []),
-            "breakdown": breakdown(res),
-            "rss_start_mb": rss_start, "rss_peak_mb": r.get("rss_peak_mb"), "rss_growth_pct": growth}
-
-
-def shed_split(res: list) -> dict | None:
-    """Where the door's 429s spent their time, from the server's stamps (``--debug-stats``:
-    ``Server-Timing: shed;desc="T_RECV T_SEND"``) and the generator's own write and receive times,
-    all ``time.perf_counter()`` (CLOCK_MONOTONIC, one clock for every process here): ``to_loop``
-    from the generator's write to the server's event loop handing uvicorn the bytes (the kernel,
-    and the loop's thread waking or finishing what it was doing), ``in_server`` from there to the
-    429 written (uvicorn's parsing, the app's task being scheduled, the gates), ``back`` from
-    there to the generator's last byte (the kernel, and the generator's loop waking or busy).
-    p50 / p99 / max ms of each, and for the slowest 1 % the mean of each."""
-    rows = []
-    for x in res:
-        if x[0] != 429 or len(x) < 7 or 'shed;desc="' not in x[3]:
-            continue
-        try:
-            t_recv, t_send = (float(v) for v in x[3].split('shed;desc="', 1)[1].split('"', 1)[0].split())
-        except ValueError:
-            continue
-        rows.append(((t_recv - x[5]) * 1000, (t_send - t_recv) * 1000, (x[6] - t_send) * 1000))
-    if not rows:
-        return None
-    a = np.array(rows)
-    total = a.sum(axis=1)
-    slow = a[total >= np.percentile(total, 99)]
-    out = {"n": len(rows)}
-    for j, name in enumerate(("to_loop", "in_server", "back")):
-        out[name] = {"p50": float(np.percentile(a[:, j], 50)), "p99": float(np.percentile(a[:, j], 99)),
-                     "max": float(a[:, j].max()), "slowest_1pct_mean": float(slow[:, j].mean())}
-    out["total"] = {"p50": float(np.percentile(total, 50)), "p99": float(np.percentile(total, 99)),
-                    "max": float(total.max())}
-    return out
-
-
-def print_shed_split(rows: list[dict], label, head: str) -> None:
-    """The table of :func:`shed_split` (rows of a server started with ``--debug-stats``), one line a row."""
-    if not any(r.get("shed_split") for r in rows):
-        return
-    print("The door's 429s, from the generator's write to its last byte read (ms; --debug-stats stamps): "
-          "to_loop = to the server's event loop, in_server = uvicorn + the gates, back = to the generator")
-    print()
-    print(f"| {head} | n | to_loop p50 / p99 / max | in_server p50 / p99 / max | back p50 / p99 / max | "
-          "total p50 / p99 / max | slowest 1 %: to_loop / in_server / back |")
-    print("|---|---:|---|---|---|---|---|")
-    for r in rows:
-        sp = r.get("shed_split")
-        if not sp:
-            continue
-        cell = lambda k: f"{sp[k]['p50']:.2f} / {sp[k]['p99']:.2f} / {sp[k]['max']:.2f}"  # noqa: E731
-        print(f"| {label(r)} | {sp['n']} | {cell('to_loop')} | {cell('in_server')} | {cell('back')} | {cell('total')} | "
-              f"{sp['to_loop']['slowest_1pct_mean']:.2f} / {sp['in_server']['slowest_1pct_mean']:.2f} / "
-              f"{sp['back']['slowest_1pct_mean']:.2f} |")
-    print()
 
 
 def open_loop_main(args) -> None:
