@@ -9,7 +9,7 @@ no further download):
 
 * **BlazeFace** (``blazeface.json``, 256 x 256 input, 896 anchors; MediaPipe's face detector):
   the picture, padded to a square, gives face boxes and scores. Faces scoring at least
-  :data:`MIN_SCORE` (0.8) are kept, at most :data:`MAX_FACES`, overlapping ones (IoU > 0.3)
+  :data:`MIN_SCORE` (0.75) are kept, at most :data:`MAX_FACES`, overlapping ones (IoU > 0.3)
   merged into the best one;
 * **FaceRes** (``faceres.json``, HSE's MobileNet face descriptor with a gender head): each
   face, cropped square at :data:`CROP` times its box from the full-resolution picture and
@@ -56,7 +56,7 @@ FACE_FILES: dict[str, str] = {
 DETECTOR_SIZE = 256
 FACE_SIZE = 224
 GREY_SIZE = 64
-MIN_SCORE = 0.8
+MIN_SCORE = 0.75
 MAX_FACES = 6
 CROP = 1.2
 NMS_IOU = 0.3
