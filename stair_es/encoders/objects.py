@@ -392,7 +392,7 @@ class ObjectsSource:
                 sample=lambda: {"images": pixels(3, faces.DETECTOR_SIZE, faces.DETECTOR_SIZE)},
                 input_names=["images"], output_names=["scores", "boxes"],
                 dynamic_axes={"images": {0: "batch"}, "scores": {0: "batch"}, "boxes": {0: "batch"}},
-                tolerance=1e-3, parallel=True))
+                tolerance=1e-3, extra_key=f"size{faces.DETECTOR_SIZE}", parallel=True))
             specs.append(TowerSpec(
                 kind="face-attributes", weight_files=[files[n] for n in sorted(files) if not n.startswith("blaze")],
                 build=lambda: faces.attributes_module(files["faceres.json"], files["emotion.json"]),
@@ -400,7 +400,7 @@ class ObjectsSource:
                                 "grey": pixels(1, faces.GREY_SIZE, faces.GREY_SIZE, low=-1, high=1)},
                 input_names=["faces", "grey"], output_names=["male", "happy"],
                 dynamic_axes={"faces": {0: "batch"}, "grey": {0: "batch"}, "male": {0: "batch"}, "happy": {0: "batch"}},
-                tolerance=1e-3, parallel=True))
+                tolerance=1e-3, extra_key=f"size{faces.FACE_SIZE}", parallel=True))
         return specs
 
     def preprocess(self, image: Any) -> np.ndarray:

@@ -83,8 +83,9 @@ def test_the_attribute_models_see_the_face_cropped_from_the_full_picture():
     assert seen["squares"].shape == (1, 3, 256, 256)
     assert seen["squares"][0, :, 200:, :].max() == 0  # padded below the picture, not stretched
     crop = seen["crops"][0]
-    assert crop.shape == (3, 224, 224) and seen["grey"].shape == (1, 1, 64, 64)
-    centre = crop[:, 90:134, 90:134].mean(axis=(1, 2))
+    assert crop.shape == (3, faces.FACE_SIZE, faces.FACE_SIZE) and seen["grey"].shape == (1, 1, 64, 64)
+    c = faces.FACE_SIZE // 2
+    centre = crop[:, c - 20:c + 20, c - 20:c + 20].mean(axis=(1, 2))
     assert centre[0] > 190 and centre[2] < 10  # the red face fills the middle of its crop
     assert found == [Face(score=pytest.approx(0.9), area=pytest.approx(3600 / 80000), male=pytest.approx(0.95),
                           happy=pytest.approx(0.2))]
