@@ -122,23 +122,8 @@ def test_faces_are_read_only_on_photos_with_a_person_and_only_since_rules_3():
         assert ("woman" in src.tokens) == bool(expect_read)
 
 
-def _real_folder():
-    import os
-    from pathlib import Path
-
-    from stair_es.encoders.runtime import model_cache_dir
-
-    for folder in (os.environ.get(obj.ENV_MODEL), model_cache_dir() / f"human-models-{obj.PACKAGE_VERSION}"):
-        if folder and all((Path(folder) / n).is_file() for n in obj.MODEL_FILES):
-            return str(folder)
-    return None
-
-
 @pytest.mark.slow
-def test_the_real_models_see_a_smiling_woman(photos):
-    folder = _real_folder()
-    if folder is None:
-        pytest.skip(f"the face models' files are not here (set {obj.ENV_MODEL}, or run once with internet)")
-    (astronaut,) = obj.ObjectsSource(model=folder).encode_many([photos["astronaut"]], [0.0])
+def test_the_real_models_see_a_smiling_woman(photos, human_models):
+    (astronaut,) = obj.ObjectsSource(model=human_models).encode_many([photos["astronaut"]], [0.0])
     tokens = astronaut.to_token_map()
     assert {"person", "woman", "smiling", "face"} <= set(tokens) and "man" not in tokens

@@ -365,28 +365,14 @@ def test_a_given_folder_must_hold_the_expected_files(tmp_path, monkeypatch):
 
 
 # --- the real detector (when its files are here) --------------------------------------------------
-def _real_folder() -> Path | None:
-    import os
-
-    from stair_es.encoders.runtime import model_cache_dir
-
-    for folder in (os.environ.get(obj.ENV_MODEL), model_cache_dir() / f"human-models-{obj.PACKAGE_VERSION}"):
-        if folder and all((Path(folder) / n).is_file() for n in obj.MODEL_FILES):
-            return Path(folder)
-    return None
-
-
 @pytest.mark.slow
-def test_the_real_detector_finds_the_person_and_the_cup(photos):
-    folder = _real_folder()
-    if folder is None:
-        pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
-    src = obj.ObjectsSource(model=str(folder))
+def test_the_real_detector_finds_the_person_and_the_cup(photos, human_models):
+    src = obj.ObjectsSource(model=human_models)
     assert [t.kind for t in src.export_specs()] == ["coco-centernet", "face-detector", "face-attributes"]  # exported ahead
     astronaut, chelsea = src.encode_many([photos["astronaut"], photos["chelsea"]], [0.0, 0.0])
     assert "person" in astronaut.to_token_map() and "cat" in chelsea.to_token_map()
     # at 320 px (the size of indices made while the source was opt-in) the close-up cup is found too
-    (coffee,) = obj.ObjectsSource(model=str(folder), size=320).encode_many([photos["coffee"]], [0.0])
+    (coffee,) = obj.ObjectsSource(model=human_models, size=320).encode_many([photos["coffee"]], [0.0])
     assert "cup" in coffee.to_token_map()
 
 
