@@ -195,7 +195,10 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                         inp = inp.permute(0, 2, 3, 1)
                     shape = [int(v) for v in np.atleast_1d(consts[ins[1]])]
                     if shape[0] == 1 and -1 not in shape[1:]:  # a batch of 1 frozen in: any batch
-                        values[name] = inp.reshape(inp.shape[0], *shape[1:])
+                        rest = shape[1:]
+                        if len(rest) >= 2 and int(np.prod(rest)) != int(np.prod(inp.shape[1:])):
+                            rest = [-1, *rest[1:]]  # frozen for another input size: its first axis follows
+                        values[name] = inp.reshape(inp.shape[0], *rest)
                     else:
                         values[name] = inp.reshape(shape)
                 elif op == "Identity":

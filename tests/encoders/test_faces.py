@@ -21,6 +21,7 @@ def test_anchors_follow_the_detectors_two_grids():
     assert a.shape == (896, 2)  # 16 x 16 cells x 2, then 8 x 8 cells x 6
     assert a[0].tolist() == a[1].tolist() == [8.0, 8.0] and a[2].tolist() == [24.0, 8.0]
     assert a[512].tolist() == [16.0, 16.0] and a[-1].tolist() == [240.0, 240.0]
+    assert faces.anchors(192).shape == (504, 2)  # the same feature maps of a smaller picture: 12 x 12, 6 x 6
 
 
 def test_faces_are_kept_by_score_best_first_without_overlaps():
@@ -80,8 +81,10 @@ def test_the_attribute_models_see_the_face_cropped_from_the_full_picture():
         return np.full(len(crops), 0.95, np.float32), np.full(len(crops), 0.2, np.float32)
 
     (found,) = read_faces([picture], detect, describe)
-    assert seen["squares"].shape == (1, 3, 256, 256)
-    assert seen["squares"][0, :, 200:, :].max() == 0  # padded below the picture, not stretched
+    side = faces.DETECTOR_SIZE
+    assert seen["squares"].shape == (1, 3, side, side)
+    assert seen["squares"][0, :, side // 2 + 1:, :].max() == 0  # padded below the picture, not stretched
+    assert seen["squares"][0, :, : side // 2 - 1, :].sum(axis=0).min() > 0
     crop = seen["crops"][0]
     assert crop.shape == (3, faces.FACE_SIZE, faces.FACE_SIZE) and seen["grey"].shape == (1, 1, 64, 64)
     c = faces.FACE_SIZE // 2
