@@ -140,6 +140,34 @@ def attributes_module(faceres_json: Path, emotion_json: Path) -> Any:
     return FaceAttributes().eval()
 
 
+def tower_specs(folder: Path) -> list[Any]:
+    """The face detector and the face attributes as :class:`~stair_es.encoders.runtime.TowerSpec`
+    (exported to ONNX once, like every tower), from the model files in ``folder``."""
+    from .runtime import TowerSpec
+
+    files = {name: folder / name for name in FACE_FILES}
+
+    def pixels(*shape: int, low: float = 0.0, high: float = 255.0) -> np.ndarray:
+        return (np.random.default_rng(0).random((2, *shape)) * (high - low) + low).astype(np.float32)
+
+    def batch(*names: str) -> dict[str, dict[int, str]]:
+        return {name: {0: "batch"} for name in names}
+
+    return [
+        TowerSpec(kind="face-detector", weight_files=[files["blazeface.json"], files["blazeface.bin"]],
+                  build=lambda: detector_module(files["blazeface.json"]),
+                  sample=lambda: {"images": pixels(3, DETECTOR_SIZE, DETECTOR_SIZE)},
+                  input_names=["images"], output_names=["scores", "boxes"],
+                  dynamic_axes=batch("images", "scores", "boxes"), extra_key=f"size{DETECTOR_SIZE}", parallel=True),
+        TowerSpec(kind="face-attributes", weight_files=[files[n] for n in sorted(files) if not n.startswith("blaze")],
+                  build=lambda: attributes_module(files["faceres.json"], files["emotion.json"]),
+                  sample=lambda: {"faces": pixels(3, FACE_SIZE, FACE_SIZE),
+                                  "grey": pixels(1, GREY_SIZE, GREY_SIZE, low=-1, high=1)},
+                  input_names=["faces", "grey"], output_names=["male", "happy"],
+                  dynamic_axes=batch("faces", "grey", "male", "happy"), extra_key=f"size{FACE_SIZE}", parallel=True),
+    ]
+
+
 def _square(image: Any) -> np.ndarray:
     """The picture padded with black to a square (right or bottom), at the detector's size, CHW."""
     from PIL import Image
@@ -186,10 +214,11 @@ def _crops(image: Any, box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_faces(images: Sequence[Any], detect: Any, describe: Any) -> list[list[Face]]:
-    """The faces of each picture (RGB PIL images), with ``detect`` running the detector tower
+    """The faces of each picture (PIL images), with ``detect`` running the detector tower
     (squares -> scores, boxes) and ``describe`` the attributes tower (faces, grey -> P(man), P(happy))."""
     if not images:
         return []
+    images = [im if im.mode == "RGB" else im.convert("RGB") for im in images]
     scores, boxes = detect(np.stack([_square(im) for im in images]))
     found: list[list[tuple[float, float, np.ndarray]]] = []
     faces, greys = [], []

@@ -70,7 +70,7 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from . import faces
 from .base import read_packaged_map, shares_vector
-from .runtime import TowerSpec, file_sha256
+from .runtime import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -344,20 +344,21 @@ class ObjectsSource:
             return self._run
 
     def _load(self) -> Any:
-        return _runner_of(self.tower_spec(), self.runtime, ["images"])
+        return _runner_of(self.tower_spec(), self.runtime)
 
     def _face_runners(self) -> tuple[Any, Any]:
         """(face detector, face attributes) as functions of numpy arrays (see :func:`.faces.read_faces`)."""
         with self._lock:
             if self._faces is None:
                 detector, attributes = self.export_specs()[1:]
-                self._faces = (_runner_of(detector, self.runtime, ["images"]),
-                               _runner_of(attributes, self.runtime, ["faces", "grey"]))
+                self._faces = (_runner_of(detector, self.runtime), _runner_of(attributes, self.runtime))
             return self._faces
 
     def tower_spec(self) -> Any:
         """The detector as a :class:`~stair_es.encoders.runtime.TowerSpec` (fetching its files
         first when needed); ``stair-es encoders export`` exports it ahead of first use."""
+        from .runtime import TowerSpec
+
         folder = model_folder(self.model)
         model_json = folder / "centernet.json"
         size = self.size
@@ -377,31 +378,7 @@ class ObjectsSource:
     def export_specs(self) -> list[Any]:
         """Every tower this source runs (``stair-es encoders export`` prepares them all): the
         detector, then, since rules 3, the face detector and the face attributes."""
-        specs = [self.tower_spec()]
-        if self.rules >= 3:
-
-            folder = model_folder(self.model)
-            files = {name: folder / name for name in faces.FACE_FILES}
-
-            def pixels(*shape: int, low: float = 0.0, high: float = 255.0) -> np.ndarray:
-                return (np.random.default_rng(0).random((2, *shape)) * (high - low) + low).astype(np.float32)
-
-            specs.append(TowerSpec(
-                kind="face-detector", weight_files=[files["blazeface.json"], files["blazeface.bin"]],
-                build=lambda: faces.detector_module(files["blazeface.json"]),
-                sample=lambda: {"images": pixels(3, faces.DETECTOR_SIZE, faces.DETECTOR_SIZE)},
-                input_names=["images"], output_names=["scores", "boxes"],
-                dynamic_axes={"images": {0: "batch"}, "scores": {0: "batch"}, "boxes": {0: "batch"}},
-                tolerance=1e-3, extra_key=f"size{faces.DETECTOR_SIZE}", parallel=True))
-            specs.append(TowerSpec(
-                kind="face-attributes", weight_files=[files[n] for n in sorted(files) if not n.startswith("blaze")],
-                build=lambda: faces.attributes_module(files["faceres.json"], files["emotion.json"]),
-                sample=lambda: {"faces": pixels(3, faces.FACE_SIZE, faces.FACE_SIZE),
-                                "grey": pixels(1, faces.GREY_SIZE, faces.GREY_SIZE, low=-1, high=1)},
-                input_names=["faces", "grey"], output_names=["male", "happy"],
-                dynamic_axes={"faces": {0: "batch"}, "grey": {0: "batch"}, "male": {0: "batch"}, "happy": {0: "batch"}},
-                tolerance=1e-3, extra_key=f"size{faces.FACE_SIZE}", parallel=True))
-        return specs
+        return [self.tower_spec(), *(faces.tower_specs(model_folder(self.model)) if self.rules >= 3 else [])]
 
     def preprocess(self, image: Any) -> np.ndarray:
         from PIL import Image
@@ -445,10 +422,9 @@ class ObjectsSource:
             return out
         peaks, person = self._runner()(pixels)
         shares = [self.shares_from_outputs(peaks[k], person[k]) for k in range(len(photos))]
-        with_people = [k for k in range(len(photos)) if self.rules >= 3 and peaks[k][0] >= self.threshold]
-        if with_people:
-            rgb = [pictures[k] if pictures[k].mode == "RGB" else pictures[k].convert("RGB") for k in with_people]
-            for k, found in zip(with_people, faces.read_faces(rgb, *self._face_runners())):
+        people = [k for k in range(len(photos)) if self.rules >= 3 and peaks[k][0] >= self.threshold]
+        if people:  # faces are read on photos with a person only
+            for k, found in zip(people, faces.read_faces([pictures[k] for k in people], *self._face_runners())):
                 for token, share in faces.face_shares(found).items():
                     shares[k][token] = max(shares[k].get(token, 0.0), share)
         for k, i in enumerate(photos):
@@ -460,14 +436,14 @@ class ObjectsSource:
         return self.encode_prepared(self.prepare(images, flats))
 
 
-def _runner_of(spec: Any, runtime: str | None, inputs: list[str]) -> Any:
-    """A function of numpy arrays (in the order of ``inputs``) -> the tower's outputs: the
+def _runner_of(spec: Any, runtime: str | None) -> Any:
+    """A function of numpy arrays (in the order of the spec's inputs) -> the tower's outputs: the
     exported ONNX tower, or the torch module when the runtime says so."""
     from .runtime import resolve_tower, runtime_choice
 
     tower = resolve_tower(spec, runtime_choice(runtime))
     if tower is not None:
-        return lambda *xs: tower.run_parallel(dict(zip(inputs, xs)))
+        return lambda *xs: tower.run_parallel(dict(zip(spec.input_names, xs)))
     module = spec.build()
 
     def run_torch(*xs: np.ndarray) -> list[np.ndarray]:
