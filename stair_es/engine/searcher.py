@@ -95,6 +95,7 @@ class Searcher:
     seed_terms = SEED_TERMS
     seed_postings = SEED_POSTINGS
     seed_min_docs = SEED_MIN_DOCS
+    seed_order = True
 
     def _opened(self, seg):
         """A segment this reader has just opened. One of at least :data:`MAP_AHEAD_MIN_BYTES`
@@ -454,7 +455,10 @@ class Searcher:
         out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
         seed = self.seed_terms > 0 and self.seed_postings > 0 and int(desc[which, 0].sum()) >= self.seed_min_docs
         settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY,
-                             self.seed_terms if seed else 0, self.seed_postings if seed else 0], np.int64)
+                             self.seed_terms if seed else 0, self.seed_postings if seed else 0,
+                             int(self.seed_order)], np.int64)
+        if seed and self.seed_order:
+            which = which.copy()  # (the kernel visits the segments in its own order: see multi.search_segments)
         keys = np.ascontiguousarray(keys, np.int64)
         weights = np.ascontiguousarray(weights, np.float32)
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []

@@ -1,7 +1,7 @@
 """A search that starts from a lower bound of its k-th best score (``kernels.seed``: the heap
 filled with placeholders at the k-th best exact score of a few candidate documents) returns what
 a search without it returns: the same ids in the same order with bit-identical scores, with ties
-of many equal scores (broken by age), deleted documents and filters that rule out the heaviest
+of many equal scores (broken by age), the segments visited best candidates first, deleted documents and filters that rule out the heaviest
 candidates, several clauses and every k."""
 
 from __future__ import annotations
@@ -36,10 +36,16 @@ def _hits(res):
 
 
 def _both(ix, req):
-    """(hits with the seed, hits without it), the seed forced on whatever the index's size."""
+    """(hits with the seed, hits without it), the seed forced on whatever the index's size; with
+    the seed, the segments visited in their own order or in the seed's (best candidates first)
+    give the same hits."""
     ix.seed_min_docs = 0
     ix.seed_terms, ix.seed_postings = 2, 20
+    ix.seed_order = False
+    a0 = ix.search(req)
+    ix.seed_order = True
     a = ix.search(req)
+    assert _hits(a) == _hits(a0)
     ix.seed_terms = 0
     b = ix.search(req)
     ix.seed_terms = 2
@@ -95,7 +101,7 @@ def test_the_bound_is_a_real_kth_score_and_prunes(index):
         fi = index.schema.sparse_fields.index("image")
         keys = (t + fi * VOCAB_SIZE).astype(np.int64)
         wq = SparseVector.from_arrays(t, w).weights.astype(np.float32)
-        bound = multi.seed_bound(keys, wq, every, 0, desc, allowed, checks, tmax, F16_TABLE, 10, 2, 20)
+        bound = multi.seed_bound(keys, wq, every, 0, desc, allowed, checks, tmax, F16_TABLE, 10, 2, 20, np.zeros(every.size, np.float32))
         assert bound <= kth
         found += bound > 0
     assert found >= 15

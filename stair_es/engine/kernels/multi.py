@@ -140,14 +140,15 @@ def _query_terms(keys, tt):
 
 
 @njit(cache=True)
-def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, n_terms, n_post):
+def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, n_terms, n_post, seg_best):
     """A lower bound of the k-th best score of the query over segments ``which[start:]`` (see
     :mod:`.seed`): the k-th best exact score of the documents of the ``n_post`` heaviest
     postings of each of the ``n_terms`` query terms of highest weight x maximum weight (``tmax[s]``:
     (address, length) of segment s's uint16 cache of each term's highest block maximum, 0: not
     known yet, filled here). 0 when
     fewer than k such documents were found, or a table or run read for it is damaged (the
-    search proper then reports it)."""
+    search proper then reports it). ``seg_best[x]``: the best candidate score of segment
+    ``which[x]`` (left as it is where none)."""
     nq = keys.size
     ns = which.size - start
     if nq == 0 or ns <= 0 or k <= 0 or n_terms <= 0 or n_post <= 0:
@@ -260,6 +261,7 @@ def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k,
             bad = score_docs(q_j, q_w, seg, None, docs, scores[y:z])
         if bad >= 0:
             return np.float32(0.0)
+        seg_best[start + x] = max(seg_best[start + x], scores[y:z].max())
         y = z
     return np.sort(scores)[scores.size - k]
 
@@ -291,11 +293,16 @@ def search_segments(keys, weights, which, start, desc, allowed, checks, tmax, f1
     k = top[0].size
     if start == 0 and state[0] == 0 and settings.size >= 6 and settings[4] > 0 and settings[5] > 0:
         # the heap starts full of placeholders at a lower bound of the k-th best score (see .seed)
-        t = seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, settings[4], settings[5])
+        seg_best = np.zeros(which.size, np.float32)
+        t = seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, settings[4], settings[5], seg_best)
         if t > 0:
             heap = TopK(*top)
             for _ in range(k):
                 push(heap, t, PLACEHOLDER_SEQ, np.int64(-1))
+            if settings.size >= 7 and settings[6] > 0:
+                # the segments of the best candidates first: the k-th score rises sooner
+                order = np.argsort(-seg_best[start:], kind="mergesort")
+                which[start:] = which[start:][order]
     for x in range(start, which.size):
         s = which[x]
         out[s, 0] = NO_TERMS
