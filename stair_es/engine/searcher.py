@@ -452,6 +452,8 @@ class Searcher:
         k = req.top_k
         heap = tuple(TopK.empty(k))
         hs, hq, hr, state = heap
+        search = K.search_segments  # (each K.name imports: bound once here, not per segment below)
+        done, damaged, no_terms, wants_numpy = K.MULTI_DONE, K.MULTI_DAMAGED, K.MULTI_NO_TERMS, K.MULTI_WANTS_NUMPY
         out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
         seed = self.seed_terms > 0 and self.seed_postings > 0 and int(desc[which, 0].sum()) >= self.seed_min_docs
         settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY,
@@ -464,12 +466,12 @@ class Searcher:
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         x = 0
         while True:
-            code, x = K.search_segments(keys, weights, which, x, desc, allowed, checks, tmax, F16_TABLE, rec, heap,
-                                        self._taat_scratch(), settings, AUTO_EMA, out)
-            if code == K.MULTI_DONE:
+            code, x = search(keys, weights, which, x, desc, allowed, checks, tmax, F16_TABLE, rec, heap,
+                             self._taat_scratch(), settings, AUTO_EMA, out)
+            if code == done:
                 break
             si = int(which[x])
-            if code == K.MULTI_DAMAGED:
+            if code == damaged:
                 segs[si].seg.raise_damaged_chunk(int(state[7]))
             # small work: numpy, as _search_segments does, in its turn (auto's rule reads the state)
             seg = segs[si].seg
@@ -490,9 +492,9 @@ class Searcher:
         used: list[str] = []
         rows = []
         for si, code in zip(which.tolist(), out[which, 0].tolist()):
-            if code == K.MULTI_NO_TERMS:
+            if code == no_terms:
                 continue
-            if code == K.MULTI_WANTS_NUMPY:
+            if code == wants_numpy:
                 used.append("numpy")
                 rows.append((si, NP.STRATEGY_NUMPY, CHOSEN_NUMPY))
             else:

@@ -476,8 +476,11 @@ class Segment(SegmentFilters):
 
     def metadata(self, d: int, *, display: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        cols = self.__dict__.get("_meta_columns")
+        if cols is None:  # (each hit's metadata read from the same arrays: found once, not per hit)
+            cols = self.__dict__["_meta_columns"] = {name: self.column(name) for name in self.column_types}
         for name, ftype in self.column_types.items():
-            c = self.column(name)
+            c = cols[name]
             if ftype == "number":
                 v = float(c["v"][d])
                 if not np.isnan(v):
