@@ -455,7 +455,10 @@ class Searcher:
         search = K.search_segments  # (each K.name imports: bound once here, not per segment below)
         done, damaged, no_terms, wants_numpy = K.MULTI_DONE, K.MULTI_DAMAGED, K.MULTI_NO_TERMS, K.MULTI_WANTS_NUMPY
         out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
-        seed = self.seed_terms > 0 and self.seed_postings > 0 and int(desc[which, 0].sum()) >= self.seed_min_docs
+        seed = (self.seed_terms > 0 and self.seed_postings > 0 and strategy != NP.STRATEGY_TAAT
+                and int(desc[which, 0].sum()) >= self.seed_min_docs)
+        if seed and strategy == NP.STRATEGY_AUTO and 2 * int((rec[which, 2] > 0).sum()) > len(which):
+            seed = False  # auto runs TAAT on most of these segments now (its record): the seed would not pay
         settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY,
                              self.seed_terms if seed else 0, self.seed_postings if seed else 0,
                              int(self.seed_order)], np.int64)

@@ -36,16 +36,20 @@ def _hits(res):
 
 
 def _both(ix, req):
-    """(hits with the seed, hits without it), the seed forced on whatever the index's size; with
-    the seed, the segments visited in their own order or in the seed's (best candidates first)
+    """(hits with the seed, hits without it), the seed forced on whatever the index's size
+    (block-max forced: ``auto`` leaves the seed out where it runs TAAT); with the seed, the
+    segments visited in their own order or in the seed's (best candidates first), and ``auto``,
     give the same hits."""
     ix.seed_min_docs = 0
     ix.seed_terms, ix.seed_postings = 2, 20
+    ix.strategy = "blockmax"
     ix.seed_order = False
     a0 = ix.search(req)
     ix.seed_order = True
     a = ix.search(req)
     assert _hits(a) == _hits(a0)
+    ix.strategy = "auto"
+    assert _hits(ix.search(req)) == _hits(a)
     ix.seed_terms = 0
     b = ix.search(req)
     ix.seed_terms = 2
