@@ -18,20 +18,53 @@ the bound, push every placeholder out: the hits, their order and their scores ar
 search without it (``tests/engine/test_seed.py``). Nothing here changes a kernel's pruning
 rule: they compare bounds with the heap's k-th score as before, it is only higher sooner.
 
-Postings and block tables are verified before they are read (:func:`.verify.check_run`); a
-damaged one ends the seed with no bound, and the search proper then finds and reports it.
+Block tables are verified before they are read (as the search verifies them); a damaged one
+ends the seed with no bound, and the search proper then finds and reports it. A postings run is
+read only once its chunks are verified (by an earlier search, or the reader's background
+verification): a candidate in an unverified run is left out, a term whose run is unverified is
+left out of a candidate's sum. A sum over some of the query terms, in query-term order, is at
+most the full sum (the weights are >= 0 and float32 addition is monotone), so the bound stays a
+lower bound, and a first query pays no checksums for runs its search may never read.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .blockmax import _find_weight
-from .verify import check_run
 
 #: placeholders' sequence number: higher than any document's, so they lose every tie
 PLACEHOLDER_SEQ = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def run_verified(chk, q0, cnt):
+    """Whether the chunks holding postings [q0, q0 + cnt) are verified already (``chk``: see
+    :func:`.verify.check_run`; None: nothing to verify). Compiled only."""
+    raise NotImplementedError  # pragma: no cover
+
+
+@overload(run_verified)
+def _run_verified_impl(chk, q0, cnt):
+    if isinstance(chk, types.NoneType):
+        return lambda chk, q0, cnt: True
+
+    def impl(chk, q0, cnt):
+        if cnt <= 0:
+            return True
+        ok, shift, off_po, off_pw = chk[2], chk[3], chk[5], chk[6]
+        a = off_po + q0
+        for c in range(a >> shift, ((a + cnt - 1) >> shift) + 1):
+            if not ok[c]:
+                return False
+        a = off_pw + 2 * q0
+        for c in range(a >> shift, ((a + 2 * cnt - 1) >> shift) + 1):
+            if not ok[c]:
+                return False
+        return True
+
+    return impl
 
 
 @njit(cache=True)
@@ -93,7 +126,8 @@ def top_pairs(pair_max, lo, hi, seg_no, bits, segs, pairs, n):
 @njit(cache=True)
 def heaviest_docs(j, sel, seg, chk, docs):
     """The local doc of the heaviest posting of each pair in ``sel`` (ascending pair numbers of
-    term j in segment ``seg``) into ``docs`` (-1: none found); the first bad chunk or -1."""
+    term j in segment ``seg``) into ``docs`` (-1: none found, or its run not verified yet).
+    Returns -1."""
     post_ptr, pair_ptr, pair_block, pair_cnt, pair_max, post_off, post_w = (
         seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.pair_max, seg.post_off, seg.post_w)
     p = pair_ptr[j]
@@ -103,10 +137,9 @@ def heaviest_docs(j, sel, seg, chk, docs):
         q += _count_sum(pair_cnt, p, t)
         p = t
         c = np.int64(pair_cnt[t]) + 1
-        bad = check_run(chk, q, c)
-        if bad >= 0:
-            return bad
         docs[y] = -1
+        if not run_verified(chk, q, c):
+            continue
         for r in range(q, q + c):
             if post_w[r] == pair_max[t]:
                 docs[y] = (np.int64(pair_block[t]) << seg.bshift) | np.int64(post_off[r])
@@ -119,7 +152,8 @@ def score_docs(q_j, q_w, seg, chk, docs, out):
     """Exact scores of local docs ``docs`` (ascending, distinct) into ``out``: per doc, the
     weights of the query terms ``q_j`` (query order) times ``q_w`` summed in that order in
     float32, as :func:`.blockmax._canonical_score` sums a hit's. Each term's (block, count)
-    pairs are walked once for all the docs. Returns the first bad chunk or -1."""
+    pairs are walked once for all the docs; a run not verified yet is left out of the sums (see
+    the module's notes). Returns -1."""
     post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16 = (
         seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.post_w, seg.f16)
     bshift = seg.bshift
@@ -149,9 +183,8 @@ def score_docs(q_j, q_w, seg, chk, docs, out):
             if np.int64(pair_block[p]) != b:
                 continue
             c = np.int64(pair_cnt[p]) + 1
-            bad = check_run(chk, q, c)
-            if bad >= 0:
-                return bad
+            if not run_verified(chk, q, c):
+                continue
             w = _find_weight(post_off, post_w, f16, q, c, docs[y] & mask)
             if w > 0:
                 out[y] += q_w[i] * w
