@@ -163,3 +163,25 @@ def test_heaviest_documents_deleted_or_filtered_out(tmp_path):
         assert _hits(a) == _hits(b)
         assert not set(h.id for h in a.hits) & set(heavy_docs)
     ix.close()
+
+
+def test_threads_share_segments_out_each_group_seeded(index, monkeypatch):
+    """With two threads the segments are shared out and each group's heap is seeded from its own
+    segments; the merged hits are those of one thread without the seed."""
+    from stair_es.engine import searcher
+
+    monkeypatch.setattr(searcher, "SPLIT_MIN_DOCS", 1000)  # (the test's segments count as big)
+    rng = np.random.default_rng(21)
+    index.seed_min_docs = 0
+    index.strategy = "blockmax"
+    for _ in range(20):
+        t = rng.choice(USABLE[:100], size=int(rng.integers(3, 20)), replace=False)
+        req = SearchRequest([SparseClause("image", SparseVector.from_arrays(t, np.log1p(rng.lognormal(size=t.size)) + 0.01))],
+                            top_k=int(rng.choice([1, 10, 30])))
+        index.seed_terms = 2
+        a = index.search(req, threads=2)
+        index.seed_terms = 0
+        b = index.search(req, threads=1)
+        assert _hits(a) == _hits(b)
+    index.seed_terms = 2
+    index.strategy = "auto"
