@@ -255,7 +255,7 @@ class Searcher:
             K.choose_strategy(none[0], tuple(seg.kernel_arrays()), tuple(TopK.empty(1)), (0, self.head_blocks, 0, -1, -1.0, -1.0))
         fused = self._fused(self._segs)
         if fused is not None:  # the all-segments kernel, with an empty query
-            desc, allowed, checks, tmax, rec, every, _ = fused
+            desc, allowed, checks, tmax, rec, every, _, _ = fused
             K.search_segments(*none, every, 0, desc, allowed, checks, tmax, F16_TABLE, rec, tuple(TopK.empty(1)), self._taat_scratch(),
                               np.array([0, self.head_blocks, 0, AUTO_RETRY, 0, 0], np.int64), AUTO_EMA,
                               np.empty((len(self._segs), K.MULTI_OUT_COLUMNS), np.int64))
@@ -418,7 +418,7 @@ class Searcher:
             tmax = [np.zeros(st.seg.kernel_arrays().pair_ptr.size, np.uint16) for st in segs]  # see multi.seed_bound
             keep.append(tmax)
             tmax_rows = np.array([multi.address(t) for t in tmax], np.int64).reshape(n, 2)
-            fused = (desc, allowed, checks, tmax_rows, rec, np.arange(n, dtype=np.int64), keep)
+            fused = (desc, allowed, checks, tmax_rows, rec, np.arange(n, dtype=np.int64), keep, int(desc[:, 0].sum()))
         except ValueError:
             fused = None
         self.__dict__["_fused_cache"] = (segs, fused)
@@ -433,7 +433,7 @@ class Searcher:
         fused = self._fused(segs)
         if fused is None:
             return None
-        desc, allowed_all, checks, tmax, rec, every, _ = fused
+        desc, allowed_all, checks, tmax, rec, every, _, all_docs = fused
         if len(terms) == 1:
             fi, _, tok, w = terms[0]
             keys, weights = tok + fi * VOCAB_SIZE, w
@@ -455,8 +455,8 @@ class Searcher:
         search = K.search_segments  # (each K.name imports: bound once here, not per segment below)
         done, damaged, no_terms, wants_numpy = K.MULTI_DONE, K.MULTI_DAMAGED, K.MULTI_NO_TERMS, K.MULTI_WANTS_NUMPY
         out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
-        seed = (self.seed_terms > 0 and self.seed_postings > 0 and strategy != NP.STRATEGY_TAAT
-                and int(desc[which, 0].sum()) >= self.seed_min_docs)
+        seed = (self.seed_terms > 0 and self.seed_postings > 0 and strategy != NP.STRATEGY_TAAT and all_docs >= self.seed_min_docs
+                and (which is every or int(desc[which, 0].sum()) >= self.seed_min_docs))
         if seed and strategy == NP.STRATEGY_AUTO and 2 * int((rec[which, 2] > 0).sum()) > len(which):
             seed = False  # auto runs TAAT on most of these segments now (its record): the seed would not pay
         settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY,

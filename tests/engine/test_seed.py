@@ -95,7 +95,7 @@ def test_the_bound_is_a_real_kth_score_and_prunes(index):
     index.seed_min_docs = 0
     req0 = SearchRequest([SparseClause("image", SparseVector.from_arrays(USABLE[:3], np.ones(3)))], top_k=10)
     index.search(req0)  # (the compiled search's tables made)
-    desc, allowed, checks, tmax, rec, every, _ = index._fused(index._segs)
+    desc, allowed, checks, tmax, rec, every = index._fused(index._segs)[:6]
     found = 0
     for _ in range(20):
         t = np.sort(rng.choice(USABLE[:60], size=12, replace=False))
