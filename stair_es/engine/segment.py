@@ -327,6 +327,8 @@ class Segment(SegmentFilters):
         v = self.verifier
         if v is None or len(docs) == 0:
             return
+        if self._docs_ok is not None and len(docs) <= 16 and all(self._docs_ok[x] for x in docs):
+            return  # (a search's few hits, verified before: no numpy call per segment and search)
         if self._docs_ok is None:
             self._docs_ok = np.zeros(self.n_docs, bool)
         d = np.asarray(docs, np.int64)
