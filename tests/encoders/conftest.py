@@ -35,3 +35,21 @@ def imagenet_encoder():
     enc = ImageNetLabelEncoder()
     enc.load()
     return enc
+
+
+@pytest.fixture
+def human_models() -> str:
+    """The folder with the objects source's real model files (detector and face models):
+    ``$STAIR_ES_OBJECTS_MODEL``, or where ``stair-es encoders export`` put them in the user's model
+    cache (the tests' own cache is a fresh temporary folder); the test is skipped without them."""
+    from pathlib import Path
+
+    from stair_es.encoders import objects
+
+    home = Path(os.environ.get("STAIR_ES_HOME") or Path.home() / ".local" / "share" / "stair-es")
+    for folder in (os.environ.get(objects.ENV_MODEL), home / "_models" / objects.cache_folder().name):
+        if folder and all((Path(folder) / n).is_file() for n in objects.MODEL_FILES):
+            return str(folder)
+    pytest.skip(f"the objects source's model files are not here (set {objects.ENV_MODEL}, or run "
+                "`stair-es encoders export` once with internet)")
+

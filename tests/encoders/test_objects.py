@@ -142,6 +142,29 @@ def test_mean_concat_and_elementwise_ops_use_nhwc_axes(tmp_path):
     np.testing.assert_allclose(y, np.clip(np.concatenate([x * mean, x], axis=1) + 3, 0, 6), rtol=1e-6)
 
 
+def test_pad_reshape_clipping_dense_layers_and_softmax(tmp_path):
+    # what the face models use: channel padding and a reshape from NHWC order (BlazeFace), ReLU6
+    # written as Minimum/Maximum, a dense layer with bias and ReLU, softmax (FaceRes)
+    g = GraphWriter(2, 2, 1)
+    pad = g.op("pad", "Pad", ["images", g.const("pads", np.array([[0, 0], [0, 0], [0, 0], [0, 1]], np.int32))])
+    flat = g.op("flat", "Reshape", [pad, g.const("shape", np.array([1, 8], np.int32))])
+    clip = g.op("clip", "Maximum", [g.op("lo", "Minimum", [flat, g.const("six", np.array(6.0))]), g.const("zero", np.array(0.0))])
+    w = np.arange(16, dtype=np.float32).reshape(8, 2) / 10
+    dense = g.op("dense", "_FusedMatMul", [clip, g.const("w", w), g.const("b", np.array([0.5, -100.0]))],
+                 fused_ops={"list": {"s": [_b64("BiasAdd"), _b64("Relu")]}})
+    g.op("out", "Softmax", [dense])
+    path = g.write(tmp_path)
+    x = np.array([[[[1.0], [7.0]], [[-2.0], [3.0]]]], np.float32)  # NHWC, 1 x 2 x 2 x 1
+    x2 = np.concatenate([x, x * 2])  # a batch of two although the graph froze a batch of one
+    with torch.no_grad():
+        flat_y, y = graph_module(path, ["flat", "out"])(torch.from_numpy(x2.transpose(0, 3, 1, 2).copy()))
+    nhwc = np.concatenate([x2, np.zeros_like(x2)], axis=3).reshape(2, 8)  # (h, w, c) order
+    np.testing.assert_allclose(flat_y.numpy(), nhwc)
+    h = np.maximum(np.clip(nhwc, 0, 6) @ w + [0.5, -100.0], 0)
+    e = np.exp(h - h.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
 def test_an_unsupported_op_is_refused_by_name_at_load(tmp_path):
     g = GraphWriter()
     g.op("out", "NonMaxSuppressionV5", ["images"])
@@ -248,17 +271,17 @@ def test_the_index_records_the_source_and_refuses_another_version():
 
     enc = get_encoder("default", sources="imagenet,colour,objects", text="bow")
     recorded = enc.config()["objects"]
-    assert recorded.startswith("objects-v2-s256-t0.3-g0.7:") and obj.coco_token_map()["version"] in recorded
+    assert recorded.startswith("objects-v3-s256-t0.3-g0.7:") and obj.coco_token_map()["version"] in recorded
     assert "objects" in enc.token_sources("kite")
     with pytest.raises(EncoderVersionError, match="objects token source"):
         get_encoder("default", sources="imagenet,colour,objects", text="bow", objects="objects-v0")
     # an index built while the source was opt-in (rules 1, 320 px) keeps being encoded as it was
-    old = recorded.replace("objects-v2-s256-t0.3-", "objects-v1-s320-t0.25-")
+    old = recorded.replace("objects-v3-s256-t0.3-", "objects-v1-s320-t0.25-")
     rebuilt = get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=old)
     assert (rebuilt.objects.rules, rebuilt.objects.size, rebuilt.objects.threshold) == (1, 320, 0.25)
     assert rebuilt.config()["objects"] == old
     with pytest.raises(EncoderVersionError, match="objects token source"):  # rules of a later stair_es
-        get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=recorded.replace("-v2-", "-v9-"))
+        get_encoder("default", sources="imagenet,colour,objects", text="bow", objects=recorded.replace("-v3-", "-v9-"))
     # a text query never needs the detector
     assert enc.encode_texts(["two dogs"])[0].nnz > 0 and enc.objects._run is None
 
@@ -342,28 +365,14 @@ def test_a_given_folder_must_hold_the_expected_files(tmp_path, monkeypatch):
 
 
 # --- the real detector (when its files are here) --------------------------------------------------
-def _real_folder() -> Path | None:
-    import os
-
-    from stair_es.encoders.runtime import model_cache_dir
-
-    for folder in (os.environ.get(obj.ENV_MODEL), model_cache_dir() / f"coco-centernet-human-{obj.PACKAGE_VERSION}"):
-        if folder and all((Path(folder) / n).is_file() for n in obj.MODEL_FILES):
-            return Path(folder)
-    return None
-
-
 @pytest.mark.slow
-def test_the_real_detector_finds_the_person_and_the_cup(photos):
-    folder = _real_folder()
-    if folder is None:
-        pytest.skip(f"the detector's files are not here (set {obj.ENV_MODEL}, or run once with internet)")
-    src = obj.ObjectsSource(model=str(folder))
-    assert src.tower_spec().kind == "coco-centernet"  # what `stair-es encoders export` prepares
+def test_the_real_detector_finds_the_person_and_the_cup(photos, human_models):
+    src = obj.ObjectsSource(model=human_models)
+    assert [t.kind for t in src.export_specs()] == ["coco-centernet", "face-detector", "face-attributes"]  # exported ahead
     astronaut, chelsea = src.encode_many([photos["astronaut"], photos["chelsea"]], [0.0, 0.0])
     assert "person" in astronaut.to_token_map() and "cat" in chelsea.to_token_map()
     # at 320 px (the size of indices made while the source was opt-in) the close-up cup is found too
-    (coffee,) = obj.ObjectsSource(model=str(folder), size=320).encode_many([photos["coffee"]], [0.0])
+    (coffee,) = obj.ObjectsSource(model=human_models, size=320).encode_many([photos["coffee"]], [0.0])
     assert "cup" in coffee.to_token_map()
 
 
