@@ -30,6 +30,12 @@ SPLIT_MIN_DOCS = 1 << 16
 AUTO_RETRY = 32
 #: the weight of a new block-max run in that record (an exponential moving average)
 AUTO_EMA = 0.25
+#: a one-thread search over at least this many documents starts from a lower bound of its k-th best
+#: score (``kernels.seed``): the documents of the :data:`SEED_POSTINGS` heaviest postings of each of
+#: its :data:`SEED_TERMS` heaviest terms, scored exactly
+SEED_MIN_DOCS = 500_000
+SEED_TERMS = 2
+SEED_POSTINGS = 20
 
 
 #: a reader maps the page-cache-resident pages of each segment it opens of at least this many bytes
@@ -82,6 +88,14 @@ def _add_state(state: np.ndarray, part: np.ndarray) -> None:
 
 class Searcher:
     """Search methods of :class:`~stair_es.engine.index.EngineIndex`."""
+
+    #: a one-thread search over at least ``seed_min_docs`` documents starts its heap at the k-th best
+    #: exact score of the documents of the ``seed_postings`` heaviest postings of its ``seed_terms``
+    #: heaviest terms (``kernels.seed``; 0: no seed). Set on an index to change them
+    seed_terms = SEED_TERMS
+    seed_postings = SEED_POSTINGS
+    seed_min_docs = SEED_MIN_DOCS
+    seed_order = True
 
     def _opened(self, seg):
         """A segment this reader has just opened. One of at least :data:`MAP_AHEAD_MIN_BYTES`
@@ -241,9 +255,9 @@ class Searcher:
             K.choose_strategy(none[0], tuple(seg.kernel_arrays()), tuple(TopK.empty(1)), (0, self.head_blocks, 0, -1, -1.0, -1.0))
         fused = self._fused(self._segs)
         if fused is not None:  # the all-segments kernel, with an empty query
-            desc, allowed, checks, rec, every, _ = fused
-            K.search_segments(*none, every, 0, desc, allowed, checks, F16_TABLE, rec, tuple(TopK.empty(1)), self._taat_scratch(),
-                              np.array([0, self.head_blocks, 0, AUTO_RETRY], np.int64), AUTO_EMA,
+            desc, allowed, checks, tmax, rec, every, _, _ = fused
+            K.search_segments(*none, every, 0, desc, allowed, checks, tmax, F16_TABLE, rec, tuple(TopK.empty(1)), self._taat_scratch(),
+                              np.array([0, self.head_blocks, 0, AUTO_RETRY, 0, 0], np.int64), AUTO_EMA,
                               np.empty((len(self._segs), K.MULTI_OUT_COLUMNS), np.int64))
         out["kernels_s"] = time.perf_counter() - t
         return out
@@ -401,7 +415,10 @@ class Searcher:
                 if old is not None:
                     rec[i] = old
                 self._auto_seen[st.seg.name] = rec[i]  # (a view: both paths update the same record)
-            fused = (desc, allowed, checks, rec, np.arange(n, dtype=np.int64), keep)
+            tmax = [np.zeros(st.seg.kernel_arrays().pair_ptr.size, np.uint16) for st in segs]  # see multi.seed_bound
+            keep.append(tmax)
+            tmax_rows = np.array([multi.address(t) for t in tmax], np.int64).reshape(n, 2)
+            fused = (desc, allowed, checks, tmax_rows, rec, np.arange(n, dtype=np.int64), keep, int(desc[:, 0].sum()))
         except ValueError:
             fused = None
         self.__dict__["_fused_cache"] = (segs, fused)
@@ -416,7 +433,7 @@ class Searcher:
         fused = self._fused(segs)
         if fused is None:
             return None
-        desc, allowed_all, checks, rec, every, _ = fused
+        desc, allowed_all, checks, tmax, rec, every, _, all_docs = fused
         if len(terms) == 1:
             fi, _, tok, w = terms[0]
             keys, weights = tok + fi * VOCAB_SIZE, w
@@ -435,19 +452,29 @@ class Searcher:
         k = req.top_k
         heap = tuple(TopK.empty(k))
         hs, hq, hr, state = heap
+        search = K.search_segments  # (each K.name imports: bound once here, not per segment below)
+        done, damaged, no_terms, wants_numpy = K.MULTI_DONE, K.MULTI_DAMAGED, K.MULTI_NO_TERMS, K.MULTI_WANTS_NUMPY
         out = np.empty((len(segs), K.MULTI_OUT_COLUMNS), np.int64)
-        settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY], np.int64)
+        seed = (self.seed_terms > 0 and self.seed_postings > 0 and strategy != NP.STRATEGY_TAAT and all_docs >= self.seed_min_docs
+                and (which is every or int(desc[which, 0].sum()) >= self.seed_min_docs))
+        if seed and strategy == NP.STRATEGY_AUTO and 2 * int((rec[which, 2] > 0).sum()) > len(which):
+            seed = False  # auto runs TAAT on most of these segments now (its record): the seed would not pay
+        settings = np.array([strategy, self.head_blocks, self.numpy_max_postings, AUTO_RETRY,
+                             self.seed_terms if seed else 0, self.seed_postings if seed else 0,
+                             int(self.seed_order)], np.int64)
+        if seed and self.seed_order:
+            which = which.copy()  # (the kernel visits the segments in its own order: see multi.search_segments)
         keys = np.ascontiguousarray(keys, np.int64)
         weights = np.ascontiguousarray(weights, np.float32)
         small: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         x = 0
         while True:
-            code, x = K.search_segments(keys, weights, which, x, desc, allowed, checks, F16_TABLE, rec, heap,
-                                        self._taat_scratch(), settings, AUTO_EMA, out)
-            if code == K.MULTI_DONE:
+            code, x = search(keys, weights, which, x, desc, allowed, checks, tmax, F16_TABLE, rec, heap,
+                             self._taat_scratch(), settings, AUTO_EMA, out)
+            if code == done:
                 break
             si = int(which[x])
-            if code == K.MULTI_DAMAGED:
+            if code == damaged:
                 segs[si].seg.raise_damaged_chunk(int(state[7]))
             # small work: numpy, as _search_segments does, in its turn (auto's rule reads the state)
             seg = segs[si].seg
@@ -468,9 +495,9 @@ class Searcher:
         used: list[str] = []
         rows = []
         for si, code in zip(which.tolist(), out[which, 0].tolist()):
-            if code == K.MULTI_NO_TERMS:
+            if code == no_terms:
                 continue
-            if code == K.MULTI_WANTS_NUMPY:
+            if code == wants_numpy:
                 used.append("numpy")
                 rows.append((si, NP.STRATEGY_NUMPY, CHOSEN_NUMPY))
             else:

@@ -327,6 +327,8 @@ class Segment(SegmentFilters):
         v = self.verifier
         if v is None or len(docs) == 0:
             return
+        if self._docs_ok is not None and len(docs) <= 16 and all(self._docs_ok[x] for x in docs):
+            return  # (a search's few hits, verified before: no numpy call per segment and search)
         if self._docs_ok is None:
             self._docs_ok = np.zeros(self.n_docs, bool)
         d = np.asarray(docs, np.int64)
@@ -476,8 +478,11 @@ class Segment(SegmentFilters):
 
     def metadata(self, d: int, *, display: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        cols = self.__dict__.get("_meta_columns")
+        if cols is None:  # (each hit's metadata read from the same arrays: found once, not per hit)
+            cols = self.__dict__["_meta_columns"] = {name: self.column(name) for name in self.column_types}
         for name, ftype in self.column_types.items():
-            c = self.column(name)
+            c = cols[name]
             if ftype == "number":
                 v = float(c["v"][d])
                 if not np.isnan(v):

@@ -13,8 +13,10 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from ..layout import CHOSEN_RENEW, PLAN, PLAN_SLOTS, STRATEGY_AUTO, STRATEGY_BLOCKMAX, SegmentArrays
+from ..layout import CHOSEN_RENEW, PLAN, PLAN_SLOTS, STRATEGY_AUTO, STRATEGY_BLOCKMAX, SegmentArrays, TopK
+from .heap import push
 from .search import _query_counts, search_segment
+from .seed import PLACEHOLDER_SEQ, heaviest_docs, score_docs, top_pairs, _max_bits
 from .verify import _verify_chunk_range
 
 #: ``out[s, 0]`` of a segment the query's terms miss, and of one ``auto`` leaves to the numpy twin
@@ -127,8 +129,145 @@ def address(a: np.ndarray) -> tuple[int, int]:
     return a.ctypes.data, a.size
 
 
+@njit(cache=True, inline="always")
+def _query_terms(keys, tt):
+    """Per query term: its term index in a segment (term table ``tt``), -1 when absent."""
+    q = np.full(keys.size, -1, np.int64)
+    for i in range(keys.size):
+        if keys[i] < tt.size:
+            q[i] = tt[keys[i]]
+    return q
+
+
+@njit(cache=True)
+def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, n_terms, n_post, seg_best):
+    """A lower bound of the k-th best score of the query over segments ``which[start:]`` (see
+    :mod:`.seed`): the k-th best exact score of the documents of the ``n_post`` heaviest
+    postings of each of the ``n_terms`` query terms of highest weight x maximum weight (``tmax[s]``:
+    (address, length) of segment s's uint16 cache of each term's highest block maximum, 0: not
+    known yet, filled here). 0 when
+    fewer than k such documents were found, or a table or run read for it is damaged (the
+    search proper then reports it). ``seg_best[x]``: the best candidate score of segment
+    ``which[x]`` (left as it is where none)."""
+    nq = keys.size
+    ns = which.size - start
+    if nq == 0 or ns <= 0 or k <= 0 or n_terms <= 0 or n_post <= 0:
+        return np.float32(0.0)
+    qj = np.full((ns, nq), -1, np.int64)
+    heavy = np.zeros(nq, np.float32)  # per query term: query weight x its highest block maximum
+    for x in range(ns):
+        s = which[start + x]
+        d = desc[s]
+        seg = SegmentArrays(*_segment(d, f16))
+        row = _query_terms(keys, _view(d, 20, _I64))
+        c = checks[s]
+        if c[0] != 0:
+            chk, tables_ok, layout = _check(c)
+            n = 0
+            for i in range(nq):
+                n += row[i] >= 0
+            present = np.empty(n, np.int64)
+            n = 0
+            for i in range(nq):
+                if row[i] >= 0:
+                    present[n] = row[i]
+                    n += 1
+            if _verify_tables(chk, tables_ok, layout, present, seg.pair_ptr) >= 0:
+                return np.float32(0.0)
+        for i in range(nq):
+            j = row[i]
+            qj[x, i] = j
+            if j >= 0:
+                cache = _view(tmax[s], 0, _U16)
+                m = cache[j] if j < cache.size else np.uint16(0)
+                if m == 0:
+                    m = _max_bits(seg.pair_max, seg.pair_ptr[j], seg.pair_ptr[j + 1])
+                    if j < cache.size:
+                        cache[j] = m
+                heavy[i] = max(heavy[i], weights[i] * f16[m])
+    order = np.argsort(-heavy)
+    # candidates: (segment position x, local doc)
+    cx = np.empty(n_terms * n_post, np.int64)
+    cd = np.empty(n_terms * n_post, np.int64)
+    nc = 0
+    bits = np.empty(n_post, np.uint16)
+    segs = np.empty(n_post, np.int64)
+    pairs = np.empty(n_post, np.int64)
+    for t in range(min(n_terms, nq)):
+        i = order[t]
+        if heavy[i] <= 0:
+            break
+        n = 0
+        for x in range(ns):
+            j = qj[x, i]
+            if j >= 0:
+                seg = SegmentArrays(*_segment(desc[which[start + x]], f16))
+                n = top_pairs(seg.pair_max, seg.pair_ptr[j], seg.pair_ptr[j + 1], x, bits, segs, pairs, n)
+        sel = np.argsort((segs[:n] << 40) | pairs[:n])  # by segment, then pair
+        y = 0
+        while y < n:
+            x = segs[sel[y]]
+            z = y
+            while z < n and segs[sel[z]] == x:
+                z += 1
+            ps = np.sort(pairs[sel[y:z]])
+            s = which[start + x]
+            seg = SegmentArrays(*_segment(desc[s], f16))
+            got = np.empty(ps.size, np.int64)
+            c = checks[s]
+            if c[0] != 0:
+                bad = heaviest_docs(qj[x, i], ps, seg, _check(c)[0], got)
+            else:
+                bad = heaviest_docs(qj[x, i], ps, seg, None, got)
+            if bad >= 0:
+                return np.float32(0.0)
+            mask = _view(allowed[s], 0, _U8)
+            for g in range(got.size):
+                if got[g] >= 0 and (mask.size == 0 or mask[got[g]] != 0):
+                    cx[nc] = x
+                    cd[nc] = got[g]
+                    nc += 1
+            y = z
+    if nc < k:
+        return np.float32(0.0)
+    key = np.unique((cx[:nc] << 32) | cd[:nc])
+    if key.size < k:
+        return np.float32(0.0)
+    scores = np.empty(key.size, np.float32)
+    y = 0
+    while y < key.size:
+        x = key[y] >> 32
+        z = y
+        while z < key.size and (key[z] >> 32) == x:
+            z += 1
+        s = which[start + x]
+        seg = SegmentArrays(*_segment(desc[s], f16))
+        n = 0
+        for i in range(nq):
+            n += qj[x, i] >= 0
+        q_j = np.empty(n, np.int64)
+        q_w = np.empty(n, np.float32)
+        n = 0
+        for i in range(nq):
+            if qj[x, i] >= 0:
+                q_j[n] = qj[x, i]
+                q_w[n] = weights[i]
+                n += 1
+        docs = key[y:z] & 0xFFFFFFFF
+        c = checks[s]
+        if c[0] != 0:
+            bad = score_docs(q_j, q_w, seg, _check(c)[0], docs, scores[y:z])
+        else:
+            bad = score_docs(q_j, q_w, seg, None, docs, scores[y:z])
+        if bad >= 0:
+            return np.float32(0.0)
+        seg_best[start + x] = max(seg_best[start + x], scores[y:z].max())
+        y = z
+    return np.sort(scores)[scores.size - k]
+
+
 @njit(cache=True, nogil=True)
-def search_segments(keys, weights, which, start, desc, allowed, checks, f16, rec, top, scratch, settings, ema, out):
+def search_segments(keys, weights, which, start, desc, allowed, checks, tmax, f16, rec, top, scratch, settings, ema, out):
     """Search segments ``which[start:]`` (in that order) into the heap ``top`` (a plain
     :class:`..layout.TopK` tuple). Returns (:data:`DONE`, ``which.size``); (:data:`DAMAGED`, x):
     a chunk of segment ``which[x]`` failed its checksum (``top.state[7]`` = the chunk; nothing
@@ -140,7 +279,8 @@ def search_segments(keys, weights, which, start, desc, allowed, checks, f16, rec
     typed lists: making one costs a new process over a second of numba compilation): ``desc[s]``
     its arrays (:func:`describe`; its ``terms``: the term table, key -> term index or -1, keys
     past its end absent), ``allowed[s]`` (address, length) of its uint8 mask per doc (length 0:
-    all docs), ``checks[s]`` its verification data (:data:`CHECK_COLUMNS`; column 0 = 0: none).
+    all docs), ``checks[s]`` its verification data (:data:`CHECK_COLUMNS`; column 0 = 0: none),
+    ``tmax[s]`` (address, length) of its cache of term maxima (see :func:`seed_bound`).
     ``f16``: the float16 table. ``rec[s]``: ``auto``'s record of block-max on the segment (share
     of the postings streamed, of the blocks scored, queries since; share -1: none), updated here
     as ``Searcher._auto_record`` does. ``settings``: int64 (strategy, head blocks, numpy_max,
@@ -150,6 +290,19 @@ def search_segments(keys, weights, which, start, desc, allowed, checks, f16, rec
     strategy, head_blocks, numpy_max, retry = settings[0], settings[1], settings[2], settings[3]
     state = top[3]
     nq = keys.size
+    k = top[0].size
+    if start == 0 and state[0] == 0 and settings.size >= 6 and settings[4] > 0 and settings[5] > 0:
+        # the heap starts full of placeholders at a lower bound of the k-th best score (see .seed)
+        seg_best = np.zeros(which.size, np.float32)
+        t = seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k, settings[4], settings[5], seg_best)
+        if t > 0:
+            heap = TopK(*top)
+            for _ in range(k):
+                push(heap, t, PLACEHOLDER_SEQ, np.int64(-1))
+            if settings.size >= 7 and settings[6] > 0:
+                # the segments of the best candidates first: the k-th score rises sooner
+                order = np.argsort(-seg_best[start:], kind="mergesort")
+                which[start:] = which[start:][order]
     for x in range(start, which.size):
         s = which[x]
         out[s, 0] = NO_TERMS
