@@ -87,6 +87,18 @@ def _count_sum(pair_cnt, lo, hi):
 
 
 @njit(cache=True)
+def _lowest(bits):
+    """(the smallest of ``bits``, its first position)."""
+    lowest = bits[0]
+    at = 0
+    for y in range(1, bits.size):
+        if bits[y] < lowest:
+            lowest = bits[y]
+            at = y
+    return lowest, at
+
+
+@njit(cache=True)
 def top_pairs(pair_max, lo, hi, seg_no, bits, segs, pairs, n):
     """Merge the pairs [lo, hi) of one term in segment ``seg_no`` into the ``bits.size`` pairs of
     highest block maximum kept so far (``bits``, ``segs``, ``pairs``, the first ``n`` filled);
@@ -95,31 +107,17 @@ def top_pairs(pair_max, lo, hi, seg_no, bits, segs, pairs, n):
     lowest = np.uint16(0)
     at = 0
     if n == cap:
-        lowest = bits[0]
-        for y in range(1, cap):
-            if bits[y] < lowest:
-                lowest = bits[y]
-                at = y
+        lowest, at = _lowest(bits)
     for p in range(lo, hi):
         v = pair_max[p]
         if n < cap:
             bits[n], segs[n], pairs[n] = v, seg_no, p
             n += 1
             if n == cap:
-                lowest = bits[0]
-                at = 0
-                for y in range(1, cap):
-                    if bits[y] < lowest:
-                        lowest = bits[y]
-                        at = y
+                lowest, at = _lowest(bits)
         elif v > lowest:
             bits[at], segs[at], pairs[at] = v, seg_no, p
-            lowest = bits[0]
-            at = 0
-            for y in range(1, cap):
-                if bits[y] < lowest:
-                    lowest = bits[y]
-                    at = y
+            lowest, at = _lowest(bits)
     return n
 
 
