@@ -130,6 +130,25 @@ def address(a: np.ndarray) -> tuple[int, int]:
 
 
 @njit(cache=True, inline="always")
+def _present_terms(keys, weights, tt):
+    """The query terms a segment holds, in query order: (their term indices in its term table
+    ``tt``, their query weights)."""
+    n = 0
+    for i in range(keys.size):
+        if keys[i] < tt.size and tt[keys[i]] >= 0:
+            n += 1
+    q_j = np.empty(n, np.int64)
+    q_w = np.empty(n, np.float32)
+    n = 0
+    for i in range(keys.size):
+        if keys[i] < tt.size and tt[keys[i]] >= 0:
+            q_j[n] = tt[keys[i]]
+            q_w[n] = weights[i]
+            n += 1
+    return q_j, q_w
+
+
+@njit(cache=True, inline="always")
 def _query_terms(keys, tt):
     """Per query term: its term index in a segment (term table ``tt``), -1 when absent."""
     q = np.full(keys.size, -1, np.int64)
@@ -159,20 +178,12 @@ def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k,
         s = which[start + x]
         d = desc[s]
         seg = SegmentArrays(*_segment(d, f16))
-        row = _query_terms(keys, _view(d, 20, _I64))
+        tt = _view(d, 20, _I64)
+        row = _query_terms(keys, tt)
         c = checks[s]
         if c[0] != 0:
             chk, tables_ok, layout = _check(c)
-            n = 0
-            for i in range(nq):
-                n += row[i] >= 0
-            present = np.empty(n, np.int64)
-            n = 0
-            for i in range(nq):
-                if row[i] >= 0:
-                    present[n] = row[i]
-                    n += 1
-            if _verify_tables(chk, tables_ok, layout, present, seg.pair_ptr) >= 0:
+            if _verify_tables(chk, tables_ok, layout, _present_terms(keys, weights, tt)[0], seg.pair_ptr) >= 0:
                 return np.float32(0.0)
         for i in range(nq):
             j = row[i]
@@ -242,17 +253,7 @@ def seed_bound(keys, weights, which, start, desc, allowed, checks, tmax, f16, k,
             z += 1
         s = which[start + x]
         seg = SegmentArrays(*_segment(desc[s], f16))
-        n = 0
-        for i in range(nq):
-            n += qj[x, i] >= 0
-        q_j = np.empty(n, np.int64)
-        q_w = np.empty(n, np.float32)
-        n = 0
-        for i in range(nq):
-            if qj[x, i] >= 0:
-                q_j[n] = qj[x, i]
-                q_w[n] = weights[i]
-                n += 1
+        q_j, q_w = _present_terms(keys, weights, _view(desc[s], 20, _I64))
         docs = key[y:z] & 0xFFFFFFFF
         c = checks[s]
         if c[0] != 0:
@@ -289,7 +290,6 @@ def search_segments(keys, weights, which, start, desc, allowed, checks, tmax, f1
     ``out[s]`` (see :data:`OUT_COLUMNS`): what ran on each segment of ``which``."""
     strategy, head_blocks, numpy_max, retry = settings[0], settings[1], settings[2], settings[3]
     state = top[3]
-    nq = keys.size
     k = top[0].size
     if start == 0 and state[0] == 0 and settings.size >= 6 and settings[4] > 0 and settings[5] > 0:
         # the heap starts full of placeholders at a lower bound of the k-th best score (see .seed)
@@ -308,21 +308,9 @@ def search_segments(keys, weights, which, start, desc, allowed, checks, tmax, f1
         out[s, 0] = NO_TERMS
         out[s, 1] = -1
         d = desc[s]
-        tt = _view(d, 20, _I64)
-        n = 0
-        for i in range(nq):
-            if keys[i] < tt.size and tt[keys[i]] >= 0:
-                n += 1
-        if n == 0:
+        q_j, q_w = _present_terms(keys, weights, _view(d, 20, _I64))
+        if q_j.size == 0:
             continue
-        q_j = np.empty(n, np.int64)
-        q_w = np.empty(n, np.float32)
-        n = 0
-        for i in range(nq):
-            if keys[i] < tt.size and tt[keys[i]] >= 0:
-                q_j[n] = tt[keys[i]]
-                q_w[n] = weights[i]
-                n += 1
         seg = _segment(d, f16)
         P, _ = _query_counts(q_j, SegmentArrays(*seg))
         out[s, 2 + PLAN_SLOTS] = P
