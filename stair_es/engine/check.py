@@ -38,10 +38,7 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
                               "repaired": False, "lost_docs": 0, "lost_ids": []}
     try:
         if not (path / MANIFEST).is_file():
-            damaged = missing_manifest_error(path) if path.is_dir() else None
-            if damaged is None:
-                raise IndexNotFoundError(f"no stair_es index at {path}")
-            raise damaged
+            raise missing_manifest_error(path) or IndexNotFoundError(f"no stair_es index at {path}")
         m = validate_manifest(json.loads((path / MANIFEST).read_bytes()), path)
     except IndexNotFoundError:
         raise

@@ -40,6 +40,16 @@ def encode_ids(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return arr[arr != 10].copy(), offs
 
 
+def concat_offsets(offsets: Sequence[np.ndarray]) -> np.ndarray:
+    """Offset (pointer) arrays laid end to end, as int64: each part shifted so that it starts where
+    the parts before it ended."""
+    out, base = [np.zeros(1, np.int64)], 0
+    for o in offsets:
+        out.append(np.asarray(o[1:], np.int64) - int(o[0]) + base)
+        base += int(o[-1] - o[0])
+    return np.concatenate(out)
+
+
 def str_at(blob: np.ndarray, offs: np.ndarray, i: int) -> str:
     return blob[offs[i]:offs[i + 1]].tobytes().decode("utf-8")  # (bytes(slice) took 3x as long: the buffer protocol)
 
@@ -101,17 +111,6 @@ def column_arrays(ftype: str, vals: Sequence[Any] | np.ndarray) -> dict[str, np.
     return {"ptr": ptr, "codes": np.array(codes, np.int32), "list": islist, "dict": blob, "dict_offs": offs}
 
 
-def _empty_column(ftype: str, n: int) -> dict[str, np.ndarray]:
-    if ftype == "number":
-        return {"v": np.full(n, np.nan)}
-    if ftype == "date":
-        return {"v": np.full(n, DATE_MISSING, np.int64)}
-    if ftype == "boolean":
-        return {"v": np.full(n, -1, np.int8)}
-    return {"ptr": np.zeros(n + 1, np.int64), "codes": np.zeros(0, np.int32), "list": np.zeros(n, np.uint8),
-            "dict": np.zeros(0, np.uint8), "dict_offs": np.zeros(1, np.int64)}
-
-
 def concat_columns(parts: list[tuple[int, dict[str, tuple[str, dict[str, np.ndarray]]]]]) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
     """Concatenate per-part columns (each part: (rows, columns)); absent columns become missing values."""
     types: dict[str, str] = {}
@@ -120,23 +119,21 @@ def concat_columns(parts: list[tuple[int, dict[str, tuple[str, dict[str, np.ndar
             types[name] = ftype
     out = {}
     for name, ftype in types.items():
-        arrs = [cols[name][1] if name in cols else _empty_column(ftype, n) for n, cols in parts]
+        arrs = [cols[name][1] if name in cols else column_arrays(ftype, [None] * n) for n, cols in parts]
         if ftype != "keyword":
             out[name] = (ftype, {"v": np.concatenate([a["v"] for a in arrs])})
             continue
         dicts = [[str_at(a["dict"], a["dict_offs"], i) for i in range(a["dict_offs"].size - 1)] for a in arrs]
         words = sorted(set().union(*dicts))
         code = {w: i for i, w in enumerate(words)}
-        codes, ptrs, lists, base = [], [np.zeros(1, np.int64)], [], 0
+        codes = []
         for a, d in zip(arrs, dicts):
             remap = np.array([code[w] for w in d], np.int32) if d else np.zeros(0, np.int32)
             codes.append(remap[a["codes"]] if a["codes"].size else np.zeros(0, np.int32))
-            ptrs.append(a["ptr"][1:] - a["ptr"][0] + base)
-            base += int(a["ptr"][-1] - a["ptr"][0])
-            lists.append(a["list"])
         blob, offs, _ = encode_strings(words)
-        out[name] = (ftype, {"ptr": np.concatenate(ptrs), "codes": np.concatenate(codes).astype(np.int32),
-                             "list": np.concatenate(lists), "dict": blob, "dict_offs": offs})
+        out[name] = (ftype, {"ptr": concat_offsets([a["ptr"] for a in arrs]),
+                             "codes": np.concatenate(codes).astype(np.int32),
+                             "list": np.concatenate([a["list"] for a in arrs]), "dict": blob, "dict_offs": offs})
     return out
 
 

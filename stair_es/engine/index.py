@@ -100,6 +100,10 @@ class _SegState:
         self.deleted, self.del_file, self.n_deleted = deleted, del_file, int(deleted.sum())
         self._live_u8 = None
 
+    def live_docs(self) -> np.ndarray:
+        """The local numbers of the segment's live documents."""
+        return np.arange(self.seg.n_docs) if self.deleted is None else np.flatnonzero(~self.deleted)
+
     def live_mask(self) -> np.ndarray:
         """uint8 per doc (1 = not deleted), cached: searches on an index with deletes reuse it."""
         if self._live_u8 is None:
@@ -134,8 +138,7 @@ class Snapshot:
 
     def live_docs(self, position: int) -> np.ndarray:
         """The local numbers of the live documents of segment ``position``."""
-        s = self.segments[position]
-        return np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+        return self.segments[position].live_docs()
 
     def locate(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(segment position, local doc) of each live id; -1/-1 when absent."""
@@ -201,7 +204,7 @@ class EngineIndex(Searcher):
         path = Path(path)
         if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
             raise IndexExistsError(f"an index already exists at {path}; open it, or delete it first")
-        if path.is_dir() and (damaged := missing_manifest_error(path)) is not None:
+        if (damaged := missing_manifest_error(path)) is not None:
             raise damaged
         if not 1 <= bshift <= 8:
             raise InvalidInputError("block size must be 2**1 .. 2**8 documents")
@@ -224,10 +227,8 @@ class EngineIndex(Searcher):
             if (path / MANIFEST).exists() or (path / MANIFEST).is_symlink():
                 raise DamagedIndexError(f"{path / MANIFEST} is not a readable file (a folder or a broken link); "
                                         "the index is damaged: restore it from a backup")
-            damaged = missing_manifest_error(path) if path.is_dir() else None
-            if damaged is not None:
-                raise damaged
-            raise IndexNotFoundError(f"no stair_es index at {path}; create one with `stair-es index create`")
+            raise missing_manifest_error(path) or IndexNotFoundError(
+                f"no stair_es index at {path}; create one with `stair-es index create`")
         lock = take_writer_lock(path, "wait for it to finish, or open the index read-only") if writable else None
         idx = cls(path, writable, lock, vocab or default_vocabulary())
         try:
@@ -295,7 +296,7 @@ class EngineIndex(Searcher):
                         raise DamagedIndexError(f"segment {e['name']} holds {seg.n_docs} documents but the manifest "
                                                 f"says {e['docs']}: the files of {self.path} do not belong together")
                     if e.get("del_file"):
-                        deleted, n_del = self._read_tombstones(e, seg.n_docs)
+                        deleted, n_del = read_tombstones(self.path, e, seg.n_docs)
                     segs.append(_SegState(seg, deleted, e.get("del_file"), n_del))
                 self._manifest, self._segs, self._sig = m, segs, sig
                 self.schema = IndexSchema.from_dict(m["schema"])
@@ -306,9 +307,6 @@ class EngineIndex(Searcher):
                 time.sleep(0.01)
         raise DamagedIndexError(f"the index at {self.path} misses a file its manifest lists ({last}), or keeps changing; "
                                 "run `stair-es index check` on it")
-
-    def _read_tombstones(self, e: Mapping[str, Any], n_docs: int) -> tuple[np.ndarray, int]:
-        return read_tombstones(self.path, e, n_docs)
 
     def _check_version(self, m: Mapping[str, Any]) -> None:
         v = m.get("format_version")
@@ -447,20 +445,17 @@ class EngineIndex(Searcher):
         ids = [d.id for _, d, _ in items]
         vectors = {}
         for f in self.schema.sparse_fields:
-            ptr = np.zeros(len(items) + 1, np.int64)
-            tok, wts = [], []
+            counts = np.zeros(len(items) + 1, np.int64)
+            tok, wts = [np.zeros(0, np.int32)], [np.zeros(0, np.uint16)]
             for r, (_, d, _) in enumerate(items):
                 v = d.vectors.get(f)
                 if v is not None and v.nnz:
                     wb = _f16_bits(v.weights)
-                    nz = wb != 0
-                    tok.append(v.ids[nz])
-                    wts.append(wb[nz])
-                    ptr[r + 1] = ptr[r] + int(nz.sum())
-                else:
-                    ptr[r + 1] = ptr[r]
-            vectors[f] = (ptr, np.concatenate(tok).astype(np.int32) if tok else np.zeros(0, np.int32),
-                          np.concatenate(wts).astype(np.uint16) if wts else np.zeros(0, np.uint16))
+                    tok.append(v.ids[wb != 0])
+                    wts.append(wb[wb != 0])
+                    counts[r + 1] = wts[-1].size
+            vectors[f] = (np.cumsum(counts), np.concatenate(tok).astype(np.int32),
+                          np.concatenate(wts).astype(np.uint16))
         columns = columns_from_rows([m for _, _, m in items], fields)
         captions = encode_strings([d.caption for _, d, _ in items])
         sources = encode_strings([d.source for _, d, _ in items])
@@ -560,10 +555,7 @@ class EngineIndex(Searcher):
         batch = Batch(h.blob, h.offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources,
                       id_hash=h.sorted_hashes, id_order=h.order)
         seg_of, doc_of = self._locate(ids, h)
-        segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
-        gen = int(self._manifest["generation"]) + 1
-        for si in np.unique(seg_of[seg_of >= 0]):
-            self._tombstone(segs[si], doc_of[seg_of == si], gen)
+        segs = self._tombstoned(seg_of, doc_of)
         cap = segment_capacity(self.bshift)
         chunks = [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
         for lo, hi in chunks:
@@ -576,12 +568,19 @@ class EngineIndex(Searcher):
         self._maybe_merge()
         return seg_of >= 0
 
-    def _tombstone(self, s: _SegState, docs: np.ndarray, gen: int) -> None:
-        deleted = np.zeros(s.seg.n_docs, bool) if s.deleted is None else s.deleted.copy()
-        deleted[docs] = True
-        name = f"{s.seg.name}.del.{gen}"
-        atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
-        s.mark_deleted(deleted, name)
+    def _tombstoned(self, seg_of: np.ndarray, doc_of: np.ndarray) -> list[_SegState]:
+        """The segment states of the next commit with documents ``doc_of`` of segments ``seg_of``
+        (-1: none) deleted: a new tombstone file per segment touched."""
+        segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
+        gen = int(self._manifest["generation"]) + 1
+        for si in np.unique(seg_of[seg_of >= 0]):
+            s = segs[si]
+            deleted = np.zeros(s.seg.n_docs, bool) if s.deleted is None else s.deleted.copy()
+            deleted[doc_of[seg_of == si]] = True
+            name = f"{s.seg.name}.del.{gen}"
+            atomic_write_bytes(self.path / name, np.packbits(deleted).tobytes(), sync_dir=False)
+            s.mark_deleted(deleted, name)
+        return segs
 
     @_writes
     def delete(self, ids: Sequence[str]) -> list[ItemResult]:
@@ -595,10 +594,7 @@ class EngineIndex(Searcher):
         results = [ItemResult(i, bool(s >= 0), None if s >= 0 else f"no document with id {i!r} in the index at {self.path}",
                               None, "delete") for i, s in zip(ids, seg_of)]
         if (seg_of >= 0).any():
-            segs = [_SegState(s.seg, s.deleted, s.del_file, s.n_deleted) for s in self._segs]
-            gen = int(self._manifest["generation"]) + 1
-            for si in np.unique(seg_of[seg_of >= 0]):
-                self._tombstone(segs[si], doc_of[seg_of == si], gen)
+            segs = self._tombstoned(seg_of, doc_of)
             fsync_dir(self.path)
             self._commit(segs, self.schema, int(self._manifest.get("next_seq", 0)))
         return results
@@ -634,8 +630,7 @@ class EngineIndex(Searcher):
 
     def _merge(self, pick: list[int]) -> None:
         segs = [self._segs[i].seg for i in pick]
-        keeps = [np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
-                 for s in (self._segs[i] for i in pick)]
+        keeps = [self._segs[i].live_docs() for i in pick]
         kept = [s for i, s in enumerate(self._segs) if i not in set(pick)]
         if sum(len(k) for k in keeps):
             name = self._new_segment_name()
@@ -712,7 +707,7 @@ class EngineIndex(Searcher):
         self.refresh()
         fi = self.schema.sparse_fields.index(self.schema.check_sparse_field(field))
         for s in list(self._segs):
-            keep = np.arange(s.seg.n_docs) if s.deleted is None else np.flatnonzero(~s.deleted)
+            keep = s.live_docs()
             if not keep.size:
                 continue
             keep_map = np.full(s.seg.n_docs, -1, np.int64)
@@ -790,11 +785,5 @@ def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     vectors = {}
     for f, (indptr, ids, wb) in b.vectors.items():
         vectors[f] = (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
-    caps = srcs = None
-    if b.captions is not None:
-        cb, co = gather(b.captions[0], b.captions[1], rows)
-        caps = (cb, co, b.captions[2][lo:hi])
-    if b.sources is not None:
-        sb, so = gather(b.sources[0], b.sources[1], rows)
-        srcs = (sb, so, b.sources[2][lo:hi])
+    caps, srcs = ((*gather(t[0], t[1], rows), t[2][lo:hi]) if t is not None else None for t in (b.captions, b.sources))
     return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)

@@ -65,7 +65,7 @@ def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
     for key, kind in (("generation", int), ("next_segment", int), ("segments", list), ("schema", dict)):
         if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
             raise bad(f"{key!r} is missing or not a{'n' if kind is int else ''} {kind.__name__}")
-    names, files = set(), set()
+    names = set()
     for e in m["segments"]:
         if not isinstance(e, dict) or not isinstance(e.get("name"), str):
             raise bad("a segment entry is not an object with a name")
@@ -83,7 +83,6 @@ def validate_manifest(m: Any, path: Path) -> dict[str, Any]:
         if del_file is not None and (not isinstance(del_file, str) or not re.fullmatch(re.escape(e["name"]) + r"\.del\.\d+", del_file)):
             raise bad(f"segment {e['name']} names the tombstone file {del_file!r}")
         names.add(e["name"])
-        files.add(e["file"])
     return m
 
 

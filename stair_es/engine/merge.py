@@ -15,8 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..vocab import VOCAB_SIZE
-from .columns import Batch, concat_columns, take_columns
+from .columns import Batch, concat_columns, concat_offsets, take_columns
 from .npkernels import K
 from .segment import SEGMENT_FORMAT, Segment, _doc_arrays
 from .storage import write_arrays_streamed
@@ -49,52 +48,29 @@ def pack_groups(lives: Sequence[int], cap: int, max_groups: int | None = None) -
     return pack(cap)
 
 
-def segment_to_batch(seg: Segment, keep: np.ndarray, *, with_vectors: bool = True) -> Batch:
-    """The live documents ``keep`` (sorted local ids) of a segment as a batch (for merging)."""
+def segment_to_batch(seg: Segment, keep: np.ndarray) -> Batch:
+    """The live documents ``keep`` (sorted local ids) of a segment as a batch without vectors (for
+    merging: the merges build the postings from the segments' own)."""
     seg.verify_all()  # a merge rewrites every byte it reads under a new checksum: verify them first
     keep = np.asarray(keep, np.int64)
-    vectors = {}
-    if with_vectors:
-        keep_map = np.full(seg.n_docs, -1, np.int64)
-        keep_map[keep] = np.arange(keep.size)
-        for fi, f in enumerate(seg.fields):
-            vectors[f] = K.postings_to_csr(seg.n_docs, seg.keys, seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt,
-                                           seg.post_off, seg.post_w, fi * VOCAB_SIZE, (fi + 1) * VOCAB_SIZE, seg.bshift, keep_map)
     a = seg.a
     ib, io = K.gather_strings(a["id_blob"], a["id_offs"], keep)
     cb, co = K.gather_strings(a["cap_blob"], a["cap_offs"], keep)
     sb, so = K.gather_strings(a["src_blob"], a["src_offs"], keep)
-    return Batch(ib, io, np.asarray(seg.seq)[keep], vectors, take_columns(seg.columns(), keep),
+    return Batch(ib, io, np.asarray(seg.seq)[keep], {}, take_columns(seg.columns(), keep),
                  (cb, co, np.asarray(a["cap_present"])[keep]), (sb, so, np.asarray(a["src_present"])[keep]))
 
 
-def concat_batches(batches: list[Batch], fields: Sequence[str]) -> Batch:
+def concat_batches(batches: list[Batch]) -> Batch:
+    """Vector-less batches (:func:`segment_to_batch`) one after the other."""
     def cat_strings(parts):
-        blobs, offs, base = [], [np.zeros(1, np.int64)], 0
-        for b, o in parts:
-            blobs.append(np.asarray(b))
-            offs.append(np.asarray(o)[1:] + base)
-            base += int(o[-1])
-        return np.concatenate(blobs) if blobs else np.zeros(0, np.uint8), np.concatenate(offs)
+        return np.concatenate([np.asarray(b) for b, _ in parts]), concat_offsets([o for _, o in parts])
 
     ib, io = cat_strings([(b.id_blob, b.id_offs) for b in batches])
-    vectors = {}
-    for f in (fields if all(b.vectors for b in batches) else ()):
-        ptrs, ids, wbs, base = [np.zeros(1, np.int64)], [], [], 0
-        for b in batches:
-            indptr, i, w = b.vectors.get(f, (np.zeros(b.n_docs + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.uint16)))
-            ptrs.append(indptr[1:] - indptr[0] + base)
-            ids.append(i[indptr[0]:indptr[-1]])
-            wbs.append(w[indptr[0]:indptr[-1]])
-            base += int(indptr[-1] - indptr[0])
-        vectors[f] = (np.concatenate(ptrs), np.concatenate(ids).astype(np.int32), np.concatenate(wbs).astype(np.uint16))
-    n_cap = [b.captions or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
-    n_src = [b.sources or (np.zeros(0, np.uint8), np.zeros(b.n_docs + 1, np.int64), np.zeros(b.n_docs, np.uint8)) for b in batches]
-    cb, co = cat_strings([(c[0], c[1]) for c in n_cap])
-    sb, so = cat_strings([(s[0], s[1]) for s in n_src])
-    return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), vectors,
-                 concat_columns([(b.n_docs, b.columns) for b in batches]),
-                 (cb, co, np.concatenate([c[2] for c in n_cap])), (sb, so, np.concatenate([s[2] for s in n_src])))
+    caps, srcs = ((*cat_strings([t[:2] for t in parts]), np.concatenate([t[2] for t in parts]))
+                  for parts in ([b.captions for b in batches], [b.sources for b in batches]))
+    return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), {},
+                 concat_columns([(b.n_docs, b.columns) for b in batches]), caps, srcs)
 
 
 def _merge_tables(segs: Sequence[Segment], keeps: Sequence[np.ndarray], *, concatenated: bool) -> tuple:
@@ -127,8 +103,7 @@ def _merge_tables(segs: Sequence[Segment], keeps: Sequence[np.ndarray], *, conca
 
 def merge_segments(segs: Sequence[Segment], keeps: Sequence[np.ndarray], bshift: int) -> tuple[Batch, tuple]:
     """Documents (as a vector-less batch) and merged postings of the kept docs of ``segs``, in order."""
-    batches = [segment_to_batch(s, k, with_vectors=False) for s, k in zip(segs, keeps)]
-    batch = concat_batches(batches, ())
+    batch = concat_batches([segment_to_batch(s, k) for s, k in zip(segs, keeps)])
     keys_u, kstart, kend, pstart, newdoc, doc_base, _ = _merge_tables(segs, keeps, concatenated=True)
     bshifts = {s.bshift for s in segs}
     if len(bshifts) != 1:
@@ -164,9 +139,9 @@ def merge_segments_to_file(path: Path, name: str, segs: Sequence[Segment], keeps
     bshift_in = bshifts.pop()
     parts = []
     for s, k in zip(segs, keeps):
-        parts.append(segment_to_batch(s, k, with_vectors=False))  # (verifies every byte of s)
+        parts.append(segment_to_batch(s, k))  # (verifies every byte of s)
         s.release_pages()  # (the merge reads the inputs whole: their pages are not kept mapped)
-    batch = concat_batches(parts, ())
+    batch = concat_batches(parts)
     del parts
     if batch.n_docs == 0:
         return None

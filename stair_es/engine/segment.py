@@ -23,7 +23,7 @@ from . import checksum, pages
 from . import npkernels as NP
 from .npkernels import F16_TABLE, K
 from .columns import (DATE_MISSING, Batch, column_arrays, columns_from_rows, concat_columns,  # noqa: F401 - segment's API
-                      encode_ids, encode_strings, str_at, take_columns)
+                      concat_offsets, encode_ids, encode_strings, str_at, take_columns)
 from .filters import SegmentFilters
 from .layout import SegmentArrays
 from .storage import CHUNK_SHIFT, ChunkVerifier, read_container, verified_once, verify_on_open, write_arrays
@@ -571,14 +571,7 @@ def build_segment(path: Path, name: str, batch: Batch, fields: Sequence[str], bs
         p = nonempty[0] if nonempty else parts[0]
     else:
         keys = np.concatenate([p[0] for p in nonempty])
-        post_ptr_l, pair_ptr_l = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
-        base_post = base_pair = 0
-        for p in nonempty:
-            post_ptr_l.append(p[1][1:] + base_post)
-            pair_ptr_l.append(p[2][1:] + base_pair)
-            base_post += int(p[1][-1])
-            base_pair += int(p[2][-1])
-        post_ptr, pair_ptr = np.concatenate(post_ptr_l), np.concatenate(pair_ptr_l)
+        post_ptr, pair_ptr = (concat_offsets([p[i] for p in nonempty]) for i in (1, 2))
         pb, pc, pm, po, pw = (np.concatenate([p[i] for p in nonempty]) for i in range(3, 8))
         p = (keys, post_ptr, pair_ptr, pb, pc, pm, po, pw)
     return _write_segment(path, name, batch, fields, bshift, p, sync_dir, threads)
