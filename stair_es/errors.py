@@ -57,6 +57,18 @@ class MissingDependencyError(StairError, ImportError):
         self.extra = extra
 
 
+def optional_import(module: str, what: str, extra: str, package: str | None = None):
+    """``module`` imported where it is needed (an optional dependency: it may be missing, and
+    importing it costs start-up time), or :class:`MissingDependencyError` saying ``what`` needs it
+    and which extra (or ``package``) installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(what, extra, package) from None
+
+
 class IndexError_(StairError):
     """Base for problems with an index (named with a trailing underscore to avoid the builtin)."""
 

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import InvalidInputError, MissingDependencyError, StairError
+from .errors import InvalidInputError, StairError, optional_import
 
 #: Lucene's ``_english_`` stop set (``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``).
 ENGLISH_STOPWORDS = frozenset(
@@ -66,11 +66,7 @@ def _stem_words(words: list[str]) -> list[str]:
     if _stemmer is None:
         with _stemmer_lock:
             if _stemmer is None:
-                try:
-                    # lazy: optional (extra hybrid), needed only for BM25
-                    import Stemmer
-                except ImportError:
-                    raise MissingDependencyError("BM25 (hybrid search)", "hybrid", "PyStemmer bm25s") from None
+                Stemmer = optional_import("Stemmer", "BM25 (hybrid search)", "hybrid", "PyStemmer bm25s")
                 _stemmer = Stemmer.Stemmer("english")
     return _stemmer.stemWords(words)
 
@@ -94,11 +90,7 @@ def document_text(caption: str | None, metadata: dict[str, Any] | None) -> str:
 
 
 def _bm25s():
-    try:
-        # lazy: optional (extra hybrid), needed only for BM25
-        import bm25s
-    except ImportError:
-        raise MissingDependencyError("BM25 (hybrid search)", "hybrid", "bm25s PyStemmer") from None
+    bm25s = optional_import("bm25s", "BM25 (hybrid search)", "hybrid", "bm25s PyStemmer")
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
     return bm25s
 

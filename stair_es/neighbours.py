@@ -36,7 +36,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import DamagedIndexError, InvalidInputError, MissingDependencyError, UnsupportedError  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
+from .errors import DamagedIndexError, InvalidInputError, UnsupportedError, optional_import  # noqa: F401 - UnsupportedError: stair_es.neighbours.UnsupportedError still names it
 from .sparse import SparseVector
 from .vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 
@@ -93,13 +93,8 @@ def _word_mask(vocab: Vocabulary) -> np.ndarray:
 
 def _sparse():
     """scipy.sparse, or a clear message naming the extra that installs it."""
-    try:
-        # lazy: optional (extra neighbours), needed only for neighbour statistics
-        import scipy.sparse as sp
-    except ImportError:
-        raise MissingDependencyError("co-occurrence neighbours (stair-es neighbours, search --expand)", "neighbours",
-                                     "scipy") from None
-    return sp
+    return optional_import("scipy.sparse", "co-occurrence neighbours (stair-es neighbours, search --expand)",
+                           "neighbours", "scipy")
 
 
 def _binary_rows(rows: Sequence[np.ndarray], n_cols: int = VOCAB_SIZE):

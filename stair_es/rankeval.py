@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import (BackendError, ConnectionFailedError, EncoderVersionError, InvalidInputError,
-                     MissingDependencyError, UnknownNameError)
+                     UnknownNameError, optional_import)
 
 #: The reported metrics and the ir-measures measure behind each (RR@10 is reported as MRR@10,
 #: its mean over queries).
@@ -344,12 +344,7 @@ def read_ratings(path: str | Path, queries: str | Path | None = None) -> Ratings
 
 
 def _ir_measures():
-    try:
-        # lazy: optional (extra eval), needed only by rank-eval
-        import ir_measures
-    except ImportError:
-        raise MissingDependencyError("rank-eval's metrics (ir-measures)", "eval", "ir-measures") from None
-    return ir_measures
+    return optional_import("ir_measures", "rank-eval's metrics (ir-measures)", "eval", "ir-measures")
 
 
 def score_rankings(ratings: Mapping[str, Mapping[str, int]],

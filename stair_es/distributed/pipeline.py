@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from ..catalog import CatalogItem
-from ..errors import InvalidInputError, MissingDependencyError
+from ..errors import InvalidInputError, optional_import
 from ..schema import ItemResult
 from .cpu import thread_cpu, thread_cpu_delta
 from .shards import (
@@ -483,11 +483,7 @@ def local_ray_on_loopback() -> None:
 def ray_module(local: bool = False):
     if local:
         local_ray_on_loopback()
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError("--engine ray", "distributed", "ray") from None
-    return ray
+    return optional_import("ray", "--engine ray", "distributed", "ray")
 
 
 class RayShardWorker:

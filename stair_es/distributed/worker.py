@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..catalog import CatalogEntry, CatalogItem
-from ..errors import MissingDependencyError, ModelError, StairError
+from ..errors import ModelError, StairError, optional_import
 from ..schema import IndexSchema, ItemResult
 from .cpu import CpuSplit, rusage, rusage_delta, thread_cpu, thread_cpu_delta
 from .shards import (
@@ -186,10 +186,7 @@ class ShardEncoder:
 
 
 def _check_gpu_provider() -> None:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise MissingDependencyError("--gpus-per-worker", "encoders", "onnxruntime-gpu") from None
+    ort = optional_import("onnxruntime", "--gpus-per-worker", "encoders", "onnxruntime-gpu")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise WorkerSetupError("--gpus-per-worker was given but ONNX Runtime has no CUDA provider here "
                                f"(available: {', '.join(ort.get_available_providers())}): install onnxruntime-gpu "

@@ -57,12 +57,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import EmptyQueryError, EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
+from ..errors import EmptyQueryError, InvalidInputError, MissingDependencyError, ModelError, optional_import
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
-from .base import Encoder, progress_bar, read_packaged_map
+from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import first_line
+from .runtime import TwoTowers, first_line
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +166,9 @@ class _TextTokenizer:
         if not file.is_file():
             self.slow = self._load_slow(folder, model)
             return
+        tokenizers = optional_import("tokenizers", "the clip-vocab encoder", "encoders", "tokenizers")
         try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise MissingDependencyError("the clip-vocab encoder", "encoders", "tokenizers") from None
-        try:
-            self.tok = Tokenizer.from_file(str(file))
+            self.tok = tokenizers.Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises its own Exception subclass
             raise ModelError(f"cannot read the tokenizer of {model!r} ({file}): {first_line(e)}") from None
         self.tok.no_padding()
@@ -182,10 +179,8 @@ class _TextTokenizer:
         if not any((folder / n).is_file() for n in ("spiece.model", "tokenizer_config.json", "vocab.json")):
             raise ModelError(f"model {model!r} has no tokenizer (tokenizer.json, or spiece.model / vocab.json with "
                              f"tokenizer_config.json) in {folder}; give the checkpoint folder with its tokenizer files")
-        try:
-            import transformers
-        except ImportError:
-            raise MissingDependencyError(f"the tokenizer of {model!r} (no tokenizer.json)", "encoders", "transformers") from None
+        transformers = optional_import("transformers", f"the tokenizer of {model!r} (no tokenizer.json)", "encoders",
+                                       "transformers")
         try:
             return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except ImportError as e:  # transformers names the missing package (sentencepiece, protobuf)
@@ -215,20 +210,18 @@ class _TextTokenizer:
         if self.slow is not None:
             padding = "max_length" if self.family == "siglip" else True
             enc = self.slow(list(texts), padding=padding, truncation=True, max_length=self.max_length, return_tensors="np")
-            ids = np.asarray(enc["input_ids"], np.int64)
-            if self.family == "siglip":
-                return {"input_ids": ids}
-            return {"input_ids": ids, "attention_mask": np.asarray(enc["attention_mask"], np.int64)}
-        seqs = [e.ids for e in self.tok.encode_batch(list(texts))]
-        width = self.max_length if self.family == "siglip" else max(len(s) for s in seqs)
-        ids = np.full((len(seqs), width), self.pad_id, np.int64)
-        mask = np.zeros((len(seqs), width), np.int64)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = s
-            mask[r, : len(s)] = 1
+            ids, mask = np.asarray(enc["input_ids"], np.int64), enc.get("attention_mask")
+        else:
+            seqs = [e.ids for e in self.tok.encode_batch(list(texts))]
+            width = self.max_length if self.family == "siglip" else max(len(s) for s in seqs)
+            ids = np.full((len(seqs), width), self.pad_id, np.int64)
+            mask = np.zeros((len(seqs), width), np.int64)
+            for r, s in enumerate(seqs):
+                ids[r, : len(s)] = s
+                mask[r, : len(s)] = 1
         if self.family == "siglip":
             return {"input_ids": ids}
-        return {"input_ids": ids, "attention_mask": mask}
+        return {"input_ids": ids, "attention_mask": np.asarray(mask, np.int64)}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -268,7 +261,7 @@ class ClipVocabOptions(EncoderOptions):
     allow_version_mismatch: bool = False
 
 
-class ClipVocabEncoder(Encoder):
+class ClipVocabEncoder(TwoTowers, Encoder):
     """Zero-shot sparse words from a CLIP or SigLIP checkpoint (see the module docstring)."""
 
     name = "clip-vocab"
@@ -312,12 +305,8 @@ class ClipVocabEncoder(Encoder):
         self._recorded_weights = o.weights
         self._recorded_record = o.model_record
         self.vocabulary_version, self.word_list = load_word_list()
-        if o.vocabulary is not None and o.vocabulary != self.vocabulary_version and not o.allow_version_mismatch:
-            raise EncoderVersionError(
-                f"the index was built with the clip-vocab word list {o.vocabulary!r}, but this stair_es has "
-                f"{self.vocabulary_version!r}: image words from the two differ. Re-ingest the catalog into a new index, "
-                "install the stair_es version that built it, or pass --force to search it anyway"
-            )
+        check_recorded_version("the clip-vocab word list", o.vocabulary, self.vocabulary_version,
+                               o.allow_version_mismatch, "image words from the two differ")
         ids = [self.vocab.get(w) for w in self.word_list]
         if any(i is None for i in ids):
             raise ModelError("the clip-vocab word list holds words outside the BERT vocabulary; reinstall stair-es")
@@ -359,13 +348,7 @@ class ClipVocabEncoder(Encoder):
             "image_size": int(vision_cfg.get("image_size", 224)),
             "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64)),
         }
-        if self._recorded_weights is not None and self._recorded_weights != info["weights"] and not self.allow_version_mismatch:
-            was = (self._recorded_record or {}).get("id", "another model")
-            raise EncoderVersionError(
-                f"the index was built with the clip-vocab model {was!r} (weights {self._recorded_weights}), but "
-                f"{self.model!r} has weights {info['weights']}: its words are not comparable. Search with the model "
-                "the index was built with, re-ingest into a new index, or pass --force to search it anyway"
-            )
+        self._check_recorded_weights("clip-vocab", info["weights"], "its words are not comparable")
         self._info = info
         self._folder = folder
         return info
@@ -399,11 +382,9 @@ class ClipVocabEncoder(Encoder):
         """The transformers ``CLIPModel`` / ``SiglipModel`` (only for export and runtime='torch')."""
         if self._torch_model is None:
             info = self._model_info()
-            try:
-                import torch  # noqa: F401
-                import transformers
-            except ImportError:
-                raise MissingDependencyError("exporting a CLIP/SigLIP model (first use)", "encoders", "transformers torch") from None
+            what = "exporting a CLIP/SigLIP model (first use)"
+            optional_import("torch", what, "encoders", "transformers torch")
+            transformers = optional_import("transformers", what, "encoders", "transformers torch")
             cls = transformers.CLIPModel if info["family"] == "clip" else transformers.SiglipModel
             hf_logging = getattr(transformers.utils, "logging", None)
             bar_was_on = bool(hf_logging and hf_logging.is_progress_bar_enabled())
@@ -433,35 +414,22 @@ class ClipVocabEncoder(Encoder):
         family, size = info["family"], info["image_size"]
         enc = self
 
-        def image_module() -> Any:
+        def module(image: bool) -> Any:
             import torch
 
             model = enc.torch_model()
 
-            class ImageTower(torch.nn.Module):
+            class Tower(torch.nn.Module):
                 def __init__(self) -> None:
                     super().__init__()
                     self.m = model
 
-                def forward(self, pixel_values: Any) -> Any:
-                    return _features(self.m.get_image_features(pixel_values=pixel_values))
+                def forward(self, first: Any, attention_mask: Any = None) -> Any:  # pixel values, or input ids
+                    if image:
+                        return _features(self.m.get_image_features(pixel_values=first))
+                    return _features(self.m.get_text_features(input_ids=first, attention_mask=attention_mask))
 
-            return ImageTower().eval()
-
-        def text_module() -> Any:
-            import torch
-
-            model = enc.torch_model()
-
-            class TextTower(torch.nn.Module):
-                def __init__(self) -> None:
-                    super().__init__()
-                    self.m = model
-
-                def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
-                    return _features(self.m.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
-
-            return TextTower().eval()
+            return Tower().eval()
 
         def image_sample() -> dict[str, np.ndarray]:
             return {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)}
@@ -473,25 +441,15 @@ class ClipVocabEncoder(Encoder):
         axes = {"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"}, "embeddings": {0: "batch"}}
         kind = f"clipvocab-{family}"
         return {
-            "image": TowerSpec(kind=f"{kind}-image", weight_files=info["weight_files"], build=image_module, sample=image_sample,
-                               input_names=["pixel_values"], output_names=["embeddings"],
+            "image": TowerSpec(kind=f"{kind}-image", weight_files=info["weight_files"], build=lambda: module(True),
+                               sample=image_sample, input_names=["pixel_values"], output_names=["embeddings"],
                                dynamic_axes={"pixel_values": {0: "batch"}, "embeddings": {0: "batch"}}, tolerance=1e-4,
                                parallel=True),
-            "text": TowerSpec(kind=f"{kind}-text", weight_files=info["weight_files"], build=text_module, sample=text_sample,
-                              input_names=text_inputs, output_names=["embeddings"],
+            "text": TowerSpec(kind=f"{kind}-text", weight_files=info["weight_files"], build=lambda: module(False),
+                              sample=text_sample, input_names=text_inputs, output_names=["embeddings"],
                               dynamic_axes={k: v for k, v in axes.items() if k in text_inputs or k == "embeddings"},
                               tolerance=1e-4),
         }
-
-    def onnx_spec(self):
-        """The image tower's export spec (``stair-es encoders export --encoder clip-vocab``)."""
-        return self.tower_specs()["image"]
-
-    def _tower(self, which: str) -> Any:
-        """The ONNX tower for ``which``, or False to run PyTorch."""
-        from .runtime import memo_tower
-
-        return memo_tower(self._towers, which, lambda: self.tower_specs()[which], self.runtime)
 
     # --- embeddings -------------------------------------------------------------------------
     def image_embeddings(self, images: Sequence[Any], *, batch_size: int = 16) -> np.ndarray:
@@ -606,13 +564,9 @@ class ClipVocabEncoder(Encoder):
         """Make sure every file the encoder needs at run time without torch is in the model
         cache (both ONNX towers with their sidecars, the vocabulary matrix with its sidecar)
         and return their paths (``stair-es models export`` bundles them)."""
-        from .runtime import load_tower
-
-        paths: list[Path] = []
-        for spec in self.tower_specs().values():
-            tower = load_tower(spec)
-            paths += [tower.path, tower.path.with_suffix(".json")]
         import sys
+
+        paths = self._tower_files()
 
         # a bar only on a terminal: `models export` piped to a log gets the one log line instead
         self.vocabulary_matrix(progress=sys.stderr.isatty())
@@ -730,15 +684,10 @@ def _features(out: Any) -> Any:
 
 def _read_matrix(path: Path, rows: int) -> np.ndarray | None:
     """A cached vocabulary matrix whose sha256 matches its sidecar, or None."""
-    from .runtime import file_sha256
+    from .runtime import verified_sidecar
 
-    meta_path = path.with_suffix(".json")
-    if not path.is_file() or not meta_path.is_file():
-        return None
     try:
-        meta = json.loads(meta_path.read_text("utf-8"))
-        if meta.get("npy_sha256") != file_sha256(path):
-            log.warning("cached vocabulary matrix %s does not match its checksum; computing it again", path)
+        if verified_sidecar(path, "npy_sha256", "vocabulary matrix", "computing it again") is None:
             return None
         matrix = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError):

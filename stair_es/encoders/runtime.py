@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError, ModelError
+from ..errors import EncoderVersionError, InvalidInputError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +290,9 @@ class OnnxTower:
         return [np.concatenate([p[i] for p in parts], axis=0) for i in range(len(parts[0]))]
 
 
-def _sidecar(path: Path) -> dict[str, Any] | None:
-    """The ``.json`` sidecar of a cached tower (not yet checked against the file), or None."""
+def _sidecar(path: Path, key: str = "onnx_sha256") -> dict[str, Any] | None:
+    """The ``.json`` sidecar of a cached tower (or other cached file: its digest is ``key``), not
+    yet checked against the file, or None."""
     meta_path = path.with_suffix(".json")
     if not path.is_file() or not meta_path.is_file():
         return None
@@ -299,15 +300,17 @@ def _sidecar(path: Path) -> dict[str, Any] | None:
         meta = json.loads(meta_path.read_text("utf-8"))
     except (OSError, ValueError):
         return None
-    return meta if isinstance(meta, dict) and isinstance(meta.get("onnx_sha256"), str) else None
+    return meta if isinstance(meta, dict) and isinstance(meta.get(key), str) else None
 
 
-def _read_meta(path: Path) -> dict[str, Any] | None:
-    meta = _sidecar(path)
+def verified_sidecar(path: Path, key: str = "onnx_sha256", what: str = "ONNX model", redo: str = "exporting it again"
+                     ) -> dict[str, Any] | None:
+    """The sidecar of a cached file whose sha256 (``key``) matches it, or None (a mismatch is logged)."""
+    meta = _sidecar(path, key)
     if meta is None:
         return None
-    if meta["onnx_sha256"] != file_sha256(path):
-        log.warning("cached ONNX model %s does not match its checksum; exporting it again", path)
+    if meta[key] != file_sha256(path):
+        log.warning("cached %s %s does not match its checksum; %s", what, path, redo)
         return None
     return meta
 
@@ -364,7 +367,7 @@ def cached_tower_path(spec: TowerSpec, cache_dir: Path | None = None) -> Path | 
     """The path of an already exported, checksum-valid tower, or None (never exports)."""
     folder = cache_dir or model_cache_dir()
     path = folder / spec.file_name()
-    return path if _read_meta(path) is not None else None
+    return path if verified_sidecar(path) is not None else None
 
 
 def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
@@ -446,7 +449,7 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     assert quant is not None
     float_spec = replace(spec, quantization=None)
     float_path = path.parent / float_spec.file_name()
-    float_meta = _read_meta(float_path) or export_tower(float_spec, float_path)
+    float_meta = verified_sidecar(float_path) or export_tower(float_spec, float_path)
     try:
         import onnxruntime as ort
         from onnxruntime import quantization as q
@@ -514,6 +517,39 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("made int8 %s at %s (max |int8 - float| on calibration = %.3g)", spec.kind, path, diff)
     return meta
+
+
+class TwoTowers:
+    """What an encoder with an image and a text tower shares (``clip-vocab``, ``vdr``): it gives
+    ``tower_specs()`` (``{"image": spec, "text": spec}``), a ``runtime``, a ``_towers`` dict, its
+    ``model`` and what the index recorded of it (``_recorded_weights``, ``_recorded_record``,
+    ``allow_version_mismatch``)."""
+
+    def _check_recorded_weights(self, kind: str, weights: str, why: str) -> None:
+        """Refuse a model whose weights are not those the index was built with (``--force`` allows it)."""
+        if self._recorded_weights is not None and self._recorded_weights != weights and not self.allow_version_mismatch:
+            was = (self._recorded_record or {}).get("id", "another model")
+            raise EncoderVersionError(
+                f"the index was built with the {kind} model {was!r} (weights {self._recorded_weights}), but "
+                f"{self.model!r} has weights {weights}: {why}. Search with the model the index was built with, "
+                "re-ingest into a new index, or pass --force to search it anyway"
+            )
+
+    def onnx_spec(self):
+        """The image tower's export spec (``stair-es encoders export``)."""
+        return self.tower_specs()["image"]
+
+    def _tower(self, which: str) -> Any:
+        """The ONNX tower for ``which``, or False to run PyTorch."""
+        return memo_tower(self._towers, which, lambda: self.tower_specs()[which], self.runtime)
+
+    def _tower_files(self) -> list[Path]:
+        """Both towers exported when needed: their cached ``.onnx`` files and sidecars."""
+        paths: list[Path] = []
+        for spec in self.tower_specs().values():
+            path = load_tower(spec).path
+            paths += [path, path.with_suffix(".json")]
+        return paths
 
 
 def memo_tower(towers: dict[str, Any], which: str, spec: Callable[[], TowerSpec], runtime: str) -> Any:

@@ -107,6 +107,9 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
         raise ModelError(f"{model_json} uses TensorFlow ops stair_es cannot run: {', '.join(unsupported)}")
 
     declared = _declared_hw(nodes)
+    unary = {"Relu": F.relu, "Relu6": F.relu6, "Sigmoid": torch.sigmoid, "Identity": lambda t: t}
+    binary = {"Add": torch.add, "AddV2": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Minimum": torch.minimum,
+              "Maximum": torch.maximum}
 
     def tensor(a: np.ndarray) -> Any:
         if a.ndim == 1 and a.size > 1:  # a per-channel vector broadcasts over NHWC's last axis
@@ -164,22 +167,10 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                     values[name] = x
                 elif op in _CONVS:
                     values[name] = self._conv(op, attr, arg(0), self.const(ins[1]), ins)
-                elif op in ("Add", "AddV2"):
-                    values[name] = arg(0) + arg(1)
-                elif op == "Sub":
-                    values[name] = arg(0) - arg(1)
-                elif op == "Mul":
-                    values[name] = arg(0) * arg(1)
-                elif op == "Relu":
-                    values[name] = F.relu(arg(0))
-                elif op == "Relu6":
-                    values[name] = F.relu6(arg(0))
-                elif op == "Sigmoid":
-                    values[name] = torch.sigmoid(arg(0))
-                elif op == "Minimum":
-                    values[name] = torch.minimum(arg(0), arg(1))
-                elif op == "Maximum":
-                    values[name] = torch.maximum(arg(0), arg(1))
+                elif op in binary:
+                    values[name] = binary[op](arg(0), arg(1))
+                elif op in unary:
+                    values[name] = unary[op](arg(0))
                 elif op == "Softmax":  # over TensorFlow's last axis: channels of a 4-D tensor
                     values[name] = torch.softmax(arg(0), dim=1 if arg(0).dim() == 4 else -1)
                 elif op == "_FusedMatMul":
@@ -201,8 +192,6 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                         values[name] = inp.reshape(inp.shape[0], *rest)
                     else:
                         values[name] = inp.reshape(shape)
-                elif op == "Identity":
-                    values[name] = arg(0)
                 elif op == "Mean":
                     axes = [_NCHW_AXIS[int(a)] for a in np.atleast_1d(consts[ins[1]])]
                     values[name] = arg(0).mean(dim=axes, keepdim=bool(attr.get("keep_dims", {}).get("b", False)))
@@ -230,28 +219,21 @@ def graph_module(model_json: Path, outputs: list[str]) -> Any:
                 raise ModelError(f"{model_json}: padding {_text(attr, 'padding')!r} is not supported")
             groups = int(inp.shape[1]) if "Depthwise" in op else 1
             y = F.conv2d(inp, w, None, (strides[1], strides[2]), 0, (dil[1], dil[2]), groups)
-            for fused in _texts(attr, "fused_ops"):
-                if fused == "BiasAdd":
-                    y = y + self.const(ins[2]).view(1, -1, 1, 1)
-                elif fused == "Relu":
-                    y = F.relu(y)
-                elif fused == "Relu6":
-                    y = F.relu6(y)
-                elif fused == "Sigmoid":
-                    y = torch.sigmoid(y)
-                else:
-                    raise ModelError(f"{model_json}: fused op {fused!r} is not supported")
-            return y
+            return self._fused(attr, y, self.const(ins[2]).view(1, -1, 1, 1) if len(ins) > 2 else None,
+                               ("Relu", "Relu6", "Sigmoid"))
 
         def _matmul(self, attr: dict[str, Any], inp: Any, ins: list[str]) -> Any:
             if attr.get("transpose_a", {}).get("b") or attr.get("transpose_b", {}).get("b"):
                 raise ModelError(f"{model_json}: transposed matrix products are not supported")
-            y = inp @ self.const(ins[1])
+            return self._fused(attr, inp @ self.const(ins[1]), self.const(ins[2]) if len(ins) > 2 else None, ("Relu",))
+
+        def _fused(self, attr: dict[str, Any], y: Any, bias: Any, activations: tuple[str, ...]) -> Any:
+            """The ops fused into a convolution or matrix product: a bias, then the ``activations`` it allows."""
             for fused in _texts(attr, "fused_ops"):
                 if fused == "BiasAdd":
-                    y = y + self.const(ins[2])
-                elif fused == "Relu":
-                    y = torch.relu(y)
+                    y = y + bias
+                elif fused in activations:
+                    y = unary[fused](y)
                 else:
                     raise ModelError(f"{model_json}: fused op {fused!r} is not supported")
             return y

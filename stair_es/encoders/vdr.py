@@ -53,16 +53,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError
+from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError, optional_import
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import Encoder, progress_bar
-from .runtime import first_line, runtime_choice
+from .runtime import TwoTowers, first_line, runtime_choice
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "vsearch/vdr-cross-modal"
-REFERENCE = "github.com/jzhoubu/VDR@12c3e7a"
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: sha256 of the comma-joined sorted ids the reference leaves out (its INVALID_TOKEN_IDS).
@@ -117,9 +116,7 @@ class VdrConfig:
         bert = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                 "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
                 "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0}
-        for key in bert:
-            if key in q:
-                bert[key] = q[key]
+        bert.update({key: q[key] for key in bert if key in q})
         try:
             out = cls(
                 resolution=int(p.get("resolution", 224)), patch_size=int(p.get("patch_size", 32)),
@@ -261,12 +258,9 @@ def build_towers(cfg: VdrConfig, valid: np.ndarray) -> tuple[Any, Any]:
     class TextTower(nn.Module):
         def __init__(self):
             super().__init__()
-            try:
-                from transformers import BertConfig, BertModel
-            except ImportError:
-                raise MissingDependencyError("the vdr text tower", "encoders", "transformers") from None
-            bert_cfg = BertConfig(**cfg.bert, attn_implementation="eager")
-            self.bert_model = BertModel(bert_cfg, add_pooling_layer=False)
+            transformers = optional_import("transformers", "the vdr text tower", "encoders", "transformers")
+            bert_cfg = transformers.BertConfig(**cfg.bert, attn_implementation="eager")
+            self.bert_model = transformers.BertModel(bert_cfg, add_pooling_layer=False)
             self.ln = nn.LayerNorm(int(cfg.bert["hidden_size"]))
             self.register_buffer("valid", torch.from_numpy(valid), persistent=False)
 
@@ -290,10 +284,8 @@ def load_towers(folder: Path, model: str, cfg: VdrConfig, valid: np.ndarray, dig
     with _LOCK:
         if key in _LOADED:
             return _LOADED[key]
-    try:
-        import torch
-    except ImportError:
-        raise MissingDependencyError("running the vdr towers in PyTorch (or exporting them to ONNX)", "encoders", "torch") from None
+    torch = optional_import("torch", "running the vdr towers in PyTorch (or exporting them to ONNX)", "encoders",
+                            "torch")
     image, text = build_towers(cfg, valid)
     expected = {f"encoder_p.{k}": tuple(v.shape) for k, v in image.state_dict().items()}
     expected.update({f"encoder_q.{k}": tuple(v.shape) for k, v in text.state_dict().items()})
@@ -338,21 +330,16 @@ def load_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_len: int) ->
 
     file = folder / "tokenizer.json"
     try:
+        from tokenizers import Tokenizer
+
         if file.is_file():
-            from tokenizers import Tokenizer
-
             tok = Tokenizer.from_file(str(file))
-        elif (folder / "vocab.txt").is_file():
-            own = Vocabulary.from_file(folder / "vocab.txt")
-            if not vocab.same_ids({t: i for i, t in enumerate(own.tokens)}):
-                raise ModelError(f"model {model!r}: its vocab.txt is not the {vocab.name} vocabulary the VDR towers score")
-            tok = hf_tokenizer(vocab)
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_str(tok.to_str())
-        else:
-            from tokenizers import Tokenizer
-
+        else:  # the folder's vocab.txt must be the shipped vocabulary, whose tokenizer is used
+            if (folder / "vocab.txt").is_file():
+                own = Vocabulary.from_file(folder / "vocab.txt")
+                if not vocab.same_ids({t: i for i, t in enumerate(own.tokens)}):
+                    raise ModelError(
+                        f"model {model!r}: its vocab.txt is not the {vocab.name} vocabulary the VDR towers score")
             tok = Tokenizer.from_str(hf_tokenizer(vocab).to_str())
     except ModelError:
         raise
@@ -368,7 +355,7 @@ def load_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_len: int) ->
 
 
 # --- the encoder -------------------------------------------------------------------------------
-class VdrEncoder(Encoder):
+class VdrEncoder(TwoTowers, Encoder):
     """VDR cross-modal: both towers of ``vsearch/vdr-cross-modal`` (or a folder of the same layout)."""
 
     name = "vdr"
@@ -432,13 +419,7 @@ class VdrEncoder(Encoder):
         digest = weights_digest(files)
         info = {"folder": folder, "config": cfg, "files": files, "digest": digest, "weights": digest[:16],
                 "record": model_record(folder)}
-        if self._recorded_weights is not None and self._recorded_weights != info["weights"] and not self.allow_version_mismatch:
-            was = (self._recorded_record or {}).get("id", "another model")
-            raise EncoderVersionError(
-                f"the index was built with the vdr model {was!r} (weights {self._recorded_weights}), but {self.model!r} "
-                f"has weights {info['weights']}: their token weights are not comparable. Search with the model the index "
-                "was built with, re-ingest into a new index, or pass --force to search it anyway"
-            )
+        self._check_recorded_weights("vdr", info["weights"], "their token weights are not comparable")
         self._info = info
         return info
 
@@ -489,16 +470,6 @@ class VdrEncoder(Encoder):
                               tolerance=1e-5),
         }
 
-    def onnx_spec(self):
-        """The image tower's export spec (``stair-es encoders export --encoder vdr``)."""
-        return self.tower_specs()["image"]
-
-    def _tower(self, which: str) -> Any:
-        """The ONNX tower for ``which``, or False to run PyTorch."""
-        from .runtime import memo_tower
-
-        return memo_tower(self._towers, which, lambda: self.tower_specs()[which], self.runtime)
-
     @property
     def runtime_in_use(self) -> str:
         return "onnx" if self._tower("text") else "torch"
@@ -507,13 +478,7 @@ class VdrEncoder(Encoder):
         """Export both towers when needed and return the cached files (``.onnx`` + sidecar each)
         that ``stair-es models export`` bundles: with them and the model folder, queries and
         images run in ONNX Runtime with no torch and no network."""
-        from .runtime import load_tower
-
-        paths: list[Path] = []
-        for spec in self.tower_specs().values():
-            tower = load_tower(spec)
-            paths += [tower.path, tower.path.with_suffix(".json")]
-        return paths
+        return self._tower_files()
 
     def load(self) -> "VdrEncoder":
         """Resolve the model and load both towers and the tokenizer now (otherwise on first use)."""
@@ -543,14 +508,18 @@ class VdrEncoder(Encoder):
     def dense_images(self, images: Sequence[Any]) -> np.ndarray:
         """(batch, 27,623) weights of the image tower before top-k (for tests and tools)."""
         cfg = self.config_of_model
-        pixels = np.stack([preprocess_image(im, cfg.resolution) for im in images])
-        tower = self._tower("image")
+        return self._run("image", {"pixel_values": np.stack([preprocess_image(im, cfg.resolution) for im in images])})
+
+    def _run(self, which: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """One tower on ``feeds``: in ONNX Runtime (images as parallel slices of the batch), or PyTorch."""
+        tower = self._tower(which)
         if tower:
-            return tower.run_parallel({"pixel_values": pixels})[0]
+            return (tower.run_parallel if which == "image" else tower.run)(feeds)[0]
         import torch
 
         with torch.no_grad():
-            return self.torch_towers()[0](torch.from_numpy(pixels)).numpy()
+            tower = self.torch_towers()[0 if which == "image" else 1]
+            return tower(*(torch.from_numpy(v) for v in feeds.values())).numpy()
 
     def encode_images(self, images: Sequence[Any], *, batch_size: int = 16, progress: bool = False) -> list[SparseVector]:
         images = list(images)
@@ -579,13 +548,7 @@ class VdrEncoder(Encoder):
     def dense_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """((batch, 27,623) text weights before masking, the padded token ids)."""
         ids, mask = self._tokenize(list(texts))
-        tower = self._tower("text")
-        if tower:
-            return tower.run({"input_ids": ids, "attention_mask": mask})[0], ids
-        import torch
-
-        with torch.no_grad():
-            return self.torch_towers()[1](torch.from_numpy(ids), torch.from_numpy(mask)).numpy(), ids
+        return self._run("text", {"input_ids": ids, "attention_mask": mask}), ids
 
     def encode_texts(
         self,
@@ -596,12 +559,9 @@ class VdrEncoder(Encoder):
         idf: np.ndarray | None = None,
     ) -> list[SparseVector]:
         """``idf`` is ignored: the model weights tokens itself."""
-        if isinstance(texts, str):
-            raise InvalidInputError("encode_texts takes a list of texts, not one string; wrap it: [text]")
-        texts = list(texts)
-        for t in texts:
-            if not isinstance(t, str):
-                raise InvalidInputError(f"texts must be strings, got {type(t).__name__}")
+        from .text import _check_texts
+
+        texts = _check_texts(texts)
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         k = self.top_k or self.config_of_model.text_topk

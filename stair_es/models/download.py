@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import InvalidInputError, MissingDependencyError, ModelError
+from ..errors import InvalidInputError, ModelError, optional_import
 from .catalog import DEFAULT_PATTERNS, catalog_entry
 from .store import (
     HEX40, HEX64, NOT_WEIGHTS, WEIGHT_SUFFIXES, InstallLock, Progress, StoreEntry, byte_bar, carry_hint, check_id,
@@ -77,14 +77,10 @@ def _link_or_copy(src: Path, dst: Path, progress: Progress | None = None) -> str
 # --- pull ---------------------------------------------------------------------------------------------
 def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_only: bool) -> Path:
     """``huggingface_hub.snapshot_download`` into the Hugging Face cache (which resumes partial files)."""
+    hub = optional_import("huggingface_hub", f"pulling {model_id!r} from the Hugging Face hub", "encoders",
+                          "huggingface-hub")
     try:
-        # lazy: optional, needed only to download from the hub
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise MissingDependencyError(f"pulling {model_id!r} from the Hugging Face hub", "encoders",
-                                     "huggingface-hub") from None
-    try:
-        return Path(snapshot_download(model_id, revision=revision, allow_patterns=list(patterns),
+        return Path(hub.snapshot_download(model_id, revision=revision, allow_patterns=list(patterns),
                                       local_files_only=local_only))
     except Exception as e:  # the hub client raises many types
         raise ModelError(_download_failure(model_id, e, local_only)) from None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MissingDependencyError, ModelError
+from ..errors import MissingDependencyError, ModelError, optional_import
 from ..vocab import Vocabulary, default_vocabulary
 from .config import StairConfig, normalize_head
 from .data import pad_tokens
@@ -37,12 +37,7 @@ VOCAB_NAME = "vocab.txt"
 
 
 def _transformers():
-    try:
-        # lazy: transformers takes seconds to import; loaded only for pretrained towers
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError("the STAIR model", "encoders", "transformers") from e
-    return transformers
+    return optional_import("transformers", "the STAIR model", "encoders", "transformers")
 
 
 class TokenProjectionHead(nn.Module):
@@ -409,13 +404,9 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
     repo_id = text.removeprefix("hf-hub:")
     if text.startswith(("/", ".", "~")) or repo_id.count("/") != 1:
         raise ModelError(f"no STAIR checkpoint directory at {text!r} (and it is not a hub id like 'org/name')")
+    hub = optional_import("huggingface_hub", "loading a STAIR model from the hub", "encoders", "huggingface_hub")
     try:
-        # lazy: optional, needed only to download from the hub
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise MissingDependencyError("loading a STAIR model from the hub", "encoders", "huggingface_hub") from e
-    try:
-        local = snapshot_download(repo_id=repo_id, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME])
+        local = hub.snapshot_download(repo_id=repo_id, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME])
     except Exception as e:  # the hub client raises many types (offline, 404, auth)
         raise ModelError(f"cannot download STAIR checkpoint {repo_id!r} from the Hugging Face hub: {type(e).__name__}: {e}") from e
     return Path(local)
@@ -456,13 +447,9 @@ def _read_vocab(path: Path, config: StairConfig) -> Vocabulary:
 def _read_weights(file: Path) -> dict[str, torch.Tensor]:
     if not file.exists():
         raise ModelError(f"checkpoint weights {file} are missing")
+    st = optional_import("safetensors.torch", "loading STAIR weights", "encoders", "safetensors")
     try:
-        # lazy: loaded only when weights are saved or loaded
-        from safetensors.torch import load_file
-    except ImportError as e:
-        raise MissingDependencyError("loading STAIR weights", "encoders", "safetensors") from e
-    try:
-        return load_file(str(file))
+        return st.load_file(str(file))
     except Exception as e:  # safetensors raises SafetensorError / OSError / ValueError for damaged files
         raise ModelError(f"checkpoint weights {file} are corrupt or truncated ({type(e).__name__}: {e}); re-download or re-train") from e
 

