@@ -12,7 +12,8 @@ import functools
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import click
 
@@ -196,6 +197,28 @@ def human_size(n: int | None, unknown: str = "?") -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GB"
+
+
+@contextlib.contextmanager
+def jsonl_report(report_path: str | None) -> Iterator[Callable[[Iterable[dict]], None] | None]:
+    """``write(rows)``: each row one JSON line of the ``--report`` file, flushed at once (an
+    interrupted run still says what it did); None without ``--report``."""
+    if not report_path:
+        yield None
+        return
+    try:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)  # --report into a new folder
+        fh = Path(report_path).open("w", encoding="utf-8")
+    except OSError as e:
+        raise InvalidInputError(f"cannot write the report file {report_path}: {e.strerror or e}") from None
+
+    def write(rows: Iterable[dict]) -> None:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        fh.flush()
+
+    with fh:
+        yield write
 
 
 def stderr_is_tty() -> bool:

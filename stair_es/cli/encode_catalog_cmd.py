@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-from pathlib import Path
-
 import click
 
 from stair_es.errors import InvalidInputError
 
-from .common import echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
+from .common import echo_json, encoder_kwargs, encoder_options, json_option, jsonl_report, stderr_is_tty, table
 
 
 @click.command("encode-catalog")
@@ -75,21 +71,11 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, no_captions, r
     # the options named as EncodeCatalogOptions' fields go in as they are
     progress = stderr_is_tty() if progress is None else progress
     opts = EncodeCatalogOptions(encode_captions=not no_captions, progress=progress, **options)
-    with contextlib.ExitStack() as stack:
-        on_shard = None
-        if report_path:
-            try:
-                Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-                fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
-            except OSError as e:
-                raise InvalidInputError(f"cannot write the report file {report_path}: {e.strerror or e}") from None
+    with jsonl_report(report_path) as write:
+        def on_shard(entry):
+            write([{**item, "shard": entry["shard"]} for item in entry.get("failed_items", [])])
 
-            def on_shard(entry):
-                for item in entry.get("failed_items", []):
-                    fh.write(json.dumps({**item, "shard": entry["shard"]}, ensure_ascii=False) + "\n")
-                fh.flush()
-
-        report = run(source, out_dir, encoder_factory(encoder, **kwargs), opts, on_shard=on_shard)
+        report = run(source, out_dir, encoder_factory(encoder, **kwargs), opts, on_shard=on_shard if write else None)
     summary = report.summary()
     if as_json:
         echo_json({"summary": summary, "failures": report.failures, "failed_shards": report.failed_shards})

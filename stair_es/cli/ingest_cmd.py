@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-from pathlib import Path
-
 import click
 
 from stair_es.errors import InvalidInputError
 
 from stair_es.ingest import IngestOptions, index_encoder_factory, ingest_catalog
 
-from .common import backend_options, echo_json, encoder_kwargs, encoder_options, json_option, stderr_is_tty, table
+from .common import (backend_options, echo_json, encoder_kwargs, encoder_options, json_option, jsonl_report,
+                     stderr_is_tty, table)
 
 
 @click.command("ingest")
@@ -73,20 +70,8 @@ def ingest(ctx, index, source, encoder, model, encoder_opts, no_captions, report
     # the options named as IngestOptions' fields (batch size, reindex, dense model and type) go in as they are
     opts = IngestOptions(encode_captions=not no_captions, progress=progress, **options)
     # The report file is written as items finish, so an interrupted run still says what it did.
-    with contextlib.ExitStack() as stack:
-        on_items = None
-        if report_path:
-            try:
-                Path(report_path).parent.mkdir(parents=True, exist_ok=True)  # --report into a new folder
-                fh = stack.enter_context(Path(report_path).open("w", encoding="utf-8"))
-            except OSError as e:
-                raise InvalidInputError(f"cannot write the report file {report_path}: {e.strerror or e}") from None
-
-            def on_items(items):
-                for item in items:
-                    fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
-                fh.flush()
-
+    with jsonl_report(report_path) as write:
+        on_items = (lambda items: write([i.to_dict() for i in items])) if write else None
         report = ingest_catalog(backend, index, source, index_encoder_factory(backend, index, encoder, kwargs), opts,
                                 on_items=on_items)
     summary = report.summary()

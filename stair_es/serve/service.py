@@ -532,10 +532,6 @@ class Service:
                     out[i] = e
         return out
 
-    def run_search(self, p: PreparedSearch) -> dict[str, Any]:
-        """The answer of one prepared search (see :meth:`prepare_searches`)."""
-        return self._answer(p, self.backend.search(p.index, p.request))
-
     def run_search_json(self, p: PreparedSearch, dumps) -> tuple[bytes, tuple[float, float, float, float]]:
         """The answer of one prepared search as JSON (``dumps``), made on the calling thread, and
         where its time went (seconds): the backend's search (wall, this thread's CPU) and the
