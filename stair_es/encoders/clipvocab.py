@@ -62,7 +62,7 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import TwoTowers, first_line
+from .runtime import TwoTowers, first_line, in_batches
 
 log = logging.getLogger(__name__)
 
@@ -600,13 +600,8 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         if isinstance(images, (str, bytes)) or not hasattr(images, "__len__"):
             raise InvalidInputError("encode_images takes a list of PIL images")
         self.vocabulary_matrix(progress=progress)
-        out: list[SparseVector] = []
-        with progress_bar(len(images), "encoding images", progress) as bar:
-            for i in range(0, len(images), batch_size):
-                chunk = list(images[i : i + batch_size])
-                out.extend(self.project(self.image_embeddings(chunk, batch_size=batch_size)))
-                bar.update(len(chunk))
-        return out
+        return in_batches(images, batch_size, "images", progress,
+                          lambda chunk: self.project(self.image_embeddings(list(chunk), batch_size=batch_size)))
 
     @property
     def uses_idf(self) -> bool:
@@ -663,16 +658,9 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         cfg: dict[str, Any] = {"name": self.name, "model": self.model, "weights": info["weights"],
                                "model_record": info["record"], "vocabulary": self.vocabulary_version,
                                "top_k": self.top_k, "threshold": self.threshold}
-        if self.min_weight:
-            cfg["min_weight"] = self.min_weight
-        if self.templates != DEFAULT_TEMPLATES:
-            cfg["templates"] = list(self.templates)
-        if self.projection != 1.0:
-            cfg["projection"] = self.projection
-        if not self.words:
-            cfg["words"] = False
-        if self.k1 != 1.2:
-            cfg["k1"] = self.k1
+        # the options a user changed (the defaults are not recorded)
+        defaults = {"min_weight": 0.0, "templates": DEFAULT_TEMPLATES, "projection": 1.0, "words": True, "k1": 1.2}
+        cfg.update({k: list(v) if k == "templates" else v for k, d in defaults.items() if (v := getattr(self, k)) != d})
         return cfg
 
 

@@ -55,16 +55,19 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import EncoderVersionError, InvalidInputError, ModelError
+from .base import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +373,29 @@ def cached_tower_path(spec: TowerSpec, cache_dir: Path | None = None) -> Path | 
     return path if verified_sidecar(path) is not None else None
 
 
+@contextmanager
+def _staged(path: Path, failed: str) -> Iterator[Path]:
+    """A temporary folder beside ``path`` to make it in, removed afterwards whatever happens; an
+    error inside (other than a ModelError) becomes a ModelError saying ``failed``."""
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
+    try:
+        yield tmp_dir
+    except ModelError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{failed} failed: {first_line(e)}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _publish(tmp: Path, meta: dict[str, Any], path: Path) -> None:
+    """Rename a made file ``tmp`` to ``path``, with ``meta`` as its ``.json`` sidecar (written first)."""
+    meta_tmp = tmp.with_suffix(".json")
+    meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+    os.replace(tmp, path)
+    os.replace(meta_tmp, path.with_suffix(".json"))
+
+
 def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     """Export ``spec`` to ``path`` (atomically), check it against PyTorch, write the sidecar."""
     try:
@@ -388,10 +414,8 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     module = spec.build()
     sample = spec.sample()
     args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in spec.input_names)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.kind}-", suffix=".onnx.tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with _staged(path, f"exporting the {spec.kind} tower to ONNX") as tmp_dir:
+        tmp = tmp_dir / "model.onnx"
         import warnings
 
         with torch.no_grad(), warnings.catch_warnings():
@@ -426,18 +450,7 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             "onnxruntime": ort.__version__,
             "export_seconds": round(time.perf_counter() - started, 3),
         }
-        meta_tmp = tmp.with_suffix(".json.tmp")
-        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
-        os.replace(tmp, path)
-        os.replace(meta_tmp, path.with_suffix(".json"))
-    except ModelError:
-        raise
-    except Exception as e:
-        raise ModelError(f"exporting the {spec.kind} tower to ONNX failed: {first_line(e)}") from None
-    finally:
-        for leftover in (tmp, tmp.with_suffix(".json.tmp")):
-            if leftover.exists():
-                leftover.unlink()
+        _publish(tmp, meta, path)
     log.info("exported %s to %s (max |onnx - torch| = %.2g)", spec.kind, path, meta["max_abs_diff_vs_torch"])
     return meta
 
@@ -468,9 +481,8 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
         def get_next(self):
             return next(self._it, None)
 
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{spec.kind}-int8-", dir=path.parent))
-    tmp, pre = tmp_dir / "model.onnx", tmp_dir / "pre.onnx"
-    try:
+    with _staged(path, f"making the int8 {spec.kind} tower") as tmp_dir:
+        tmp, pre = tmp_dir / "model.onnx", tmp_dir / "pre.onnx"
         # The quantiser reports every bias it clips on the root logger (dozens of lines for a
         # conv net); that is expected for depthwise layers and measured below as a whole.
         previous = logging.root.manager.disable
@@ -504,19 +516,22 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             "onnxruntime": ort.__version__,
             "quantize_seconds": round(time.perf_counter() - started, 3),
         }
-        (tmp_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
-        os.replace(tmp, path)
-        os.replace(tmp_dir / "meta.json", path.with_suffix(".json"))
-    except ModelError:
-        raise
-    except Exception as e:
-        raise ModelError(f"making the int8 {spec.kind} tower failed: {first_line(e)}") from None
-    finally:
-        import shutil
-
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        _publish(tmp, meta, path)
     log.info("made int8 %s at %s (max |int8 - float| on calibration = %.3g)", spec.kind, path, diff)
     return meta
+
+
+def in_batches(items: Sequence[Any], batch_size: int, what: str, progress: bool,
+               encode: Callable[[Sequence[Any]], Iterable[Any]]) -> list[Any]:
+    """``encode`` over ``items``, ``batch_size`` at a time, its results in one list; a progress bar
+    ("encoding ``what``") when ``progress``."""
+    out: list[Any] = []
+    with progress_bar(len(items), f"encoding {what}", progress) as bar:
+        for i in range(0, len(items), batch_size):
+            chunk = items[i : i + batch_size]
+            out.extend(encode(chunk))
+            bar.update(len(chunk))
+    return out
 
 
 class TwoTowers:

@@ -56,8 +56,8 @@ import numpy as np
 from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError, optional_import
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
-from .base import Encoder, progress_bar
-from .runtime import TwoTowers, first_line, runtime_choice
+from .base import Encoder
+from .runtime import TwoTowers, first_line, in_batches, runtime_choice
 
 log = logging.getLogger(__name__)
 
@@ -526,14 +526,8 @@ class VdrEncoder(TwoTowers, Encoder):
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
         k = self.top_k or self.config_of_model.image_topk
-        out: list[SparseVector] = []
-        with progress_bar(len(images), "encoding images", progress) as bar:
-            for i in range(0, len(images), batch_size):
-                chunk = images[i : i + batch_size]
-                for row in self.dense_images(chunk):
-                    out.append(self._sparse(row, k))
-                bar.update(len(chunk))
-        return out
+        return in_batches(images, batch_size, "images", progress,
+                          lambda chunk: [self._sparse(row, k) for row in self.dense_images(chunk)])
 
     def _tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encs = self._text_tokenizer().encode_batch(texts)
@@ -567,16 +561,12 @@ class VdrEncoder(TwoTowers, Encoder):
         k = self.top_k or self.config_of_model.text_topk
         column = np.full(len(self.vocab), -1, np.int64)
         column[self.valid_ids] = np.arange(len(self.valid_ids))
-        out: list[SparseVector] = []
-        with progress_bar(len(texts), "encoding texts", progress) as bar:
-            for i in range(0, len(texts), batch_size):
-                chunk = texts[i : i + batch_size]
-                dense, ids = self.dense_texts(chunk)
-                for row, row_ids in zip(dense, ids):
-                    own = column[row_ids]
-                    out.append(self._sparse(row, k, np.unique(own[own >= 0])))
-                bar.update(len(chunk))
-        return out
+
+        def encode(chunk: list[str]) -> list[SparseVector]:
+            dense, ids = self.dense_texts(chunk)  # a text keeps its own words (their restricted columns)
+            return [self._sparse(row, k, np.unique(own[own >= 0])) for row, own in zip(dense, column[ids])]
+
+        return in_batches(texts, batch_size, "texts", progress, encode)
 
     def config(self) -> dict[str, Any]:
         info = self.model_info()
