@@ -43,10 +43,9 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     except IndexNotFoundError:
         raise
     except (StairErrorBase, OSError, ValueError, UnicodeDecodeError) as e:
-        report["ok"] = False
-        report["manifest"] = str(e) if isinstance(e, StairErrorBase) else f"{path / MANIFEST}: {e}"
         prev = read_valid_manifest(path / PREV_MANIFEST, path)
-        report["previous_generation"] = prev.get("generation") if prev else None
+        report.update(ok=False, manifest=str(e) if isinstance(e, StairErrorBase) else f"{path / MANIFEST}: {e}",
+                      previous_generation=prev.get("generation") if prev else None)
         if repair and prev is not None:
             # the previous commit, if every file it names is whole, becomes the current one
             bad = [row for row in _check_segments(path, prev)[0] if row["error"]]
@@ -62,12 +61,10 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
                 atomic_write_json(path / MANIFEST, prev)
             finally:
                 lock.release()
-            report["repaired"] = True
-            report["rolled_back_to"] = prev.get("generation")
+            report.update(repaired=True, rolled_back_to=prev.get("generation"))
         return report
     rows, damaged_entries = _check_segments(path, m)
-    report["segments"] = rows
-    report["ok"] = not damaged_entries
+    report.update(segments=rows, ok=not damaged_entries)
     referenced = {MANIFEST, PREV_MANIFEST, LOCK} | files_of(m) | files_of(read_valid_manifest(path / PREV_MANIFEST, path) or {})
     try:
         report["orphans"] = sorted(p.name for p in path.iterdir() if p.name not in referenced and p.name.startswith("seg-"))

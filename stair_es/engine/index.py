@@ -727,11 +727,10 @@ class EngineIndex(Searcher):
     def stats(self) -> dict[str, Any]:
         self.refresh()
         per_field: dict[str, int] = {f: 0 for f in self.schema.sparse_fields}
-        postings = 0
         for s in self._segs:
             for f, c in s.seg.postings_per_field().items():
                 per_field[f] = per_field.get(f, 0) + c
-            postings += s.seg.n_postings
+        postings = sum(s.seg.n_postings for s in self._segs)
         size = folder_bytes(self.path)  # a writer's temporary files may come and go meanwhile
         posting_bytes = sum(
             sum(s.seg.a[n].nbytes for n in ("keys", "post_ptr", "pair_ptr", "pair_block", "pair_cnt", "pair_max", "pair_sub",
@@ -782,8 +781,7 @@ def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     rows = np.arange(lo, hi)
     gather = NP.build_kernel("gather_strings", int(b.id_offs[-1]))
     ib, io = gather(b.id_blob, b.id_offs, rows)
-    vectors = {}
-    for f, (indptr, ids, wb) in b.vectors.items():
-        vectors[f] = (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
+    vectors = {f: (indptr[lo:hi + 1] - indptr[lo], ids[indptr[lo]:indptr[hi]], wb[indptr[lo]:indptr[hi]])
+               for f, (indptr, ids, wb) in b.vectors.items()}
     caps, srcs = ((*gather(t[0], t[1], rows), t[2][lo:hi]) if t is not None else None for t in (b.captions, b.sources))
     return Batch(ib, io, b.seq[lo:hi], vectors, take_columns(b.columns, rows), caps, srcs)

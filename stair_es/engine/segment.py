@@ -624,8 +624,8 @@ def _doc_arrays(batch: Batch, arrays: dict[str, Any]) -> dict[str, str]:
         hashes = NP.build_kernel("fnv1a64", int(batch.id_offs[-1]))(batch.id_blob, batch.id_offs)  # work: id bytes
         order = np.argsort(hashes, kind="stable")
         sorted_hashes = hashes[order]
-    caps = batch.captions or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
-    srcs = batch.sources or (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))
+    none = (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))  # no document has one
+    caps, srcs = batch.captions or none, batch.sources or none
     arrays.update({
         "seq": batch.seq.astype(np.uint64),
         "id_blob": batch.id_blob,
