@@ -228,13 +228,8 @@ Progress = Callable[[int], None]
 
 
 def hash_file(path: Path, progress: Progress | None = None) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return h.hexdigest()
+        return copy_stream(f, None, progress)
 
 
 def copy_hashing(src: Path, dst: Path, progress: Progress | None = None) -> str:
@@ -246,12 +241,13 @@ def copy_hashing(src: Path, dst: Path, progress: Progress | None = None) -> str:
     return digest
 
 
-def copy_stream(fi: BinaryIO, fo: BinaryIO, progress: Progress | None = None) -> str:
-    """Copy the open file ``fi`` into ``fo`` in chunks; the sha256 of what was copied."""
+def copy_stream(fi: BinaryIO, fo: BinaryIO | None, progress: Progress | None = None) -> str:
+    """Copy the open file ``fi`` into ``fo`` (None: only read it) in chunks; the sha256 of what was copied."""
     h = hashlib.sha256()
     for chunk in iter(lambda: fi.read(CHUNK), b""):
         h.update(chunk)
-        fo.write(chunk)
+        if fo is not None:
+            fo.write(chunk)
         if progress:
             progress(len(chunk))
     return h.hexdigest()

@@ -82,8 +82,8 @@ class CaptionData:
     def first_caption_per_image(self) -> np.ndarray:
         """Index of the first pair of each image (the evaluation's one query per image)."""
         first = np.full(len(self.images), -1, dtype=np.int64)
-        for p in range(len(self.pair_image) - 1, -1, -1):
-            first[self.pair_image[p]] = p
+        images, pairs = np.unique(np.asarray(self.pair_image, np.int64), return_index=True)
+        first[images] = pairs
         return first
 
 

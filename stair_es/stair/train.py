@@ -422,14 +422,8 @@ def _tc_dict(tc: TrainConfig) -> dict[str, Any]:
 def _sample(rng: np.random.Generator, data: CaptionData, batch_size: int) -> dict[str, np.ndarray]:
     """A batch of pairs with distinct images (two captions of one image are not negatives)."""
     order = rng.permutation(len(data))
-    chosen, seen = [], set()
-    for p in order:
-        i = int(data.pair_image[p])
-        if i not in seen:
-            seen.add(i)
-            chosen.append(p)
-            if len(chosen) == batch_size:
-                break
+    _, first = np.unique(data.pair_image[order], return_index=True)  # each image's first pair in that order
+    chosen = order[np.sort(first)[:batch_size]]
     ids, mask = pad_tokens([data.pair_tokens[p] for p in chosen])
     return {"images": data.pair_image[chosen], "ids": ids, "mask": mask}
 
