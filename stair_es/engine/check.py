@@ -3,6 +3,7 @@ repair what can be repaired (drop damaged segments, or roll back to the previous
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -66,10 +67,8 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     rows, damaged_entries = _check_segments(path, m)
     report.update(segments=rows, ok=not damaged_entries)
     referenced = {MANIFEST, PREV_MANIFEST, LOCK} | files_of(m) | files_of(read_valid_manifest(path / PREV_MANIFEST, path) or {})
-    try:
+    with contextlib.suppress(OSError):
         report["orphans"] = sorted(p.name for p in path.iterdir() if p.name not in referenced and p.name.startswith("seg-"))
-    except OSError:
-        pass
     if repair and damaged_entries:
         lock = take_writer_lock(path, "repair it when that ends")
         try:

@@ -3,6 +3,7 @@ id table) and the lookup of ids across a commit's segments (live documents only)
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,10 +43,8 @@ class HashedIds:
         loop runs only to name a bad id."""
         h = None
         if all(type(i) is str for i in ids) and min(map(len, ids)) >= 1 and max(map(len, ids)) <= 512:
-            try:
+            with contextlib.suppress(ValueError):  # a newline, or a lone surrogate (UnicodeEncodeError)
                 h = cls.of(ids)
-            except ValueError:  # a newline, or a lone surrogate (UnicodeEncodeError)
-                pass
         if h is None:
             for i in ids:
                 if not isinstance(i, str) or not i or len(i) > 512 or "\n" in i:

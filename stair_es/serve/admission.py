@@ -44,6 +44,7 @@ asyncio, not FastAPI.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import sys
@@ -158,11 +159,9 @@ def set_loop_realtime() -> str | None:
 
 def unset_loop_realtime() -> None:
     """Back to an ordinary thread (when the app stops: the thread may run other things after it)."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         if os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
 
 
 class Admission:
@@ -314,10 +313,8 @@ class Admission:
                 self._free()
             else:
                 fut.cancel()
-                try:
+                with contextlib.suppress(ValueError):
                     self._waiting.remove(fut)
-                except ValueError:
-                    pass
             if isinstance(e, asyncio.TimeoutError):
                 raise self.timeout(time.monotonic() - t0, started=False) from None
             raise
