@@ -313,7 +313,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         self.word_ids = np.array(ids, np.int64)
         self._bow = BagOfWordsEncoder(vocab=self.vocab, k1=o.k1)
         self.k1 = float(o.k1)
-        self._folder: Path | None = None
         self._info: dict[str, Any] | None = None
         self._torch_model: Any = None
         self._towers: dict[str, Any] = {}
@@ -350,7 +349,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         }
         self._check_recorded_weights("clip-vocab", info["weights"], "its words are not comparable")
         self._info = info
-        self._folder = folder
         return info
 
     @property

@@ -95,7 +95,6 @@ class Segment(SegmentFilters):
         self._arrays: SegmentArrays | None = None  # see kernel_arrays
         self._mapped: np.ndarray | None = None  # per term: its postings asked for with madvise (prefetch_terms)
         self._table_layout: tuple | None = None  # see verify_term_tables
-        self.checksummed: bool | None = None
         self.outdated = False  # written in an older container or segment format (set by open)
 
     @classmethod
@@ -115,11 +114,11 @@ class Segment(SegmentFilters):
         seg.outdated = (c.footer.kind != "chunks" or c.footer.shift != CHUNK_SHIFT
                         or int(c.meta.get("format", 1)) < SEGMENT_FORMAT)
         if c.footer.kind == "chunks":
-            seg.checksummed = True if verify else None
             seg.verify_arrays(("keys", "post_ptr", "pair_ptr"))
             seg.check_structure(full=not verify)
         else:
-            seg.checksummed = verified_once(path) if verify else None
+            if verify:
+                verified_once(path)  # the whole file, once per process
             seg.check_structure()
         return seg
 
