@@ -45,11 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from build_imagenet_tokens import ensure_wordnet  # noqa: E402
-from build_query_grounding import Builder  # noqa: E402
+from build_imagenet_tokens import ensure_wordnet
+from build_query_grounding import Builder
 
-from stair_es.encoders.text import DEFAULT_STOPWORDS  # noqa: E402
-from stair_es.vocab import default_vocabulary  # noqa: E402
+from stair_es.encoders.text import DEFAULT_STOPWORDS
+from stair_es.vocab import default_vocabulary
 
 SCRIPT_VERSION = 1
 MIN_SIMILARITY = 0.45
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             if kept:
                 keep_words.append(ids[me])
                 nbrs.extend(ids[j] for j in kept)
-                sims.extend(int(round(100 * float(row[j]))) for j in kept)
+                sims.extend(round(100 * float(row[j])) for j in kept)
                 offsets.append(len(nbrs))
     body = {"words": np.asarray(keep_words, np.int32), "offsets": np.asarray(offsets, np.int32),
             "neighbours": np.asarray(nbrs, np.uint16), "similarity": np.asarray(sims, np.uint8)}

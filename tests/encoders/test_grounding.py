@@ -67,6 +67,18 @@ def test_similar_words_the_index_holds_are_added_weighted_down_and_explained():
         "desert": 1.0}
 
 
+def test_the_similar_word_table_is_versioned_best_first_and_leaves_siblings_out():
+    from stair_es.encoders.grounding import similar_words
+
+    table = similar_words()
+    assert table.version.startswith("similar-v1-")
+    ids, cos = table.of(VOCAB.id("desert"))
+    assert "sand" in {VOCAB.tokens[i] for i in ids} and (np.diff(cos) <= 0).all() and cos.min() >= 0.45
+    for a, b in (("red", "blue"), ("cat", "dog"), ("italy", "germany")):  # alternatives, not evidence
+        assert VOCAB.id(b) not in table.of(VOCAB.id(a))[0]
+    assert len(table.of(VOCAB.id("[CLS]"))[0]) == 0
+
+
 def test_similar_words_option_is_checked_and_round_trips_through_the_recorded_config():
     from stair_es.encoders import get_encoder
 
