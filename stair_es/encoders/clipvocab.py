@@ -511,7 +511,7 @@ class ClipVocabEncoder(TwoTowers, Encoder):
 
     def _compute_matrix(self, path: Path, progress: bool) -> np.ndarray:
         global MATRIX_COMPUTATIONS
-        from .runtime import file_sha256
+        from .runtime import file_sha256, publish
 
         started = time.perf_counter()
         words, templates = self.word_list, self.templates
@@ -539,19 +539,15 @@ class ClipVocabEncoder(TwoTowers, Encoder):
             MATRIX_COMPUTATIONS += 1
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=".clipvocab-matrix-", suffix=".npy.tmp", dir=path.parent)
-            os.close(fd)
-            tmp = Path(tmp_name)
-            with open(tmp, "wb") as f:  # a file object: np.save would add ".npy" to a name
+            fd, name = tempfile.mkstemp(prefix=".clipvocab-matrix-", suffix=".npy", dir=path.parent)
+            tmp = Path(name)
+            with os.fdopen(fd, "wb") as f:  # a file object: np.save would add ".npy" to a name
                 np.save(f, matrix, allow_pickle=False)
             meta = {"kind": "clipvocab-matrix", "npy_sha256": file_sha256(tmp), "model": self.model,
                     "weights_sha256": self._model_info()["digest"], "vocabulary": self.vocabulary_version,
                     "templates": list(templates), "shape": list(matrix.shape), "matrix_version": MATRIX_VERSION,
                     "seconds": round(time.perf_counter() - started, 3)}
-            meta_tmp = tmp.with_name(tmp.name + ".json")
-            meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
-            os.replace(tmp, path)
-            os.replace(meta_tmp, path.with_suffix(".json"))
+            publish(tmp, meta, path)
         except OSError as e:  # a read-only cache only costs computing it again next time
             log.warning("clip-vocab: cannot cache the vocabulary matrix in %s (%s); it will be computed again next time",
                         path.parent, e.strerror or e)

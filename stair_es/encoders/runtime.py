@@ -388,7 +388,7 @@ def _staged(path: Path, failed: str) -> Iterator[Path]:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _publish(tmp: Path, meta: dict[str, Any], path: Path) -> None:
+def publish(tmp: Path, meta: dict[str, Any], path: Path) -> None:
     """Rename a made file ``tmp`` to ``path``, with ``meta`` as its ``.json`` sidecar (written first)."""
     meta_tmp = tmp.with_suffix(".json")
     meta_tmp.write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
@@ -450,7 +450,7 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             "onnxruntime": ort.__version__,
             "export_seconds": round(time.perf_counter() - started, 3),
         }
-        _publish(tmp, meta, path)
+        publish(tmp, meta, path)
     log.info("exported %s to %s (max |onnx - torch| = %.2g)", spec.kind, path, meta["max_abs_diff_vs_torch"])
     return meta
 
@@ -516,7 +516,7 @@ def quantize_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             "onnxruntime": ort.__version__,
             "quantize_seconds": round(time.perf_counter() - started, 3),
         }
-        _publish(tmp, meta, path)
+        publish(tmp, meta, path)
     log.info("made int8 %s at %s (max |int8 - float| on calibration = %.3g)", spec.kind, path, diff)
     return meta
 

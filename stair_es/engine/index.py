@@ -388,11 +388,7 @@ class EngineIndex(Searcher):
         if not self.writable or self._lock is None:
             raise InvalidInputError(f"the index at {self.path} is open read-only; open it with writable=True to change it")
 
-    # --- id lookup ----------------------------------------------------------------------------------
-    def _locate(self, ids: Sequence[str], hashed: HashedIds | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(segment position, local doc) of each live id; -1/-1 when absent."""
-        return locate_in(self._segs, ids, hashed)
-
+    # --- id lookup (ids.locate_in: segment position and local doc of each live id) --------------------
     def snapshot(self) -> Snapshot:
         """The commit this handle has loaded (call :meth:`refresh` first for the newest)."""
         m = self._manifest
@@ -404,7 +400,7 @@ class EngineIndex(Searcher):
         ids = list(ids)
         if not ids:
             return set()
-        seg_of, _ = self._locate(ids)
+        seg_of, _ = locate_in(self._segs, ids)
         return {i for i, s in zip(ids, seg_of) if s >= 0}
 
     # --- writing ----------------------------------------------------------------------------------------
@@ -554,7 +550,7 @@ class EngineIndex(Searcher):
         h = hashed or HashedIds.of(ids)
         batch = Batch(h.blob, h.offs, np.arange(seq0, seq0 + n, dtype=np.uint64), vectors, columns, captions, sources,
                       id_hash=h.sorted_hashes, id_order=h.order)
-        seg_of, doc_of = self._locate(ids, h)
+        seg_of, doc_of = locate_in(self._segs, ids, h)
         segs = self._tombstoned(seg_of, doc_of)
         cap = segment_capacity(self.bshift)
         chunks = [(lo, min(lo + cap, n)) for lo in range(0, n, cap)]
@@ -590,7 +586,7 @@ class EngineIndex(Searcher):
         ids = list(ids)
         if not ids:
             return []
-        seg_of, doc_of = self._locate(ids)
+        seg_of, doc_of = locate_in(self._segs, ids)
         results = [ItemResult(i, bool(s >= 0), None if s >= 0 else f"no document with id {i!r} in the index at {self.path}",
                               None, "delete") for i, s in zip(ids, seg_of)]
         if (seg_of >= 0).any():
@@ -643,7 +639,7 @@ class EngineIndex(Searcher):
 
     # --- reading ------------------------------------------------------------------------------------------
     def _find(self, doc_id: str) -> tuple[_SegState, int]:
-        seg_of, doc_of = self._locate([doc_id])
+        seg_of, doc_of = locate_in(self._segs, [doc_id])
         if seg_of[0] < 0:
             raise DocumentNotFoundError(f"no document with id {doc_id!r} in the index at {self.path}")
         return self._segs[int(seg_of[0])], int(doc_of[0])
