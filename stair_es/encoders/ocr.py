@@ -254,8 +254,6 @@ class OcrSource:
                 self._pool = ThreadPoolExecutor(workers, thread_name_prefix="stair-es-ocr")
                 self._pool_size = workers
             done = list(self._pool.map(one, [jobs[i] for i in todo]))
-        results: list[SparseVector | str] = [empty] * len(jobs)
-        for i, r in zip(todo, done):
-            results[i] = r
-        self.failures = {i: r for i, r in enumerate(results) if isinstance(r, str)}
-        return [empty if isinstance(r, str) else r for r in results]
+        got = dict(zip(todo, done))
+        self.failures = {i: r for i, r in got.items() if isinstance(r, str)}
+        return [empty if i in self.failures else got.get(i, empty) for i in range(len(jobs))]

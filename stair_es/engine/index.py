@@ -352,17 +352,13 @@ class EngineIndex(Searcher):
                 p.unlink(missing_ok=True)
 
     def _commit(self, segs: list[_SegState], schema: IndexSchema, next_seq: int) -> None:
-        m = dict(self._manifest)
-        m["generation"] = int(m["generation"]) + 1
-        m["schema"] = schema.to_dict()
-        m["next_seq"] = int(next_seq)
-        m["writer"] = writer_version()
-        m["segments"] = [{"name": s.seg.name, "file": s.seg.path.name, "docs": s.seg.n_docs,
-                          "del_file": s.del_file, "deleted": s.n_deleted} for s in segs]
+        m = {**self._manifest, "generation": int(self._manifest["generation"]) + 1, "schema": schema.to_dict(),
+             "next_seq": int(next_seq), "writer": writer_version(),
+             "segments": [{"name": s.seg.name, "file": s.seg.path.name, "docs": s.seg.n_docs,
+                           "del_file": s.del_file, "deleted": s.n_deleted} for s in segs]}
         for e, s in zip(m["segments"], segs):
             if s.del_file and s.deleted is not None:
                 e["del_crc32"] = crc32_of(np.packbits(s.deleted).tobytes())
-        m["next_segment"] = self._manifest["next_segment"]
         m["checksum"] = manifest_checksum(m)
         # Write-once: the commit being replaced becomes the previous generation, and neither its
         # files nor the new ones are deleted; what the generations before it alone used goes, and
