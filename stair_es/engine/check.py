@@ -80,11 +80,8 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
                     report["lost_ids"] += [seg.doc_id(d) for d in range(seg.n_docs)]
                 except Exception:  # noqa: BLE001 - the ids of a damaged file may be unreadable: report the count only
                     pass
-            keep = [e for e in m["segments"] if e not in damaged_entries]
-            new = dict(m)
-            new["segments"] = keep
-            new["generation"] = int(m["generation"]) + 1
-            new["writer"] = writer_version()
+            new = {**m, "segments": [e for e in m["segments"] if e not in damaged_entries],
+                   "generation": int(m["generation"]) + 1, "writer": writer_version()}
             new["checksum"] = manifest_checksum(new)
             atomic_write_json(path / MANIFEST, new)
             report["repaired"] = True

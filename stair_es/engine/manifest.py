@@ -104,12 +104,9 @@ def take_writer_lock(path: Path, when_busy: str):
 
 
 def files_of(m: Mapping[str, Any]) -> set[str]:
-    out: set[str] = set()
-    for e in m.get("segments", []) if isinstance(m, Mapping) else []:
-        out.add(e["file"])
-        if e.get("del_file"):
-            out.add(e["del_file"])
-    return out
+    """The segment and tombstone files a manifest references."""
+    entries = m.get("segments", []) if isinstance(m, Mapping) else []
+    return {f for e in entries for f in (e["file"], e.get("del_file")) if f}
 
 
 def read_valid_manifest(file: Path, folder: Path) -> dict[str, Any] | None:

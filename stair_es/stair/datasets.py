@@ -232,13 +232,11 @@ class CaptionChecker:
 
     def __call__(self, caption: str, where: str, report: DataReport) -> list[int] | None:
         ids = self.vocab.encode(caption) if caption.strip() else []
-        if not ids:
-            _add(report.rejected, (where, f"empty caption {caption!r}"))
-            report.rejected_captions += 1
-            return None
         unk = sum(t == self.unk for t in ids)
-        if unk * 2 > len(ids):
-            _add(report.rejected, (where, f"caption {caption[:40]!r} is mostly unknown to the English WordPiece vocabulary ({unk} of {len(ids)} tokens [UNK])"))
+        if not ids or unk * 2 > len(ids):
+            why = (f"empty caption {caption!r}" if not ids else f"caption {caption[:40]!r} is mostly unknown to the "
+                   f"English WordPiece vocabulary ({unk} of {len(ids)} tokens [UNK])")
+            _add(report.rejected, (where, why))
             report.rejected_captions += 1
             return None
         if len(ids) > self.max_length - 2:
