@@ -45,8 +45,9 @@ per-core slices at the same time. For EfficientNet-Lite0 on 2 cores the second w
 instead of 35 ms of CPU per image (no spinning or per-layer synchronisation of intra-op
 threads), which leaves more CPU to the decoding that ingest overlaps with inference.
 
-This module knows how to export, cache and run a module; it must not know what any tower
-means (the encoders give it the module, the inputs and the names).
+This module knows how to export, cache and run a module, and holds what encoders with an
+image and a text tower share (:class:`TwoTowers`, :func:`in_batches`); it must not know what
+any tower means (the encoders give it the module, the inputs and the names).
 """
 
 from __future__ import annotations

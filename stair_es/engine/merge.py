@@ -63,14 +63,14 @@ def segment_to_batch(seg: Segment, keep: np.ndarray) -> Batch:
 
 def concat_batches(batches: list[Batch]) -> Batch:
     """Vector-less batches (:func:`segment_to_batch`) one after the other."""
-    def cat_strings(parts):
-        return np.concatenate([np.asarray(b) for b, _ in parts]), concat_offsets([o for _, o in parts])
+    def cat(parts):  # each batch's (string blob, offsets[, present flags]) -> those of all of them
+        blob, offs = np.concatenate([np.asarray(p[0]) for p in parts]), concat_offsets([p[1] for p in parts])
+        return (blob, offs, np.concatenate([p[2] for p in parts])) if len(parts[0]) > 2 else (blob, offs)
 
-    ib, io = cat_strings([(b.id_blob, b.id_offs) for b in batches])
-    caps, srcs = ((*cat_strings([t[:2] for t in parts]), np.concatenate([t[2] for t in parts]))
-                  for parts in ([b.captions for b in batches], [b.sources for b in batches]))
+    ib, io = cat([(b.id_blob, b.id_offs) for b in batches])
     return Batch(ib, io, np.concatenate([b.seq for b in batches]).astype(np.uint64), {},
-                 concat_columns([(b.n_docs, b.columns) for b in batches]), caps, srcs)
+                 concat_columns([(b.n_docs, b.columns) for b in batches]),
+                 cat([b.captions for b in batches]), cat([b.sources for b in batches]))
 
 
 def _merge_tables(segs: Sequence[Segment], keeps: Sequence[np.ndarray], *, concatenated: bool) -> tuple:
