@@ -78,21 +78,13 @@ class StairEncoder(Encoder):
         files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in (".safetensors", ".json", ".txt")]
         model, size = self.model, self.model.config.image_size
 
-        class ImageTower(torch.nn.Module):
-            def __init__(self):
+        class Tower(torch.nn.Module):
+            def __init__(self, image: bool):
                 super().__init__()
-                self.m = model
+                self.m, self.image = model, image
 
-            def forward(self, pixel_values):
-                return self.m.encode_image(pixel_values)
-
-        class TextTower(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.m = model
-
-            def forward(self, input_ids, attention_mask):
-                return self.m.encode_text(input_ids, attention_mask)
+            def forward(self, first, attention_mask=None):  # pixel values, or input ids
+                return self.m.encode_image(first) if self.image else self.m.encode_text(first, attention_mask)
 
         def image_sample() -> dict[str, np.ndarray]:
             return {"pixel_values": np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)}
@@ -103,10 +95,10 @@ class StairEncoder(Encoder):
 
         key = f"stair-{folder.name}"
         return {
-            "image": TowerSpec(kind=f"{key}-image", weight_files=files, build=lambda: ImageTower().eval(), sample=image_sample,
+            "image": TowerSpec(kind=f"{key}-image", weight_files=files, build=lambda: Tower(True).eval(), sample=image_sample,
                                input_names=["pixel_values"], output_names=["weights"],
                                dynamic_axes={"pixel_values": {0: "batch"}, "weights": {0: "batch"}}, tolerance=1e-3),
-            "text": TowerSpec(kind=f"{key}-text", weight_files=files, build=lambda: TextTower().eval(), sample=text_sample,
+            "text": TowerSpec(kind=f"{key}-text", weight_files=files, build=lambda: Tower(False).eval(), sample=text_sample,
                               input_names=["input_ids", "attention_mask"], output_names=["weights"],
                               dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
                                             "weights": {0: "batch"}}, tolerance=1e-3),
