@@ -22,6 +22,10 @@ sentence-transformers folder with ``--model``):
   ``italy``/``germany`` are close in any embedding and must not find each other. A hypernym
   or hyponym stays (``street`` -> ``road``).
 
+* **spelling neighbours are dropped**: a word within two letters of the key (``dessert`` for
+  ``desert``, ``gaze`` for ``gazebo``) that is not one of its inflected forms (``deserts``) -- the
+  encoder reads rare words by their pieces, and such pairs are close by spelling, not meaning.
+
 At query time only neighbours the searched index holds are used (the best few, weighted by
 their similarity; ``grounding.add_similar_words``), so one table serves every catalog.
 
@@ -51,7 +55,7 @@ from build_query_grounding import Builder
 from stair_es.encoders.text import DEFAULT_STOPWORDS
 from stair_es.vocab import default_vocabulary
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 MIN_SIMILARITY = 0.45
 MAX_NEIGHBOURS = 48
 SIBLING_LEVELS = 2
@@ -84,6 +88,34 @@ def embed(folder: Path, words: list[str], batch: int = 256) -> np.ndarray:
             m = t["attention_mask"].unsqueeze(-1).float()
             out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy())
     return np.concatenate(out).astype(np.float32)
+
+
+def edit_distance(a: str, b: str, cap: int = 3) -> int:
+    """Levenshtein distance, stopped early at ``cap``."""
+    if abs(len(a) - len(b)) >= cap:
+        return cap
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        if min(cur) >= cap:
+            return cap
+        prev = cur
+    return min(prev[-1], cap)
+
+
+def spelling_neighbour(a: str, b: str, builder: Builder) -> bool:
+    """``b`` is within two letters of ``a`` and neither is an inflected form of the other."""
+    if edit_distance(a, b) > 2:
+        return False
+    def base(w: str) -> set[str]:
+        out = {w, builder.exceptions.get(w, w)}
+        for suffix, repl in (("ies", "y"), ("es", ""), ("s", ""), ("ed", ""), ("ing", ""), ("er", ""), ("est", "")):
+            if w.endswith(suffix) and len(w) > len(suffix) + 2:
+                out.add(w[: -len(suffix)] + repl)
+        return out
+    return not (base(a) & base(b))
 
 
 class Siblings:
@@ -136,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             row[me] = -1.0
             top = np.argpartition(-row, 4 * MAX_NEIGHBOURS)[:4 * MAX_NEIGHBOURS]
             top = top[np.argsort(-row[top], kind="stable")]
-            kept = [j for j in top if row[j] >= MIN_SIMILARITY and not siblings(words[me], words[j])][:MAX_NEIGHBOURS]
+            kept = [j for j in top if row[j] >= MIN_SIMILARITY and not siblings(words[me], words[j])
+                    and not spelling_neighbour(words[me], words[j], siblings.b)][:MAX_NEIGHBOURS]
             if kept:
                 keep_words.append(ids[me])
                 nbrs.extend(ids[j] for j in kept)

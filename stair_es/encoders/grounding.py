@@ -24,7 +24,8 @@ planned here (:func:`plan_query`):
 * **not found**: no relative is in the index: a whole-token word is kept (it matches nothing),
   a split word's fragments are dropped.
 
-Then every query word that is one whole token gets up to :data:`SIMILAR_MAX` **similar words**
+Then every query word that is one whole token (an inflected form: its base form) gets up to
+:data:`SIMILAR_MAX` **similar words**
 the index holds (:func:`add_similar_words`): words used like it, found offline with the
 sentence encoder all-MiniLM-L6-v2 and WordNet's siblings left out (``configs/similar_words.npz``,
 ``scripts/build_similar_words.py``): ``desert`` -> ``sand``, ``field`` -> ``grass``/``hay``, ``street``
@@ -598,7 +599,8 @@ def add_similar_words(final: dict[int, float], plan: QueryPlan, vocab: Vocabular
     ref = max(final.values())
     out = dict(final)
     for step in plan.steps:
-        i = _whole_id(step.word, vocab)
+        # the word's own token, or for an inflected form the base form it was searched as
+        i = vocab.get(next(iter(step.tokens))) if step.action == "lemma" else _whole_id(step.word, vocab)
         if i is None:
             continue
         base = final.get(i, 0.0) or 0.5 * ref

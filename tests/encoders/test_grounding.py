@@ -60,6 +60,9 @@ def test_similar_words_the_index_holds_are_added_weighted_down_and_explained():
     d = step.to_dict()
     assert d["similar"][0]["token"] in ("sand", "beach") and 0.55 <= d["similar"][0]["cosine"] <= 1
     json.dumps(d)
+    # an inflected form finds its base form's similar words
+    plural = BagOfWordsEncoder().encode_query("deserts", index_stats=st)
+    assert plural.grounding[0].action == "lemma" and "sand" in plural.vector.to_token_map()
     # only words the index holds are added, and siblings never: red is not evidence of blue
     assert set(BagOfWordsEncoder().encode_query("red", index_stats=st).vector.to_token_map()) == {"red"}
     # off: the query is its words and their WordNet grounding only
@@ -71,7 +74,7 @@ def test_the_similar_word_table_is_versioned_best_first_and_leaves_siblings_out(
     from stair_es.encoders.grounding import similar_words
 
     table = similar_words()
-    assert table.version.startswith("similar-v1-")
+    assert table.version.startswith("similar-v2-")
     ids, cos = table.of(VOCAB.id("desert"))
     assert "sand" in {VOCAB.tokens[i] for i in ids} and (np.diff(cos) <= 0).all() and cos.min() >= 0.45
     for a, b in (("red", "blue"), ("cat", "dog"), ("italy", "germany")):  # alternatives, not evidence
