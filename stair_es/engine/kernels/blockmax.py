@@ -295,9 +295,11 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
       partial sum ``mx`` + ``rem`` < ``thr`` the block is done; otherwise the survivors are
       gathered from the runs streamed so far (at most :data:`GATHER_MAX` postings) or, after
       long runs, from the accumulator when at most ``bs / LOOKUP_COST`` can survive (else the
-      next run is streamed). Each remaining term is then looked up for them (binary search in
-      its run) where that is cheaper than streaming the run, and when no doc is left the
-      block's remaining terms are never read.
+      next run is streamed). The remaining terms, in decreasing order of the bound they take
+      off a block on average (not per posting: what a visit costs now is finding the term's
+      run, not its length), are then looked up for them (binary search in its run) where that
+      is cheaper than streaming the run, and when no doc is left the block's remaining terms
+      are never read.
 
     Heap entries are rescored in query-term order, so scores are identical to explain's.
     """
@@ -329,6 +331,12 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
         if n_post > 0:
             gkey[i] = -tsum[i] / n_post
     gorder = np.argsort(gkey)
+    # the terms left once a block's few survivors are known are looked up (or their runs read)
+    # for those docs alone: a visit costs about the same whatever the run's length (moving the
+    # term's cursor to the block, a cache miss or two), so they are taken in decreasing order
+    # of the bound they take off a block on average (sum of block bounds): the survivors drop
+    # out after fewer visits
+    lorder = np.argsort(-tsum)
     # tail cursors, per term: next (block, count) pair, its end, and the first posting of that pair
     cp = np.empty(nq, np.int64)
     pe = np.empty(nq, np.int64)
@@ -529,35 +537,37 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
         last_streamed = ns
         if nca >= 0:
             exact_total = False
+            x = 0
             while x < nq and nca > 0:
-                i = gorder[x]
+                i = lorder[x]
                 x += 1
-                if stamp[i] != oi:
-                    # _block_run written out, as above
-                    stamp[i] = oi
-                    if oi < nh:
-                        row[i] = hslot[i, oi]
-                        rbm[i] = hbmc[i, oi]
-                        rsub[i] = hsub[i, oi]
+                if stamp[i] == oi:  # streamed before the survivors were gathered (or no run here)
+                    continue
+                # _block_run written out, as above
+                stamp[i] = oi
+                if oi < nh:
+                    row[i] = hslot[i, oi]
+                    rbm[i] = hbmc[i, oi]
+                    rsub[i] = hsub[i, oi]
+                else:
+                    p = cp[i]
+                    e = pe[i]
+                    q = cq[i]
+                    while p < e and np.int64(pair_block[p]) < b:  # usually a step or two: see _block_run
+                        q += np.int64(pair_cnt[p]) + 1
+                        p += 1
+                    if p < e and np.int64(pair_block[p]) == b:
+                        c = np.int64(pair_cnt[p]) + 1
+                        row[i] = (q << 9) | c
+                        rbm[i] = q_w[i] * f16[pair_max[p]]
+                        rsub[i] = pair_sub[p] if has_sub else 255
+                        cp[i] = p + 1
+                        cq[i] = q + c
                     else:
-                        p = cp[i]
-                        e = pe[i]
-                        q = cq[i]
-                        while p < e and np.int64(pair_block[p]) < b:  # usually a step or two: see _block_run
-                            q += np.int64(pair_cnt[p]) + 1
-                            p += 1
-                        if p < e and np.int64(pair_block[p]) == b:
-                            c = np.int64(pair_cnt[p]) + 1
-                            row[i] = (q << 9) | c
-                            rbm[i] = q_w[i] * f16[pair_max[p]]
-                            rsub[i] = pair_sub[p] if has_sub else 255
-                            cp[i] = p + 1
-                            cq[i] = q + c
-                        else:
-                            row[i] = -1
-                            rbm[i] = 0.0
-                            cp[i] = p
-                            cq[i] = q
+                        row[i] = -1
+                        rbm[i] = 0.0
+                        cp[i] = p
+                        cq[i] = q
                 sl = row[i]
                 if sl < 0:
                     continue
