@@ -18,7 +18,8 @@ GATHER_MAX = 32  # see _blockmax_segment: survivors are gathered from the runs r
 # looked up after the survivors 1-4 % more at 10M (2026-11-27; docs/scale.md))
 # the work of one term's visit to a block in postings streamed (see _blockmax_segment's term order):
 # 0 (bound per posting, before) visited 4.4 terms a block to stream 26 postings at 10M idf
-# documents, 2 visits 2.8 to stream 34 (same run, CPU p50 x0.89-0.96; 4: x0.92, 8: x0.97, 32: x1.01)
+# documents, 2 visits 2.8 to stream 34 (same run, CPU p50 x0.89-0.96; 4: x0.92, 8: x0.97, 32: x1.01;
+# against 2: 1 x1.02, 3 x1.05)
 VISIT_POSTINGS = 2
 _SUB_FRACTIONS_FLAT = np.ascontiguousarray(SUB_FRACTIONS).ravel()  # row c: code c's 4 levels (see _add_scaled4)
 assert SUB_BLOCKS == 4  # the bound pass adds a pair's sub-block levels as one 4-lane vector
