@@ -52,11 +52,12 @@ def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
 
 def encoder_signature(config: dict[str, Any] | None) -> dict[str, Any] | None:
     """The part of an encoder config that must match between ingest and query (``query_idf``,
-    ``grounding`` and ``expansion_cap`` only change how queries are weighted, never the stored vectors)."""
+    ``grounding``, ``expansion_cap`` and ``similar_words`` only change how queries are weighted, never the
+    stored vectors)."""
     if not config:
         return None
     return {k: v for k, v in config.items()
-            if k not in ("device", "batch_size", "progress", "query_idf", "grounding", "expansion_cap")}
+            if k not in ("device", "batch_size", "progress", "query_idf", "grounding", "expansion_cap", "similar_words")}
 
 
 def index_encoder_factory(backend: SearchBackend, index: str, name: str, options: dict[str, Any] | None = None) -> EncoderFactory:

@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-encoder", default="default", help="registry name of the image encoder")
     ap.add_argument("--image-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the image encoder, e.g. sources=imagenet,colour (repeatable)")
+    ap.add_argument("--query-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the default encoder's query side (--query default), e.g. similar_words=0 "
+                         "(repeatable)")
     ap.add_argument("--expand", default="", metavar="N[,N...]",
                     help="also measure each query encoder with co-occurrence expansion (N neighbours per token)")
     ap.add_argument("--expand-split", default="halves", metavar="halves|transductive[,...]",
@@ -355,13 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     import stair_es
     from stair_es.encoders import get_encoder
 
-    default_encoder = get_encoder("default")
-    options = {}
-    for opt in args.image_option:
-        key, sep, value = opt.partition("=")
-        if not sep:
-            ap.error(f"--image-option takes KEY=VALUE, got {opt!r}")
-        options[key.strip()] = value
+    def key_values(flag: str, given: list[str]) -> dict[str, str]:
+        out = {}
+        for opt in given:
+            key, sep, value = opt.partition("=")
+            if not sep:
+                ap.error(f"{flag} takes KEY=VALUE, got {opt!r}")
+            out[key.strip()] = value
+        return out
+
+    default_encoder = get_encoder("default", **key_values("--query-option", args.query_option))
+    options = key_values("--image-option", args.image_option)
     image_encoder = (default_encoder if args.image_encoder == "default" and not options
                      else get_encoder(args.image_encoder, **options))
     for split in args.expand_split.split(","):

@@ -116,6 +116,7 @@ class DefaultOptions(EncoderOptions):
     objects_model: str | None = None  # the detector of the objects source (ObjectsSource)
     query_idf: bool = True  # text="splade": query weights x the index's IDF
     grounding: Any = "on"  # query words grounded on the index's tokens (stair_es/encoders/grounding.py), or "off"
+    similar_words: float | None = None  # similar words' share in queries (grounding.add_similar_words); 0: off
 
 
 class DefaultEncoder(GroundingEncoder):
@@ -151,13 +152,13 @@ class DefaultEncoder(GroundingEncoder):
         if text == "splade":
             # SPLADE x the index's IDF won on every evaluation set (docs/encoders.md)
             self.text_encoder = SpladeEncoder(o.text_model, device=o.device, runtime=o.runtime, vocab=self.vocab,
-                                              idf=o.query_idf, grounding=o.grounding)
+                                              idf=o.query_idf, grounding=o.grounding, similar_words=o.similar_words)
         elif text == "grounded":
             from .grounded import GroundedQueryEncoder
 
             self.text_encoder = GroundedQueryEncoder(vocab=self.vocab, grounding=o.grounding)
         else:
-            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=o.grounding)
+            self.text_encoder = BagOfWordsEncoder(vocab=self.vocab, grounding=o.grounding, similar_words=o.similar_words)
         self.device = o.device
         from .colour import ColourSource
 
@@ -276,6 +277,11 @@ class DefaultEncoder(GroundingEncoder):
         from .grounding import map_version
 
         cfg["grounding"] = map_version() if self.uses_index_stats else "off"
+        share = getattr(self.text_encoder, "similar_words", 0.0)
+        if self.uses_index_stats:
+            from .grounding import similar_words
+
+            cfg["similar_words"] = f"{similar_words().version}@{share:g}" if share else "off"
         for part in ("image", "text"):
             digest = self.weights_digest(part)
             if digest is not None:

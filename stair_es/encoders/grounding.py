@@ -24,6 +24,16 @@ planned here (:func:`plan_query`):
 * **not found**: no relative is in the index: a whole-token word is kept (it matches nothing),
   a split word's fragments are dropped.
 
+Then every query word that is one whole token (an inflected form: its base form) gets up to
+:data:`SIMILAR_MAX` **similar words**
+the index holds (:func:`add_similar_words`): words used like it, found offline with the
+sentence encoder all-MiniLM-L6-v2 and WordNet's siblings left out (``configs/similar_words.npz``,
+``scripts/build_similar_words.py``): ``desert`` -> ``sand``, ``field`` -> ``grass``/``hay``, ``street``
+-> ``road``, but never ``red`` -> ``blue`` or ``cat`` -> ``dog``. WordNet says what a thing *is*; a
+photo is found as often by what is seen *with* it. Each weighs :data:`SIMILAR_SHARE` x its cosine
+x the word's own final weight (half the query's strongest weight for a word the index lacks),
+so the word itself always counts more.
+
 The encoders (``stair_es.encoders.text``) turn the plan into weights: a grounded token gets
 the word's own weight times the share; fragments of split words are removed from the
 vector; and a model's expansion tokens (SPLADE's) are restricted to tokens the index holds
@@ -53,6 +63,13 @@ from ..errors import InvalidInputError, ModelError
 from ..vocab import Vocabulary
 
 MAP_FILE = "query_grounding.bin"
+SIMILAR_FILE = "similar_words.npz"
+#: similar words (see the module docstring) added per query word, the most similar the index holds
+SIMILAR_MAX = 10
+#: a similar word's weight: this x its cosine x the query word's final weight (0 turns them off)
+SIMILAR_SHARE = 0.2
+#: only words at least this similar (cosine) are added
+SIMILAR_MIN = 0.55
 #: relatives of one word kept in a query (the best shares among those the index holds)
 MAX_RELATIVES = 3
 #: a relative is kept only if its share is at least this fraction of the best one's
@@ -243,8 +260,16 @@ class GroundingStep:
     weights: dict[str, float] = field(default_factory=dict)
     #: for ``split``: the whole words the word was written as
     parts: list[str] = field(default_factory=list)
+    #: similar words added (token -> cosine), see :func:`add_similar_words`
+    similar: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
+        if not self.similar:
+            return self._describe()
+        return self._describe() + "; similar words it holds: " + ", ".join(
+            f"{self._fmt(t)} (cosine {c:.2f})" for t, c in self.similar.items())
+
+    def _describe(self) -> str:
         if self.action == "kept":
             return f"word {self.word!r} is in this index: token {self._fmt(next(iter(self.tokens)))}"
         if self.action == "lemma":
@@ -283,6 +308,10 @@ class GroundingStep:
                                         for t, s in self.tokens.items()]}
         if self.dropped:
             d["dropped_fragments"] = list(self.dropped)
+        if self.similar:
+            d["similar"] = [{"token": t, "cosine": round(c, 2),
+                             **({"weight": round(self.weights[t], 4)} if t in self.weights else {})}
+                            for t, c in self.similar.items()]
         d["explain"] = self.describe()
         return d
 
@@ -530,10 +559,65 @@ def apply_plan(weights: dict[int, float], plan: QueryPlan, vocab: Vocabulary, pr
     return out
 
 
+class SimilarWords:
+    """The similar-word table (``configs/similar_words.npz``, module docstring): per vocabulary
+    id, its neighbours best first with their cosines."""
+
+    def __init__(self, source: Any):
+        try:
+            with np.load(source, allow_pickle=False) as z:
+                self.version = json.loads(str(z["meta"]))["version"]
+                self.words, self.offsets = z["words"], z["offsets"]
+                self.neighbours, self.cosines = z["neighbours"], z["similarity"]  # uint16 ids, uint8 cosine x 100
+            if len(self.offsets) != len(self.words) + 1 or self.offsets[-1] != len(self.neighbours):
+                raise ValueError("offsets")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelError(f"the similar-word table {SIMILAR_FILE} is damaged ({e}); reinstall stair-es or "
+                             "regenerate it with scripts/build_similar_words.py") from None
+
+    def of(self, token_id: int) -> tuple[np.ndarray, np.ndarray]:
+        r = int(np.searchsorted(self.words, token_id))
+        a, b = (self.offsets[r], self.offsets[r + 1]) if r < len(self.words) and self.words[r] == token_id else (0, 0)
+        return self.neighbours[a:b].astype(np.int64), self.cosines[a:b] / 100.0
+
+
+@lru_cache(maxsize=1)
+def similar_words() -> SimilarWords:
+    from importlib import resources
+
+    with resources.files("stair_es.encoders").joinpath(f"configs/{SIMILAR_FILE}").open("rb") as f:
+        return SimilarWords(f)
+
+
+def add_similar_words(final: dict[int, float], plan: QueryPlan, vocab: Vocabulary, present: np.ndarray, *,
+                      share: float = SIMILAR_SHARE, max_words: int = SIMILAR_MAX) -> dict[int, float]:
+    """Add each query word's similar words the index holds (module docstring) to the query's
+    final weights (after IDF), recording them on the word's step for explain."""
+    if not share or not final:
+        return final
+    table = similar_words()
+    ref = max(final.values())
+    out = dict(final)
+    for step in plan.steps:
+        # the word's own token, or for an inflected form the base form it was searched as
+        i = vocab.get(next(iter(step.tokens))) if step.action == "lemma" else _whole_id(step.word, vocab)
+        if i is None:
+            continue
+        base = final.get(i, 0.0) or 0.5 * ref
+        ids, cos = table.of(i)
+        held = present[ids] & (cos >= SIMILAR_MIN)
+        for j, c in list(zip(ids[held].tolist(), cos[held].tolist()))[:max_words]:
+            w = share * c * base
+            if w > out.get(j, 0.0):
+                out[j] = w
+                step.similar[vocab.tokens[j]] = c
+    return out
+
+
 def finish_steps(plan: QueryPlan, final: dict[int, float], vocab: Vocabulary) -> list[GroundingStep]:
     """Record each step's tokens' final query weights (after IDF) for explain."""
     for step in plan.steps:
-        for tok in step.tokens:
+        for tok in list(step.tokens) + list(step.similar):
             i = vocab.get(tok)
             if i is not None and i in final:
                 step.weights[tok] = float(final[i])

@@ -78,6 +78,43 @@ def _check_texts(texts: Sequence[str]) -> list[str]:
     return out
 
 
+def _similar_share(value: Any) -> float:
+    """The ``similar_words`` option: None -> the default share, a number in [0, 1] (0: off), or
+    what an index recorded (``"<table version>@<share>"``, or ``"off"``): similar words are
+    query-side, so the installed table is used whatever version the index was searched with."""
+    from .grounding import SIMILAR_SHARE
+
+    if value is None:
+        return SIMILAR_SHARE
+    if isinstance(value, str):
+        value = "0" if value.strip().lower() == "off" else value.rpartition("@")[2]
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise InvalidInputError(f"similar_words must be a number in [0, 1] (0 turns similar words off), got {value!r}")
+    return share
+
+
+def _similar_config(cfg: dict[str, Any], share: float) -> dict[str, Any]:
+    """Record a similar-word share other than the default (queries only: never in the stored vectors)."""
+    from .grounding import SIMILAR_SHARE
+
+    if share != SIMILAR_SHARE:
+        cfg["similar_words"] = share
+    return cfg
+
+
+def _with_similar(ids: np.ndarray, w: np.ndarray, plan: Any, vocab: Vocabulary, present: np.ndarray,
+                  share: float) -> tuple[np.ndarray, np.ndarray]:
+    """A query's final weights with its words' similar words added (grounding.add_similar_words)."""
+    from .grounding import add_similar_words
+
+    out = add_similar_words(dict(zip(ids.tolist(), w.tolist())), plan, vocab, present, share=share)
+    return np.fromiter(out.values(), np.float64, len(out)), np.fromiter(out.keys(), np.int64, len(out))
+
+
 def _check_idf(idf: np.ndarray | None, vocab: Vocabulary) -> np.ndarray | None:
     if idf is None:
         return None
@@ -103,6 +140,7 @@ class BagOfWordsEncoder(GroundingEncoder):
         vocab: Vocabulary | None = None,
         name: str | None = None,
         grounding: Any = "on",
+        similar_words: float | None = None,
     ):
         super().__init__(vocab, name=name)
         from .grounding import parse_grounding
@@ -110,6 +148,7 @@ class BagOfWordsEncoder(GroundingEncoder):
         # Query words the index lacks are searched through their WordNet relatives it holds
         # (stair_es/encoders/grounding.py) when the caller passes index_stats.
         self.grounding = parse_grounding(grounding)
+        self.similar_words = _similar_share(similar_words)
         if not k1 > 0:
             raise InvalidInputError(f"k1 must be > 0, got {k1!r}")
         self.k1 = float(k1)
@@ -124,7 +163,7 @@ class BagOfWordsEncoder(GroundingEncoder):
             cfg["stopwords"] = sorted(self.stopwords)
         if not self.grounding:
             cfg["grounding"] = "off"
-        return cfg
+        return _similar_config(cfg, self.similar_words)
 
     @property
     def uses_idf(self) -> bool:
@@ -173,6 +212,8 @@ class BagOfWordsEncoder(GroundingEncoder):
         w = np.fromiter(weights.values(), np.float64, len(weights))
         if idf_arr is not None:
             w = w * idf_arr[ids]
+        if plan is not None and self.similar_words:
+            w, ids = _with_similar(ids, w, plan, self.vocab, stats.present, self.similar_words)
         vec = SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
         if vec.nnz == 0:
             why = ("none of its words or their WordNet relatives occurs in the index" if plan is not None
@@ -330,6 +371,7 @@ class SpladeOptions(EncoderOptions):
     idf: bool = False  # multiply query weights by the index's IDF when the caller passes it
     grounding: Any = "on"  # ground query words on the index's tokens (stair_es/encoders/grounding.py), or "off"
     expansion_cap: float | None = None  # expansion weights at most this x the strongest own word; None: EXPANSION_CAP
+    similar_words: float | None = None  # similar words' share (grounding.add_similar_words); 0: off; None: SIMILAR_SHARE
 
 
 class SpladeEncoder(GroundingEncoder):
@@ -354,6 +396,7 @@ class SpladeEncoder(GroundingEncoder):
             raise InvalidInputError(f"expansion_cap must be a number >= 0, got {cap!r}")
         self._cap_given = cap is not None
         self.expansion_cap = float(cap) if cap is not None else EXPANSION_CAP
+        self.similar_words = _similar_share(o.similar_words)
 
         self.runtime = runtime_choice(o.runtime)
         if not isinstance(model, str) or not model:
@@ -394,7 +437,7 @@ class SpladeEncoder(GroundingEncoder):
             cfg["grounding"] = "off"
         if self._cap_given:
             cfg["expansion_cap"] = self.expansion_cap
-        return cfg
+        return _similar_config(cfg, self.similar_words)
 
     @property
     def uses_idf(self) -> bool:
@@ -469,6 +512,9 @@ class SpladeEncoder(GroundingEncoder):
                                              drop_special=True)
             if idf_arr is not None:
                 v = SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab)
+            if plan is not None and self.similar_words and v.nnz:
+                w, ids = _with_similar(v.ids, v.weights, plan, self.vocab, stats.present, self.similar_words)
+                v = SparseVector.from_arrays(ids, w, self.vocab)
             if plan is not None and not v.nnz:
                 raise EmptyQueryError(f"the text {text[:60]!r} has nothing to search in this index: "
                                       + "; ".join(s.describe() for s in plan.steps)

@@ -28,6 +28,7 @@ def test_auto_falls_back_to_bow_without_splade(monkeypatch):
     cfg = enc.config()
     assert len(cfg.pop("image_weights")) == 16  # the sha256 of the classifier's weights, recorded in the index
     cfg.pop("grounding", None)  # query-side (tests/encoders/test_grounding.py)
+    assert cfg.pop("similar_words").endswith("@0.2")  # query-side too: the table's version and the share
     assert cfg == {"name": "default", "text": "bow", "image_model": "lite0", "top_classes": 20, "min_weight": 0.05,
                    "temperature": 1.0, "class_mass": 0.99, "label_scale": 10.0,
                    "token_map": wordnet_token_map()["version"], "sources": ["imagenet", "colour", "clipart", "scene"],
@@ -76,7 +77,7 @@ def test_an_unknown_option_is_refused_with_the_valid_names():
     """A typo in ``--encoder-option`` names the option and lists the valid ones (not a Python TypeError),
     in the library and on the command line."""
     with pytest.raises(InvalidInputError, match=r"'default' encoder does not take the option colour; its options are "
-                                                r"text, text_model, .*label_scale, .*grounding$"):
+                                                r"text, text_model, .*label_scale, .*grounding, similar_words$"):
         get_encoder("default", text="bow", colour="blue")
     with pytest.raises(InvalidInputError, match="does not take the options colour, top_k;"):
         DefaultEncoder(colour="blue", top_k=3)

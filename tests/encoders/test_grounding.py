@@ -41,10 +41,57 @@ def test_the_map_is_versioned_carries_the_wordnet_licence_and_knows_relatives():
 
 
 def test_a_word_the_index_holds_is_searched_as_itself_and_nothing_else():
-    enc = BagOfWordsEncoder()
+    enc = BagOfWordsEncoder(similar_words=0)  # WordNet alone: no similar words (tested below)
     q = enc.encode_query("a cat", index_stats=stats_of("cat", "mammal", "animal"))
     assert q.vector.to_token_map() == {"cat": 1.0}
     assert [s.action for s in q.grounding] == ["kept"]
+
+
+def test_similar_words_the_index_holds_are_added_weighted_down_and_explained():
+    # the desert photo carries sand, not desert (a word WordNet does not relate to sand)
+    st = stats_of("desert", "sand", "beach", "car", "blue", "red")
+    q = BagOfWordsEncoder().encode_query("desert", index_stats=st)
+    tokens = q.vector.to_token_map()
+    assert tokens["desert"] == 1.0 and 0 < tokens["sand"] < 0.25 * tokens["desert"]
+    assert "car" not in tokens  # not similar
+    [step] = q.grounding
+    assert step.action == "kept" and "sand" in step.similar
+    assert "similar words it holds: sand" in step.describe()
+    d = step.to_dict()
+    assert d["similar"][0]["token"] in ("sand", "beach") and 0.55 <= d["similar"][0]["cosine"] <= 1
+    json.dumps(d)
+    # an inflected form finds its base form's similar words
+    plural = BagOfWordsEncoder().encode_query("deserts", index_stats=st)
+    assert plural.grounding[0].action == "lemma" and "sand" in plural.vector.to_token_map()
+    # only words the index holds are added, and siblings never: red is not evidence of blue
+    assert set(BagOfWordsEncoder().encode_query("red", index_stats=st).vector.to_token_map()) == {"red"}
+    # off: the query is its words and their WordNet grounding only
+    assert BagOfWordsEncoder(similar_words=0).encode_query("desert", index_stats=st).vector.to_token_map() == {
+        "desert": 1.0}
+
+
+def test_the_similar_word_table_is_versioned_best_first_and_leaves_siblings_out():
+    from stair_es.encoders.grounding import similar_words
+
+    table = similar_words()
+    assert table.version.startswith("similar-v2-")
+    ids, cos = table.of(VOCAB.id("desert"))
+    assert "sand" in {VOCAB.tokens[i] for i in ids} and (np.diff(cos) <= 0).all() and cos.min() >= 0.45
+    for a, b in (("red", "blue"), ("cat", "dog"), ("italy", "germany")):  # alternatives, not evidence
+        assert VOCAB.id(b) not in table.of(VOCAB.id(a))[0]
+    assert len(table.of(VOCAB.id("[CLS]"))[0]) == 0
+
+
+def test_similar_words_option_is_checked_and_round_trips_through_the_recorded_config():
+    from stair_es.encoders import get_encoder
+
+    with pytest.raises(InvalidInputError, match="similar_words must be a number in"):
+        BagOfWordsEncoder(similar_words=2)
+    cfg = get_encoder("default", text="bow", similar_words=0.1).config()
+    assert cfg["similar_words"].endswith("@0.1")
+    assert get_encoder(**cfg).text_encoder.similar_words == 0.1  # an index's recorded config rebuilds it
+    off = get_encoder("default", text="bow", similar_words=0).config()
+    assert off["similar_words"] == "off" and get_encoder(**off).text_encoder.similar_words == 0
 
 
 def test_a_split_word_the_index_lacks_is_grounded_never_searched_as_fragments():
@@ -75,7 +122,7 @@ def test_without_index_statistics_or_with_grounding_off_the_query_is_unchanged()
 
 
 def test_inflected_words_reduce_to_the_lemma_the_index_holds():
-    q = BagOfWordsEncoder().encode_query("clouds", index_stats=stats_of("cloud", "sky"))
+    q = BagOfWordsEncoder(similar_words=0).encode_query("clouds", index_stats=stats_of("cloud", "sky"))
     assert q.vector.to_token_map() == {"cloud": 1.0}
     assert q.grounding[0].action == "lemma" and "base form" in q.grounding[0].describe()
 
@@ -142,9 +189,9 @@ def test_default_encoder_records_the_map_version_query_side_only():
     off = get_encoder("default", text="bow", grounding="off").config()
     assert on["grounding"] == map_version() and off["grounding"] == "off"
     assert encoder_signature(on) == encoder_signature(off)  # stored vectors do not depend on it
-    # an index recorded before grounding existed (no key) just gains it
-    old = {k: v for k, v in on.items() if k != "grounding"}
-    assert get_encoder(**old).uses_index_stats
+    # an index recorded before grounding or similar words existed (no keys) just gains them
+    old = {k: v for k, v in on.items() if k not in ("grounding", "similar_words")}
+    assert get_encoder(**old).uses_index_stats and get_encoder(**old).text_encoder.similar_words > 0
 
 
 def test_search_reports_grounding_and_says_so_when_a_backend_cannot_give_frequencies(tmp_path):

@@ -246,7 +246,7 @@ def test_splade_bad_options(opts):
 
 def test_splade_unknown_option_names_the_valid_ones():
     with pytest.raises(InvalidInputError, match=r"'splade' encoder does not take the option query_idf; its options are "
-                                                r"model, max_length, .*idf, grounding, expansion_cap$"):
+                                                r"model, max_length, .*idf, grounding, expansion_cap, similar_words$"):
         get_encoder("splade", model="splade-tiny", query_idf=True)  # the default encoder's name for idf
 
 
