@@ -8,16 +8,19 @@ from numba import njit
 
 from ..layout import SUB_BLOCKS, SUB_FRACTIONS
 from .heap import push
-from .simd import HAVE_F16C, SCATTER_LANES, _add_scaled4, _prefetch, _scatter_add8, f16_value
+from .simd import HAVE_F16C, SCATTER_LANES, _add_scaled4, _scatter_add8, f16_value
 from .verify import check_run, prepare_terms
 
 LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
 GATHER_MAX = 32  # see _blockmax_segment: survivors are gathered from the runs read when they hold at most this many postings
-# cache lines of the next block's first runs to prefetch while a block is scored. 0 since the block
-# sweep walks each term's runs in order (the hardware prefetcher follows them): on this 2-core AVX-512
-# machine (2026-11-26, 1M idf documents, 200 queries, variants interleaved) 1 line cost 4-6 % more
-# CPU time than none
-PREFETCH_LINES = 0
+# (no software prefetch of the next block's runs: 1 line of its first runs cost 4-6 % more CPU time
+# at 1M idf documents (2026-11-26), and locating and prefetching the runs of the first 1-3 terms
+# looked up after the survivors 1-4 % more at 10M (2026-11-27; docs/scale.md))
+# the work of one term's visit to a block in postings streamed (see _blockmax_segment's term order):
+# 0 (bound per posting, before) visited 4.4 terms a block to stream 26 postings at 10M idf
+# documents, 2 visits 2.8 to stream 34 (same run, CPU p50 x0.89-0.96; 4: x0.92, 8: x0.97, 32: x1.01;
+# against 2: 1 x1.02, 3 x1.05)
+VISIT_POSTINGS = 2
 _SUB_FRACTIONS_FLAT = np.ascontiguousarray(SUB_FRACTIONS).ravel()  # row c: code c's 4 levels (see _add_scaled4)
 assert SUB_BLOCKS == 4  # the bound pass adds a pair's sub-block levels as one 4-lane vector
 
@@ -45,6 +48,10 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
       cursor per term walking that term's (block, count) table: no per-(block, term) table is
       built, so this set-up pass costs one read of the query terms' block tables (~2 ns per
       (term, block) pair) instead of a scattered write per pair.
+
+    ``dense`` (returned last): no head and no filter, so the tail is every block of [block_lo,
+    block_hi) with a positive bound, in order: ``tail`` is then left empty and the sweep walks
+    the range (``nc`` counts those blocks).
 
     ``head_blocks`` = 0: no head, every candidate in the tail. The kernel asks for that when the
     top-k heap is already full on entry (an earlier segment set the k-th score): the head's run
@@ -88,6 +95,14 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
     lo = max(block_lo, 0)
     hi = n_blocks if block_hi < 0 else min(block_hi, n_blocks)
     nc = 0
+    if head_blocks <= 0 and not use_mask:
+        # no head and no filter: the tail is every block of [lo, hi) with a positive bound, in
+        # block order, and the sweep walks that range itself (no list of candidates written here
+        # and read back there: ~39k blocks a query at 10M documents)
+        for b in range(lo, hi):
+            nc += ub[b] > 0
+        return (ub, ubs, tsum, np.empty(0, np.int64), np.empty((nq, 0), np.int64), np.empty((nq, 0), np.float32),
+                np.empty((nq, 0), np.uint8), np.empty(0, np.int64), nc, True)
     cand = np.empty(max(hi - lo, 0), np.int64)
     vmax = np.float32(0.0)
     for b in range(lo, hi):
@@ -111,7 +126,7 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
     # strictly lower bounds); at least n_first of them
     if n_first <= 0:
         return (ub, ubs, tsum, np.empty(0, np.int64), np.empty((nq, 0), np.int64), np.empty((nq, 0), np.float32),
-                np.empty((nq, 0), np.uint8), cand, nc)
+                np.empty((nq, 0), np.uint8), cand, nc, False)
     nbins = 1024
     scale = np.float32(nbins) / vmax if vmax > 0 else np.float32(0.0)
     bins = np.empty(nc, np.int64)
@@ -158,7 +173,7 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
                     if has_sub:
                         hsub[i, r] = pair_sub[p]
                 q += c
-    return ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc
+    return ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc, False
 
 
 @njit(cache=True, inline="always")
@@ -295,9 +310,11 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
       partial sum ``mx`` + ``rem`` < ``thr`` the block is done; otherwise the survivors are
       gathered from the runs streamed so far (at most :data:`GATHER_MAX` postings) or, after
       long runs, from the accumulator when at most ``bs / LOOKUP_COST`` can survive (else the
-      next run is streamed). Each remaining term is then looked up for them (binary search in
-      its run) where that is cheaper than streaming the run, and when no doc is left the
-      block's remaining terms are never read.
+      next run is streamed). The remaining terms, in decreasing order of the bound they take
+      off a block on average (not per posting: what a visit costs now is finding the term's
+      run, not its length), are then looked up for them (binary search in its run) where that
+      is cheaper than streaming the run, and when no doc is left the block's remaining terms
+      are never read.
 
     Heap entries are rescored in query-term order, so scores are identical to explain's.
     """
@@ -312,7 +329,7 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
     if bad >= 0:
         state[7] = bad
         return
-    ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc = _block_plan(
+    ub, ubs, tsum, head, hslot, hbmc, hsub, tail, nc, dense = _block_plan(
         q_j, q_w, seg, allowed, opts.head_blocks if state[0] < k else 0, opts.block_lo, opts.block_hi)
     head_runs = (hslot, hbmc, hsub)
     has_sub = pair_sub.size > 0
@@ -321,14 +338,23 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
     nsub = SUB_BLOCKS if has_sub else 1
     rem4 = np.full(SUB_BLOCKS, -np.inf, np.float32)  # (4 lanes for _take_off; those past nsub stay -inf)
     use_mask = allowed.size > 0
-    # term order inside blocks: decreasing (sum of block bounds / postings), i.e. the bound each
-    # posting read takes off on average: rare heavy terms first, long light ones last
+    # term order inside blocks: decreasing bound taken off a block per unit of work, on average
+    # over the blocks: (sum of block bounds) / (postings + VISIT_POSTINGS x blocks), a term's visit
+    # to a block (finding its run there, or that it has none) costing about VISIT_POSTINGS
+    # postings streamed: rare heavy terms first, long light ones last
+    n_blocks = (n_docs + bs - 1) >> bshift
     gkey = np.zeros(nq, np.float64)
     for i in range(nq):
         n_post = post_ptr[q_j[i] + 1] - post_ptr[q_j[i]]
         if n_post > 0:
-            gkey[i] = -tsum[i] / n_post
+            gkey[i] = -tsum[i] / (n_post + VISIT_POSTINGS * n_blocks)
     gorder = np.argsort(gkey)
+    # the terms left once a block's few survivors are known are looked up (or their runs read)
+    # for those docs alone: a visit costs about the same whatever the run's length (moving the
+    # term's cursor to the block, a cache miss or two), so they are taken in decreasing order
+    # of the bound they take off a block on average (sum of block bounds): the survivors drop
+    # out after fewer visits
+    lorder = np.argsort(-tsum)
     # tail cursors, per term: next (block, count) pair, its end, and the first posting of that pair
     cp = np.empty(nq, np.int64)
     pe = np.empty(nq, np.int64)
@@ -358,9 +384,10 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
     # rem starts at the block's (sub-blocks') bound (summed in another order than the terms are
     # taken off): this margin keeps it above the exact remaining bound whatever the rounding
     margin = np.float32(1.00001)
-    last_streamed = nq
     nh = head.size
-    total = nh + tail.size
+    lo_dense = max(opts.block_lo, 0)  # dense: the tail is [lo_dense, hi_dense) (see _block_plan)
+    hi_dense = ub.size if opts.block_hi < 0 else min(opts.block_hi, ub.size)
+    total = nh + (max(hi_dense - lo_dense, 0) if dense else tail.size)
     oi = -1
     while oi + 1 < total:
         oi += 1
@@ -370,36 +397,16 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
                 exact_total = False
                 break  # the head is sorted and every tail bound is below it: nothing left can reach thr
         else:
-            b = tail[oi - nh]
+            if dense:
+                b = lo_dense + oi  # (nh == 0)
+                if ub[b] <= 0:  # no query term here (a candidate in no list)
+                    continue
+            else:
+                b = tail[oi - nh]
             if full and ub[b] * slack < thr:
                 exact_total = False
                 continue
         scored += 1
-        if oi + 1 < total and PREFETCH_LINES > 0:
-            # the next block's runs are elsewhere in memory: start loading the ones it will
-            # likely stream (as many as this block's predecessor did, and two more) now
-            n_pf = 0
-            nxt = oi + 1
-            nb = head[nxt] if nxt < nh else tail[nxt - nh]
-            for x in range(nq):
-                if n_pf > last_streamed + 1:
-                    break
-                i = gorder[x]
-                if nxt < nh:
-                    sl = hslot[i, nxt]
-                else:
-                    p = cp[i]
-                    sl = -1
-                    if p < pe[i] and np.int64(pair_block[p]) == nb:
-                        sl = (cq[i] << 9) | (np.int64(pair_cnt[p]) + 1)
-                if sl >= 0:
-                    n_pf += 1
-                    q0 = sl >> 9
-                    cnt = sl & 511
-                    for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 64), 64):
-                        _prefetch(post_off, q)
-                    for q in range(q0, q0 + min(cnt, PREFETCH_LINES * 32), 32):
-                        _prefetch(post_w, q)
         base = b << bshift
         # per sub-block: the bound of the terms not streamed yet (-inf: dead, its bound cannot
         # reach thr); rem, the highest, bounds every doc of the block that can still make it
@@ -526,38 +533,39 @@ def _blockmax_segment(q_j, q_w, seg, allowed, ref_base, top, opts, chk):
                                 cands[nca] = o
                                 nca += (s > 0) & ((s + r) * slack >= thr)
                     break
-        last_streamed = ns
         if nca >= 0:
             exact_total = False
+            x = 0
             while x < nq and nca > 0:
-                i = gorder[x]
+                i = lorder[x]
                 x += 1
-                if stamp[i] != oi:
-                    # _block_run written out, as above
-                    stamp[i] = oi
-                    if oi < nh:
-                        row[i] = hslot[i, oi]
-                        rbm[i] = hbmc[i, oi]
-                        rsub[i] = hsub[i, oi]
+                if stamp[i] == oi:  # streamed before the survivors were gathered (or no run here)
+                    continue
+                # _block_run written out, as above
+                stamp[i] = oi
+                if oi < nh:
+                    row[i] = hslot[i, oi]
+                    rbm[i] = hbmc[i, oi]
+                    rsub[i] = hsub[i, oi]
+                else:
+                    p = cp[i]
+                    e = pe[i]
+                    q = cq[i]
+                    while p < e and np.int64(pair_block[p]) < b:  # usually a step or two: see _block_run
+                        q += np.int64(pair_cnt[p]) + 1
+                        p += 1
+                    if p < e and np.int64(pair_block[p]) == b:
+                        c = np.int64(pair_cnt[p]) + 1
+                        row[i] = (q << 9) | c
+                        rbm[i] = q_w[i] * f16[pair_max[p]]
+                        rsub[i] = pair_sub[p] if has_sub else 255
+                        cp[i] = p + 1
+                        cq[i] = q + c
                     else:
-                        p = cp[i]
-                        e = pe[i]
-                        q = cq[i]
-                        while p < e and np.int64(pair_block[p]) < b:  # usually a step or two: see _block_run
-                            q += np.int64(pair_cnt[p]) + 1
-                            p += 1
-                        if p < e and np.int64(pair_block[p]) == b:
-                            c = np.int64(pair_cnt[p]) + 1
-                            row[i] = (q << 9) | c
-                            rbm[i] = q_w[i] * f16[pair_max[p]]
-                            rsub[i] = pair_sub[p] if has_sub else 255
-                            cp[i] = p + 1
-                            cq[i] = q + c
-                        else:
-                            row[i] = -1
-                            rbm[i] = 0.0
-                            cp[i] = p
-                            cq[i] = q
+                        row[i] = -1
+                        rbm[i] = 0.0
+                        cp[i] = p
+                        cq[i] = q
                 sl = row[i]
                 if sl < 0:
                     continue
