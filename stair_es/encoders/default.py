@@ -277,10 +277,10 @@ class DefaultEncoder(GroundingEncoder):
         from .grounding import map_version
 
         cfg["grounding"] = map_version() if self.uses_index_stats else "off"
-        share = getattr(self.text_encoder, "similar_words", 0.0)
-        if self.uses_index_stats:
+        if self.uses_index_stats:  # query-side too (text="grounded" has no similar words)
             from .grounding import similar_words
 
+            share = getattr(self.text_encoder, "similar_words", 0.0)
             cfg["similar_words"] = f"{similar_words().version}@{share:g}" if share else "off"
         for part in ("image", "text"):
             digest = self.weights_digest(part)

@@ -25,11 +25,11 @@ planned here (:func:`plan_query`):
   a split word's fragments are dropped.
 
 Then every query word that is one whole token (an inflected form: its base form) gets up to
-:data:`SIMILAR_MAX` **similar words**
-the index holds (:func:`add_similar_words`): words used like it, found offline with the
-sentence encoder all-MiniLM-L6-v2 and WordNet's siblings left out (``configs/similar_words.npz``,
-``scripts/build_similar_words.py``): ``desert`` -> ``sand``, ``field`` -> ``grass``/``hay``, ``street``
--> ``road``, but never ``red`` -> ``blue`` or ``cat`` -> ``dog``. WordNet says what a thing *is*; a
+:data:`SIMILAR_MAX` **similar words** the index holds (:func:`add_similar_words`): words used
+like it, found offline with the sentence encoder all-MiniLM-L6-v2, WordNet's siblings and
+spelling neighbours left out (``configs/similar_words.npz``, ``scripts/build_similar_words.py``):
+``desert`` -> ``sand``, ``winter`` -> ``snow``, ``road`` -> ``street``, but never ``red`` -> ``blue``,
+``cat`` -> ``dog`` or ``desert`` -> ``dessert``. WordNet says what a thing *is*; a
 photo is found as often by what is seen *with* it. Each weighs :data:`SIMILAR_SHARE` x its cosine
 x the word's own final weight (half the query's strongest weight for a word the index lacks),
 so the word itself always counts more.

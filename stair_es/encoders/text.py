@@ -108,11 +108,11 @@ def _similar_config(cfg: dict[str, Any], share: float) -> dict[str, Any]:
 
 def _with_similar(ids: np.ndarray, w: np.ndarray, plan: Any, vocab: Vocabulary, present: np.ndarray,
                   share: float) -> tuple[np.ndarray, np.ndarray]:
-    """A query's final weights with its words' similar words added (grounding.add_similar_words)."""
+    """A query's final (ids, weights) with its words' similar words added (grounding.add_similar_words)."""
     from .grounding import add_similar_words
 
     out = add_similar_words(dict(zip(ids.tolist(), w.tolist())), plan, vocab, present, share=share)
-    return np.fromiter(out.values(), np.float64, len(out)), np.fromiter(out.keys(), np.int64, len(out))
+    return np.fromiter(out.keys(), np.int64, len(out)), np.fromiter(out.values(), np.float64, len(out))
 
 
 def _check_idf(idf: np.ndarray | None, vocab: Vocabulary) -> np.ndarray | None:
@@ -213,7 +213,7 @@ class BagOfWordsEncoder(GroundingEncoder):
         if idf_arr is not None:
             w = w * idf_arr[ids]
         if plan is not None and self.similar_words:
-            w, ids = _with_similar(ids, w, plan, self.vocab, stats.present, self.similar_words)
+            ids, w = _with_similar(ids, w, plan, self.vocab, stats.present, self.similar_words)
         vec = SparseVector.from_arrays(ids, w, self.vocab, drop_special=True)
         if vec.nnz == 0:
             why = ("none of its words or their WordNet relatives occurs in the index" if plan is not None
@@ -513,8 +513,8 @@ class SpladeEncoder(GroundingEncoder):
             if idf_arr is not None:
                 v = SparseVector.from_arrays(v.ids, v.weights * idf_arr[v.ids], self.vocab)
             if plan is not None and self.similar_words and v.nnz:
-                w, ids = _with_similar(v.ids, v.weights, plan, self.vocab, stats.present, self.similar_words)
-                v = SparseVector.from_arrays(ids, w, self.vocab)
+                v = SparseVector.from_arrays(*_with_similar(v.ids, v.weights, plan, self.vocab, stats.present,
+                                                            self.similar_words), self.vocab)
             if plan is not None and not v.nnz:
                 raise EmptyQueryError(f"the text {text[:60]!r} has nothing to search in this index: "
                                       + "; ".join(s.describe() for s in plan.steps)
