@@ -351,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip a system whose estimated need would leave less available memory than this, and stop a "
                          "running one when the machine falls below it (default 2)")
     ap.add_argument("--timeout-s", type=float, default=2400, help="per-system wall-clock limit (default 2400)")
+    ap.add_argument("--search-lock", metavar="FILE",
+                    help="each worker builds without it, then takes an exclusive flock on FILE (waiting up to 30 min) "
+                         "and priority 0 for its timed searches only: run the whole command at nice 10 on a shared "
+                         "machine, the builds stay there and only the searches are timed under the lock")
     ap.add_argument("--workdir", default=None, help="where indexes and query sets go (default: a folder under /tmp)")
     ap.add_argument("--keep-index", action="store_true", help="keep the engine indexes in --workdir (with --reuse: search them again)")
     ap.add_argument("--reuse", action="store_true", help="search engine indexes kept in --workdir by an earlier run instead of rebuilding")
@@ -473,7 +477,7 @@ def run_worker(system: str, spec: ScaleSpec, workdir: Path, params: dict, args, 
     job = {"kind": system, "spec": asdict(spec), "workdir": str(workdir), "params": params,
            "measure": {"budget_s": args.budget_s}, "segment_docs": args.segment_docs, "min_free_gb": args.min_free_gb,
            "keep_index": args.keep_index, "reuse": args.reuse, "filters": spec.weights in FILTERS_ON,
-           "filters_on": list(FILTERS_ON), "passes": args.passes}
+           "filters_on": list(FILTERS_ON), "passes": args.passes, "search_lock": getattr(args, "search_lock", None)}
     jf = workdir / f"job-{system}-{spec.weights}-{spec.n_docs}.json"
     of = jf.with_name(jf.name.replace("job-", "result-"))
     jf.write_text(json.dumps(job))

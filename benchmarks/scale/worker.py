@@ -83,6 +83,33 @@ def load_queries(workdir: Path, spec: ScaleSpec):
 
 
 # --- the embedded engine -----------------------------------------------------------------------
+def search_lock(job: dict, res: dict) -> None:
+    """With ``job["search_lock"]`` (``--search-lock FILE``): wait (up to 30 min) for an exclusive flock
+    on that file, then run at priority 0 (the build ran at the caller's nice), so the timed searches
+    hold the benchmark lock and nothing before them does. Held until the process exits."""
+    path = job.get("search_lock")
+    if not path:
+        return
+    import fcntl
+
+    t = time.perf_counter()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.perf_counter() - t > 1800:
+                raise TimeoutError(f"the search lock {path} was not free within 30 min") from None
+            time.sleep(0.5)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:  # (not allowed to raise it back: the searches run at the caller's nice)
+        pass
+    res["search_lock_wait_s"] = time.perf_counter() - t
+    res["load_at_search"] = os.getloadavg()[0]
+
+
 def run_engine(job: dict, partial: dict) -> dict:
     from stair_es.engine import EngineIndex
     from stair_es.query import Range, SearchRequest, SparseClause
@@ -157,6 +184,7 @@ def run_engine(job: dict, partial: dict) -> dict:
         res.update({"generate_s": gen_s, "build_s": add_s, "ingest_docs_per_s": spec.n_docs / add_s,
                     "build_cpu_s": add_cpu[0], "ingest_docs_per_cpu_s": spec.n_docs / add_cpu[0], "segment_docs": seg_docs})
         partial.update(res)
+    search_lock(job, res)
     reader = EngineIndex.open(path)
     st = reader.stats()
     res.update({"postings": st["postings"], "segments": st["segments"], "bytes_per_posting": st["bytes_per_posting"],
@@ -288,6 +316,7 @@ def run_peer(job: dict, partial: dict) -> dict:
     res["rss_after_build_mb"] = rss_mb()
     partial.update(res)
     system.prepare_queries(corpus)
+    search_lock(job, res)
     try:
         res["index_bytes"] = system.index_bytes()
     except Exception:  # noqa: BLE001 - informational

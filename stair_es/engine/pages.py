@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import sys
 
 import numpy as np
 
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
+MADV_HUGEPAGE = 14
 MADV_POPULATE_READ = 22
+HUGE = 2 << 20  # a PMD: what one page table entry maps when a file's page cache holds 2 MiB folios
 PAGE = mmap.PAGESIZE
 
 _libc = None  # loaded on the first hint (ctypes.CDLL(None): the C library Python runs on, no ldconfig call)
@@ -120,3 +123,61 @@ def release(addr: int, nbytes: int) -> bool:
     if not lib or b <= a:
         return False
     return lib.madvise(a, b - a, MADV_DONTNEED) == 0
+
+
+def huge_pages_enabled() -> bool:
+    """Whether transparent huge pages can back a mapping that asks for them (``madvise``):
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` says ``[always]`` or ``[madvise]`` (Linux)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        return False
+    return "[always]" in mode or "[madvise]" in mode
+
+
+def pmd_mapped(addr: int, nbytes: int) -> int:
+    """Bytes of the file mappings overlapping [addr, addr + nbytes) that this process maps with
+    2 MiB page table entries (``FilePmdMapped`` of ``/proc/self/smaps``: the page cache holds them
+    as 2 MiB folios); 0 where that is not known (not Linux)."""
+    end = addr + nbytes
+    total = 0
+    inside = False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and not line.startswith(("FilePmdMapped", "Anon", "Shmem")) and ":" not in head:
+                    lo, _, hi = head.partition("-")
+                    try:
+                        inside = int(lo, 16) < end and int(hi, 16) > addr
+                    except ValueError:
+                        inside = False
+                elif inside and line.startswith("FilePmdMapped:"):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+def reread_huge(addr: int, nbytes: int, fd: int, offset: int) -> bool:
+    """Have the file range mapped at [addr, addr + nbytes) (read-only; ``offset`` in the file open
+    as ``fd``) held by the page cache in 2 MiB folios, then map it: the mapping asks for huge pages
+    (``MADV_HUGEPAGE``), this process's pages of it are unmapped (``MADV_DONTNEED``), the file's
+    cached pages of the range dropped (``POSIX_FADV_DONTNEED``: clean pages no other process maps;
+    they are read again from the file), then ``MADV_POPULATE_READ`` reads it back in 2 MiB folios
+    and maps them with one page table entry each. A first read of the range then costs one fault per
+    2 MiB rather than per 64 KiB (fault-around), and a TLB entry covers 2 MiB -- in this process and
+    in every later one while the page cache keeps the folios. Costs a read of the range from the
+    disk. Returns False where the calls are missing (nothing changed then)."""
+    lib = _madvise()
+    if not lib or nbytes <= 0 or not _populate or not hasattr(os, "posix_fadvise"):
+        return False
+    a = addr & ~(PAGE - 1)
+    n = addr + nbytes - a
+    off = offset - (addr - a)
+    if lib.madvise(a, n, MADV_HUGEPAGE) != 0:
+        return False
+    lib.madvise(a, n, MADV_DONTNEED)
+    os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+    return lib.madvise(a, n, MADV_POPULATE_READ) == 0

@@ -19,6 +19,7 @@ from ..query import SearchRequest
 from ..schema import Hit, SearchResult
 from ..vocab import VOCAB_SIZE
 from . import npkernels as NP
+from . import pages
 from .layout import CHOSEN_FORCED, CHOSEN_NUMPY, CHOSEN_RENEW, F16_TABLE, PLAN, PLAN_SLOTS, TAAT_WINDOW_DOCS, TopK
 from .npkernels import K
 from .plan import SearchPlan, SegmentPlan
@@ -48,34 +49,43 @@ MAP_AHEAD_VERIFY = True
 
 
 def _map_ahead(state: dict, lock: threading.Lock) -> None:
-    """The background mapping thread: maps the resident pages of the queued segments, one after
-    the other, until the queue is empty or the reader closes; then (``state["verify"]``) goes
-    over them again verifying the chunk checksums of their resident pages in compiled code (the
-    numba kernels imported for it: a segment this big is searched with them anyway), so that the
-    first searches find most chunks verified."""
+    """The background mapping thread: maps the resident pages of the queued segments and (with
+    ``state["verify"]``) verifies the chunk checksums of each run right after mapping it (compiled
+    CRC-32, the numba kernels imported first: a segment this big is searched with them anyway), so
+    that the first searches find most chunks mapped and verified. Phase by phase over all queued
+    segments (:data:`.segment.Segment.MAP_PHASES`): every segment's block tables first -- what a
+    search reads whole for each query term, so what a first pass waits on most -- then the postings,
+    then the rest (a segment queued later goes through its earlier phases first). Stops when the
+    reader closes."""
     try:  # below the searching threads' priority (Linux: per thread), so a first query waits less for a core
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):  # pragma: no cover - not Linux, or not allowed
         pass
-    done: list = []
+    verify = bool(state.get("verify"))
+    if verify:
+        try:
+            from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
+        except Exception:  # noqa: BLE001 - no numba: the searches verify what they read, as before
+            verify = False
+    todo: list = []  # (segment, phases it still has to go through)
     while True:
         with lock:
-            if state["stop"].is_set() or not (state["pending"] or (done and state.get("verify"))):
+            while state["pending"]:
+                todo.append([state["pending"].pop(0), 0])
+            if state["stop"].is_set() or not todo:
                 state["running"] = False
                 state["pending"].clear()
                 return
-            verify = not state["pending"]
-            seg = done.pop(0) if verify else state["pending"].pop(0)
+            phase = min(t[1] for t in todo)  # the earliest phase any queued segment still needs
+            item = next(t for t in todo if t[1] == phase)
+        seg = item[0]
         try:
-            if verify:
-                from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
-
-                seg.map_resident(state["stop"], verify=True)
-            else:
-                state["mapped"] += seg.map_resident(state["stop"])
-                done.append(seg)
+            state["mapped"] += seg.map_resident(state["stop"], verify=verify, names=seg.map_phase_names(phase))
         except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in (and verifies them) as before
             pass
+        item[1] += 1
+        if item[1] > len(seg.MAP_PHASES):
+            todo.remove(item)
 
 
 def _add_state(state: np.ndarray, part: np.ndarray) -> None:
@@ -225,16 +235,36 @@ class Searcher:
         elif rec[0] >= 0:
             rec[2] += 1.0
 
-    def warm(self) -> dict[str, float]:
+    def warm(self, huge_pages: bool | None = None) -> dict[str, float]:
         """Ready this reader for its first query, so that it runs as fast as the hundredth: every
         segment's pages mapped now (:meth:`Segment.prefetch_all`), every byte verified against its
         checksums (what first reads would verify chunk by chunk), and the numba search kernels
         loaded for this index's array types (from numba's cache, or compiled on a first run).
         Returns the seconds each step took. Costs a read of the whole index: for a server at
-        start, not for a one-off search."""
+        start, not for a one-off search.
+
+        ``huge_pages`` (default: ``$STAIR_ES_WARM_HUGE``, off): segments of at least
+        :data:`MAP_AHEAD_MIN_BYTES` that this process maps mostly with 4 KiB pages are read again
+        from the disk into the page cache as 2 MiB folios (:meth:`Segment.reread_huge`; Linux with
+        transparent huge pages for ``madvise``). The page cache keeps them so for later processes
+        too: a reader started afterwards faults once per 2 MiB instead of once per 64 KiB, which at
+        10M documents is most of what its first queries pay beyond the steady state
+        (docs/scale.md). ``huge_s`` and ``huge_share`` (mapped with 2 MiB entries, after) are
+        added to the result."""
         out = {}
         self.refresh()
+        if huge_pages is None:
+            huge_pages = os.environ.get("STAIR_ES_WARM_HUGE", "0").strip().lower() in ("1", "on", "true", "yes")
         t = time.perf_counter()
+        if huge_pages and pages.huge_pages_enabled():
+            big = [s.seg for s in self._segs if s.seg.nbytes >= MAP_AHEAD_MIN_BYTES]
+            for seg in big:
+                if seg.huge_share() < 0.5:
+                    seg.reread_huge()
+            out["huge_s"] = time.perf_counter() - t
+            size = sum(seg.nbytes for seg in big)
+            out["huge_share"] = sum(seg.huge_share() * seg.nbytes for seg in big) / size if size else 0.0
+            t = time.perf_counter()
         for s in self._segs:
             s.seg.prefetch_all()
         out["map_s"] = time.perf_counter() - t

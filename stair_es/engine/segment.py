@@ -248,18 +248,56 @@ class Segment(SegmentFilters):
                 pages.advise(arr.ctypes.data, arr.nbytes)
         self._mapped = np.ones(self.keys.size, bool)
 
-    #: the arrays :meth:`map_resident` maps first: what every search reads (block tables, postings,
-    #: then the sequence numbers of the hits)
-    MAP_FIRST = ("pair_block", "pair_cnt", "pair_max", "pair_sub", "post_off", "post_w", "seq")
+    def file_mapping(self) -> np.ndarray | None:
+        """The whole file as mapped (uint8), or None when its arrays are not views of one mapping."""
+        mm = self.verifier.mm if self.verifier is not None else None
+        return mm if mm is not None and mm.size else None
 
-    def map_resident(self, stop=None, verify: bool = False) -> int:
-        """Map the pages of this segment's arrays that are in the page cache already (never a disk
-        read; :func:`.pages.map_resident`), the searched ones first; stops once ``stop`` is set.
-        Returns the bytes mapped. What a reader does in the background after it opens (see
-        ``EngineIndex``): the first queries then fault no page that was cached. With ``verify``
-        (and chunk checksums, and the compiled CRC-32 loaded: else nothing more) the chunks of
-        each mapped run are verified too, so that searches find them verified; a damaged chunk is
-        left unverified (a search reading it then raises, naming it)."""
+    def huge_share(self) -> float:
+        """The share of this segment's mapping this process maps with 2 MiB page table entries
+        (:func:`.pages.pmd_mapped`; 0 where not known)."""
+        mm = self.file_mapping()
+        if mm is None:
+            return 0.0
+        return min(1.0, pages.pmd_mapped(mm.ctypes.data, mm.nbytes) / max(mm.nbytes, 1))
+
+    def reread_huge(self) -> bool:
+        """Read this segment's file back into the page cache as 2 MiB folios and map it
+        (:func:`.pages.reread_huge`): its first reads in this and later processes fault once per
+        2 MiB. The bytes come from the same immutable file, as after any eviction; chunks verified
+        before stay verified (the once-per-process rule, as when the kernel evicts and re-reads
+        pages). Returns whether it was done."""
+        mm = self.file_mapping()
+        if mm is None:
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return pages.reread_huge(mm.ctypes.data, mm.nbytes, fd, 0)
+        finally:
+            os.close(fd)
+
+    #: the arrays :meth:`map_resident` maps, in the order of :data:`MAP_PHASES`: first the block tables
+    #: (every search reads all of its query terms' pairs: its first pass mostly waits on them), then
+    #: the postings (read run by run), then the rest (sequence numbers of hits first)
+    MAP_PHASES = (("pair_block", "pair_cnt", "pair_max", "pair_sub"), ("post_off", "post_w"), ("seq",))
+    MAP_FIRST = tuple(n for phase in MAP_PHASES for n in phase)
+
+    def map_phase_names(self, phase: int) -> list[str]:
+        """The arrays of this segment that :meth:`map_resident` maps in ``phase`` (0, 1, ...; the
+        last phase, ``len(MAP_PHASES)``, holds every array no earlier phase named)."""
+        if phase < len(self.MAP_PHASES):
+            return [n for n in self.MAP_PHASES[phase] if n in self.a]
+        return sorted(n for n in self.a if n not in self.MAP_FIRST)
+
+    def map_resident(self, stop=None, verify: bool = False, names=None) -> int:
+        """Map the pages of this segment's arrays (``names``; default: all, in the order of
+        :data:`MAP_PHASES`) that are in the page cache already (never a disk read;
+        :func:`.pages.map_resident`); stops once ``stop`` is set. Returns the bytes mapped. What a
+        reader does in the background after it opens (see ``EngineIndex``): the first queries then
+        fault no page that was cached. With ``verify`` (and chunk checksums, and the compiled CRC-32
+        loaded: else nothing more) the chunks of each mapped run are verified too, right after it is
+        mapped, so that searches find them verified; a damaged chunk is left unverified (a search
+        reading it then raises, naming it)."""
         v = self.verifier
         on_run = None
         if verify and v is not None and v.content and checksum.range_verifier() is not None:
@@ -269,7 +307,8 @@ class Segment(SegmentFilters):
                 lo = max(addr - base, 0)
                 v.verify_ranges(np.array([lo], np.int64), np.array([min(addr + nbytes - base, v.content)], np.int64))
 
-        names = [n for n in self.MAP_FIRST if n in self.a] + sorted(n for n in self.a if n not in self.MAP_FIRST)
+        if names is None:
+            names = [n for phase in range(len(self.MAP_PHASES) + 1) for n in self.map_phase_names(phase)]
         done = 0
         for n in names:
             arr = self.a[n]

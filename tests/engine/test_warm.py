@@ -82,3 +82,44 @@ def test_stair_es_warm_makes_every_reader_warm_on_open(tmp_path, monkeypatch):
     assert ix.search(_req(0)).hits
     EngineIndex.open(tmp_path / "ix", writable=True).close()  # a writer is not warmed (it is for readers)
     assert calls == [1]
+
+
+def test_warm_with_huge_pages_reads_the_segments_back_and_changes_no_answer(tmp_path, monkeypatch):
+    """``warm(huge_pages=True)`` reads big segments back into the page cache as 2 MiB folios
+    (Linux with transparent huge pages): the same answers, and it says what it did."""
+    import sys
+
+    from stair_es.engine import searcher as searcher_mod
+
+    cold = _index(tmp_path, n_docs=6000)
+    cold.numpy_max_postings = 0
+    want = [[(h.id, h.score) for h in cold.search(_req(i)).hits] for i in range(5)]
+    cold.close()
+    monkeypatch.setattr(searcher_mod, "MAP_AHEAD_MIN_BYTES", 0)  # (the test's segment is small)
+    ix = EngineIndex.open(tmp_path / "ix")
+    ix.numpy_max_postings = 0
+    took = ix.warm(huge_pages=True)
+    if not (sys.platform.startswith("linux") and pages.huge_pages_enabled() and pages._madvise()):
+        assert "huge_s" not in took
+        pytest.skip("no transparent huge pages (or no madvise) here: warm() maps 4 KiB pages as before")
+    assert took["huge_s"] >= 0 and 0.0 <= took["huge_share"] <= 1.0
+    assert [[(h.id, h.score) for h in ix.search(_req(i)).hits] for i in range(5)] == want
+    seg = ix.snapshot().segments[0].seg
+    assert 0.0 <= seg.huge_share() <= 1.0
+    ix.close()
+    monkeypatch.setenv("STAIR_ES_WARM_HUGE", "1")  # the same through the environment
+    again = EngineIndex.open(tmp_path / "ix")
+    again.numpy_max_postings = 0
+    assert "huge_s" in again.warm()
+    assert [[(h.id, h.score) for h in again.search(_req(i)).hits] for i in range(5)] == want
+    again.close()
+
+
+def test_pmd_mapped_reads_this_process_maps():
+    import mmap
+
+    m = mmap.mmap(-1, 4 << 20)
+    addr = np.frombuffer(m, np.uint8).ctypes.data
+    assert pages.pmd_mapped(addr, 4 << 20) == 0  # anonymous memory: no file pages mapped at all
+    del addr
+    m.close()

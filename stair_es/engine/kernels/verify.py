@@ -55,17 +55,73 @@ def _crc32(typingctx, crc, addr, n):
     return sig, codegen
 
 
+def _zeros_operators(lo: int = 9, hi: int = 26) -> np.ndarray:
+    """``OPS[s - lo]``: the CRC-32 register's advance over ``2**s`` zero bytes, a linear map of 32
+    bits given as 4 tables of 256 (``op(x) = T[0][x & 255] ^ T[1][(x >> 8) & 255] ^ ...``), for
+    chunk sizes ``2**lo`` to ``2**hi``. With it the CRC-32 of chunks A then B is ``op(crc(A)) ^
+    crc(B)`` (zlib's ``crc32_combine`` with a fixed length), so the expected CRC-32 of a run of
+    whole chunks follows from their table entries in a few operations a chunk. Made from zlib's
+    CRC-32 of ``2**lo`` zero bytes, then squared."""
+    import zlib
+
+    zeros = bytes(1 << lo)
+    z0 = zlib.crc32(zeros)
+    x = (np.arange(256, dtype=np.uint64)[None, :] << (8 * np.arange(4, dtype=np.uint64))[:, None]).astype(np.uint32)
+    t = np.array([[zlib.crc32(zeros, int(v)) ^ z0 for v in row] for row in x], np.uint32)
+    out = [t]
+    for _ in range(lo, hi):
+        y = out[-1][0][x & 255] ^ out[-1][1][(x >> 8) & 255] ^ out[-1][2][(x >> 16) & 255] ^ out[-1][3][x >> 24]
+        out.append(out[-1][0][y & 255] ^ out[-1][1][(y >> 8) & 255] ^ out[-1][2][(y >> 16) & 255] ^ out[-1][3][y >> 24])
+    return np.ascontiguousarray(np.stack(out), np.uint32)
+
+
+_OPS_LO = 9
+_OPS = _zeros_operators(_OPS_LO)
+_OPS.flags.writeable = False
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _advance(op, x):
+    """``op`` (4 x 256 tables, see :func:`_zeros_operators`) applied to the CRC-32 register ``x``."""
+    return (op[0, x & 255] ^ op[1, (x >> 8) & 255] ^ op[2, (x >> 16) & 255] ^ op[3, (x >> 24) & 255])
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _verify_chunk_range(base, table, ok, shift, content, lo, hi):
-    """Verify chunks [lo, hi] of the container at address ``base``; the first bad chunk, or -1."""
-    for c in range(lo, hi + 1):
+    """Verify chunks [lo, hi] of the container at address ``base``; the first bad chunk, or -1.
+
+    A run of unverified whole chunks is checked with one CRC-32 over all of it against the CRC
+    its table entries combine to (:func:`_zeros_operators`): the C function runs at 2-3x its
+    speed on one 4 KiB chunk (20-27 against 9 GB/s here). A damaged chunk changes the run's CRC
+    whatever the others hold (the operator is invertible), so the run is then verified chunk by
+    chunk, which names the first bad one as before; only damage in two or more chunks of a run
+    that cancels out (odds 2**-32, as for one chunk's CRC) passes the run's check."""
+    c = lo
+    full = content >> shift  # chunks [0, full) are whole
+    while c <= hi:
         if ok[c]:
+            c += 1
             continue
-        a = c << shift
-        b = min(a + (1 << shift), content)
-        if _crc32(0, base + a, b - a) != table[c]:
-            return c
-        ok[c] = True
+        e = c + 1
+        while e <= hi and e < full and not ok[e]:
+            e += 1
+        if e - c >= 2 and c < full and _OPS_LO <= shift < _OPS_LO + _OPS.shape[0]:  # [c, e): a run of whole chunks
+            op = _OPS[shift - _OPS_LO]
+            want = np.uint32(table[c])
+            for d in range(c + 1, e):
+                want = _advance(op, want) ^ np.uint32(table[d])
+            if _crc32(0, base + (c << shift), (e - c) << shift) == np.int64(want):
+                for d in range(c, e):
+                    ok[d] = True
+                c = e
+                continue
+        for d in range(c, e):  # one chunk, or a run that failed: chunk by chunk
+            a = d << shift
+            b = min(a + (1 << shift), content)
+            if _crc32(0, base + a, b - a) != table[d]:
+                return d
+            ok[d] = True
+        c = e
     return -1
 
 
