@@ -81,6 +81,8 @@ def _map_ahead(state: dict, lock: threading.Lock) -> None:
         seg = item[0]
         try:
             state["mapped"] += seg.map_resident(state["stop"], verify=verify, names=seg.map_phase_names(phase))
+            if phase == 0 and verify and not state["stop"].is_set():
+                seg.fill_term_max()  # (the block maxima just verified: the seed's term ranking, for every term)
         except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in (and verifies them) as before
             pass
         item[1] += 1
@@ -274,6 +276,7 @@ class Searcher:
         t = time.perf_counter()
         for s in self._segs:
             s.seg.verify_all()
+            s.seg.fill_term_max()
         out["verify_s"] = time.perf_counter() - t
         t = time.perf_counter()
         none = (np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -445,7 +448,7 @@ class Searcher:
                 if old is not None:
                     rec[i] = old
                 self._auto_seen[st.seg.name] = rec[i]  # (a view: both paths update the same record)
-            tmax = [np.zeros(st.seg.kernel_arrays().pair_ptr.size, np.uint16) for st in segs]  # see multi.seed_bound
+            tmax = [st.seg.term_max() for st in segs]  # see multi.seed_bound (kept by the segment: refreshes keep it)
             keep.append(tmax)
             tmax_rows = np.array([multi.address(t) for t in tmax], np.int64).reshape(n, 2)
             fused = (desc, allowed, checks, tmax_rows, rec, np.arange(n, dtype=np.int64), keep, int(desc[:, 0].sum()))

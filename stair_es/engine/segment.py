@@ -95,6 +95,7 @@ class Segment(SegmentFilters):
         self._arrays: SegmentArrays | None = None  # see kernel_arrays
         self._mapped: np.ndarray | None = None  # per term: its postings asked for with madvise (prefetch_terms)
         self._table_layout: tuple | None = None  # see verify_term_tables
+        self._term_max: np.ndarray | None = None  # see term_max
         self.outdated = False  # written in an older container or segment format (set by open)
 
     @classmethod
@@ -247,6 +248,36 @@ class Segment(SegmentFilters):
             if arr.size:
                 pages.advise(arr.ctypes.data, arr.nbytes)
         self._mapped = np.ones(self.keys.size, bool)
+
+    def term_max(self) -> np.ndarray:
+        """Per term, the stored float16 bits of its highest block maximum in this segment (0: not
+        known yet; one slot more than terms): what the search's safe starting threshold
+        (``kernels.multi.seed_bound``) ranks the query terms by. It fills slots itself on first use
+        of a term (a pass over the term's block maxima); :meth:`fill_term_max` fills all at once."""
+        if self._term_max is None:
+            self._term_max = np.zeros(self.pair_ptr.size, np.uint16)
+        return self._term_max
+
+    def fill_term_max(self) -> bool:
+        """Fill :meth:`term_max` for every term in one pass over the block maxima (``pair_max``), if
+        their chunks are verified already (nothing is read before it is verified). A first query
+        otherwise computes the slots of its terms itself: at 10M documents that was most of what it
+        took beyond the steady state once its pages were mapped and verified (docs/scale.md).
+        Returns whether it was filled."""
+        tm = self.term_max()
+        pm = self.pair_max
+        v = self.verifier
+        if v is not None:
+            if "pair_max" in self.offsets and pm.size:
+                lo = self.offsets["pair_max"] >> v.shift
+                hi = (self.offsets["pair_max"] + pm.nbytes - 1) >> v.shift
+                if not v.ok[lo:hi + 1].all():
+                    return False
+        pp = self.pair_ptr
+        ne = np.flatnonzero(pp[1:] > pp[:-1])
+        if ne.size and pm.size:
+            tm[ne] = np.maximum.reduceat(pm, pp[ne])  # (positive float16 values order like their bits)
+        return True
 
     def file_mapping(self) -> np.ndarray | None:
         """The whole file as mapped (uint8), or None when its arrays are not views of one mapping."""

@@ -185,3 +185,38 @@ def test_threads_share_segments_out_each_group_seeded(index, monkeypatch):
         assert _hits(a) == _hits(b)
     index.seed_terms = 2
     index.strategy = "auto"
+
+
+def test_term_maxima_filled_at_once_are_those_the_search_finds_itself(index):
+    """``Segment.fill_term_max`` (the background thread and ``warm()`` fill the seed's per-term
+    block maxima at once) gives every slot the value a search computes for it on first use, and
+    the hits do not change."""
+    rng = np.random.default_rng(21)
+    reqs = []
+    for _ in range(12):
+        t = rng.choice(USABLE[:150], size=int(rng.integers(3, 20)), replace=False)
+        reqs.append(SearchRequest([SparseClause("image", SparseVector.from_arrays(t, np.log1p(rng.lognormal(size=t.size)) + 0.01))],
+                                  top_k=10))
+    index.seed_min_docs = 0
+    index.seed_terms, index.seed_postings = 2, 20
+    want = [_hits(index.search(r)) for r in reqs]  # slots filled by the searches themselves
+    for st in index._segs:
+        seg = st.seg
+        lazy = seg.term_max().copy()
+        seg.term_max()[:] = 0
+        if seg.n_docs < 100:
+            continue
+        v = seg.verifier
+        if v is not None:
+            lo = seg.offsets["pair_max"] >> v.shift
+            if not v.ok[lo:(seg.offsets["pair_max"] + seg.pair_max.nbytes - 1 >> v.shift) + 1].all():
+                assert not seg.fill_term_max()  # (block maxima not all verified yet: nothing read)
+            seg.verify_arrays(("pair_max",))
+        assert seg.fill_term_max()
+        full = seg.term_max()
+        seen = lazy != 0
+        assert (full[seen] == lazy[seen]).all()
+        pp = seg.pair_ptr
+        for j in np.flatnonzero(pp[1:] > pp[:-1])[:50]:
+            assert full[j] == seg.pair_max[pp[j]:pp[j + 1]].max()
+    assert [_hits(index.search(r)) for r in reqs] == want
