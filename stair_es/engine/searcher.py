@@ -49,45 +49,38 @@ MAP_AHEAD_VERIFY = True
 
 
 def _map_ahead(state: dict, lock: threading.Lock) -> None:
-    """The background mapping thread: maps the resident pages of the queued segments and (with
-    ``state["verify"]``) verifies the chunk checksums of each run right after mapping it (compiled
-    CRC-32, the numba kernels imported first: a segment this big is searched with them anyway), so
-    that the first searches find most chunks mapped and verified. Phase by phase over all queued
-    segments (:data:`.segment.Segment.MAP_PHASES`): every segment's block tables first -- what a
-    search reads whole for each query term, so what a first pass waits on most -- then the postings,
-    then the rest (a segment queued later goes through its earlier phases first). Stops when the
-    reader closes."""
+    """The background mapping thread: maps the resident pages of the queued segments, one after
+    the other, until the queue is empty or the reader closes; then (``state["verify"]``) goes
+    over them again verifying the chunk checksums of their resident pages in compiled code (the
+    numba kernels imported for it: a segment this big is searched with them anyway), so that the
+    first searches find most chunks verified, and fills each segment's per-term block maxima (the
+    seed's term ranking, :meth:`.segment.Segment.fill_term_max`) once its block maxima are verified.
+    (Every segment's block tables first, then the postings, was tried: the first queries then
+    faulted more, docs/scale.md.)"""
     try:  # below the searching threads' priority (Linux: per thread), so a first query waits less for a core
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):  # pragma: no cover - not Linux, or not allowed
         pass
-    verify = bool(state.get("verify"))
-    if verify:
-        try:
-            from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
-        except Exception:  # noqa: BLE001 - no numba: the searches verify what they read, as before
-            verify = False
-    todo: list = []  # (segment, phases it still has to go through)
+    done: list = []
     while True:
         with lock:
-            while state["pending"]:
-                todo.append([state["pending"].pop(0), 0])
-            if state["stop"].is_set() or not todo:
+            if state["stop"].is_set() or not (state["pending"] or (done and state.get("verify"))):
                 state["running"] = False
                 state["pending"].clear()
                 return
-            phase = min(t[1] for t in todo)  # the earliest phase any queued segment still needs
-            item = next(t for t in todo if t[1] == phase)
-        seg = item[0]
+            verify = not state["pending"]
+            seg = done.pop(0) if verify else state["pending"].pop(0)
         try:
-            state["mapped"] += seg.map_resident(state["stop"], verify=verify, names=seg.map_phase_names(phase))
-            if phase == 0 and verify and not state["stop"].is_set():
-                seg.fill_term_max()  # (the block maxima just verified: the seed's term ranking, for every term)
+            if verify:
+                from . import kernels  # noqa: F401 - registers the compiled CRC-32 (segment.map_resident uses it)
+
+                seg.map_resident(state["stop"], verify=True)
+                seg.fill_term_max()
+            else:
+                state["mapped"] += seg.map_resident(state["stop"])
+                done.append(seg)
         except Exception:  # noqa: BLE001 - a hint only: a search faults the pages in (and verifies them) as before
             pass
-        item[1] += 1
-        if item[1] > len(seg.MAP_PHASES):
-            todo.remove(item)
 
 
 def _add_state(state: np.ndarray, part: np.ndarray) -> None:

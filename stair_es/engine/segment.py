@@ -307,22 +307,13 @@ class Segment(SegmentFilters):
         finally:
             os.close(fd)
 
-    #: the arrays :meth:`map_resident` maps, in the order of :data:`MAP_PHASES`: first the block tables
-    #: (every search reads all of its query terms' pairs: its first pass mostly waits on them), then
-    #: the postings (read run by run), then the rest (sequence numbers of hits first)
-    MAP_PHASES = (("pair_block", "pair_cnt", "pair_max", "pair_sub"), ("post_off", "post_w"), ("seq",))
-    MAP_FIRST = tuple(n for phase in MAP_PHASES for n in phase)
-
-    def map_phase_names(self, phase: int) -> list[str]:
-        """The arrays of this segment that :meth:`map_resident` maps in ``phase`` (0, 1, ...; the
-        last phase, ``len(MAP_PHASES)``, holds every array no earlier phase named)."""
-        if phase < len(self.MAP_PHASES):
-            return [n for n in self.MAP_PHASES[phase] if n in self.a]
-        return sorted(n for n in self.a if n not in self.MAP_FIRST)
+    #: the arrays :meth:`map_resident` maps first: what every search reads (block tables, postings,
+    #: then the sequence numbers of the hits)
+    MAP_FIRST = ("pair_block", "pair_cnt", "pair_max", "pair_sub", "post_off", "post_w", "seq")
 
     def map_resident(self, stop=None, verify: bool = False, names=None) -> int:
-        """Map the pages of this segment's arrays (``names``; default: all, in the order of
-        :data:`MAP_PHASES`) that are in the page cache already (never a disk read;
+        """Map the pages of this segment's arrays (``names``; default: all, :data:`MAP_FIRST` first)
+        that are in the page cache already (never a disk read;
         :func:`.pages.map_resident`); stops once ``stop`` is set. Returns the bytes mapped. What a
         reader does in the background after it opens (see ``EngineIndex``): the first queries then
         fault no page that was cached. With ``verify`` (and chunk checksums, and the compiled CRC-32
@@ -339,7 +330,7 @@ class Segment(SegmentFilters):
                 v.verify_ranges(np.array([lo], np.int64), np.array([min(addr + nbytes - base, v.content)], np.int64))
 
         if names is None:
-            names = [n for phase in range(len(self.MAP_PHASES) + 1) for n in self.map_phase_names(phase)]
+            names = [n for n in self.MAP_FIRST if n in self.a] + sorted(n for n in self.a if n not in self.MAP_FIRST)
         done = 0
         for n in names:
             arr = self.a[n]
