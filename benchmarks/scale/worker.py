@@ -91,17 +91,21 @@ def search_lock(job: dict, res: dict) -> None:
     if not path:
         return
     import fcntl
+    import signal
 
     t = time.perf_counter()
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.perf_counter() - t > 1800:
-                raise TimeoutError(f"the search lock {path} was not free within 30 min") from None
-            time.sleep(0.5)
+
+    def late(signum, frame):
+        raise TimeoutError(f"the search lock {path} was not free within 30 min")
+
+    old = signal.signal(signal.SIGALRM, late)
+    signal.alarm(1800)
+    try:  # (a blocking wait, as `flock -w` waits: polling would lose the lock to every blocked waiter)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     except OSError:  # (not allowed to raise it back: the searches run at the caller's nice)
