@@ -154,21 +154,30 @@ def widened(request: SearchRequest, query: np.ndarray, df: np.ndarray,
     words the index holds nearest to the query's meaning added to its image clause at
     :data:`CANDIDATE_WEIGHT` x its strongest weight x their cosine, so pictures that carry none of the
     query's tokens can still be candidates, always below every picture that carries one."""
-    ids, emb = table
-    held = df[ids] > 0
+    words, cos = candidate_words(query, df, table)
     clauses = list(request.clauses)
     for n, c in enumerate(clauses):
-        if c.field != FIELD or not held.any() or not c.vector.nnz:
+        if c.field != FIELD or not words.size or not c.vector.nnz:
             continue
-        cos = (emb[held].astype(np.float32) @ query)
-        top = np.argsort(-cos)[:CANDIDATE_WORDS]
-        top = top[cos[top] > 0]
-        strongest = float(np.max(c.vector.weights))
-        extra_w = CANDIDATE_WEIGHT * strongest * cos[top]
-        vec = SparseVector.from_arrays(np.concatenate([c.vector.ids, ids[held][top]]),
-                                       np.concatenate([c.vector.weights, extra_w]), c.vector.vocab)
+        extra_w = CANDIDATE_WEIGHT * float(np.max(c.vector.weights)) * cos
+        vec = SparseVector.from_arrays(np.concatenate([c.vector.ids, words]), np.concatenate([c.vector.weights, extra_w]),
+                                       c.vector.vocab)
         clauses[n] = dataclasses.replace(c, vector=vec)
     return dataclasses.replace(request, clauses=clauses, top_k=max(request.top_k, WINDOW), notes=list(request.notes))
+
+
+def candidate_words(query: np.ndarray, df: np.ndarray, table: tuple[np.ndarray, np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, cosines): the :data:`CANDIDATE_WORDS` words the index holds (``df`` > 0) nearest
+    to the query embedding, nearest first, cosine above 0."""
+    ids, emb = table
+    held = df[ids] > 0
+    if not held.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    cos = emb[held].astype(np.float32) @ query
+    top = np.argsort(-cos, kind="stable")[:CANDIDATE_WORDS]
+    top = top[cos[top] > 0]
+    return ids[held][top], cos[top]
 
 
 def search(backend: SearchBackend, index: str, request: SearchRequest, text: str | None, *,

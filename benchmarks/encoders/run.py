@@ -199,14 +199,22 @@ def _held_shares(texts: list[str], image_dense: np.ndarray, default_encoder) -> 
     return out
 
 
-def _reranked(scores: np.ndarray, texts: list[str], helds: list[float], img: np.ndarray, sentence) -> np.ndarray:
-    """``scores`` with each query's best hits re-ranked by meaning, as `stair-es search` does
-    (stair_es.rerank): the sparse top WINDOW (score > 0, ties in item order) move above every
-    other item, in their fused order."""
-    from stair_es.rerank import WINDOW, fused_order, meaning_scores
+def _reranked(q: np.ndarray, texts: list[str], helds: list[float], img: np.ndarray, sentence) -> np.ndarray:
+    """The scores of queries ``q`` with each query's best hits re-ranked by meaning, as `stair-es
+    search` does (stair_es.rerank): the candidate search adds the words nearest the query's meaning
+    at a small weight; its top WINDOW (score > 0, ties in item order) move above every other item,
+    in their fused order."""
+    from stair_es.rerank import CANDIDATE_WEIGHT, WINDOW, candidate_words, fused_order, meaning_scores
 
     idf, table = _idf(img), sentence.word_table()
     queries = sentence.embed(texts)
+    df = np.count_nonzero(img > 0, axis=0)
+    q = q.copy()
+    for n in range(len(texts)):
+        if q[n].max() > 0:
+            words, cos = candidate_words(queries[n], df, table)
+            q[n, words] = np.maximum(q[n, words], CANDIDATE_WEIGHT * q[n].max() * cos)
+    scores = q @ img.T
     out = scores.astype(np.float64)  # float32 could not tell 1e6 + fused scores apart
     for n, row in enumerate(scores):
         cand = np.nonzero(row > 0)[0]
@@ -330,7 +338,7 @@ def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], def
             continue
         scores = qd @ img.T
         if sentence is not None and q == "default":
-            scores = _reranked(scores, texts, _held_shares(texts, img, default_encoder), img, sentence)
+            scores = _reranked(qd, texts, _held_shares(texts, img, default_encoder), img, sentence)
         m = query_set_metrics(scores, grades)
         row = {"set": name, "n": len(kept), "query_encoder": q + ("+rerank" if sentence is not None and q == "default" else ""),
                **{k: (round(v, 4) if v is not None else None) for k, v in m.items()}, **common}
