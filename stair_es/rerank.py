@@ -22,9 +22,14 @@ openclipart 0.277 / 0.320 -> 0.453 / 0.505.
 
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
-the meaning's rank and cosine. ``rerank="auto"`` (the default of ``stair-es search`` and
-``rank-eval``) re-ranks text queries when the sentence model is on this machine and leaves
-others alone; ``"semantic"`` requires it; ``"off"`` never re-ranks.
+the meaning's rank and cosine. ``rerank="auto"`` re-ranks text queries when the sentence model
+is on this machine and leaves others alone; ``"semantic"`` requires it; ``"off"`` (the default
+of ``stair-es search`` and ``rank-eval``, or ``$STAIR_ES_RERANK``) never re-ranks. It is not on by
+default because its first query in a process loads a 90 MB model and reads each hit's tokens
+back from the inverted index (numba's start-up): a cold one-shot ``stair-es search`` took 2.8 s
+and 376 MB instead of 0.9 s and 145 MB in one run on a busy machine, past the 0.5 s / 250 MB a
+cold search keeps. In a process that answers many queries (``rank-eval``, the library) the cost
+per query is small.
 
 This module must not know about a backend's internals: it reads hits, documents
 (:meth:`SearchBackend.get`) and document frequencies (:meth:`SearchBackend.doc_freqs`).
@@ -66,8 +71,8 @@ CANDIDATE_WEIGHT = 0.001
 
 
 def default_mode() -> str:
-    """``$STAIR_ES_RERANK`` (auto, semantic or off), else ``auto``: what ``--rerank`` defaults to."""
-    return check_rerank(os.environ.get("STAIR_ES_RERANK") or "auto")
+    """``$STAIR_ES_RERANK`` (auto, semantic or off), else ``off``: what ``--rerank`` defaults to."""
+    return check_rerank(os.environ.get("STAIR_ES_RERANK") or "off")
 
 
 def check_rerank(value: Any) -> str:

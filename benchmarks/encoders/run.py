@@ -375,9 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the default encoder's query side (--query default), e.g. similar_words=0 "
                          "(repeatable)")
-    ap.add_argument("--rerank", default="auto", choices=("auto", "semantic", "off"),
-                    help="re-rank the default query encoder's best hits by meaning as `stair-es search` does "
-                         "(auto: when the sentence model is on this machine)")
+    ap.add_argument("--rerank", default=None, choices=("auto", "semantic", "off"),
+                    help="re-rank the default query encoder's best hits by meaning as `stair-es search --rerank` "
+                         "does (auto: when the sentence model is on this machine; default: $STAIR_ES_RERANK, else off)")
     ap.add_argument("--expand", default="", metavar="N[,N...]",
                     help="also measure each query encoder with co-occurrence expansion (N neighbours per token)")
     ap.add_argument("--expand-split", default="halves", metavar="halves|transductive[,...]",
