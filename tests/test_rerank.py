@@ -214,7 +214,8 @@ def test_a_sentence_model_folder_gives_unit_embeddings_and_a_cached_word_table(t
     assert e.shape == (3, 16) and np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
     assert np.allclose(e[0], e[2]) and not np.allclose(e[0], e[1])
     torch_side = SentenceEncoder(str(tiny_model), runtime="torch").embed(["a cat on a sofa"])
-    assert np.allclose(torch_side[0], e[0], atol=1e-4)  # the ONNX tower computes what PyTorch does
+    assert float(torch_side[0] @ e[0]) > 0.99  # the int8 ONNX tower computes nearly what PyTorch does
+    assert enc.version.endswith("-int8") and list((tmp_path / "cache").glob("sentence-minilm-int8-*.onnx"))
     ids, table = enc.word_table()
     assert table.shape == (ids.size, 16) and V.id("sunset") in set(ids.tolist())
     assert list((tmp_path / "cache").glob("sentence-words-*.npy"))
