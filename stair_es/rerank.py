@@ -31,14 +31,15 @@ and 376 MB instead of 0.9 s and 145 MB in one run on a busy machine, past the 0.
 cold search keeps. In a process that answers many queries (``rank-eval``, the library) the cost
 per query is small.
 
-This module must not know about a backend's internals: it reads hits, documents
-(:meth:`SearchBackend.get`) and document frequencies (:meth:`SearchBackend.doc_freqs`).
+This module must not know about a backend's internals: it reads hits, their vectors
+(:meth:`SearchBackend.vectors_of`) and document frequencies (:meth:`SearchBackend.doc_freqs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -185,6 +186,25 @@ def candidate_words(query: np.ndarray, df: np.ndarray, table: tuple[np.ndarray, 
     return ids[held][top], cos[top]
 
 
+def prepare(rerank: str | None = None, model: str | None = None) -> None:
+    """Start loading the sentence model and its word table in a background thread, so that a
+    one-shot search (the CLI) overlaps them with encoding the query and searching; a no-op when
+    re-ranking is off or the model is not here. :func:`search` then finds them loaded."""
+    try:
+        enc = semantic_encoder(rerank, model)
+    except Exception:  # noqa: BLE001 - search() reports the same problem with its own message
+        return
+    if enc is not None:
+        threading.Thread(target=_warm, args=(enc,), name="stair-es-rerank-warm", daemon=True).start()
+
+
+def _warm(enc: SentenceEncoder) -> None:
+    try:
+        enc.word_table()  # (opens the tower first)
+    except Exception:  # noqa: BLE001 - the search itself raises it, in the foreground
+        pass
+
+
 def search(backend: SearchBackend, index: str, request: SearchRequest, text: str | None, *,
            rerank: str | None = None, model: str | None = None) -> SearchResult:
     """``backend.search`` with the best hits re-ranked by meaning (module docstring)."""
@@ -225,10 +245,8 @@ def rerank_result(backend: SearchBackend, index: str, result: SearchResult, quer
         return dataclasses.replace(result, hits=hits[:top_k])
     from .search import idf as idf_of
 
-    docs = []
-    for h in hits:
-        vec = backend.get(index, h.id).vectors.get(FIELD)
-        docs.append((vec.ids, vec.weights) if vec is not None else (np.zeros(0, np.int64), np.zeros(0, np.float32)))
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+    docs = [(v.ids, v.weights) if v is not None else empty for v in backend.vectors_of(index, [h.id for h in hits], FIELD)]
     meaning = meaning_scores(query, docs, idf_of(df, n_docs), enc.word_table())
     held = held_share(grounding)
     order, fused, meaning_rank = fused_order(meaning, held, np.array([h.score for h in hits]))

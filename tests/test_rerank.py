@@ -226,3 +226,13 @@ def test_a_sentence_model_folder_gives_unit_embeddings_and_a_cached_word_table(t
     again = SentenceEncoder(str(tiny_model))
     monkeypatch.setattr(again, "embed", no_second_computation)
     assert np.array_equal(again.word_table()[1], table)
+
+
+def test_vectors_of_reads_the_hits_tokens_back_on_every_backend(home, memory_backend):
+    embedded = EmbeddedBackend(home)
+    got = embedded.vectors_of("pics", ["volcano", "gone", "cat"], "image")
+    assert got[1] is None
+    assert got[0] == embedded.get("pics", "volcano").vectors["image"] and got[2].to_token_map() == pytest.approx(DOCS["cat"])
+    memory_backend.create_index("pics", IndexSchema())  # a backend with the base class's way (one get per id)
+    memory_backend.ingest("pics", [Document("cat", {"image": SparseVector.from_token_map(DOCS["cat"])})])
+    assert memory_backend.vectors_of("pics", ["cat", "gone"], "image") == [got[2], None]

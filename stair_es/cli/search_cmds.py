@@ -154,6 +154,10 @@ def search(index, text, explain_hits, rerank, as_json, backend, **q) -> None:
     min-max normalised weighted sum).
     """
     opts, vector = _hybrid_opts(text, q)
+    if opts is None and text:
+        from stair_es.rerank import prepare
+
+        prepare(rerank)  # the sentence model loads while the query is encoded and searched
     request, qvec = _make_request(backend, index, text, **q)
     if opts is not None:
         from stair_es.hybrid import hybrid_search

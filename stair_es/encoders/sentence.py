@@ -129,6 +129,7 @@ class SentenceEncoder:
         self._tok: Any = None
         self._torch: Any = None
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._lock = threading.RLock()
 
     @property
     def version(self) -> str:
@@ -167,9 +168,10 @@ class SentenceEncoder:
     def _tower(self) -> Any:
         """The int8 ONNX tower (made once from the float export), or False to run PyTorch
         (``runtime="torch"``, or ``auto`` without ONNX Runtime or when the export fails)."""
-        if "int8" not in self._towers:
-            self._towers["int8"] = False if self.runtime == "torch" else self._int8_tower()
-        return self._towers["int8"]
+        with self._lock:  # a search may warm the model in another thread (stair_es.rerank.prepare)
+            if "int8" not in self._towers:
+                self._towers["int8"] = False if self.runtime == "torch" else self._int8_tower()
+            return self._towers["int8"]
 
     def _int8_tower(self) -> Any:
         """Dynamic int8 quantisation of the float tower (ONNX Runtime's ``quantize_dynamic``: int8
@@ -218,9 +220,12 @@ class SentenceEncoder:
     def word_table(self, vocab: Vocabulary | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, float16 embeddings) of the vocabulary's whole words (letters only, two or
         more): computed once per model and vocabulary, cached in the model cache."""
-        if self._table is not None:
+        with self._lock:
+            if self._table is None:
+                self._table = self._load_table(vocab or default_vocabulary())
             return self._table
-        vocab = vocab or default_vocabulary()
+
+    def _load_table(self, vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
         ids = np.array([i for i, t in enumerate(vocab.tokens) if len(t) >= 2 and t.isalpha() and t.islower()], np.int64)
         side = "int8" if self._tower() else "torch"  # the table is made by the tower that embeds queries
         key = hashlib.sha256(f"{weights_digest(self.files)}|{vocab.name}|{len(vocab.tokens)}|{ids.sum()}|"
@@ -238,8 +243,7 @@ class SentenceEncoder:
                             path.parent)
                 table = self.embed([vocab.tokens[i] for i in ids]).astype(np.float16)
                 self._save(path, table)
-            self._table = (ids, np.asarray(table))
-        return self._table
+        return ids, np.asarray(table)
 
     @staticmethod
     def _save(path: Path, table: np.ndarray) -> None:
