@@ -15,21 +15,20 @@ rank_meaning)``, ``k`` = :data:`RRF_K`), where the meaning's weight ``w_m`` foll
 the query the index holds: :data:`WEIGHT_HELD` when every word is held (kept or lemma), growing
 to :data:`WEIGHT_GROUNDED` when none is; ``w_s = 1 - w_m``.
 
-Measured on the four public sets (``python -m benchmarks.encoders.run --limit 300``; see
-docs/encoders.md, "Semantic re-ranking"), P@1 / MRR: photos 0.420 / 0.509 -> 0.439 / 0.539,
-sample photos 0.444 / 0.555 -> 0.556 / 0.651, Tux Paint 0.293 / 0.365 -> 0.283 / 0.360,
-openclipart 0.277 / 0.320 -> 0.453 / 0.505.
+Measured on the four public sets (``python -m benchmarks.encoders.run --limit 300 --query default
+--rerank off|auto``; docs/encoders.md, "Re-ranking by meaning"), P@1 / MRR: photos 0.420 / 0.509
+-> 0.439 / 0.538, sample photos 0.444 / 0.555 -> 0.611 / 0.694, Tux Paint 0.293 / 0.365 -> 0.293 /
+0.365, openclipart 0.277 / 0.320 -> 0.457 / 0.504.
 
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
-the meaning's rank and cosine. ``rerank="auto"`` re-ranks text queries when the sentence model
-is on this machine and leaves others alone; ``"semantic"`` requires it; ``"off"`` (the default
-of ``stair-es search`` and ``rank-eval``, or ``$STAIR_ES_RERANK``) never re-ranks. It is not on by
-default because its first query in a process loads a 90 MB model and reads each hit's tokens
-back from the inverted index (numba's start-up): a cold one-shot ``stair-es search`` took 2.8 s
-and 376 MB instead of 0.9 s and 145 MB in one run on a busy machine, past the 0.5 s / 250 MB a
-cold search keeps. In a process that answers many queries (``rank-eval``, the library) the cost
-per query is small.
+the meaning's rank and cosine. ``rerank="auto"`` (the default of ``stair-es search`` and
+``rank-eval``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices of this
+machine of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed, and
+leaves others alone; ``"semantic"`` requires it and re-ranks any index; ``"off"`` never re-ranks.
+Its cost on a cold one-shot ``stair-es search`` (``benchmarks/cold_search.py``, same run, load
+1.7): 0.55 s and 209 MB instead of 0.43 s and 146 MB (the int8 model loads in the background
+while the query is encoded).
 
 This module must not know about a backend's internals: it reads hits, their vectors
 (:meth:`SearchBackend.vectors_of`) and document frequencies (:meth:`SearchBackend.doc_freqs`).
@@ -72,8 +71,8 @@ CANDIDATE_WEIGHT = 0.001
 
 
 def default_mode() -> str:
-    """``$STAIR_ES_RERANK`` (auto, semantic or off), else ``off``: what ``--rerank`` defaults to."""
-    return check_rerank(os.environ.get("STAIR_ES_RERANK") or "off")
+    """``$STAIR_ES_RERANK`` (auto, semantic or off), else ``auto``: what ``--rerank`` defaults to."""
+    return check_rerank(os.environ.get("STAIR_ES_RERANK") or "auto")
 
 
 def check_rerank(value: Any) -> str:
@@ -216,6 +215,9 @@ def search(backend: SearchBackend, index: str, request: SearchRequest, text: str
         df, n_docs = backend.doc_freqs(index, FIELD)
     except NotImplementedError:
         return _plain(backend, index, request, "this backend cannot report document frequencies")
+    if mode == "auto" and backend.index_folder(index) is None:
+        return _plain(backend, index, request, "--rerank auto re-ranks indices on this machine only (a cluster would be "
+                                               "asked for each hit's tokens one by one); --rerank semantic re-ranks anyway")
     if mode == "auto" and n_docs > AUTO_MAX_DOCS:
         return _plain(backend, index, request, f"the index holds {n_docs:,} documents, more than --rerank auto re-ranks "
                                                f"({AUTO_MAX_DOCS:,}: each hit's tokens are read back); --rerank semantic "

@@ -236,3 +236,12 @@ def test_vectors_of_reads_the_hits_tokens_back_on_every_backend(home, memory_bac
     memory_backend.create_index("pics", IndexSchema())  # a backend with the base class's way (one get per id)
     memory_backend.ingest("pics", [Document("cat", {"image": SparseVector.from_token_map(DOCS["cat"])})])
     assert memory_backend.vectors_of("pics", ["cat", "gone"], "image") == [got[2], None]
+
+
+def test_auto_leaves_indices_elsewhere_in_sparse_order(hand_made, memory_backend):
+    memory_backend.create_index("pics", IndexSchema(encoder={"name": "bow"}))
+    memory_backend.ingest("pics", [Document(k, {"image": SparseVector.from_token_map(v)}) for k, v in DOCS.items()])
+    request, _ = make_request(memory_backend, "pics", QuerySpec(text="sunset sky", top_k=4))
+    result = rerank.search(memory_backend, "pics", request, "sunset sky", rerank="auto")
+    assert all(h.retrievers is None for h in result.hits)
+    assert any("indices on this machine only" in n for n in result.notes)

