@@ -258,12 +258,14 @@ class SentenceEncoder:
 
 
 def sentence_encoder(model: str | None = None, runtime: str | None = None) -> SentenceEncoder:
-    """One :class:`SentenceEncoder` per model and runtime per process."""
-    key = (str(model), str(runtime))
+    """One :class:`SentenceEncoder` per model folder and runtime per process (the folder is looked
+    up each time, so a changed ``$STAIR_ES_SENTENCE_MODEL`` is seen)."""
+    folder = model_folder(model)
+    key = (str(folder), str(runtime))
     with _LOCK:
         enc = _ENCODERS.get(key)
     if enc is None:
-        enc = SentenceEncoder(model, runtime)
+        enc = SentenceEncoder(str(folder), runtime)
         with _LOCK:
             enc = _ENCODERS.setdefault(key, enc)
     return enc
