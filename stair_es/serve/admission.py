@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -70,7 +71,12 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
-def lower_thread_priority(steps: int) -> None:
+#: ``--worker-policy``: the scheduling policy of the worker threads (Linux), by name.
+WORKER_POLICIES = ("idle", "batch", "normal")
+_policy_refused: list[str] = []  # why the kernel refused the policy (the first worker thread's reason), once
+
+
+def lower_thread_priority(steps: int, policy: str = "normal") -> None:
     """Run in a new worker thread: sets that thread's nice value ``steps`` above the process's
     main thread (Linux schedules threads one by one), so the event loop's thread, which
     accepts, sheds and answers, gets the CPU first when the workers saturate it. A no-op where
@@ -79,14 +85,41 @@ def lower_thread_priority(steps: int) -> None:
     Counted from the main thread, not from the calling thread's own value: a thread inherits
     the nice value of the thread that starts it, which may itself be lowered already (until
     2026-11-27 the search threads were started by an already lowered dispatcher thread and ran
-    2 x ``steps`` below)."""
-    if steps <= 0:
-        return
+    2 x ``steps`` below).
+
+    Then the thread's scheduling policy (:func:`set_worker_policy`)."""
+    if steps > 0:
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
+        except (AttributeError, OSError):
+            pass
+    set_worker_policy(policy)
+
+
+def set_worker_policy(policy: str) -> str | None:
+    """Run in a worker thread: its Linux scheduling policy (``--worker-policy``). ``idle``
+    (``SCHED_IDLE``): the kernel preempts the thread as soon as an ordinary thread wakes on its
+    core, so the event loop's thread (which accepts, sheds and answers) runs at once instead of
+    at the next scheduler tick; no privilege needed. ``batch`` (``SCHED_BATCH``): the thread is
+    treated as CPU-bound (it never preempts others on waking). ``normal``: unchanged. Where the
+    kernel refuses (not Linux, a sandbox), the thread runs unchanged and one warning says why;
+    returns that reason, or None."""
+    if policy not in WORKER_POLICIES:
+        raise InvalidInputError(f"worker policy {policy!r}: give one of {', '.join(WORKER_POLICIES)}")
+    if policy == "normal":
+        return None
     try:
-        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
-    except (AttributeError, OSError):
-        pass
+        os.sched_setscheduler(0, getattr(os, f"SCHED_{policy.upper()}"), os.sched_param(0))
+        return None
+    except (AttributeError, OSError) as e:
+        why = (f"the worker threads cannot run under SCHED_{policy.upper()} here "
+               f"({e.strerror if isinstance(e, OSError) and e.strerror else 'not supported'}); "
+               "they run as ordinary threads (--worker-policy normal hides this warning)")
+    if not _policy_refused:
+        _policy_refused.append(why)
+        logging.getLogger("stair_es.serve").warning("%s", why)
+    return why
 
 
 def set_loop_priority(nice: int) -> str | None:
@@ -167,7 +200,9 @@ def unset_loop_realtime() -> None:
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
-                 queue_timeout_ms: float | str | None = None):
+                 queue_timeout_ms: float | str | None = None, worker_policy: str = "normal"):
+        if worker_policy not in WORKER_POLICIES:
+            raise InvalidInputError(f"worker policy {worker_policy!r}: give one of {', '.join(WORKER_POLICIES)}")
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
         # a fixed number of ms, "auto" (derived per kind of work from its service times) or None (off)
@@ -180,7 +215,7 @@ class Admission:
         self._kind_mean_s = dict.fromkeys(KINDS, 0.0)  # the same, per kind of work (for the auto queue timeout)
         self._kind_seen = dict.fromkeys(KINDS, 0)  # service times observed per kind
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
-                                        initializer=lower_thread_priority, initargs=(worker_nice,))
+                                        initializer=lower_thread_priority, initargs=(worker_nice, worker_policy))
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)

@@ -75,6 +75,10 @@ class ServeConfig:
     url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
     worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
+    # the worker threads' scheduling policy (Linux; stair_es.serve.admission.set_worker_policy): "idle"
+    # (SCHED_IDLE: preempted at once when the event loop's thread wakes), "batch" or "normal":
+    # $STAIR_ES_SERVE_WORKER_POLICY
+    worker_policy: str = field(default_factory=lambda: os.environ.get("STAIR_ES_SERVE_WORKER_POLICY", "normal"))
     # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
     # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
     loop_nice: int = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_NICE", 0, int))
