@@ -74,6 +74,7 @@ else:  # pragma: no cover - Python 3.10
 #: ``--worker-policy``: the scheduling policy of the worker threads (Linux), by name.
 WORKER_POLICIES = ("idle", "batch", "normal")
 _policy_refused: list[str] = []  # why the kernel refused the policy (the first worker thread's reason), once
+_loop_slice_set: list[bool] = []  # the event loop's thread has a slice of its own (--loop-slice-us)
 
 
 def lower_thread_priority(steps: int, policy: str = "normal") -> None:
@@ -95,6 +96,8 @@ def lower_thread_priority(steps: int, policy: str = "normal") -> None:
         except (AttributeError, OSError):
             pass
     set_worker_policy(policy)
+    if _loop_slice_set:  # a thread started by the event loop's thread inherits its short slice: the kernel's default
+        set_thread_slice(0)
 
 
 def set_worker_policy(policy: str) -> str | None:
@@ -141,6 +144,39 @@ def set_loop_priority(nice: int) -> str | None:
     return None
 
 
+#: ``sched_setattr``'s system call number by machine (Linux); elsewhere a custom slice is not set.
+_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274, "arm64": 274, "riscv64": 274, "ppc64le": 355, "s390x": 345}
+
+
+def set_thread_slice(us: float) -> str | None:
+    """This thread's EEVDF time slice (Linux 6.12+, ``sched_attr.sched_runtime`` of an ordinary
+    thread; the kernel clamps it to 0.1 to 100 ms; 0: the kernel's default), keeping its nice
+    value. A thread with a shorter slice than the one running on its core preempts it on
+    waking (the kernel's ``PREEMPT_SHORT``) instead of waiting for that one's slice to end at a
+    scheduler tick; no privilege needed. Returns why it could not be done, or None."""
+    import ctypes
+    import platform
+    import struct
+
+    nr = _SYS_SCHED_SETATTR.get(platform.machine().lower()) if sys.platform == "linux" else None
+    if nr is None:
+        return "a thread's time slice can only be set on Linux (x86_64, arm64, riscv64, ppc64le, s390x)"
+    try:
+        if os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK not in (os.SCHED_OTHER, os.SCHED_BATCH):
+            return "the thread is not an ordinary one (real-time or idle): its time slice is left alone"
+        policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        # struct sched_attr (version 0, 48 bytes): size, policy, flags, nice, priority, runtime, deadline, period
+        attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, policy, 0, nice, 0, int(us * 1000), 0, 0))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(nr, 0, attr, 0) != 0:
+            err = ctypes.get_errno()
+            return f"this kernel does not take a thread's time slice ({os.strerror(err)}; Linux 6.12+ does)"
+    except (AttributeError, OSError) as e:
+        return f"a thread's time slice cannot be set here ({e})"
+    return None
+
+
 #: ``--queue-timeout-ms auto`` (the default): a request may wait this long in the queue ...
 AUTO_FLOOR_MS = 20.0
 #: ... or this many mean service times of its kind, when that is longer.
@@ -170,6 +206,27 @@ def queue_timeout_setting(value: Any) -> float | str | None:
     if value < 0 or value != value:
         raise InvalidInputError(f"queue timeout {value:g}: give milliseconds >= 0 (0: off), 'auto' or 'off'")
     return value if value > 0 else None
+
+
+def set_loop_slice(us: float) -> str | None:
+    """Run on the event loop's thread: gives it a time slice of ``us`` microseconds
+    (``--loop-slice-us``), so that when a request arrives or a search's answer is handed back
+    it preempts whatever ordinary thread holds its core (a search thread, another process)
+    instead of waiting for the next scheduler tick. The threads it starts afterwards (search
+    threads, the worker pool) take the kernel's default back. Returns why it could not be done
+    (the server runs on, unchanged), or None."""
+    problem = set_thread_slice(us)
+    if problem is None:
+        _loop_slice_set[:] = [True]
+        return None
+    return f"the event loop's thread keeps the kernel's time slice (--loop-slice-us {us:g}): {problem}"
+
+
+def unset_loop_slice() -> None:
+    """The kernel's default slice back (when the app stops: the thread may run other things after it)."""
+    if _loop_slice_set:
+        _loop_slice_set.clear()
+        set_thread_slice(0)
 
 
 def set_loop_realtime() -> str | None:

@@ -85,6 +85,10 @@ class ServeConfig:
     # the event loop's thread in the real-time class (SCHED_FIFO 1; Linux; root or CAP_SYS_NICE), so it runs at
     # once when it wakes instead of after the next scheduler tick: $STAIR_ES_SERVE_LOOP_REALTIME=1
     loop_realtime: bool = field(default_factory=lambda: bool(_env_number("STAIR_ES_SERVE_LOOP_REALTIME", 0, int)))
+    # the event loop's thread's own EEVDF time slice in microseconds (Linux 6.12+; the kernel clamps it to
+    # 100-100000; 0: the kernel's default), so it preempts an ordinary thread on its core when it wakes:
+    # $STAIR_ES_SERVE_LOOP_SLICE_US
+    loop_slice_us: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_SLICE_US", 0.0))
     # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
     # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
     switch_interval_ms: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))

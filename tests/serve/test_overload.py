@@ -646,6 +646,59 @@ def test_worker_policy_normal_leaves_the_threads_ordinary_and_a_refusal_warns_on
     assert len(warned) == 1 and "ordinary threads" in warned[0] and "--worker-policy normal" in warned[0]
 
 
+def _thread_slice_ns(tid: int = 0) -> int | None:
+    """A thread's EEVDF slice (``sched_getattr``), None where it cannot be read."""
+    import ctypes
+    import platform
+    import struct
+    import sys
+
+    nr = {"x86_64": 315, "aarch64": 275}.get(platform.machine().lower())
+    if sys.platform != "linux" or nr is None:
+        return None
+    buf = ctypes.create_string_buffer(56)
+    if ctypes.CDLL(None, use_errno=True).syscall(nr, tid, buf, 56, 0) != 0:
+        return None
+    return struct.unpack("IIQiIQQQ", buf.raw[:48])[5] or None
+
+
+def test_the_event_loops_thread_can_have_a_short_time_slice_and_its_workers_do_not(home, image_root, monkeypatch,
+                                                                                  caplog):
+    """--loop-slice-us: the thread that accepts, sheds and answers gets a slice of its own (it then
+    preempts a busy thread on waking instead of waiting for a scheduler tick); the search and worker
+    threads, which inherit it from the thread that starts them, take the kernel's default back.
+    Where the kernel refuses, a warning says so and the server runs on."""
+    import os
+
+    from fastapi.testclient import TestClient
+
+    import stair_es.serve.admission as admission
+
+    default = _thread_slice_ns()
+    if default is None or admission.set_thread_slice(0) is not None:
+        pytest.skip("this kernel has no per-thread time slice (Linux 6.12+ on x86_64/arm64)")
+    monkeypatch.setenv("STAIR_ES_SERVE_LOOP_SLICE_US", "200")
+    config = make_config(home, image_root, worker_policy="batch")
+    assert config.loop_slice_us == 200
+    with TestClient(create_app(config)) as c:
+        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+        assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
+        assert c.portal.call(_thread_slice_ns, 0) == 200_000
+        rt = c.app.state.runtime
+        threads = [t.native_id for b in rt._batchers for t in b._threads] + [t.native_id
+                                                                          for t in rt.admission._pool._threads]
+        assert threads and {_thread_slice_ns(tid) for tid in threads} == {default}
+        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_BATCH}
+    assert not admission._loop_slice_set
+
+    monkeypatch.setattr(admission, "set_thread_slice", lambda us: "this kernel does not take a thread's time slice")
+    caplog.clear()
+    with TestClient(create_app(config)) as c:
+        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
+        assert c.portal.call(_thread_slice_ns, 0) == default
+    assert any("--loop-slice-us 200" in r.getMessage() and "does not take" in r.getMessage() for r in caplog.records)
+
+
 def test_an_unknown_worker_policy_is_refused_with_the_choices(home, image_root):
     from stair_es.errors import InvalidInputError
     from stair_es.serve.admission import Admission
