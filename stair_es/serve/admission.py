@@ -144,6 +144,40 @@ def set_loop_priority(nice: int) -> str | None:
     return None
 
 
+class _SchedStat:
+    """This thread's ``/proc/thread-self/schedstat``, open for as long as the thread lives."""
+
+    def __init__(self):
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except (AttributeError, OSError):
+            self.fd = -1
+
+    def __del__(self):
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
+
+_schedstat = threading.local()
+
+
+def cpu_wait_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a core since it started
+    (Linux: ``run_delay`` of ``/proc/thread-self/schedstat``, about a microsecond to read); 0.0
+    where unknown. Wall time minus the growth of this is a piece of work's own time: what it
+    ran, and what it waited for anything but a core (the GIL, a lock, the network)."""
+    st = getattr(_schedstat, "st", None)
+    if st is None:
+        st = _schedstat.st = _SchedStat()
+    if st.fd < 0:
+        return 0.0
+    try:
+        return int(os.pread(st.fd, 64, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 #: ``sched_setattr``'s system call number by machine (Linux); elsewhere a custom slice is not set.
 _SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274, "arm64": 274, "riscv64": 274, "ppc64le": 355, "s390x": 345}
 
@@ -278,13 +312,22 @@ class Admission:
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)
 
     # --- the numbers a refused client is told ----------------------------------------------------
-    def observe(self, seconds: float, kind: str = "pool") -> None:
-        """One service time (seconds) of ``kind`` (``search`` or ``pool``) into the moving averages."""
+    def observe(self, seconds: float, kind: str = "pool", cpu_wait: float = 0.0) -> None:
+        """One service time (seconds, wall) of ``kind`` (``search`` or ``pool``) into the moving
+        averages; ``cpu_wait``: the part of it the thread spent waiting for a core (:func:`cpu_wait_s`).
+
+        The drain time told to refused clients and expected at the door follows the wall time (how
+        fast the server goes now). The auto queue timeout follows the work's own time, without
+        the waits for a core: when other processes take the cores and a 5 ms search takes 20 ms of
+        wall time, the queue may still hold only what 20 ms of waiting allows, instead of growing
+        with the slowdown (4 x 20 ms) and every answered request waiting that much longer. Slow
+        work (an image encoding, a cluster's search waiting on the network) keeps its own length."""
         seconds = max(0.0, seconds)
+        own = max(0.0, seconds - max(0.0, cpu_wait))
         self._mean_s += 0.1 * (seconds - self._mean_s)
         seen = self._kind_seen[kind] = self._kind_seen[kind] + 1
         # the first ones as a plain mean (no guess to forget), then a moving average
-        self._kind_mean_s[kind] += (seconds - self._kind_mean_s[kind]) * max(0.1, 1.0 / seen)
+        self._kind_mean_s[kind] += (own - self._kind_mean_s[kind]) * max(0.1, 1.0 / seen)
 
     def queue_timeout(self, kind: str = "pool") -> float | None:
         """The queue timeout of ``kind`` in ms now (None: off): the fixed ``--queue-timeout-ms``, or
@@ -431,11 +474,12 @@ class Admission:
             started = time.monotonic()
 
             def call() -> Any:
+                w0 = cpu_wait_s()
                 try:
                     return fn(*args)
                 finally:
                     try:
-                        loop.call_soon_threadsafe(self._done, time.monotonic() - started)
+                        loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0)
                     except RuntimeError:  # the event loop is closed: nobody waits for the slot
                         pass
 
@@ -455,8 +499,8 @@ class Admission:
         finally:
             self.leave()
 
-    def _done(self, took: float) -> None:
-        self.observe(took, "pool")
+    def _done(self, took: float, cpu_wait: float = 0.0) -> None:
+        self.observe(took, "pool", cpu_wait)
         self._free()
 
     def close(self) -> None:

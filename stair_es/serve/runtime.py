@@ -72,7 +72,7 @@ class Runtime:
                     (payload, detail), t = await within(submitted, adm.request_timeout)
                 except asyncio.TimeoutError:  # the batcher drops it if it has not started
                     raise adm.timeout(time.monotonic() - t0, started=None) from None
-            adm.observe(t.run + t.prepare / max(1, t.size), "search")
+            adm.observe(t.run + t.prepare / max(1, t.size), "search", t.cpu_wait)
             return payload, t, detail
         finally:
             adm.leave()

@@ -944,6 +944,57 @@ def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
         off.close()
 
 
+def test_queue_timeout_auto_does_not_grow_when_other_processes_take_the_cores():
+    """The auto queue timeout follows a request's own time, not the time its thread waited for a
+    core: while another job takes a core and 4 ms searches take 20 ms of wall time, the searches'
+    queue is still held to 20 ms (not 4 x 20 = 80 ms, which every answered request would wait on
+    top). The drain time a refused client is told follows the wall time: the server's real speed."""
+    from stair_es.serve.admission import AUTO_FLOOR_MS, Admission
+    from stair_es.serve.errors import ServerBusyError
+
+    adm = Admission(workers=2, max_queue=64, queue_timeout_ms="auto")
+    slow = Admission(workers=2, max_queue=64, queue_timeout_ms="auto")
+    try:
+        for _ in range(100):
+            adm.observe(0.020, "search", cpu_wait=0.016)  # 4 ms of its own, 16 ms waiting for a core
+            slow.observe(0.020, "search")  # 20 ms of its own (a cluster waiting on the network, say)
+            for a in (adm, slow):
+                a.observe(0.150, "pool", cpu_wait=0.0)
+        assert adm.queue_timeout("search") == AUTO_FLOOR_MS
+        assert abs(slow.queue_timeout("search") - 80) < 0.5
+        assert abs(adm.queue_timeout("pool") - 600) < 1
+        for a in (adm, slow):
+            for _ in range(2):
+                a.enter("search")
+        # the same wall times, so the same drain time for a refused client
+        assert adm.retry_after_ms() == slow.retry_after_ms() > 0
+        # a third would wait about 2 x 20 ms / 2 workers: past 20 ms, within 80 ms
+        with pytest.raises(ServerBusyError, match="queue timeout of 20 ms"):
+            adm.enter("search")
+        slow.enter("search")
+    finally:
+        adm.close()
+        slow.close()
+
+
+def test_a_threads_wait_for_a_core_is_read_per_thread():
+    import os
+    import threading
+
+    from stair_es.serve.admission import cpu_wait_s
+
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        pytest.skip("no /proc/thread-self/schedstat here (Linux with schedstats): the wait counts as 0")
+    a = cpu_wait_s()
+    b = cpu_wait_s()
+    assert 0.0 <= a <= b
+    got = []
+    t = threading.Thread(target=lambda: got.append(cpu_wait_s()))
+    t.start()
+    t.join()
+    assert got and 0.0 <= got[0]
+
+
 def test_switch_interval_from_the_environment_while_the_app_runs(home, image_root, monkeypatch):
     """$STAIR_ES_SERVE_SWITCH_INTERVAL_MS: how long a search thread running Python may keep the
     GIL from the event loop's thread; set while the app runs, put back when it stops."""
