@@ -79,16 +79,6 @@ def _queue_timeout(value: Any) -> float | str | None:
 @click.option("--worker-nice", default=5, show_default=True, type=click.IntRange(0, 19),
               help="Run the worker threads this many nice steps below the thread that accepts, sheds and answers "
                    "requests (Linux), so shedding stays fast while the workers use every core.")
-@click.option("--loop-slice-us", default=0.0, show_default=True, type=click.FloatRange(0, 100000),
-              envvar="STAIR_ES_SERVE_LOOP_SLICE_US", show_envvar=True,
-              help="Time slice of the thread that accepts, sheds and answers requests, in microseconds (Linux 6.12+; "
-                   "100 to 100000; 0: the kernel's), so it preempts a busy thread when it wakes instead of waiting "
-                   "for a scheduler tick; no root needed (elsewhere a warning, and it runs unchanged).")
-@click.option("--worker-policy", default="normal", show_default=True, type=click.Choice(["idle", "batch", "normal"]),
-              envvar="STAIR_ES_SERVE_WORKER_POLICY", show_envvar=True,
-              help="Linux scheduling policy of the worker threads: idle (SCHED_IDLE) lets the thread that accepts, "
-                   "sheds and answers requests preempt them as soon as it wakes (no root needed); batch (SCHED_BATCH); "
-                   "normal leaves them ordinary. Where the OS refuses: a warning, and they run unchanged.")
 @click.option("--loop-nice", default=0, show_default=True, type=click.IntRange(-20, 19), envvar="STAIR_ES_SERVE_LOOP_NICE",
               show_envvar=True, help="Nice value of the thread that accepts, sheds and answers requests (Linux); the "
                                      "workers run --worker-nice steps above it. Negative puts it ahead of the machine's "

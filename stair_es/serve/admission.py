@@ -71,10 +71,11 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
-#: ``--worker-policy``: the scheduling policy of the worker threads (Linux), by name.
+#: ``$STAIR_ES_SERVE_WORKER_POLICY``: the scheduling policy of the worker threads (Linux), by name (measured in
+#: docs/serve.md: none paid on a shared machine, and ``idle`` starved the server there).
 WORKER_POLICIES = ("idle", "batch", "normal")
 _policy_refused: list[str] = []  # why the kernel refused the policy (the first worker thread's reason), once
-_loop_slice_set: list[bool] = []  # the event loop's thread has a slice of its own (--loop-slice-us)
+_loop_slice_set: list[bool] = []  # the event loop's thread has a slice of its own ($STAIR_ES_SERVE_LOOP_SLICE_US)
 
 
 def lower_thread_priority(steps: int, policy: str = "normal") -> None:
@@ -101,7 +102,7 @@ def lower_thread_priority(steps: int, policy: str = "normal") -> None:
 
 
 def set_worker_policy(policy: str) -> str | None:
-    """Run in a worker thread: its Linux scheduling policy (``--worker-policy``). ``idle``
+    """Run in a worker thread: its Linux scheduling policy (``$STAIR_ES_SERVE_WORKER_POLICY``). ``idle``
     (``SCHED_IDLE``): the kernel preempts the thread as soon as an ordinary thread wakes on its
     core, so the event loop's thread (which accepts, sheds and answers) runs at once instead of
     at the next scheduler tick; no privilege needed. ``batch`` (``SCHED_BATCH``): the thread is
@@ -109,7 +110,8 @@ def set_worker_policy(policy: str) -> str | None:
     kernel refuses (not Linux, a sandbox), the thread runs unchanged and one warning says why;
     returns that reason, or None."""
     if policy not in WORKER_POLICIES:
-        raise InvalidInputError(f"worker policy {policy!r}: give one of {', '.join(WORKER_POLICIES)}")
+        raise InvalidInputError(f"worker policy {policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
+                                f"{', '.join(WORKER_POLICIES)}")
     if policy == "normal":
         return None
     try:
@@ -118,7 +120,7 @@ def set_worker_policy(policy: str) -> str | None:
     except (AttributeError, OSError) as e:
         why = (f"the worker threads cannot run under SCHED_{policy.upper()} here "
                f"({e.strerror if isinstance(e, OSError) and e.strerror else 'not supported'}); "
-               "they run as ordinary threads (--worker-policy normal hides this warning)")
+               "they run as ordinary threads (STAIR_ES_SERVE_WORKER_POLICY=normal hides this warning)")
     if not _policy_refused:
         _policy_refused.append(why)
         logging.getLogger("stair_es.serve").warning("%s", why)
@@ -244,7 +246,7 @@ def queue_timeout_setting(value: Any) -> float | str | None:
 
 def set_loop_slice(us: float) -> str | None:
     """Run on the event loop's thread: gives it a time slice of ``us`` microseconds
-    (``--loop-slice-us``), so that when a request arrives or a search's answer is handed back
+    (``$STAIR_ES_SERVE_LOOP_SLICE_US``), so that when a request arrives or a search's answer is handed back
     it preempts whatever ordinary thread holds its core (a search thread, another process)
     instead of waiting for the next scheduler tick. The threads it starts afterwards (search
     threads, the worker pool) take the kernel's default back. Returns why it could not be done
@@ -253,7 +255,7 @@ def set_loop_slice(us: float) -> str | None:
     if problem is None:
         _loop_slice_set[:] = [True]
         return None
-    return f"the event loop's thread keeps the kernel's time slice (--loop-slice-us {us:g}): {problem}"
+    return f"the event loop's thread keeps the kernel's time slice (STAIR_ES_SERVE_LOOP_SLICE_US={us:g}): {problem}"
 
 
 def unset_loop_slice() -> None:
@@ -293,7 +295,8 @@ class Admission:
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
                  queue_timeout_ms: float | str | None = None, worker_policy: str = "normal"):
         if worker_policy not in WORKER_POLICIES:
-            raise InvalidInputError(f"worker policy {worker_policy!r}: give one of {', '.join(WORKER_POLICIES)}")
+            raise InvalidInputError(f"worker policy {worker_policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
+                                    f"{', '.join(WORKER_POLICIES)}")
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
         # a fixed number of ms, "auto" (derived per kind of work from its service times) or None (off)

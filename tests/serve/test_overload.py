@@ -586,7 +586,7 @@ def test_the_event_loops_thread_can_run_real_time_and_its_searches_do_not(home, 
 @pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is a Linux scheduling policy")
 @pytest.mark.parametrize("policy", ["idle", "batch"])
 def test_worker_threads_run_under_the_worker_policy_and_the_loop_does_not(home, image_root, monkeypatch, policy):
-    """--worker-policy idle|batch: the search threads and the worker pool run under SCHED_IDLE or
+    """$STAIR_ES_SERVE_WORKER_POLICY idle|batch: the search threads and the worker pool run under SCHED_IDLE or
     SCHED_BATCH (so the thread that accepts, sheds and answers preempts them when it wakes), at
     --worker-nice below the loop as before; the event loop's thread stays ordinary. Choosing it
     needs no privilege."""
@@ -643,7 +643,7 @@ def test_worker_policy_normal_leaves_the_threads_ordinary_and_a_refusal_warns_on
         assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
         assert {os.sched_getscheduler(tid) for tid in threads_of(c)} == {os.SCHED_OTHER}
     warned = [r.getMessage() for r in caplog.records if "SCHED_IDLE" in r.getMessage()]
-    assert len(warned) == 1 and "ordinary threads" in warned[0] and "--worker-policy normal" in warned[0]
+    assert len(warned) == 1 and "ordinary threads" in warned[0] and "STAIR_ES_SERVE_WORKER_POLICY=normal" in warned[0]
 
 
 def _thread_slice_ns(tid: int = 0) -> int | None:
@@ -664,7 +664,7 @@ def _thread_slice_ns(tid: int = 0) -> int | None:
 
 def test_the_event_loops_thread_can_have_a_short_time_slice_and_its_workers_do_not(home, image_root, monkeypatch,
                                                                                   caplog):
-    """--loop-slice-us: the thread that accepts, sheds and answers gets a slice of its own (it then
+    """$STAIR_ES_SERVE_LOOP_SLICE_US: the thread that accepts, sheds and answers gets a slice of its own (it then
     preempts a busy thread on waking instead of waiting for a scheduler tick); the search and worker
     threads, which inherit it from the thread that starts them, take the kernel's default back.
     Where the kernel refuses, a warning says so and the server runs on."""
@@ -696,14 +696,14 @@ def test_the_event_loops_thread_can_have_a_short_time_slice_and_its_workers_do_n
     with TestClient(create_app(config)) as c:
         assert c.post("/v1/search", json={"text": "red"}).status_code == 200
         assert c.portal.call(_thread_slice_ns, 0) == default
-    assert any("--loop-slice-us 200" in r.getMessage() and "does not take" in r.getMessage() for r in caplog.records)
+    assert any("STAIR_ES_SERVE_LOOP_SLICE_US=200" in r.getMessage() and "does not take" in r.getMessage() for r in caplog.records)
 
 
 def test_an_unknown_worker_policy_is_refused_with_the_choices(home, image_root):
     from stair_es.errors import InvalidInputError
     from stair_es.serve.admission import Admission
 
-    with pytest.raises(InvalidInputError, match="worker policy 'fifo': give one of idle, batch, normal"):
+    with pytest.raises(InvalidInputError, match="worker policy 'fifo' .STAIR_ES_SERVE_WORKER_POLICY.: give one of idle, batch, normal"):
         Admission(1, 1, worker_policy="fifo")
 
 
