@@ -402,6 +402,8 @@ class QueryConfig:
     expand: int | None = None
     force: bool = False
     label: str = "A"
+    #: re-ranking by meaning (stair_es.rerank): auto | semantic | off, None = search's default
+    rerank: str | None = None
 
     DEFAULT_SUMMARY = "search's defaults"
 
@@ -414,13 +416,14 @@ class QueryConfig:
         d: dict[str, Any] = {"label": self.label, "encoder": self.encoder or "(recorded in the index)"}
         if self.encoder_options:
             d["encoder_options"] = dict(self.encoder_options)
-        return {**d, **self._search_options()}
+        return {**d, **self._search_options(), **({"rerank": self.rerank} if self.rerank else {})}
 
     def summary(self) -> str:
         """One line naming what this configuration sets, e.g. ``encoder=default text=grounded``."""
         parts = [f"encoder={self.encoder}"] if self.encoder else []
         parts += [f"{k}={v}" for k, v in self.encoder_options.items()]
         parts += [f"{k.replace('_', '-')}={v}" for k, v in self._search_options().items()]
+        parts += [f"rerank={self.rerank}"] if self.rerank else []
         return " ".join(parts) or self.DEFAULT_SUMMARY
 
     def spec(self, query: RatedQuery, top_k: int, encoder: Any = None):
@@ -600,6 +603,7 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
     """query id -> (SearchResult, query vector, {grounding, notes, expanded_tokens}) or the InvalidInputError
     that query raised."""
     # lazy: search brings the encoders; only running queries needs it
+    from .rerank import search as rerank_search
     from .search import make_request
 
     out: dict[str, Any] = {}
@@ -607,7 +611,7 @@ def _run(backend: Any, index: str, queries: Sequence[RatedQuery], config: QueryC
     for q in queries:
         try:
             request, qvec = make_request(backend, index, config.spec(q, top_k, encoder))
-            result = backend.search(index, request)
+            result = rerank_search(backend, index, request, q.query, rerank=config.rerank)
         except _GLOBAL_ERRORS:
             raise
         except (InvalidInputError, BackendError) as e:  # a bad "where", nothing searchable, a refused request...

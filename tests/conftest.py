@@ -13,6 +13,10 @@ register_encoder("fake-color", ColorEncoder)
 # to the user's data home; each tower is exported once per run.
 if "STAIR_ES_MODEL_CACHE" not in os.environ:
     os.environ["STAIR_ES_MODEL_CACHE"] = tempfile.mkdtemp(prefix="stair-es-test-models-")
+# Searches keep the sparse order unless a test asks for re-ranking by meaning (tests/test_rerank.py):
+# the suite's expectations are about the engine and the encoders, and the real sentence model
+# would be exported (and its word table computed) in every test run's fresh model cache.
+os.environ.setdefault("STAIR_ES_RERANK", "off")
 
 
 @pytest.fixture

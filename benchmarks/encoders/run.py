@@ -181,6 +181,52 @@ def _encode_queries(kind: str, texts: list[str], image_dense: np.ndarray, defaul
     return q
 
 
+def _held_shares(texts: list[str], image_dense: np.ndarray, default_encoder) -> list[float]:
+    """Per query, the share of its words the index holds (what `stair-es search` re-ranks with)."""
+    from stair_es.encoders.grounding import IndexStats
+    from stair_es.rerank import held_share
+
+    if not getattr(default_encoder, "uses_index_stats", False):
+        return [1.0] * len(texts)
+    stats = IndexStats(np.count_nonzero(image_dense > 0, axis=0), image_dense.shape[0])
+    out = []
+    for t in texts:
+        try:
+            steps = default_encoder.encode_queries([t], idf=_idf(image_dense), index_stats=stats)[0].grounding
+        except Exception:  # noqa: BLE001 - a query with nothing to search: it is not re-ranked either
+            steps = []
+        out.append(held_share([s.to_dict() for s in steps]))
+    return out
+
+
+def _reranked(q: np.ndarray, texts: list[str], helds: list[float], img: np.ndarray, sentence) -> np.ndarray:
+    """The scores of queries ``q`` with each query's best hits re-ranked by meaning, as `stair-es
+    search` does (stair_es.rerank): the candidate search adds the words nearest the query's meaning
+    at a small weight; its top WINDOW (score > 0, ties in item order) move above every other item,
+    in their fused order."""
+    from stair_es.rerank import CANDIDATE_WEIGHT, WINDOW, candidate_words, fused_order, meaning_scores
+
+    idf, table = _idf(img), sentence.word_table()
+    queries = sentence.embed(texts)
+    df = np.count_nonzero(img > 0, axis=0)
+    q = q.copy()
+    for n in range(len(texts)):
+        if q[n].max() > 0:
+            words, cos = candidate_words(queries[n], df, table)
+            q[n, words] = np.maximum(q[n, words], CANDIDATE_WEIGHT * q[n].max() * cos)
+    scores = q @ img.T
+    out = scores.astype(np.float64)  # float32 could not tell 1e6 + fused scores apart
+    for n, row in enumerate(scores):
+        cand = np.nonzero(row > 0)[0]
+        cand = cand[np.lexsort((cand, -row[cand]))][:WINDOW]
+        if cand.size < 2:
+            continue
+        docs = [(np.nonzero(img[j])[0], img[j][np.nonzero(img[j])[0]]) for j in cand]
+        _, fused, _ = fused_order(meaning_scores(queries[n], docs, idf, table), helds[n], row[cand])
+        out[n, cand] = 1e6 + fused
+    return out
+
+
 def _relevance(texts: list[str]) -> list[np.ndarray]:
     norm = [" ".join(t.lower().split()) for t in texts]
     groups: dict[str, list[int]] = {}
@@ -243,7 +289,7 @@ def _expansion_rows(q: np.ndarray, img: np.ndarray, vecs, texts: list[str], rel_
 
 
 def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], default_encoder, batch_size: int = 32,
-                 expand: dict | None = None) -> list[dict]:
+                 expand: dict | None = None, sentence=None) -> list[dict]:
     images, kept = [], []
     for it in qs.items:
         try:
@@ -291,8 +337,10 @@ def evaluate_set(name: str, qs: QuerySet, image_encoder, queries: list[str], def
                                  "expand": one, **{k: round(v, 4) for k, v in exp.items()}, **common})
             continue
         scores = qd @ img.T
+        if sentence is not None and q == "default":
+            scores = _reranked(qd, texts, _held_shares(texts, img, default_encoder), img, sentence)
         m = query_set_metrics(scores, grades)
-        row = {"set": name, "n": len(kept), "query_encoder": q,
+        row = {"set": name, "n": len(kept), "query_encoder": q + ("+rerank" if sentence is not None and q == "default" else ""),
                **{k: (round(v, 4) if v is not None else None) for k, v in m.items()}, **common}
         cats = sorted({qq.category for qq, _ in rated if qq.category})
         if cats:
@@ -327,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-option", action="append", default=[], metavar="KEY=VALUE",
                     help="an option of the default encoder's query side (--query default), e.g. similar_words=0 "
                          "(repeatable)")
+    ap.add_argument("--rerank", default=None, choices=("auto", "semantic", "off"),
+                    help="re-rank the default query encoder's best hits by meaning as `stair-es search --rerank` "
+                         "does (auto: when the sentence model is on this machine; default: $STAIR_ES_RERANK, else auto)")
     ap.add_argument("--expand", default="", metavar="N[,N...]",
                     help="also measure each query encoder with co-occurrence expansion (N neighbours per token)")
     ap.add_argument("--expand-split", default="halves", metavar="halves|transductive[,...]",
@@ -368,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     default_encoder = get_encoder("default", **key_values("--query-option", args.query_option))
+    from stair_es.rerank import semantic_encoder
+
+    sentence = semantic_encoder(args.rerank)
     options = key_values("--image-option", args.image_option)
     image_encoder = (default_encoder if args.image_encoder == "default" and not options
                      else get_encoder(args.image_encoder, **options))
@@ -381,12 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "label": args.label, "commit": _git_commit(), "stair_es": str(Path(stair_es.__file__).parent),
         "image_encoder": image_encoder.config(), "default_encoder": default_encoder.config(),
+        "rerank": sentence.version if sentence is not None else "off",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
         "results": [], "skipped": {}, "notes": {},
     }
     print(f"# encoder eval {args.label}  commit {report['commit']}  stair_es from {report['stair_es']}")
     print(f"# image encoder {report['image_encoder']}")
+    print(f"# re-ranking by meaning: {report['rerank']}")
     header = (f"{'set':<12} {'images':>6} {'queries':>7} {'query':<16} {'P@1':>6} {'MRR':>6} {'nDCG@10':>7} {'R@5':>6} "
               f"{'med.rank':>8} {'img/s':>7} {'nnz':>5}")
     if args.expand:
@@ -409,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# {name}: {note}")
         expand = ({"ns": [int(x) for x in args.expand.split(",") if x], "splits": args.expand_split.split(","),
                    "weight": args.expand_weight, "min_count": args.expand_min_count} if args.expand else None)
-        for row in evaluate_set(name, qs, image_encoder, queries, default_encoder, expand=expand):
+        for row in evaluate_set(name, qs, image_encoder, queries, default_encoder, expand=expand, sentence=sentence):
             report["results"].append(row)
             ndcg = f"{row['ndcg10']:>7.3f}" if row.get("ndcg10") is not None else f"{'n/a':>7}"
             label = row["query_encoder"] + " " + row.get("split", "")[:5]

@@ -80,6 +80,20 @@ class SearchBackend(ABC):
     @abstractmethod
     def get(self, index: str, doc_id: str) -> Document: ...
 
+    def vectors_of(self, index: str, doc_ids: Sequence[str], field: str) -> list[Any]:
+        """Each document's sparse vector of ``field`` (a :class:`~stair_es.sparse.SparseVector`), or
+        None when the document is gone or lacks the field: what re-ranking by meaning reads back for
+        a search's hits. Backends may read them all at once."""
+        from ..errors import DocumentNotFoundError
+
+        out = []
+        for doc_id in doc_ids:
+            try:
+                out.append(self.get(index, doc_id).vectors.get(field))
+            except DocumentNotFoundError:
+                out.append(None)
+        return out
+
     @abstractmethod
     def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
         """Which of ``ids`` are in the index (used to resume an interrupted ingest)."""

@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -255,6 +255,9 @@ class EmbeddedBackend(SearchBackend):
 
             doc.dense = vector_of(ix, spec, doc_id)  # as stored: unit length for cosine, float16-rounded
         return doc
+
+    def vectors_of(self, index: str, doc_ids: Sequence[str], field: str) -> list[Any]:
+        return self._reader(index).vectors_of(doc_ids, field)
 
     def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
         return self._reader(index).contains(list(ids))

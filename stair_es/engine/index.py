@@ -647,6 +647,17 @@ class EngineIndex(Searcher):
         vecs = {f: SparseVector(ids, w.astype(np.float32), self.vocab) for f, (ids, w) in s.seg.vectors(d).items() if ids.size}
         return Document(doc_id, vecs, s.seg.metadata(d), s.seg.caption(d), s.seg.source(d))
 
+    def vectors_of(self, doc_ids: Sequence[str], field: str) -> list[SparseVector | None]:
+        """Each live document's sparse vector of ``field`` (None when absent), ids looked up together."""
+        self.refresh()
+        seg_of, doc_of = locate_in(self._segs, list(doc_ids))
+        out: list[SparseVector | None] = []
+        for si, d in zip(seg_of.tolist(), doc_of.tolist()):
+            found = self._segs[si].seg.vectors(d).get(field) if si >= 0 else None
+            out.append(SparseVector(found[0], found[1].astype(np.float32), self.vocab)
+                       if found is not None and found[0].size else None)
+        return out
+
     def explain(self, doc_id: str, request: SearchRequest) -> Explanation:
         self.refresh()
         req = request.prepared(self.schema, self.vocab)

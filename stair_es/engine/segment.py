@@ -505,8 +505,9 @@ class Segment(SegmentFilters):
 
     def vectors(self, d: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         self.verify_arrays(("pair_block", "pair_cnt", "post_off", "post_w"))  # a doc's row touches every term
-        keys, wb = K.doc_row(d, self.keys, self.post_ptr, self.pair_ptr, self.pair_block, self.pair_cnt,
-                             self.post_off, self.post_w, self.bshift)
+        small = self.pair_block.size <= NP.NUMPY_MAX_ROW_PAIRS and not NP.numba_loaded()
+        keys, wb = (NP.doc_row if small else K.doc_row)(d, self.keys, self.post_ptr, self.pair_ptr, self.pair_block,
+                                                        self.pair_cnt, self.post_off, self.post_w, self.bshift)
         out = {}
         fidx = keys // VOCAB_SIZE
         for fi, f in enumerate(self.fields):

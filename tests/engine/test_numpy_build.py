@@ -128,6 +128,21 @@ def test_gather_and_hash_twins_are_identical():
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("n_docs,bshift", [(1, 8), (300, 8), (2000, 8), (700, 4), (50, 1)])
+def test_doc_row_twin_is_identical(n_docs, bshift):
+    rng = np.random.default_rng(7 * n_docs + bshift)
+    indptr, ids, w = _csr(rng, n_docs)
+    built = NB.build_postings(indptr, ids, w, n_docs, 0, 30522, bshift)
+    keys, post_ptr, pair_ptr, pair_block, pair_cnt, _, post_off, post_w = built
+    for d in range(n_docs):
+        a = NP.doc_row(d, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
+        b = NB.doc_row(d, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(a[0], ids[indptr[d]:indptr[d + 1]])  # the document's own tokens
+
+
 def test_a_small_ingest_and_search_never_start_numba(tmp_path):
     code = (
         "import sys\n"
@@ -139,10 +154,11 @@ def test_a_small_ingest_and_search_never_start_numba(tmp_path):
         "ix.add([Document(f'd{i}', {'image': SparseVector.from_token_map({'red': 1.0 + i, 'car': 2.0})}) for i in range(50)])\n"
         "ix.add([Document('d3', {'image': SparseVector.from_token_map({'boat': 1.0})})])\n"
         "res = ix.search(SearchRequest([SparseClause('image', SparseVector.from_token_map({'red': 1.0}))], top_k=2))\n"
+        "doc = ix.get('d7')\n"
         "print([h.id for h in res.hits]); print('numba' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
     assert lines[0] == "['d49', 'd48']"
-    assert lines[1] == "False", "a 51-document ingest and search started numba"
+    assert lines[1] == "False", "a 51-document ingest, search and get started numba"

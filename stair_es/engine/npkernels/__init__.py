@@ -25,7 +25,7 @@ from ..layout import (F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAME
                       STRATEGY_TAAT, SUB_BLOCKS, SUB_FRACTIONS, SUB_LEVELS)
 from .build import block_subs, build_postings, check_pack_csr  # noqa: F401
 from .ids import fnv1a64, gather_strings, same_strings  # noqa: F401
-from .postings import term_docs, term_freqs, term_postings  # noqa: F401
+from .postings import doc_row, term_docs, term_freqs, term_postings  # noqa: F401
 from .search import postings_touched, search_segment  # noqa: F401
 
 #: Up to this many postings of the query terms in one segment, numpy scores the segment. Measured
@@ -36,6 +36,10 @@ NUMPY_MAX_POSTINGS = 16_384
 #: Up to this many postings, a token filter's documents and a segment's document frequencies
 #: are read with numpy (at most about 8 ms).
 NUMPY_MAX_SCAN = 65_536
+#: Up to this many (term, block) pairs in a segment, one document's row (what ``get`` and re-ranking
+#: read back) is found with numpy unless numba is already loaded: a pass over every pair costs
+#: less than numba's start-up.
+NUMPY_MAX_ROW_PAIRS = 262_144
 #: Up to this many ids, lookups hash with numpy (ingest batches use the numba kernel).
 NUMPY_MAX_IDS = 64
 #: Up to this many postings, a new segment is built (inputs checked, postings inverted, ids

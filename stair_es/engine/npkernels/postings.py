@@ -1,5 +1,5 @@
 """Walking built postings in numpy (twins of :mod:`..kernels.postings`): every posting of some
-terms, a term's documents, document frequencies."""
+terms, a term's documents, document frequencies, one document's row."""
 
 from __future__ import annotations
 
@@ -51,3 +51,22 @@ def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift,
     docs, _, term = term_postings(js, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift)
     counts = np.bincount(term[live[docs] != 0], minlength=js.size)
     np.add.at(out, keys[js].astype(np.int64) - key_lo, counts)
+
+
+def doc_row(doc, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift) -> tuple[np.ndarray, np.ndarray]:
+    """All (key, fp16 bits) of one local doc, keys ascending: the (term, block) pairs of the doc's
+    block, then in each pair's run of postings the one at the doc's offset (a doc appears at most
+    once per term). Reads every pair once: for small segments (``NUMPY_MAX_ROW_PAIRS``)."""
+    b = doc >> bshift
+    off = doc & ((1 << bshift) - 1)
+    pairs = np.flatnonzero(pair_block == b)
+    if pairs.size == 0:
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint16)
+    terms = np.searchsorted(pair_ptr, pairs, side="right") - 1
+    runs = pair_cnt.astype(np.int64) + 1
+    before = np.cumsum(runs) - runs  # a term's runs follow each other: a pair's starts after the earlier ones
+    start = post_ptr[terms] + before[pairs] - before[pair_ptr[terms]]
+    idx = concat_ranges(start, start + runs[pairs])
+    owner = np.repeat(np.arange(pairs.size), runs[pairs])
+    hit = post_off[idx] == off
+    return keys[terms[owner[hit]]].astype(np.uint32), post_w[idx[hit]].astype(np.uint16)
