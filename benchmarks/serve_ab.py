@@ -37,7 +37,9 @@ from benchmarks.serve_load import (
     process_rss_mb,
     query_maps,
     run_generator,
+    start_hogs,
     start_server,
+    stop_hogs,
     stop_servers,
     summarize_open,
 )
@@ -55,6 +57,10 @@ def main() -> None:
     ap.add_argument("--generator-realtime", action="store_true",
                     help="Run the load generator in SCHED_FIFO 1 (root or CAP_SYS_NICE; see serve_load).")
     ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--hog", type=int, default=0,
+                    help="Processes that spin at nice --hog-nice for the whole run, as another job taking a core "
+                         "(default 0: none; counted in 'others').")
+    ap.add_argument("--hog-nice", type=int, default=0)
     args = ap.parse_args()
     GENERATOR.update(realtime=args.generator_realtime)
     name = f"load-{args.docs}"
@@ -72,13 +78,18 @@ def main() -> None:
     print(f"# stair-es serve open-loop A/B: commit {git_commit()}, {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.docs:,} docs, --max-queue {args.max_queue}, "
           f"{args.slices} slices of {args.slice_seconds:g} s per setting and rate, in turn"
-          f"{', the generator in SCHED_FIFO 1' if args.generator_realtime else ''}", flush=True)
-    servers = {}
+          f"{', the generator in SCHED_FIFO 1' if args.generator_realtime else ''}"
+          f"{f', {args.hog} busy-looping process(es) at nice {args.hog_nice} throughout' if args.hog else ''}",
+          flush=True)
+    servers, hogs = {}, []
     try:
         for label, python, cwd, extra in settings:
             SERVER.update(python=python, cwd=cwd)
             servers[label] = start_server(args.home, name, 2, "auto", None, 0.0, max_queue=args.max_queue, extra=extra)
             print(f"# {label}: {python} in {cwd or 'this checkout'}, options {' '.join(extra) or 'none'}", flush=True)
+        n_rates = len(args.rate.split(","))
+        hogs = start_hogs(args.hog, args.hog_nice, limit_s=n_rates * len(settings) * args.slices
+                          * (args.slice_seconds + 3) + 120)
         rows = []
         for rate in [float(x) for x in args.rate.split(",")]:
             pooled = {label: {"results": [], "sent": 0.0, "connections": 0, "rss_peak_mb": None,
@@ -119,6 +130,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
+        stop_hogs(hogs)
         stop_servers(servers)
     print()
     print("| setting | rate /s | QPS | p50 ms | p99 ms | slowest ms | shed % | shed p50 / p99 ms | other errors | "

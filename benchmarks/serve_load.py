@@ -217,6 +217,24 @@ class _Response:
         self.done = True
 
 
+#: One busy-looping process: another job on the machine (``--hog``), at most ``limit`` seconds.
+_HOG = "import os, time\nos.nice({nice})\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def start_hogs(n: int, nice: int = 0, limit_s: float = 900.0) -> list[subprocess.Popen]:
+    """``n`` processes that each spin on a core at ``nice`` (``--hog``): a busy machine on purpose, so
+    that a run measures the server while another job takes a core instead of waiting for one. Each
+    stops by itself after ``limit_s`` seconds; :func:`stop_hogs` stops them sooner."""
+    return [subprocess.Popen([sys.executable, "-c", _HOG.format(nice=int(nice), limit=float(limit_s))])
+            for _ in range(max(0, n))]
+
+
+def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+    for h in hogs:
+        h.kill()
+        h.wait()
+
+
 def stop_servers(servers: dict) -> None:
     """Ask each server process (``label -> (process, port)``) to stop; kill one that does not within 20 s."""
     for proc, _ in servers.values():
@@ -521,7 +539,7 @@ def run_generator(mode: str, url: str, qfile: Path, seconds: float, top_k: int, 
     return r
 
 
-def open_loop_main(args) -> None:
+def open_loop_main(args, hogs: list) -> None:
     import tempfile
 
     print(f"# stair-es serve open-loop load: commit {git_commit()}, {os.cpu_count()} cores, load average "
@@ -535,6 +553,9 @@ def open_loop_main(args) -> None:
     gen_cpus = {int(c) for c in args.generator_cpus.split(",")} if args.generator_cpus else None
     print(f"# generator: nice +{args.generator_nice}, CPUs {sorted(gen_cpus) if gen_cpus else 'any'}"
           f"{', SCHED_FIFO 1' if args.generator_realtime else ''}", flush=True)
+    if args.hog:
+        print(f"# another job on purpose: {args.hog} busy-looping process(es) at nice {args.hog_nice} for the whole "
+              "run (counted in 'others')", flush=True)
     for n in [int(x) for x in args.docs.split(",")]:
         name = f"load-{n}"
         corpus = build_index(args.home, name, n)
@@ -545,6 +566,10 @@ def open_loop_main(args) -> None:
         proc, url = start_server(args.home, name, args.workers, batching, int(max_batch or args.max_batch or 0),
                                  args.batch_window_ms, max_queue=args.max_queue,
                                  extra=["--request-timeout", str(args.request_timeout)] + args.server_args.split())
+        stop_hogs(hogs)
+        n_rates = len((args.rate or args.fractions).split(","))
+        hogs[:] = start_hogs(args.hog, args.hog_nice,
+                             limit_s=2 * args.saturation_seconds + n_rates * (args.seconds + 3 * args.rounds) + 120)
         rows = []
         try:
             sat = run_generator(f"closed:{args.saturation_clients}", url, qfile, args.saturation_seconds, args.top_k, 0,
@@ -674,13 +699,21 @@ def main() -> None:
                     help="Open loop: the Python that runs the server (e.g. another checkout's .venv/bin/python).")
     ap.add_argument("--server-cwd", help="Open loop: the folder the server runs in (another checkout, to compare).")
     ap.add_argument("--server-args", default="", help="Open loop: more stair-es serve options, e.g. '--worker-nice 5'.")
+    ap.add_argument("--hog", type=int, default=0,
+                    help="Open loop: processes that spin at nice --hog-nice for the whole run (from before S is "
+                         "measured), as another job taking a core (default 0: none).")
+    ap.add_argument("--hog-nice", type=int, default=0)
     args = ap.parse_args()
     SERVER.update(python=args.server_python, cwd=args.server_cwd)
     GENERATOR.update(realtime=args.generator_realtime)
     if args.open_loop:
         args.max_queue = 64 if args.max_queue is None else args.max_queue
         args.batching = args.batching or "auto"
-        return open_loop_main(args)
+        hogs = []
+        try:
+            return open_loop_main(args, hogs)
+        finally:
+            stop_hogs(hogs)
     args.batching = args.batching or "off,on"
 
     print(f"# stair-es serve load: commit {git_commit()}, {os.cpu_count()} cores, load average "

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -70,7 +71,14 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
-def lower_thread_priority(steps: int) -> None:
+#: ``$STAIR_ES_SERVE_WORKER_POLICY``: the scheduling policy of the worker threads (Linux), by name (measured in
+#: docs/serve.md: none paid on a shared machine, and ``idle`` starved the server there).
+WORKER_POLICIES = ("idle", "batch", "normal")
+_policy_refused: list[str] = []  # why the kernel refused the policy (the first worker thread's reason), once
+_loop_slice_set: list[bool] = []  # the event loop's thread has a slice of its own ($STAIR_ES_SERVE_LOOP_SLICE_US)
+
+
+def lower_thread_priority(steps: int, policy: str = "normal") -> None:
     """Run in a new worker thread: sets that thread's nice value ``steps`` above the process's
     main thread (Linux schedules threads one by one), so the event loop's thread, which
     accepts, sheds and answers, gets the CPU first when the workers saturate it. A no-op where
@@ -79,14 +87,44 @@ def lower_thread_priority(steps: int) -> None:
     Counted from the main thread, not from the calling thread's own value: a thread inherits
     the nice value of the thread that starts it, which may itself be lowered already (until
     2026-11-27 the search threads were started by an already lowered dispatcher thread and ran
-    2 x ``steps`` below)."""
-    if steps <= 0:
-        return
+    2 x ``steps`` below).
+
+    Then the thread's scheduling policy (:func:`set_worker_policy`)."""
+    if steps > 0:
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
+        except (AttributeError, OSError):
+            pass
+    set_worker_policy(policy)
+    if _loop_slice_set:  # a thread started by the event loop's thread inherits its short slice: the kernel's default
+        set_thread_slice(0)
+
+
+def set_worker_policy(policy: str) -> str | None:
+    """Run in a worker thread: its Linux scheduling policy (``$STAIR_ES_SERVE_WORKER_POLICY``). ``idle``
+    (``SCHED_IDLE``): the kernel preempts the thread as soon as an ordinary thread wakes on its
+    core, so the event loop's thread (which accepts, sheds and answers) runs at once instead of
+    at the next scheduler tick; no privilege needed. ``batch`` (``SCHED_BATCH``): the thread is
+    treated as CPU-bound (it never preempts others on waking). ``normal``: unchanged. Where the
+    kernel refuses (not Linux, a sandbox), the thread runs unchanged and one warning says why;
+    returns that reason, or None."""
+    if policy not in WORKER_POLICIES:
+        raise InvalidInputError(f"worker policy {policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
+                                f"{', '.join(WORKER_POLICIES)}")
+    if policy == "normal":
+        return None
     try:
-        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
-    except (AttributeError, OSError):
-        pass
+        os.sched_setscheduler(0, getattr(os, f"SCHED_{policy.upper()}"), os.sched_param(0))
+        return None
+    except (AttributeError, OSError) as e:
+        why = (f"the worker threads cannot run under SCHED_{policy.upper()} here "
+               f"({e.strerror if isinstance(e, OSError) and e.strerror else 'not supported'}); "
+               "they run as ordinary threads (STAIR_ES_SERVE_WORKER_POLICY=normal hides this warning)")
+    if not _policy_refused:
+        _policy_refused.append(why)
+        logging.getLogger("stair_es.serve").warning("%s", why)
+    return why
 
 
 def set_loop_priority(nice: int) -> str | None:
@@ -105,6 +143,73 @@ def set_loop_priority(nice: int) -> str | None:
                 f"current {now} needs root, CAP_SYS_NICE or a raised RLIMIT_NICE; it runs at nice {now}")
     except (AttributeError, OSError) as e:
         return f"the event loop's thread's nice value cannot be set here ({e}); it runs unchanged"
+    return None
+
+
+class _SchedStat:
+    """This thread's ``/proc/thread-self/schedstat``, open for as long as the thread lives."""
+
+    def __init__(self):
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except (AttributeError, OSError):
+            self.fd = -1
+
+    def __del__(self):
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
+
+_schedstat = threading.local()
+
+
+def cpu_wait_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a core since it started
+    (Linux: ``run_delay`` of ``/proc/thread-self/schedstat``, about a microsecond to read); 0.0
+    where unknown. Wall time minus the growth of this is a piece of work's own time: what it
+    ran, and what it waited for anything but a core (the GIL, a lock, the network)."""
+    st = getattr(_schedstat, "st", None)
+    if st is None:
+        st = _schedstat.st = _SchedStat()
+    if st.fd < 0:
+        return 0.0
+    try:
+        return int(os.pread(st.fd, 64, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+#: ``sched_setattr``'s system call number by machine (Linux); elsewhere a custom slice is not set.
+_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274, "arm64": 274, "riscv64": 274, "ppc64le": 355, "s390x": 345}
+
+
+def set_thread_slice(us: float) -> str | None:
+    """This thread's EEVDF time slice (Linux 6.12+, ``sched_attr.sched_runtime`` of an ordinary
+    thread; the kernel clamps it to 0.1 to 100 ms; 0: the kernel's default), keeping its nice
+    value. A thread with a shorter slice than the one running on its core preempts it on
+    waking (the kernel's ``PREEMPT_SHORT``) instead of waiting for that one's slice to end at a
+    scheduler tick; no privilege needed. Returns why it could not be done, or None."""
+    import ctypes
+    import platform
+    import struct
+
+    nr = _SYS_SCHED_SETATTR.get(platform.machine().lower()) if sys.platform == "linux" else None
+    if nr is None:
+        return "a thread's time slice can only be set on Linux (x86_64, arm64, riscv64, ppc64le, s390x)"
+    try:
+        if os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK not in (os.SCHED_OTHER, os.SCHED_BATCH):
+            return "the thread is not an ordinary one (real-time or idle): its time slice is left alone"
+        policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        # struct sched_attr (version 0, 48 bytes): size, policy, flags, nice, priority, runtime, deadline, period
+        attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, policy, 0, nice, 0, int(us * 1000), 0, 0))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(nr, 0, attr, 0) != 0:
+            err = ctypes.get_errno()
+            return f"this kernel does not take a thread's time slice ({os.strerror(err)}; Linux 6.12+ does)"
+    except (AttributeError, OSError) as e:
+        return f"a thread's time slice cannot be set here ({e})"
     return None
 
 
@@ -139,6 +244,27 @@ def queue_timeout_setting(value: Any) -> float | str | None:
     return value if value > 0 else None
 
 
+def set_loop_slice(us: float) -> str | None:
+    """Run on the event loop's thread: gives it a time slice of ``us`` microseconds
+    (``$STAIR_ES_SERVE_LOOP_SLICE_US``), so that when a request arrives or a search's answer is handed back
+    it preempts whatever ordinary thread holds its core (a search thread, another process)
+    instead of waiting for the next scheduler tick. The threads it starts afterwards (search
+    threads, the worker pool) take the kernel's default back. Returns why it could not be done
+    (the server runs on, unchanged), or None."""
+    problem = set_thread_slice(us)
+    if problem is None:
+        _loop_slice_set[:] = [True]
+        return None
+    return f"the event loop's thread keeps the kernel's time slice (STAIR_ES_SERVE_LOOP_SLICE_US={us:g}): {problem}"
+
+
+def unset_loop_slice() -> None:
+    """The kernel's default slice back (when the app stops: the thread may run other things after it)."""
+    if _loop_slice_set:
+        _loop_slice_set.clear()
+        set_thread_slice(0)
+
+
 def set_loop_realtime() -> str | None:
     """Run on the event loop's thread: puts it in the real-time class (``SCHED_FIFO``, the lowest
     real-time priority, 1), so that when it wakes (a request arrived, a search finished) it runs
@@ -167,7 +293,10 @@ def unset_loop_realtime() -> None:
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
-                 queue_timeout_ms: float | str | None = None):
+                 queue_timeout_ms: float | str | None = None, worker_policy: str = "normal"):
+        if worker_policy not in WORKER_POLICIES:
+            raise InvalidInputError(f"worker policy {worker_policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
+                                    f"{', '.join(WORKER_POLICIES)}")
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
         # a fixed number of ms, "auto" (derived per kind of work from its service times) or None (off)
@@ -180,19 +309,28 @@ class Admission:
         self._kind_mean_s = dict.fromkeys(KINDS, 0.0)  # the same, per kind of work (for the auto queue timeout)
         self._kind_seen = dict.fromkeys(KINDS, 0)  # service times observed per kind
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
-                                        initializer=lower_thread_priority, initargs=(worker_nice,))
+                                        initializer=lower_thread_priority, initargs=(worker_nice, worker_policy))
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)
 
     # --- the numbers a refused client is told ----------------------------------------------------
-    def observe(self, seconds: float, kind: str = "pool") -> None:
-        """One service time (seconds) of ``kind`` (``search`` or ``pool``) into the moving averages."""
+    def observe(self, seconds: float, kind: str = "pool", cpu_wait: float = 0.0) -> None:
+        """One service time (seconds, wall) of ``kind`` (``search`` or ``pool``) into the moving
+        averages; ``cpu_wait``: the part of it the thread spent waiting for a core (:func:`cpu_wait_s`).
+
+        The drain time told to refused clients and expected at the door follows the wall time (how
+        fast the server goes now). The auto queue timeout follows the work's own time, without
+        the waits for a core: when other processes take the cores and a 5 ms search takes 20 ms of
+        wall time, the queue may still hold only what 20 ms of waiting allows, instead of growing
+        with the slowdown (4 x 20 ms) and every answered request waiting that much longer. Slow
+        work (an image encoding, a cluster's search waiting on the network) keeps its own length."""
         seconds = max(0.0, seconds)
+        own = max(0.0, seconds - max(0.0, cpu_wait))
         self._mean_s += 0.1 * (seconds - self._mean_s)
         seen = self._kind_seen[kind] = self._kind_seen[kind] + 1
         # the first ones as a plain mean (no guess to forget), then a moving average
-        self._kind_mean_s[kind] += (seconds - self._kind_mean_s[kind]) * max(0.1, 1.0 / seen)
+        self._kind_mean_s[kind] += (own - self._kind_mean_s[kind]) * max(0.1, 1.0 / seen)
 
     def queue_timeout(self, kind: str = "pool") -> float | None:
         """The queue timeout of ``kind`` in ms now (None: off): the fixed ``--queue-timeout-ms``, or
@@ -339,11 +477,12 @@ class Admission:
             started = time.monotonic()
 
             def call() -> Any:
+                w0 = cpu_wait_s()
                 try:
                     return fn(*args)
                 finally:
                     try:
-                        loop.call_soon_threadsafe(self._done, time.monotonic() - started)
+                        loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0)
                     except RuntimeError:  # the event loop is closed: nobody waits for the slot
                         pass
 
@@ -363,8 +502,8 @@ class Admission:
         finally:
             self.leave()
 
-    def _done(self, took: float) -> None:
-        self.observe(took, "pool")
+    def _done(self, took: float, cpu_wait: float = 0.0) -> None:
+        self.observe(took, "pool", cpu_wait)
         self._free()
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
 from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
-from .admission import set_loop_priority, set_loop_realtime, unset_loop_realtime
+from .admission import set_loop_priority, set_loop_realtime, set_loop_slice, unset_loop_realtime, unset_loop_slice
 from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
 from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
@@ -55,6 +55,12 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             if problem:
                 log.warning("%s", problem)
             realtime = problem is None
+        sliced = False
+        if config.loop_slice_us and not realtime:  # the same thread: preempts an ordinary one on waking
+            problem = set_loop_slice(config.loop_slice_us)
+            if problem:
+                log.warning("%s", problem)
+            sliced = problem is None
         switch = sys.getswitchinterval()
         if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
             sys.setswitchinterval(config.switch_interval_ms / 1000.0)
@@ -80,6 +86,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
         if realtime:
             unset_loop_realtime()
+        if sliced:
+            unset_loop_slice()
         sys.setswitchinterval(switch)
         if rt.stats is not None:
             rt.stats.stop()

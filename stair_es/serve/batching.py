@@ -44,6 +44,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .admission import cpu_wait_s
+
 log = logging.getLogger(__name__)
 
 
@@ -57,6 +59,7 @@ class Timing:
     run: float  # its own search (and answer)
     size: int  # requests in its batch
     done_at: float = 0.0  # time.perf_counter() when its thread finished (the hand-over to the loop starts)
+    cpu_wait: float = 0.0  # of prepare / size + run: its thread runnable but waiting for a core (Linux)
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _Ready:
     prepare: float
     size: int
     t_prepared: float
+    prepare_cpu_wait: float = 0.0  # the batch's preparation waiting for a core
 
 
 def _deliver(fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
@@ -230,7 +234,7 @@ class Batcher:
     def _prepare(self, batch: list[_Job]) -> _Ready | None:
         """Prepares a batch; its first request is returned, to run on this thread at once, the
         others go to the head of the queue."""
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), cpu_wait_s()
         try:
             prepared = list(self.prepare([j.item for j in batch]))
             if len(prepared) != len(batch):
@@ -238,13 +242,13 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - handed to every caller of the batch, never lost
             log.exception("preparing a batch of %d requests failed", len(batch))
             prepared = [e] * len(batch)
-        t1 = time.perf_counter()
+        t1, w1 = time.perf_counter(), cpu_wait_s()
         ready = []
         for job, p in zip(batch, prepared):
             if isinstance(p, BaseException):
                 self._answer(job, p, None)
             else:
-                ready.append(_Ready(job, p, t0 - job.t_submit, t1 - t0, len(batch), t1))
+                ready.append(_Ready(job, p, t0 - job.t_submit, t1 - t0, len(batch), t1, w1 - w0))
         with self._cond:
             self.batches += 1
             self.items += len(batch)
@@ -257,13 +261,14 @@ class Batcher:
     def _run_one(self, r: _Ready) -> None:
         if r.job.future.done():  # its caller gave up while the batch was prepared: not searched
             return
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), cpu_wait_s()
         try:
             result = self.run(r.prepared)
         except BaseException as e:  # noqa: BLE001 - this request's error, for its caller
             result = e
-        t1 = time.perf_counter()
-        self._answer(r.job, result, Timing(r.queued, r.prepare, t0 - r.t_prepared, t1 - t0, r.size, t1))
+        t1, w1 = time.perf_counter(), cpu_wait_s()
+        self._answer(r.job, result, Timing(r.queued, r.prepare, t0 - r.t_prepared, t1 - t0, r.size, t1,
+                                           r.prepare_cpu_wait / max(1, r.size) + (w1 - w0)))
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop taking requests; the ones already queued are still answered."""
