@@ -71,6 +71,11 @@ def _browser(javascript: bool = True):
         pytest.skip(f"chromium did not start: {str(e).splitlines()[0]}")
 
 
+# Out of the default run (`make test-all` runs it): in a headless browser on a loaded 2-core machine
+# it failed 1 to 2 runs in 4, with this session's serve code and with the code before it, at two
+# different steps (a thumbnail not yet shown, a hit's bars not yet drawn after the page said it
+# had explained them). The page's behaviour it checks is also covered without a browser above.
+@pytest.mark.slow
 @pytest.mark.process
 def test_browser_search_thumbnails_and_explain_bars(live_server, tmp_path):
     from selenium.webdriver.common.by import By
@@ -90,11 +95,14 @@ def test_browser_search_thumbnails_and_explain_bars(live_server, tmp_path):
         api = httpx.post(live_server.url + "/v1/search", json={"text": "red", "top_k": 24}).json()
         assert ids == [h["id"] for h in api["hits"]]
 
-        # thumbnails load (the one whose file is outside the image roots shows nothing)
-        time.sleep(0.5)
+        # thumbnails load (the one whose file is outside the image roots shows nothing); a loaded
+        # machine may take seconds to send them all, so wait until the browser has each one
+        WebDriverWait(driver, 60).until(lambda d: all(d.execute_script(
+            "return arguments[0].querySelector('img.thumb').complete;", h) for h in hits))
         loaded = {h.get_attribute("data-id"): driver.execute_script(
             "const i = arguments[0].querySelector('img.thumb'); return i.complete && i.naturalWidth > 0;", h) for h in hits}
-        assert all(ok for i, ok in loaded.items() if i != "no-picture") and not loaded["no-picture"]
+        assert all(ok for i, ok in loaded.items() if i != "no-picture"), [i for i, ok in loaded.items() if not ok]
+        assert not loaded["no-picture"]
 
         # each hit's bars are the explain API's contributions, as shares of its score
         for h in hits:
