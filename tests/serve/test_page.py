@@ -74,7 +74,8 @@ def _browser(javascript: bool = True):
 # Out of the default run (`make test-all` runs it): in a headless browser on a loaded 2-core machine
 # it failed 1 to 2 runs in 4, with this session's serve code and with the code before it, at two
 # different steps (a thumbnail not yet shown, a hit's bars not yet drawn after the page said it
-# had explained them). The page's behaviour it checks is also covered without a browser above.
+# had explained them). The listing, filters and escaping are checked without a browser above; the
+# thumbnails and the explain bars only here.
 @pytest.mark.slow
 @pytest.mark.process
 def test_browser_search_thumbnails_and_explain_bars(live_server, tmp_path):
