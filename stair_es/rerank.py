@@ -211,13 +211,13 @@ def search(backend: SearchBackend, index: str, request: SearchRequest, text: str
     enc = semantic_encoder(mode, model) if isinstance(text, str) and text.strip() else None
     if enc is None:
         return backend.search(index, request)
+    if mode == "auto" and backend.index_folder(index) is None:  # (before doc_freqs: a cluster scans for them)
+        return _plain(backend, index, request, "--rerank auto re-ranks indices on this machine only (a cluster would be "
+                                               "asked for each hit's tokens one by one); --rerank semantic re-ranks anyway")
     try:
         df, n_docs = backend.doc_freqs(index, FIELD)
     except NotImplementedError:
         return _plain(backend, index, request, "this backend cannot report document frequencies")
-    if mode == "auto" and backend.index_folder(index) is None:
-        return _plain(backend, index, request, "--rerank auto re-ranks indices on this machine only (a cluster would be "
-                                               "asked for each hit's tokens one by one); --rerank semantic re-ranks anyway")
     if mode == "auto" and n_docs > AUTO_MAX_DOCS:
         return _plain(backend, index, request, f"the index holds {n_docs:,} documents, more than --rerank auto re-ranks "
                                                f"({AUTO_MAX_DOCS:,}: each hit's tokens are read back); --rerank semantic "
