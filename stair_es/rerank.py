@@ -204,37 +204,104 @@ def _warm(enc: SentenceEncoder) -> None:
         pass
 
 
-def search(backend: SearchBackend, index: str, request: SearchRequest, text: str | None, *,
-           rerank: str | None = None, model: str | None = None) -> SearchResult:
-    """``backend.search`` with the best hits re-ranked by meaning (module docstring)."""
-    mode = default_mode() if rerank is None else check_rerank(rerank)
-    enc = semantic_encoder(mode, model) if isinstance(text, str) and text.strip() else None
+@dataclasses.dataclass
+class Reranking:
+    """What re-ranking one query's hits needs, made before its (widened) search runs."""
+
+    enc: SentenceEncoder
+    query: np.ndarray  # the query's sentence embedding
+    df: np.ndarray
+    n_docs: int
+    grounding: Sequence[dict]
+    top_k: int
+    spent_s: float = 0.0  # time already spent on it (the query's embedding, the widening)
+
+    def apply(self, backend: SearchBackend, index: str, result: SearchResult) -> SearchResult:
+        """The widened search's ``result`` re-ranked by meaning and cut to the asked ``top_k``."""
+        return rerank_result(backend, index, result, self.query, self.grounding, self.top_k, self.enc, self.df,
+                             self.n_docs, spent_s=self.spent_s)
+
+
+@dataclasses.dataclass
+class Planned:
+    """One query's search as re-ranking plans it: the request to run, then ``finish`` its result."""
+
+    request: SearchRequest
+    reranking: Reranking | None = None
+    #: why the hits stay in sparse order, for the result's notes (None: re-ranking is off or not installed)
+    why_not: str | None = None
+
+    def finish(self, backend: SearchBackend, index: str, result: SearchResult) -> SearchResult:
+        if self.reranking is not None:
+            return self.reranking.apply(backend, index, result)
+        if self.why_not:
+            return dataclasses.replace(result, notes=[*result.notes, f"not re-ranked by meaning: {self.why_not}"])
+        return result
+
+
+def plan(backend: SearchBackend, index: str, request: SearchRequest, text: str | None, *,
+         rerank: str | None = None, model: str | None = None) -> Planned:
+    """How to search ``request`` on ``index`` with its best hits re-ranked by meaning (``text`` is
+    the query's text; None for a query by tokens or image, which is never re-ranked)."""
+    return plan_many(backend, [(index, request, text, rerank)], model=model)[0]
+
+
+def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest, str | None, str | None]], *,
+              model: str | None = None) -> list[Planned]:
+    """:func:`plan` for several ``(index, request, text, rerank)`` queries, their texts embedded in
+    one call of the sentence model (``stair-es serve`` plans a batch of searches at once)."""
+    out = [Planned(request) for _, request, _, _ in queries]
+    ready: dict[tuple[str, str], tuple[SentenceEncoder | None, Any, str | None]] = {}
+    groups: dict[int, list[tuple[int, SentenceEncoder, Any]]] = {}  # id(encoder) -> (query, encoder, (df, n_docs))
+    for i, (index, _, text, rerank) in enumerate(queries):
+        mode = default_mode() if rerank is None else check_rerank(rerank)
+        if not (isinstance(text, str) and text.strip()) or mode == "off":
+            continue
+        if (index, mode) not in ready:
+            ready[index, mode] = _index_ready(backend, index, mode, model)
+        enc, freqs, out[i].why_not = ready[index, mode]
+        if enc is not None:
+            groups.setdefault(id(enc), []).append((i, enc, freqs))
+    for group in groups.values():
+        started = time.perf_counter()
+        enc = group[0][1]
+        embeddings = enc.embed([queries[i][2] for i, _, _ in group])
+        table = enc.word_table()
+        spent = (time.perf_counter() - started) / len(group)
+        for (i, _, (df, n_docs)), query in zip(group, embeddings):
+            t0 = time.perf_counter()
+            request = queries[i][1]
+            wide = widened(request, query, df, table)
+            out[i] = Planned(wide, Reranking(enc, query, df, n_docs, request.grounding, request.top_k,
+                                             spent + time.perf_counter() - t0))
+    return out
+
+
+def _index_ready(backend: SearchBackend, index: str, mode: str, model: str | None
+                 ) -> tuple[SentenceEncoder | None, Any, str | None]:
+    """(the sentence encoder, (document frequencies, documents), why not): the encoder is None when
+    ``index``'s hits are not re-ranked under ``mode``, with the reason when a user should see one."""
+    enc = semantic_encoder(mode, model)
     if enc is None:
-        return backend.search(index, request)
+        return None, None, None
     if mode == "auto" and backend.index_folder(index) is None:  # (before doc_freqs: a cluster scans for them)
-        return _plain(backend, index, request, "--rerank auto re-ranks indices on this machine only (a cluster would be "
-                                               "asked for each hit's tokens one by one); --rerank semantic re-ranks anyway")
+        return None, None, ("--rerank auto re-ranks indices on this machine only (a cluster would be asked for each "
+                            "hit's tokens one by one); --rerank semantic re-ranks anyway")
     try:
         df, n_docs = backend.doc_freqs(index, FIELD)
     except NotImplementedError:
-        return _plain(backend, index, request, "this backend cannot report document frequencies")
+        return None, None, "this backend cannot report document frequencies"
     if mode == "auto" and n_docs > AUTO_MAX_DOCS:
-        return _plain(backend, index, request, f"the index holds {n_docs:,} documents, more than --rerank auto re-ranks "
-                                               f"({AUTO_MAX_DOCS:,}: each hit's tokens are read back); --rerank semantic "
-                                               "re-ranks anyway")
-    started = time.perf_counter()
-    query = enc.embed([text])[0]
-    table = enc.word_table()
-    wide = widened(request, query, df, table)
-    spent = time.perf_counter() - started
-    result = backend.search(index, wide)
-    return rerank_result(backend, index, result, query, request.grounding, request.top_k, enc, df, n_docs,
-                         spent_s=spent)
+        return None, None, (f"the index holds {n_docs:,} documents, more than --rerank auto re-ranks "
+                            f"({AUTO_MAX_DOCS:,}: each hit's tokens are read back); --rerank semantic re-ranks anyway")
+    return enc, (df, n_docs), None
 
 
-def _plain(backend: SearchBackend, index: str, request: SearchRequest, why: str) -> SearchResult:
-    result = backend.search(index, request)
-    return dataclasses.replace(result, notes=[*result.notes, f"not re-ranked by meaning: {why}"])
+def search(backend: SearchBackend, index: str, request: SearchRequest, text: str | None, *,
+           rerank: str | None = None, model: str | None = None) -> SearchResult:
+    """``backend.search`` with the best hits re-ranked by meaning (module docstring)."""
+    planned = plan(backend, index, request, text, rerank=rerank, model=model)
+    return planned.finish(backend, index, backend.search(index, planned.request))
 
 
 def rerank_result(backend: SearchBackend, index: str, result: SearchResult, query: np.ndarray,

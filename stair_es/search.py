@@ -45,14 +45,28 @@ def encode_query_text(
     encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image",
     notes: list[str] | None = None, grounding: list[dict[str, Any]] | None = None,
 ) -> SparseVector:
-    """Encode a query for ``index``. Encoders that weight by IDF get the index's; encoders that
-    ground query words on the index's tokens (``encoder.uses_index_stats``: the text encoders of
-    ``stair_es.encoders.text``) get its document frequencies as an
-    :class:`~stair_es.encoders.grounding.IndexStats`, and ``grounding`` receives one dict per
-    query word saying what it became. When the backend cannot report document frequencies,
-    the query is encoded without IDF and without grounding, and ``notes`` says so."""
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidInputError("the query text is empty")
+    """Encode a query for ``index`` (:func:`encode_query_texts` for one text); ``grounding``
+    receives one dict per query word saying what it became."""
+    encoded = encode_query_texts(encoder, [text], backend, index, field, notes)[0]
+    if grounding is not None:
+        grounding.extend(step.to_dict() for step in encoded.grounding)
+    return encoded.vector
+
+
+def encode_query_texts(
+    encoder: Encoder, texts: Sequence[str], backend: SearchBackend | None = None, index: str | None = None,
+    field: str = "image", notes: list[str] | None = None,
+) -> list[Any]:
+    """Encode queries for ``index`` in one call of the encoder: one
+    :class:`~stair_es.encoders.grounding.EncodedQuery` (vector, grounding steps) per text.
+    Encoders that weight by IDF get the index's; encoders that ground query words on the index's
+    tokens (``encoder.uses_index_stats``: the text encoders of ``stair_es.encoders.text``) get its
+    document frequencies as an :class:`~stair_es.encoders.grounding.IndexStats`. When the backend
+    cannot report document frequencies, the queries are encoded without IDF and without
+    grounding, and ``notes`` says so (once)."""
+    for text in texts:
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInputError("the query text is empty")
     weights = stats = None
     wants_stats = encoder.uses_index_stats
     if backend is not None and index is not None and (encoder.uses_idf or wants_stats):
@@ -71,11 +85,10 @@ def encode_query_text(
 
                 stats = IndexStats(df, n, field)
     if wants_stats:
-        encoded = encoder.encode_queries([text], idf=weights, index_stats=stats)[0]
-        if grounding is not None:
-            grounding.extend(step.to_dict() for step in encoded.grounding)
-        return encoded.vector
-    return encoder.encode_texts([text], idf=weights)[0]
+        return encoder.encode_queries(list(texts), idf=weights, index_stats=stats)
+    from .encoders.grounding import EncodedQuery  # lazy: the grounding map is read only by queries that need it
+
+    return [EncodedQuery(v) for v in encoder.encode_texts(list(texts), idf=weights)]
 
 
 def build_request(

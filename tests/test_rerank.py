@@ -245,3 +245,47 @@ def test_auto_leaves_indices_elsewhere_in_sparse_order(hand_made, memory_backend
     result = rerank.search(memory_backend, "pics", request, "sunset sky", rerank="auto")
     assert all(h.retrievers is None for h in result.hits)
     assert any("indices on this machine only" in n for n in result.notes)
+
+
+def _served(home, **config):
+    from fastapi.testclient import TestClient
+
+    from stair_es.serve.app import create_app
+    from stair_es.serve.service import ServeConfig
+
+    cfg = ServeConfig(backend="embedded", backend_options={"home": str(home)}, encoder="bow", default_index="pics",
+                      allowed_hosts=["testserver"], **config)
+    return TestClient(create_app(cfg))
+
+
+@pytest.mark.parametrize("batching", ["on", "off"])
+def test_serve_grounds_and_reranks_text_searches_as_the_cli_does(home, hand_made, batching):
+    """`POST /v1/search` answers a text query with the CLI's hits in the CLI's order: its words
+    grounded on the index's (grounding steps in the answer), its best hits re-ranked by meaning."""
+    cli_hits = ranked(EmbeddedBackend(home), "sunset sky", "semantic").hits
+    with _served(home, rerank="semantic", batching=batching) as c:
+        r = c.post("/v1/search", json={"text": "sunset sky", "top_k": 4})
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert [h["id"] for h in data["hits"]] == [h.id for h in cli_hits] == ["beach", "volcano", "car"]
+        assert data["hits"][1]["retrievers"]["meaning"]["rank"] == 1
+        assert [h["score"] for h in data["hits"]] == pytest.approx([h.score for h in cli_hits])
+        assert {s["word"]: s["action"] for s in data["grounding"]}["sky"] == "kept"
+        assert any(s["word"] == "sunset" and s["action"] != "kept" for s in data["grounding"])
+        assert any("re-ranked the best 3 hits" in n for n in data["notes"])
+        # a request may ask for the sparse order; explain scores the sparse request either way
+        plain = c.post("/v1/search", json={"text": "sunset sky", "top_k": 4, "rerank": "off"}).json()
+        assert [h["id"] for h in plain["hits"]] == ["beach", "car"] and "retrievers" not in plain["hits"][0]
+        exp = c.post("/v1/explain", json={"text": "sunset sky", "id": "beach"}).json()
+        assert exp["score"] == pytest.approx(plain["hits"][0]["score"])
+        assert c.post("/v1/search", json={"text": "sky", "rerank": "sometimes"}).status_code == 422
+
+
+def test_serve_leaves_token_queries_and_large_indices_in_sparse_order(home, hand_made, monkeypatch):
+    with _served(home, rerank="auto") as c:
+        tokens = c.post("/v1/search", json={"tokens": {"sky": 1.0}, "top_k": 4}).json()
+        assert [h["id"] for h in tokens["hits"]] == ["beach", "car"] and not any("re-ranked" in n for n in tokens["notes"])
+        monkeypatch.setattr(rerank, "AUTO_MAX_DOCS", 3)
+        big = c.post("/v1/search", json={"text": "sunset sky", "top_k": 4}).json()
+        assert [h["id"] for h in big["hits"]] == ["beach", "car"]
+        assert any("not re-ranked by meaning" in n and "--rerank semantic" in n for n in big["notes"])

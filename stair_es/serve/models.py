@@ -63,6 +63,9 @@ class SearchBody(_Strict):
     min_weight: float | None = None
     explain: bool = Field(False, description="Add each hit's per-token contributions.")
     force: bool = False
+    rerank: Literal["auto", "semantic", "off"] | None = Field(
+        None, description="Re-rank a text query's best 100 hits by meaning, as `stair-es search --rerank` "
+                          "(default: the server's --rerank).")
 
 
 class ExplainBody(SearchBody):

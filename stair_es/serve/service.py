@@ -27,7 +27,8 @@ from ..backends.codec import feature_map
 from ..encoders.base import Encoder, get_encoder
 from ..errors import ImageError, InvalidInputError, StairError
 from ..query import SearchRequest
-from ..search import VERSIONED_ENCODERS, QuerySpec, idf, make_request, query_encoder
+from ..rerank import Planned, plan_many
+from ..search import VERSIONED_ENCODERS, QuerySpec, encode_query_texts, make_request, query_encoder
 from ..sparse import SparseVector
 from ..vocab import default_vocabulary
 from .errors import ThumbnailUnavailable
@@ -57,6 +58,9 @@ class ServeConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)
     encoder: str = "default"  # for /v1/encode and the Elasticsearch/OpenSearch endpoints
     encoder_options: dict[str, Any] = field(default_factory=dict)
+    # text searches' best hits re-ranked by meaning (stair_es.rerank): auto | semantic | off;
+    # None: $STAIR_ES_RERANK, else auto (as `stair-es search`); a request's "rerank" overrides it
+    rerank: str | None = None
     image_roots: Sequence[str] = ()
     allow_image_urls: bool = False
     allow_private_urls: bool = False  # image URLs may reach loopback/private/link-local/... addresses (trusted networks)
@@ -132,7 +136,7 @@ class ServeConfig:
                 "allow_image_urls": self.allow_image_urls, "allow_private_urls": self.allow_private_urls, "workers": self.workers, "api_key": bool(self.api_key),
                 "max_queue": self.max_queue, "max_queue_ms": self.max_queue_ms, "queue_timeout_ms": self.queue_timeout_ms, "request_timeout": self.request_timeout,
                 "max_body_bytes": self.max_body_bytes, "max_inputs": self.max_inputs, "batching": self.batching,
-                "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms}
+                "max_batch": self.max_batch, "batch_window_ms": self.batch_window_ms, "rerank": self.rerank}
 
 
 #: An absolute POSIX path of two or more components (not inside a URL).
@@ -163,6 +167,17 @@ class PreparedSearch:
     qvec: SparseVector
     notes: list[str]
     explain: bool = False
+    #: the widened request and the re-ranking of its hits by meaning (stair_es.rerank), or None
+    planned: Planned | None = None
+
+    @property
+    def search_request(self) -> SearchRequest:
+        """What the backend searches: ``request``, widened when its hits are re-ranked (explain
+        keeps ``request``: the hit's own tokens against the query's)."""
+        return self.planned.request if self.planned is not None else self.request
+
+    def finish(self, backend: SearchBackend, result):
+        return self.planned.finish(backend, self.index, result) if self.planned is not None else result
 
 
 class _CommitCache:
@@ -464,25 +479,51 @@ class Service:
                 except Exception as e:  # noqa: BLE001
                     out[i] = e
         encoders = {(index, id(enc)): enc for _, index, kind, _, _, _, enc in checked if kind == "text"}
+        grounding: dict[int, list[dict[str, Any]]] = {}
         for (index, key), group in texts.items():
-            enc = encoders[(index, key)]
-            try:
-                weights = self._idf(enc, index, [n for _, _, n in group])
-                vectors = enc.encode_texts([t for _, t, _ in group], idf=weights)
-                for (i, _, _), v in zip(group, vectors):
-                    tokens[i] = v.to_token_map()
+            try:  # one call of the encoder per index: words grounded on the index's, IDF as `stair-es search`
+                notes: list[str] = []
+                encoded = encode_query_texts(encoders[(index, key)], [t for _, t, _ in group], self._commits, index,
+                                             notes=notes)
+                for (i, _, n), q in zip(group, encoded):
+                    tokens[i] = q.vector.to_token_map()
+                    grounding[i] = [step.to_dict() for step in q.grounding]
+                    n.extend(notes)
             except Exception as e:  # noqa: BLE001 - every request of the group gets the encoder's error
                 for i, _, _ in group:
                     out[i] = e
-        for i, index, _, _, _, notes, _ in checked:
+        ready: list[tuple[int, str, SearchRequest, str | None, Any]] = []
+        for i, index, kind, query, _, notes, _ in checked:
             if out[i] is not None:
                 continue
             try:
                 request, qvec = make_request(self._commits, index, self._spec_of(bodies[i], tokens[i]))
+                request.grounding = grounding.get(i, [])
                 out[i] = PreparedSearch(index, request, qvec, notes, bool(bodies[i].get("explain")))
+                ready.append((i, index, request, query if kind == "text" else None,
+                              bodies[i].get("rerank") or self.config.rerank))
             except Exception as e:  # noqa: BLE001
                 out[i] = e
+        self._plan_reranking(out, ready)
         return out  # type: ignore[return-value]
+
+    def _plan_reranking(self, out: list, ready: list[tuple[int, str, SearchRequest, str | None, Any]]) -> None:
+        """Text queries' best hits re-ranked by meaning, as `stair-es search --rerank` (their texts
+        embedded in one call); a request whose re-ranking fails gets that error alone."""
+        try:
+            plans = plan_many(self._commits, [(index, request, text, mode) for _, index, request, text, mode in ready])
+        except Exception:  # noqa: BLE001 - find which request failed, and let the others through
+            plans = []
+            for _, index, request, text, mode in ready:
+                try:
+                    plans.append(plan_many(self._commits, [(index, request, text, mode)])[0])
+                except Exception as e:  # noqa: BLE001
+                    plans.append(e)
+        for (i, *_), planned in zip(ready, plans):
+            if isinstance(planned, Exception):
+                out[i] = planned
+            else:
+                out[i].planned = planned
 
     def _image_query(self, enc: Encoder, image: Any) -> dict[str, float]:
         if "image" not in enc.modalities:
@@ -493,19 +534,6 @@ class Service:
         if not vec.nnz:
             raise InvalidInputError("the image gives no tokens to search with")
         return vec.to_token_map()
-
-    def _idf(self, enc: Encoder, index: str, notes: list[list[str]]):
-        """The index's IDF for encoders that weight query tokens by it (as :func:`encode_query_text`)."""
-        if not enc.uses_idf:
-            return None
-        try:
-            df, n = self._commits.doc_freqs(index, "image")
-        except NotImplementedError:
-            for n_ in notes:
-                n_.append(f"the {enc.name} query encoder weights tokens by IDF, but this backend cannot report "
-                          "document frequencies: the query was encoded without IDF")
-            return None
-        return idf(df, n)
 
     def search_many(self, bodies: Sequence[Mapping[str, Any]], *, threads: int | None = None) -> list[dict[str, Any] | Exception]:
         """The answers of several searches, each a result dict or the error of that search alone.
@@ -520,7 +548,7 @@ class Service:
             if isinstance(p, PreparedSearch):
                 by_index.setdefault(p.index, []).append(i)
         for index, idxs in by_index.items():
-            reqs = [prepared[i].request for i in idxs]  # type: ignore[union-attr]
+            reqs = [prepared[i].search_request for i in idxs]  # type: ignore[union-attr]
             try:
                 results: list[Any] = self.backend.search_batch(index, reqs, threads=threads)
             except Exception:  # noqa: BLE001 - find which request failed, and let the others through
@@ -535,7 +563,7 @@ class Service:
                     out[i] = res
                     continue
                 try:
-                    out[i] = self._answer(prepared[i], res)  # type: ignore[arg-type]
+                    out[i] = self._answer(prepared[i], prepared[i].finish(self.backend, res))  # type: ignore[union-attr]
                 except Exception as e:  # noqa: BLE001
                     out[i] = e
         return out
@@ -546,7 +574,7 @@ class Service:
         answer's dicts and JSON (wall, CPU). Wall minus CPU is time the thread waited, for the
         GIL or for a core."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        result = self.backend.search(p.index, p.request)
+        result = p.finish(self.backend, self.backend.search(p.index, p.search_request))
         t1, c1 = time.perf_counter(), time.thread_time()
         payload = dumps(self._answer(p, result))
         t2, c2 = time.perf_counter(), time.thread_time()
@@ -596,6 +624,7 @@ class Service:
         data["notes"] = p.notes + data["notes"]
         data["index"] = p.index
         data["query_tokens"] = p.qvec.to_token_map(50)
+        data["grounding"] = p.request.grounding
         if p.explain:
             for h in data["hits"]:
                 h["explanation"] = self.backend.explain(p.index, h["id"], p.request).to_dict()
@@ -611,7 +640,7 @@ class Service:
         doc_id = body.get("id")
         if not isinstance(doc_id, str) or not doc_id:
             raise InvalidInputError("give the document 'id' to explain")
-        p = self.prepare_searches([body])[0]
+        p = self.prepare_searches([{**body, "rerank": "off"}])[0]  # (explain scores the sparse request)
         if isinstance(p, Exception):
             raise p
         data = self.backend.explain(p.index, doc_id, p.request).to_dict()

@@ -119,7 +119,7 @@ class ThreadServer:
                                                     lifespan="on", **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # a loaded 2-core machine may take seconds to start it
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
