@@ -62,9 +62,11 @@ RRF_K = 10
 WEIGHT_HELD = 0.1
 WEIGHT_GROUNDED = 0.7
 FIELD = "image"
-#: ``--rerank auto`` leaves larger indices in sparse order: reading a hit's tokens back from an
-#: inverted index costs more the larger the index (``semantic`` re-ranks them anyway)
-AUTO_MAX_DOCS = 100_000
+#: ``--rerank auto`` leaves larger indices in sparse order: reading the hits' tokens back from an
+#: inverted index walks every term's block table, so it costs more the larger the index (100 hits:
+#: 5.5 / 14.5 ms at 100k / 1M documents of 60 tokens out of 2,000, 49 / 120 ms at 200 tokens out of
+#: 30,000; ``python benchmarks/readback.py``). ``semantic`` re-ranks them anyway.
+AUTO_MAX_DOCS = 1_000_000
 #: words the index holds nearest to the query's meaning, added to the candidate search
 CANDIDATE_WORDS = 32
 CANDIDATE_WEIGHT = 0.001

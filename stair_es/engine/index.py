@@ -651,11 +651,13 @@ class EngineIndex(Searcher):
         """Each live document's sparse vector of ``field`` (None when absent), ids looked up together."""
         self.refresh()
         seg_of, doc_of = locate_in(self._segs, list(doc_ids))
-        out: list[SparseVector | None] = []
-        for si, d in zip(seg_of.tolist(), doc_of.tolist()):
-            found = self._segs[si].seg.vectors(d).get(field) if si >= 0 else None
-            out.append(SparseVector(found[0], found[1].astype(np.float32), self.vocab)
-                       if found is not None and found[0].size else None)
+        out: list[SparseVector | None] = [None] * len(seg_of)
+        for si in np.unique(seg_of[seg_of >= 0]).tolist():  # each segment's docs read together
+            at = np.flatnonzero(seg_of == si)
+            for i, vecs in zip(at.tolist(), self._segs[si].seg.vectors_of_docs(doc_of[at])):
+                found = vecs.get(field)
+                if found is not None and found[0].size:
+                    out[i] = SparseVector(found[0], found[1].astype(np.float32), self.vocab)
         return out
 
     def explain(self, doc_id: str, request: SearchRequest) -> Explanation:

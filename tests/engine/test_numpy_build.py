@@ -129,18 +129,21 @@ def test_gather_and_hash_twins_are_identical():
 
 @pytest.mark.process
 @pytest.mark.parametrize("n_docs,bshift", [(1, 8), (300, 8), (2000, 8), (700, 4), (50, 1)])
-def test_doc_row_twin_is_identical(n_docs, bshift):
+def test_doc_rows_twin_is_identical_and_gives_each_documents_own_tokens(n_docs, bshift):
     rng = np.random.default_rng(7 * n_docs + bshift)
     indptr, ids, w = _csr(rng, n_docs)
     built = NB.build_postings(indptr, ids, w, n_docs, 0, 30522, bshift)
     keys, post_ptr, pair_ptr, pair_block, pair_cnt, _, post_off, post_w = built
-    for d in range(n_docs):
-        a = NP.doc_row(d, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
-        b = NB.doc_row(d, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
+    for docs in (np.arange(n_docs), np.unique(rng.integers(0, n_docs, 7)), np.array([n_docs - 1]), np.zeros(0, np.int64)):
+        a = NP.doc_rows(docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
+        b = NB.doc_rows(docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift)
+        order_a, order_b = np.argsort(a[0], kind="stable"), np.argsort(b[0], kind="stable")
         for x, y in zip(a, b):
             assert x.dtype == y.dtype
-            np.testing.assert_array_equal(x, y)
-        np.testing.assert_array_equal(a[0], ids[indptr[d]:indptr[d + 1]])  # the document's own tokens
+            np.testing.assert_array_equal(x[order_a], y[order_b])
+        pos, k = a[0][order_a], a[1][order_a]
+        for i, d in enumerate(docs.tolist()):  # the document's own tokens, ascending
+            np.testing.assert_array_equal(k[pos == i], ids[indptr[d]:indptr[d + 1]])
 
 
 def test_a_small_ingest_and_search_never_start_numba(tmp_path):

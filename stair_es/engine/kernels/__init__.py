@@ -42,7 +42,7 @@ from .blockmax import GATHER_MAX, LOOKUP_COST  # noqa: E402, F401
 from .build import (BUILD_CHUNK_POSTINGS, block_subs, block_subs_threaded, build_postings,  # noqa: E402, F401
                     build_postings_threaded, check_pack_csr)
 from .ids import fnv1a64, gather_strings, same_strings  # noqa: E402, F401
-from .postings import (doc_row, merge_counts, merge_postings, merge_range, postings_to_csr, term_docs,  # noqa: E402, F401
+from .postings import (doc_rows, merge_counts, merge_postings, merge_range, postings_to_csr, term_docs,  # noqa: E402, F401
                        term_freqs)
 from .search import choose_strategy, search_segment  # noqa: E402, F401
 from .multi import DAMAGED as MULTI_DAMAGED, DONE as MULTI_DONE, NO_TERMS as MULTI_NO_TERMS  # noqa: E402, F401

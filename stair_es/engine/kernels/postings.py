@@ -1,5 +1,5 @@
 """Walking built postings: the merge of several segments' postings, postings back to CSR rows,
-one document's row, a term's documents, document frequencies."""
+documents' rows, a term's documents, document frequencies."""
 
 from __future__ import annotations
 
@@ -137,35 +137,50 @@ def postings_to_csr(n_docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post
     return indptr, ids, wb
 
 
-@njit(cache=True)
-def doc_row(doc, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift):
-    """All (key, fp16 bits) of one local doc, keys ascending."""
-    b = doc >> bshift
-    off = doc & ((1 << bshift) - 1)
-    out_k = np.empty(keys.size, np.uint32)
-    out_w = np.empty(keys.size, np.uint16)
-    n = 0
+@njit(cache=True, nogil=True)  # a server's other searches run while hits are read back
+def doc_rows(docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift):
+    """All (position in ``docs``, key, fp16 bits) of the local docs ``docs`` (ascending, distinct),
+    term by term (so keys ascend within each doc). One walk over each term's pairs serves every
+    doc: a posting's place is the term's first posting plus the runs of the pairs before it, so
+    the walk is what finds it, and walking once per doc cost ~7 ms per doc at 100k documents."""
+    n = docs.size
+    mask = (1 << bshift) - 1
+    cap = min(n * keys.size, post_off.size)
+    out_d = np.empty(cap, np.int32)
+    out_k = np.empty(cap, np.uint32)
+    out_w = np.empty(cap, np.uint16)
+    m = 0
+    if n == 0:
+        return out_d[:0], out_k[:0], out_w[:0]
+    last_block = docs[n - 1] >> bshift
     for j in range(keys.size):
-        lo = pair_ptr[j]
-        hi = pair_ptr[j + 1]
-        # binary search of block b in this term's pairs
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if pair_block[mid] < b:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < pair_ptr[j + 1] and pair_block[lo] == b:
-            q = post_ptr[j]
-            for p in range(pair_ptr[j], lo):
+        p = pair_ptr[j]
+        end = pair_ptr[j + 1]
+        q = post_ptr[j]
+        i = 0
+        while i < n and p < end:
+            b = docs[i] >> bshift
+            while p < end and pair_block[p] < b:
                 q += np.int64(pair_cnt[p]) + 1
-            for qq in range(q, q + np.int64(pair_cnt[lo]) + 1):
-                if post_off[qq] == off:
-                    out_k[n] = keys[j]
-                    out_w[n] = post_w[qq]
-                    n += 1
-                    break
-    return out_k[:n], out_w[:n]
+                p += 1
+            if p == end or pair_block[p] > last_block:
+                break
+            if pair_block[p] == b:
+                run = np.int64(pair_cnt[p]) + 1
+                while i < n and (docs[i] >> bshift) == b:
+                    off = docs[i] & mask
+                    for qq in range(q, q + run):
+                        if post_off[qq] == off:
+                            out_d[m] = i
+                            out_k[m] = keys[j]
+                            out_w[m] = post_w[qq]
+                            m += 1
+                            break
+                    i += 1
+            else:
+                while i < n and (docs[i] >> bshift) < pair_block[p]:
+                    i += 1
+    return out_d[:m], out_k[:m], out_w[:m]
 
 
 @njit(cache=True)

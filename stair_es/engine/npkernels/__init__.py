@@ -25,7 +25,7 @@ from ..layout import (F16_TABLE, STRATEGY_AUTO, STRATEGY_BLOCKMAX, STRATEGY_NAME
                       STRATEGY_TAAT, SUB_BLOCKS, SUB_FRACTIONS, SUB_LEVELS)
 from .build import block_subs, build_postings, check_pack_csr  # noqa: F401
 from .ids import fnv1a64, gather_strings, same_strings  # noqa: F401
-from .postings import doc_row, term_docs, term_freqs, term_postings  # noqa: F401
+from .postings import doc_rows, term_docs, term_freqs, term_postings  # noqa: F401
 from .search import postings_touched, search_segment  # noqa: F401
 
 #: Up to this many postings of the query terms in one segment, numpy scores the segment. Measured

@@ -53,20 +53,24 @@ def term_freqs(keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, bshift,
     np.add.at(out, keys[js].astype(np.int64) - key_lo, counts)
 
 
-def doc_row(doc, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift) -> tuple[np.ndarray, np.ndarray]:
-    """All (key, fp16 bits) of one local doc, keys ascending: the (term, block) pairs of the doc's
-    block, then in each pair's run of postings the one at the doc's offset (a doc appears at most
-    once per term). Reads every pair once: for small segments (``NUMPY_MAX_ROW_PAIRS``)."""
-    b = doc >> bshift
-    off = doc & ((1 << bshift) - 1)
-    pairs = np.flatnonzero(pair_block == b)
+def doc_rows(docs, keys, post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, bshift
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (position in ``docs``, key, fp16 bits) of the local docs ``docs`` (ascending,
+    distinct), term by term: the (term, block) pairs of the docs' blocks, then
+    in each pair's run of postings those at the docs' offsets (a doc appears at most once per
+    term). Reads every pair once: for small segments (``NUMPY_MAX_ROW_PAIRS``)."""
+    docs = np.asarray(docs, np.int64)
+    empty = (np.zeros(0, np.int32), np.zeros(0, np.uint32), np.zeros(0, np.uint16))
+    pairs = np.flatnonzero(np.isin(pair_block, np.unique(docs >> bshift)))
     if pairs.size == 0:
-        return np.zeros(0, np.uint32), np.zeros(0, np.uint16)
+        return empty
     terms = np.searchsorted(pair_ptr, pairs, side="right") - 1
     runs = pair_cnt.astype(np.int64) + 1
     before = np.cumsum(runs) - runs  # a term's runs follow each other: a pair's starts after the earlier ones
     start = post_ptr[terms] + before[pairs] - before[pair_ptr[terms]]
     idx = concat_ranges(start, start + runs[pairs])
     owner = np.repeat(np.arange(pairs.size), runs[pairs])
-    hit = post_off[idx] == off
-    return keys[terms[owner[hit]]].astype(np.uint32), post_w[idx[hit]].astype(np.uint16)
+    local = (pair_block[pairs[owner]].astype(np.int64) << bshift) + post_off[idx]
+    pos = np.minimum(np.searchsorted(docs, local), docs.size - 1)
+    hit = docs[pos] == local
+    return pos[hit].astype(np.int32), keys[terms[owner[hit]]].astype(np.uint32), post_w[idx[hit]].astype(np.uint16)
