@@ -254,6 +254,9 @@ class SearchRequest:
     expansion: dict[str, Any] = field(default_factory=dict)
     #: how each query word was grounded on the index's tokens (``stair_es.encoders.grounding``), for explain
     grounding: list[dict[str, Any]] = field(default_factory=list)
+    #: (document frequencies, documents) of the image field the query text was encoded with, kept so
+    #: re-ranking by meaning (``stair_es.rerank``) does not ask again (on a cluster, a scan); never sent
+    doc_freqs: tuple[Any, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > 10_000:

@@ -22,10 +22,11 @@ Measured on the four public sets (``python -m benchmarks.encoders.run --limit 30
 
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
-the meaning's rank and cosine. ``rerank="auto"`` (the default of ``stair-es search`` and
-``rank-eval``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices of this
-machine of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed, and
-leaves others alone; ``"semantic"`` requires it and re-ranks any index; ``"off"`` never re-ranks.
+the meaning's rank and cosine. ``rerank="auto"`` (the default of ``stair-es search``,
+``rank-eval`` and ``serve``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices
+of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed (on a cluster only
+when the query encoder already read the index's document frequencies, a scan there: re-ranking
+reuses them), and leaves others alone; ``"semantic"`` requires it and re-ranks any index; ``"off"`` never re-ranks.
 Its cost on a cold one-shot ``stair-es search`` (``benchmarks/cold_search.py``, same run, load
 1.7): 0.55 s and 209 MB instead of 0.43 s and 146 MB (the int8 model loads in the background
 while the query is encoded).
@@ -260,7 +261,7 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
         if not (isinstance(text, str) and text.strip()) or mode == "off":
             continue
         if (index, mode) not in ready:
-            ready[index, mode] = _index_ready(backend, index, mode, model)
+            ready[index, mode] = _index_ready(backend, index, mode, model, queries[i][1].doc_freqs)
         enc, freqs, out[i].why_not = ready[index, mode]
         if enc is not None:
             groups.setdefault(id(enc), []).append((i, enc, freqs))
@@ -279,18 +280,19 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
     return out
 
 
-def _index_ready(backend: SearchBackend, index: str, mode: str, model: str | None
+def _index_ready(backend: SearchBackend, index: str, mode: str, model: str | None, known: Any = None
                  ) -> tuple[SentenceEncoder | None, Any, str | None]:
     """(the sentence encoder, (document frequencies, documents), why not): the encoder is None when
-    ``index``'s hits are not re-ranked under ``mode``, with the reason when a user should see one."""
+    ``index``'s hits are not re-ranked under ``mode``, with the reason when a user should see one.
+    ``known``: the frequencies the query was encoded with (``SearchRequest.doc_freqs``), if any."""
     enc = semantic_encoder(mode, model)
     if enc is None:
         return None, None, None
-    if mode == "auto" and backend.index_folder(index) is None:  # (before doc_freqs: a cluster scans for them)
-        return None, None, ("--rerank auto re-ranks indices on this machine only (a cluster would be asked for each "
-                            "hit's tokens one by one); --rerank semantic re-ranks anyway")
+    if mode == "auto" and known is None and backend.index_folder(index) is None:
+        return None, None, ("--rerank auto asks a cluster for its document frequencies only when the query "
+                            "encoder needed them (they are a scan of the index there); --rerank semantic re-ranks anyway")
     try:
-        df, n_docs = backend.doc_freqs(index, FIELD)
+        df, n_docs = known if known is not None else backend.doc_freqs(index, FIELD)
     except NotImplementedError:
         return None, None, "this backend cannot report document frequencies"
     if mode == "auto" and n_docs > AUTO_MAX_DOCS:

@@ -44,10 +44,11 @@ def query_encoder(schema: IndexSchema, name: str | None = None, **options: Any) 
 def encode_query_text(
     encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image",
     notes: list[str] | None = None, grounding: list[dict[str, Any]] | None = None,
+    freqs_out: dict[str, Any] | None = None,
 ) -> SparseVector:
     """Encode a query for ``index`` (:func:`encode_query_texts` for one text); ``grounding``
     receives one dict per query word saying what it became."""
-    encoded = encode_query_texts(encoder, [text], backend, index, field, notes)[0]
+    encoded = encode_query_texts(encoder, [text], backend, index, field, notes, freqs_out)[0]
     if grounding is not None:
         grounding.extend(step.to_dict() for step in encoded.grounding)
     return encoded.vector
@@ -55,7 +56,7 @@ def encode_query_text(
 
 def encode_query_texts(
     encoder: Encoder, texts: Sequence[str], backend: SearchBackend | None = None, index: str | None = None,
-    field: str = "image", notes: list[str] | None = None,
+    field: str = "image", notes: list[str] | None = None, freqs_out: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Encode queries for ``index`` in one call of the encoder: one
     :class:`~stair_es.encoders.grounding.EncodedQuery` (vector, grounding steps) per text.
@@ -63,7 +64,8 @@ def encode_query_texts(
     tokens (``encoder.uses_index_stats``: the text encoders of ``stair_es.encoders.text``) get its
     document frequencies as an :class:`~stair_es.encoders.grounding.IndexStats`. When the backend
     cannot report document frequencies, the queries are encoded without IDF and without
-    grounding, and ``notes`` says so (once)."""
+    grounding, and ``notes`` says so (once). ``freqs_out["doc_freqs"]`` receives the (document
+    frequencies, documents) read, for whoever needs them next (re-ranking)."""
     for text in texts:
         if not isinstance(text, str) or not text.strip():
             raise InvalidInputError("the query text is empty")
@@ -79,6 +81,8 @@ def encode_query_texts(
                 notes.append(f"the {encoder.name} query encoder uses the index's document frequencies, but this backend "
                              f"cannot report them: the query was encoded {missing}")
         else:
+            if freqs_out is not None:
+                freqs_out["doc_freqs"] = (df, n)
             weights = idf(df, n) if encoder.uses_idf else None
             if wants_stats:
                 from .encoders.grounding import IndexStats
@@ -161,6 +165,7 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
         raise InvalidInputError("give one query: a text, a token map (--tokens) or an example image (--image)")
     notes: list[str] = []
     grounding: list[dict[str, Any]] = []
+    freqs: dict[str, Any] = {}
 
     def encoder() -> Encoder:
         if spec.encoder_instance is not None:
@@ -190,7 +195,8 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     else:
         if not spec.text:
             raise InvalidInputError("give a query text, a token map with --tokens, or an example image with --image")
-        qvec = encode_query_text(encoder(), spec.text, backend, index, field="image", notes=notes, grounding=grounding)
+        qvec = encode_query_text(encoder(), spec.text, backend, index, field="image", notes=notes, grounding=grounding,
+                                 freqs_out=freqs)
     filters: list[Filter | None] = [parse_where(w) for w in spec.wheres]
     if spec.requires:
         wl = [word_filter(w, spec.token_field) for w in spec.requires]
@@ -218,4 +224,5 @@ def make_request(backend: SearchBackend, index: str, spec: QuerySpec) -> tuple[S
     request.notes.extend(notes)
     request.expansion = {t: e.to_dict() for t, e in expansion.items()}
     request.grounding = grounding
+    request.doc_freqs = freqs.get("doc_freqs")
     return request.prepared(schema), qvec

@@ -7,6 +7,7 @@ picture "means" the query is known); the real encoder class is checked on a tiny
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -238,13 +239,24 @@ def test_vectors_of_reads_the_hits_tokens_back_on_every_backend(home, memory_bac
     assert memory_backend.vectors_of("pics", ["cat", "gone"], "image") == [got[2], None]
 
 
-def test_auto_leaves_indices_elsewhere_in_sparse_order(hand_made, memory_backend):
+def test_auto_reranks_indices_elsewhere_with_the_frequencies_the_query_was_encoded_with(home, hand_made,
+                                                                                       memory_backend, monkeypatch):
+    """On a backend that is not this machine's (a cluster: document frequencies are a scan there),
+    `auto` re-ranks when the query encoder already read them, and does not ask again."""
     memory_backend.create_index("pics", IndexSchema(encoder={"name": "bow"}))
     memory_backend.ingest("pics", [Document(k, {"image": SparseVector.from_token_map(v)}) for k, v in DOCS.items()])
     request, _ = make_request(memory_backend, "pics", QuerySpec(text="sunset sky", top_k=4))
+    assert request.doc_freqs is not None  # the bow encoder grounds its words on them
+    asked = []
+    real = memory_backend.doc_freqs
+    monkeypatch.setattr(memory_backend, "doc_freqs", lambda *a: asked.append(a) or real(*a))
     result = rerank.search(memory_backend, "pics", request, "sunset sky", rerank="auto")
-    assert all(h.retrievers is None for h in result.hits)
-    assert any("indices on this machine only" in n for n in result.notes)
+    assert [h.id for h in result.hits] == [h.id for h in ranked(EmbeddedBackend(home), "sunset sky", "auto").hits]
+    assert result.hits[1].retrievers["meaning"]["rank"] == 1 and not asked
+    # a request that carries none (its encoder needed no frequencies) stays in sparse order there
+    plain = rerank.search(memory_backend, "pics", dataclasses.replace(request, doc_freqs=None), "sunset sky", rerank="auto")
+    assert all(h.retrievers is None for h in plain.hits) and not asked
+    assert any("--rerank semantic re-ranks anyway" in n for n in plain.notes)
 
 
 def _served(home, **config):

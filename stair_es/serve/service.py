@@ -480,14 +480,17 @@ class Service:
                     out[i] = e
         encoders = {(index, id(enc)): enc for _, index, kind, _, _, _, enc in checked if kind == "text"}
         grounding: dict[int, list[dict[str, Any]]] = {}
+        freqs: dict[int, Any] = {}  # the document frequencies a text was encoded with, for its re-ranking
         for (index, key), group in texts.items():
             try:  # one call of the encoder per index: words grounded on the index's, IDF as `stair-es search`
                 notes: list[str] = []
+                read: dict[str, Any] = {}
                 encoded = encode_query_texts(encoders[(index, key)], [t for _, t, _ in group], self._commits, index,
-                                             notes=notes)
+                                             notes=notes, freqs_out=read)
                 for (i, _, n), q in zip(group, encoded):
                     tokens[i] = q.vector.to_token_map()
                     grounding[i] = [step.to_dict() for step in q.grounding]
+                    freqs[i] = read.get("doc_freqs")
                     n.extend(notes)
             except Exception as e:  # noqa: BLE001 - every request of the group gets the encoder's error
                 for i, _, _ in group:
@@ -498,7 +501,7 @@ class Service:
                 continue
             try:
                 request, qvec = make_request(self._commits, index, self._spec_of(bodies[i], tokens[i]))
-                request.grounding = grounding.get(i, [])
+                request.grounding, request.doc_freqs = grounding.get(i, []), freqs.get(i)
                 out[i] = PreparedSearch(index, request, qvec, notes, bool(bodies[i].get("explain")))
                 ready.append((i, index, request, query if kind == "text" else None,
                               bodies[i].get("rerank") or self.config.rerank))

@@ -242,3 +242,72 @@ def test_elasticsearch_sparse_vector_field(es_url):
             assert [h.id for h in res.hits] == [i for _, i in ref[:TOP_K]]
             assert [h.score for h in res.hits] == pytest.approx([1.5 * s for s, _ in ref[:TOP_K]], rel=1e-5)
     b.delete_index("stair-sv")
+
+
+def test_a_searchs_hits_are_read_back_in_one_request(cluster):
+    """Re-ranking by meaning reads its hits' tokens back: one ``_mget`` for all of them, the
+    stored weights (at the engine's precision), None for an id that is gone."""
+    name, url = cluster
+    backend = get_backend(name, urls=url, timeout=60)
+    index = "stair-readback"
+    try:
+        backend.delete_index(index)
+    except Exception:  # noqa: BLE001 - absent
+        pass
+    backend.create_index(index, IndexSchema())
+    maps = {"cat": {"cat": 2.0, "animal": 1.0}, "car": {"car": 1.5, "road": 0.5, "sky": 0.25}}
+    assert not backend.ingest(index, [Document(k, {"image": SparseVector.from_token_map(v)}) for k, v in maps.items()]).failures
+    try:
+        got = backend.vectors_of(index, ["car", "gone", "cat"], "image")
+        assert got[1] is None
+        assert got[0].to_token_map() == pytest.approx(maps["car"], rel=1e-2)
+        assert got[2].to_token_map() == pytest.approx(maps["cat"], rel=1e-2)
+        assert backend.vectors_of(index, [], "image") == []
+    finally:
+        backend.delete_index(index)
+        backend.close()
+
+
+def test_cli_search_reranks_by_meaning_on_a_cluster_as_on_the_embedded_engine(cluster, tmp_path, monkeypatch):
+    """`stair-es search --rerank auto` on Elasticsearch/OpenSearch: the query encoder's document
+    frequencies are reused and the hits read back in one _mget, so the hits come in the embedded
+    engine's order (a sentence encoder with hand-made embeddings, tests/test_rerank.py)."""
+    import json
+
+    from click.testing import CliRunner
+    from test_rerank import DOCS, HandMadeSentences  # tests/ is on the path
+
+    from stair_es import rerank
+    from stair_es.backends.embedded import EmbeddedBackend
+    from stair_es.cli.main import cli
+
+    enc = HandMadeSentences()
+    monkeypatch.setattr(rerank, "semantic_encoder", lambda mode, model=None: None if mode == "off" else enc)
+    name, url = cluster
+    index = "stair-rerank"
+    docs = [Document(k, {"image": SparseVector.from_token_map(v)}) for k, v in DOCS.items()]
+    backend = get_backend(name, urls=url, timeout=60)
+    try:
+        backend.delete_index(index)
+    except Exception:  # noqa: BLE001 - absent
+        pass
+    backend.create_index(index, IndexSchema(encoder={"name": "bow"}))
+    assert not backend.ingest(index, docs).failures
+    home = tmp_path / "home"
+    embedded = EmbeddedBackend(home)
+    embedded.create_index(index, IndexSchema(encoder={"name": "bow"}))
+    assert not embedded.ingest(index, docs).failures
+    embedded.close()
+    try:
+        orders = []
+        for where in (["--backend", name, "--url", url], ["--home", str(home)]):
+            r = CliRunner().invoke(cli, ["search", index, "sunset sky", "-k", "4", "--caption-weight", "0", "--json",
+                                         "--rerank", "auto", *where])
+            assert r.exit_code == 0, r.output
+            out = json.loads(r.stdout)
+            assert any("re-ranked the best 3 hits" in n for n in out["notes"]), out["notes"]
+            orders.append([h["id"] for h in out["hits"]])
+        assert orders[0] == orders[1] == ["beach", "volcano", "car"]
+    finally:
+        backend.delete_index(index)
+        backend.close()

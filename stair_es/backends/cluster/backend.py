@@ -15,14 +15,14 @@ import itertools
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import quote
 
 import numpy as np
 
 from ...dense import DENSE_FIELD, DenseSpec, prepare
 from ...errors import (
-    DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError, StairError
+    BackendError, DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError, StairError
 )
 from ...lexical import TEXT_FIELD, document_text
 from ...query import SearchRequest
@@ -293,6 +293,25 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         if not res.get("found", True):
             raise DocumentNotFoundError(f"document {doc_id!r} not found in index {index!r}")
         return self._doc_from_hit(res, meta)
+
+    def vectors_of(self, index: str, doc_ids: Sequence[str], field: str) -> list[Any]:
+        """Each document's vector of ``field`` (None when gone or without it), in one ``_mget``
+        request that returns only that field (re-ranking by meaning reads its hits this way)."""
+        meta = self._meta(index)
+        meta.schema.check_sparse_field(field)
+        if not doc_ids:
+            return []
+        res = self.request("POST", self._path(index, "_mget"),
+                           {"docs": [{"_id": d, "_source": [field]} for d in doc_ids]},
+                           action=f"read back {len(doc_ids)} documents' {field!r} tokens", index=index)
+        docs = res.get("docs") or []
+        if len(docs) != len(doc_ids):
+            raise BackendError(f"_mget on {index!r} answered {len(docs)} documents for {len(doc_ids)} ids")
+        out = []
+        for d in docs:
+            feats = (d.get("_source") or {}).get(field) if d.get("found") else None
+            out.append(vector_from_features(feats, self.vocab, meta.keys) if feats else None)
+        return out
 
     def existing_ids(self, index: str, ids: Iterable[str]) -> set[str]:
         self._meta(index)
