@@ -219,7 +219,11 @@ def test_cli_warm_makes_every_embedded_reader_warm_itself(tmp_path, monkeypatch)
 
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
     monkeypatch.delenv("STAIR_ES_SERVE_API_KEY", raising=False)
-    monkeypatch.delenv("STAIR_ES_WARM", raising=False)
+    # `serve --warm` sets STAIR_ES_WARM in this process: setenv first, so the test's end restores the
+    # variable as it was (a delenv of an absent variable records nothing, and the engine tests that
+    # run later in the same process would all warm their indices)
+    monkeypatch.setenv("STAIR_ES_WARM", "0")
+    monkeypatch.delenv("STAIR_ES_WARM")
     r = CliRunner().invoke(cli, ["serve", "--home", str(tmp_path), "--encoder", "bow"])
     assert r.exit_code == 0, r.output
     assert "STAIR_ES_WARM" not in os.environ
