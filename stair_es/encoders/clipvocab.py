@@ -48,6 +48,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -62,7 +63,18 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import TwoTowers, first_line, in_batches
+from .runtime import (
+    TowerSpec,
+    TwoTowers,
+    file_sha256,
+    first_line,
+    in_batches,
+    model_cache_dir,
+    publish,
+    runtime_choice,
+    verified_sidecar,
+    weights_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +282,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
     def __init__(self, model: str | None = None, *, vocab: Vocabulary | None = None, name: str | None = None,
                  **options: Any):
         super().__init__(vocab, name=name)
-        from .runtime import runtime_choice
         from .text import BagOfWordsEncoder
 
         o = ClipVocabOptions.from_kwargs(options, self.name)
@@ -336,8 +347,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
                        and not p.name.startswith(("tf_", "flax_")))
         if not files:
             raise ModelError(f"model {self.model!r}: no weights (.safetensors or .bin) in {folder}")
-        from .runtime import weights_digest
-
         weight_files = files + [folder / "config.json"]
         digest = weights_digest(weight_files)
         text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
@@ -406,8 +415,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
 
     # --- ONNX towers ------------------------------------------------------------------------
     def tower_specs(self) -> dict[str, Any]:
-        from .runtime import TowerSpec
-
         info = self._model_info()
         family, size = info["family"], info["image_size"]
         enc = self
@@ -489,8 +496,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
     def matrix_path(self) -> Path:
-        from .runtime import model_cache_dir
-
         return model_cache_dir() / f"clipvocab-matrix-{self.matrix_key()}.npy"
 
     def vocabulary_matrix(self, *, progress: bool = False) -> np.ndarray:
@@ -511,8 +516,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
 
     def _compute_matrix(self, path: Path, progress: bool) -> np.ndarray:
         global MATRIX_COMPUTATIONS
-        from .runtime import file_sha256, publish
-
         started = time.perf_counter()
         words, templates = self.word_list, self.templates
         prompts = [t.format(w) for w in words for t in templates]
@@ -558,8 +561,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         """Make sure every file the encoder needs at run time without torch is in the model
         cache (both ONNX towers with their sidecars, the vocabulary matrix with its sidecar)
         and return their paths (``stair-es models export`` bundles them)."""
-        import sys
-
         paths = self._tower_files()
 
         # a bar only on a terminal: `models export` piped to a log gets the one log line instead
@@ -666,8 +667,6 @@ def _features(out: Any) -> Any:
 
 def _read_matrix(path: Path, rows: int) -> np.ndarray | None:
     """A cached vocabulary matrix whose sha256 matches its sidecar, or None."""
-    from .runtime import verified_sidecar
-
     try:
         if verified_sidecar(path, "npy_sha256", "vocabulary matrix", "computing it again") is None:
             return None

@@ -21,11 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import EncoderVersionError, InvalidInputError
+from ..errors import EncoderVersionError, InvalidInputError, StairError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, GroundingEncoder, check_recorded_version
-from .imagenet import ImageNetLabelEncoder
+from .imagenet import ImageNetLabelEncoder, weights_file
 from .options import EncoderOptions
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
@@ -296,12 +296,9 @@ class DefaultEncoder(GroundingEncoder):
             from .runtime import weights_digest
 
             if part == "image":
-                from .imagenet import weights_file
-
                 enc = self.image_encoder
                 files = [Path(enc.weights) if enc.weights else weights_file(enc.model)]
             elif self.text == "splade":
-                from ..errors import StairError
                 from .text import _WEIGHT_SUFFIXES, _model_folder
 
                 try:

@@ -12,7 +12,7 @@ from ..errors import DamagedIndexError, IndexNotFoundError
 from ..errors import StairError as StairErrorBase
 from .manifest import (LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum, missing_manifest_error,
                        read_tombstones, read_valid_manifest, take_writer_lock, validate_manifest, writer_version)
-from .storage import atomic_write_json
+from .storage import atomic_write_json, read_arrays, read_footer, verify_file
 
 
 def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
@@ -32,7 +32,6 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     the previous commit (``manifest.prev.json``) when every file it names is whole.
     """
     from .segment import Segment
-    from .storage import read_arrays
 
     path = Path(path)
     report: dict[str, Any] = {"path": str(path), "ok": True, "manifest": None, "segments": [], "orphans": [],
@@ -93,7 +92,6 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
 def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
     """Per manifest entry: verify the segment file and its tombstones. Returns (rows, damaged entries)."""
     from .segment import Segment
-    from .storage import read_arrays, read_footer, verify_file
 
     rows, damaged = [], []
     for e in m["segments"]:

@@ -48,6 +48,8 @@ import contextlib
 import logging
 import math
 import os
+import platform
+import struct
 import sys
 import threading
 import time
@@ -191,8 +193,6 @@ def set_thread_slice(us: float) -> str | None:
     waking (the kernel's ``PREEMPT_SHORT``) instead of waiting for that one's slice to end at a
     scheduler tick; no privilege needed. Returns why it could not be done, or None."""
     import ctypes
-    import platform
-    import struct
 
     nr = _SYS_SCHED_SETATTR.get(platform.machine().lower()) if sys.platform == "linux" else None
     if nr is None:
