@@ -307,7 +307,7 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
 
     threading.Thread(target=orphaned, daemon=True, name="stair-es-orphan-check").start()
     conn.send(("ready", os.getpid()))  # the process started: a death from now on is a shard's
-    worker: ShardEncoder | None = None
+    worker = RayShardWorker(ctx)  # a Ray actor's code, run in this process: the same answers
     while True:
         try:
             task = conn.recv()
@@ -315,14 +315,7 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
             return
         if task is None:
             return
-        try:
-            if worker is None:
-                worker = ShardEncoder(ctx)
-            conn.send(("ok", worker(task)))
-        except WorkerSetupError as e:
-            conn.send(("setup", str(e)))
-        except Exception as e:  # noqa: BLE001 - one shard's failure; the worker goes on with the next
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(worker.run(task))
 
 
 class _Slot:
@@ -356,7 +349,7 @@ def worker_cores(workers: int) -> list[int | None]:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return [None] * workers
-    return [cores[i] for i in range(workers)] if workers <= len(cores) else [None] * workers
+    return cores[:workers] if workers <= len(cores) else [None] * workers
 
 
 def _next_shard(retry: deque[ShardTask], tasks: Iterator[ShardTask], source_done: bool) -> tuple[ShardTask | None, bool]:

@@ -44,6 +44,7 @@ This module must not know about indices or backends.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -579,10 +580,7 @@ class ClipVocabEncoder(TwoTowers, Encoder):
     # --- encoding ---------------------------------------------------------------------------
     def _word_vector(self, weights: np.ndarray) -> SparseVector:
         w = np.asarray(weights, np.float64)
-        if self.top_k < w.size:
-            keep = np.argpartition(-w, self.top_k - 1)[: self.top_k]
-        else:
-            keep = np.arange(w.size)
+        keep = np.argpartition(-w, self.top_k - 1)[: self.top_k] if self.top_k < w.size else np.arange(w.size)
         keep = keep[(w[keep] > 0) & (w[keep] >= self.min_weight)]
         return SparseVector.from_arrays(self.word_ids[keep], w[keep], self.vocab)
 
@@ -626,10 +624,8 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         for text, proj in zip(texts, projected):
             own = SparseVector.empty(self.vocab)
             if self.words:
-                try:
+                with contextlib.suppress(EmptyQueryError):  # a text of no known words keeps the projection alone
                     own = self._bow.encode_text(text, idf_arr)
-                except EmptyQueryError:
-                    own = SparseVector.empty(self.vocab)
             out.append({"words": own, "projection": proj})
         return out
 

@@ -569,10 +569,7 @@ class ImageNetLabelEncoder(Encoder):
         size = self.image_size
         w, h = image.size
         short = size + 32  # TF EfficientNet eval: centre crop of size/(size+32) of the shorter side
-        if w <= h:
-            nw, nh = short, max(short, round(h * short / w))
-        else:
-            nw, nh = max(short, round(w * short / h)), short
+        nw, nh = (short, max(short, round(h * short / w))) if w <= h else (max(short, round(w * short / h)), short)
         left, top = (nw - size) // 2, (nh - size) // 2
         # Resample only the centre crop (the box in source coordinates): the same pixels as
         # resizing to (nw, nh) and cropping, up to one grey level of rounding, at 2/3 the cost.

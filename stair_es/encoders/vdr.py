@@ -308,10 +308,7 @@ def preprocess_image(image: Any, resolution: int) -> np.ndarray:
 
     img = image.convert("RGB") if image.mode != "RGB" else image
     w, h = img.size
-    if w <= h:
-        size = (resolution, int(resolution * h / w))
-    else:
-        size = (int(resolution * w / h), resolution)
+    size = (resolution, int(resolution * h / w)) if w <= h else (int(resolution * w / h), resolution)
     if size != (w, h):
         img = img.resize(size, Image.BICUBIC)
     w, h = img.size
