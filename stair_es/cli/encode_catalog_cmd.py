@@ -57,7 +57,6 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, no_captions, r
     Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
     """
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
-
     from stair_es.encoders.base import list_encoders
 
     if options["address"] and options["engine"] != "ray":

@@ -113,9 +113,6 @@ class _SegState:
         return self._live_u8
 
 
-SegmentState = _SegState  # what a Snapshot lists: ``seg`` (postings, columns, stored fields), ``deleted``, ``live``
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """One commit of an index as its handle has loaded it: what sidecar indexes (dense vectors,
