@@ -18,6 +18,7 @@ import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -339,8 +340,6 @@ def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseV
 
 def _image_loader(encoder: Encoder | None) -> Callable[[Any], Any]:
     """``load_image`` decoding JPEGs at the smallest scale the encoder can use (``image_min_side``)."""
-    from functools import partial
-
     from .images import load_image
 
     min_side = getattr(encoder, "image_min_side", None)

@@ -52,8 +52,10 @@ the drawing score of :mod:`stair_es.encoders.clipart`).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+from importlib.util import find_spec
 from typing import Any, Sequence
 
 import numpy as np
@@ -79,8 +81,6 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 def ocr_available() -> bool:
-    from importlib.util import find_spec
-
     return find_spec("rapidocr") is not None and find_spec("onnxruntime") is not None
 
 
@@ -165,8 +165,6 @@ class OcrSource:
         return engine
 
     def _build_engine(self) -> Any:
-        import logging
-
         try:
             from rapidocr import RapidOCR
         except ImportError:
