@@ -25,6 +25,7 @@ from ..errors import EncoderVersionError, InvalidInputError, StairError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, GroundingEncoder, check_recorded_version
+from .clipart import drawing_gate, drawing_score
 from .colour import small_copy
 from .imagenet import ImageNetLabelEncoder, weights_file
 from .options import EncoderOptions
@@ -322,10 +323,7 @@ class DefaultEncoder(GroundingEncoder):
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
         if any(s is not None for s in (self.clipart, self.ocr, self.scene, self.people, self.objects)):
-            # one drawing score serves all
-            from .clipart import drawing_gate, drawing_score
-
-            scores = [drawing_score(im) for im in chunk]
+            scores = [drawing_score(im) for im in chunk]  # one drawing score serves all
             if self.clipart is not None:
                 gates = np.array([drawing_gate(im, sc) for im, sc in zip(chunk, scores)], dtype=np.float32)
         for i, im in enumerate(chunk):

@@ -72,6 +72,7 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from . import faces
 from .base import read_packaged_map, shares_vector
+from .clipart import drawing_score, foreground_flatness
 from .runtime import file_sha256, model_cache_dir, resolve_tower, runtime_choice
 
 log = logging.getLogger(__name__)
@@ -401,8 +402,6 @@ class ObjectsSource:
         """The detector's input for a batch: (batch size, the pictures that do not look drawn, their
         pixels, the pictures). Pixel work only (Pillow and numpy), so it can run ahead on another
         thread while the detector runs on the previous batch (:meth:`encode_prepared`)."""
-        from .clipart import drawing_score, foreground_flatness
-
         if flats is None:
             flats = [drawing_score(im) for im in images]
         photos = [i for i, f in enumerate(flats)

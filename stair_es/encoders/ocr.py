@@ -64,6 +64,7 @@ from ..errors import InvalidInputError, MissingDependencyError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
+from .clipart import drawing_score
 
 SCALE = 10.0
 REC_MIN_WIDTH = 96
@@ -189,8 +190,6 @@ class OcrSource:
         ``score``: its drawing score, when the caller has it already)."""
         if self.images == "all":
             return True
-        from .clipart import drawing_score
-
         return (drawing_score(image) if score is None else score) >= DRAWING_FLAT
 
     def _prepared(self, image: Any) -> np.ndarray:

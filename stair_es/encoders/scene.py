@@ -50,6 +50,7 @@ import numpy as np
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
+from .clipart import drawing_score
 from .colour import _srgb_to_lab, small_copy  # one 64 px copy serves both sources
 
 VERSION = "scene-v1"
@@ -176,11 +177,7 @@ class SceneSource:
 
     def shares(self, image: Any, flat: float | None = None) -> dict[str, float]:
         """Scene token -> share for one PIL image; ``flat`` is its drawing score when known."""
-        if flat is None:
-            from .clipart import drawing_score
-
-            flat = drawing_score(image)
-        if flat >= self.max_flat:
+        if (drawing_score(image) if flat is None else flat) >= self.max_flat:
             return {}
         return scene_shares(scene_features(image))
 
