@@ -163,11 +163,7 @@ def _manifest_entry(raw: str, base: Path, origin: str) -> CatalogEntry:
     if not isinstance(meta, dict):
         raise InvalidInputError(f"'metadata' must be a JSON object, got {type(meta).__name__}")
     caption, warning = clean_caption(rec.get("caption"), origin)
-    img = None
-    if path_v is not None:
-        img = Path(path_v).expanduser()
-        if not img.is_absolute():
-            img = base / img
+    img = None if path_v is None else base / Path(path_v).expanduser()  # (an absolute path stays as it is)
     return CatalogEntry(doc_id, img, caption, meta, vectors, origin, warning, dense)
 
 

@@ -53,9 +53,7 @@ _WARNINGS_LOCK = threading.Lock()
 
 
 def _describe(source: object) -> str:
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return f"<{len(source)} bytes>"
-    return str(source)
+    return f"<{len(source)} bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
 def load_image(

@@ -18,12 +18,13 @@ import itertools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .backends.base import SearchBackend
 from .catalog import CatalogEntry, CatalogItem, count_catalog, read_catalog
-from .encoders.base import Encoder
+from .encoders.base import Encoder, get_encoder, tqdm_class
 from .errors import IndexNotFoundError, InvalidInputError, StairError
 from .schema import Document, IndexSchema, IngestReport, ItemResult
 from .sparse import SparseVector
@@ -66,7 +67,6 @@ def index_encoder_factory(backend: SearchBackend, index: str, name: str, options
     exactly as it was built even after stair_es's defaults change (e.g. the ``default``
     encoder gaining a token source); otherwise ``name`` with ``options``. Options that
     contradict the recorded config are refused by :func:`ensure_index` with a clear error."""
-    from .encoders.base import get_encoder
     from .search import query_encoder
 
     def make() -> Encoder:
@@ -169,8 +169,6 @@ def ingest_catalog(
         dense_spec = DenseSpec(len(first.dense), "cosine", opts.dense_dtype)  # used only if the index is created here
     schema = ensure_index(backend, index, encoder.config() if encoder else {"name": "precomputed"}, dense_spec,
                           dense_required=dense_enc is not None)
-
-    from .encoders.base import tqdm_class
 
     bar = tqdm_class()(total=count_catalog(source), desc=f"ingest {index}", unit="img", disable=not opts.progress)
 
@@ -342,8 +340,6 @@ def _with_warnings(encoder: Encoder) -> Callable[[list[Any]], list[tuple[SparseV
 
 def _image_loader(encoder: Encoder | None) -> Callable[[Any], Any]:
     """``load_image`` decoding JPEGs at the smallest scale the encoder can use (``image_min_side``)."""
-    from functools import partial
-
     from .images import load_image
 
     min_side = getattr(encoder, "image_min_side", None)

@@ -239,7 +239,6 @@ def load_or_build(ix: Any, notes: list[str] | None = None) -> BM25Index:
             if notes is not None:
                 notes.append(f"the BM25 file {path} could not be used ({str(e).splitlines()[0][:120]}); "
                              "it was rebuilt from the index's documents")
-            bm = None
     if bm is None:
         texts, seg_pos, local = _collect(ix)
         bm = BM25Index.build(texts, seg_pos, local, key)

@@ -71,9 +71,9 @@ def _parts_cache(name: str, limit: int, cache: Path, image_model: str = "lite0")
     # what the scene source reads (the 64 px copy and the drawing score), so its rules can be
     # measured without encoding the set again
     from stair_es.encoders.clipart import drawing_score
-    from stair_es.encoders.default import _small_copy
+    from stair_es.encoders.colour import small_copy
 
-    small = [np.asarray(_small_copy(im)) for im in images]
+    small = [np.asarray(small_copy(im)) for im in images]
     flat = [drawing_score(im) for im in images]
     data = {"ids": ids, "texts": texts, "grades": grades, "probs": probs, "others": others, "small": small, "flat": flat,
             "token_map": wordnet_token_map()["version"]}

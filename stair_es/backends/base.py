@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import UnknownNameError, UnsupportedError
+from ..errors import DocumentNotFoundError, UnknownNameError, UnsupportedError
 from ..plugins import entry_points
 from ..query import SearchRequest
 from ..schema import Document, Explanation, IndexSchema, IngestReport, ItemResult, SearchResult
@@ -84,8 +84,6 @@ class SearchBackend(ABC):
         """Each document's sparse vector of ``field`` (a :class:`~stair_es.sparse.SparseVector`), or
         None when the document is gone or lacks the field: what re-ranking by meaning reads back for
         a search's hits. Backends may read them all at once."""
-        from ..errors import DocumentNotFoundError
-
         out = []
         for doc_id in doc_ids:
             try:

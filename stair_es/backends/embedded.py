@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..engine import EngineIndex
+from ..engine import EngineIndex, check_index
 from ..neighbours import StatsUpdater
 from ..errors import IndexExistsError, IndexNotFoundError, InvalidInputError, StairError
 from ..query import SearchRequest
@@ -324,7 +324,6 @@ class EmbeddedBackend(SearchBackend):
         (:func:`stair_es.dense.check_files`) under ``"dense"`` when it has any."""
         # lazy: a plain search needs no dense code (about 15 ms of import)
         from ..dense import check_files
-        from ..engine import check_index
 
         path = self._path(index)
         self._forget(index)  # a repair rewrites the commit: no cached handle may outlive it

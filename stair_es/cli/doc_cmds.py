@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -153,8 +154,6 @@ def export(encoder, encoder_opts, as_json) -> None:
     `search --rerank` is installed (the 'semantic' extra), its tower is exported too and the
     embeddings of the vocabulary's words are computed (about 20 s on two cores, once).
     """
-    import time
-
     from stair_es.encoders.runtime import load_tower
 
     kwargs = encoder_kwargs(None, encoder_opts)

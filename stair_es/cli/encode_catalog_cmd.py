@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stair_es.errors import InvalidInputError
+from stair_es.errors import InvalidInputError, UnknownNameError
 
 from .common import echo_json, encoder_kwargs, encoder_options, json_option, jsonl_report, stderr_is_tty, table
 
@@ -57,9 +57,7 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, no_captions, r
     Needs the `distributed` extra (pyarrow; Ray for --engine ray). See docs/distributed.md.
     """
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog as run, encoder_factory
-
     from stair_es.encoders.base import list_encoders
-    from stair_es.errors import UnknownNameError
 
     if options["address"] and options["engine"] != "ray":
         raise InvalidInputError("--address is for --engine ray")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from stair_es.errors import InvalidInputError
-from stair_es.schema import FIELD_TYPES, IndexSchema
+from stair_es.schema import FIELD_TYPES, DenseSpec, IndexSchema
 
 from stair_es.encoders.base import get_encoder
 
@@ -55,15 +55,13 @@ def create(name: str, fields: tuple[str, ...], sparse_fields: tuple[str, ...], e
     enc_config = None if encoder == "none" else get_encoder(encoder, **encoder_kwargs(model, encoder_opts)).config()
     dense = None
     if dense_model:
-        from stair_es.dense import DenseEncoder, DenseSpec
+        from stair_es.dense import DenseEncoder
 
         enc = DenseEncoder(dense_model)
         if dense_dims is not None and dense_dims != enc.dims:
             raise InvalidInputError(f"--dense-dims {dense_dims} does not match the dense model, which makes {enc.dims}-dimensional vectors")
         dense = DenseSpec(enc.dims, dense_similarity, dense_dtype, enc.config()).to_dict()
     elif dense_dims is not None:
-        from stair_es.dense import DenseSpec
-
         dense = DenseSpec(dense_dims, dense_similarity, dense_dtype).to_dict()
     schema = IndexSchema(fields=declared, encoder=enc_config, dense=dense,
                          **({"sparse_fields": sparse_fields} if sparse_fields else {}))

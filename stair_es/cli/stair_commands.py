@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from stair_es.errors import StairError
+from stair_es.errors import ImageError, StairError
 
 
 def _errors(f: Callable) -> Callable:
@@ -209,7 +209,6 @@ def localize_cmd(image, query, output, model, alpha, scale):
     """Show where QUERY's tokens fire in IMAGE (per-patch activations, no text encoder)."""
     from PIL import Image, UnidentifiedImageError
 
-    from stair_es.errors import ImageError
     from stair_es.stair.localize import write_heatmap
     from stair_es.stair.model import StairModel
 

@@ -28,13 +28,14 @@ import contextlib
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from ..catalog import CatalogItem
+from ..catalog import CatalogItem, count_catalog
 from ..errors import InvalidInputError, optional_import
 from ..schema import ItemResult
 from .cpu import thread_cpu, thread_cpu_delta
@@ -43,6 +44,7 @@ from .shards import (
     HEADER,
     MANIFEST_DIR,
     ids_digest,
+    is_remote,
     list_shards,
     open_fs,
     read_json,
@@ -228,9 +230,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
                 continue
             yield task
 
-    from ..catalog import count_catalog
     from ..encoders.base import progress_bar
-    from .shards import is_remote
     from .sources import JSONL_SUFFIXES, LIST_SUFFIXES, jsonl_has_urls
 
     lists = not is_remote(src) and src.lower().endswith(JSONL_SUFFIXES) and jsonl_has_urls(src)
@@ -287,8 +287,6 @@ def _remove_leftovers(fs, folder: str) -> None:
 
 
 def _source_key(src: str) -> str:
-    from .shards import is_remote
-
     return src if is_remote(src) else os.path.abspath(os.path.expanduser(src))
 
 
@@ -309,7 +307,7 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
 
     threading.Thread(target=orphaned, daemon=True, name="stair-es-orphan-check").start()
     conn.send(("ready", os.getpid()))  # the process started: a death from now on is a shard's
-    worker: ShardEncoder | None = None
+    worker = RayShardWorker(ctx)  # a Ray actor's code, run in this process: the same answers
     while True:
         try:
             task = conn.recv()
@@ -317,14 +315,7 @@ def _local_worker_main(ctx: WorkerContext, conn, core: int | None) -> None:
             return
         if task is None:
             return
-        try:
-            if worker is None:
-                worker = ShardEncoder(ctx)
-            conn.send(("ok", worker(task)))
-        except WorkerSetupError as e:
-            conn.send(("setup", str(e)))
-        except Exception as e:  # noqa: BLE001 - one shard's failure; the worker goes on with the next
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(worker.run(task))
 
 
 class _Slot:
@@ -358,7 +349,7 @@ def worker_cores(workers: int) -> list[int | None]:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return [None] * workers
-    return [cores[i] for i in range(workers)] if workers <= len(cores) else [None] * workers
+    return cores[:workers] if workers <= len(cores) else [None] * workers
 
 
 def _next_shard(retry: deque[ShardTask], tasks: Iterator[ShardTask], source_done: bool) -> tuple[ShardTask | None, bool]:
@@ -472,8 +463,6 @@ RAY_LOOPBACK_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 def local_ray_on_loopback() -> None:
     """Make a Ray that this process (or its children) starts listen on 127.0.0.1 only."""
-    import sys
-
     if sys.modules.get("ray") is not None and os.environ.get(RAY_LOOPBACK_ENV[0]) != RAY_LOOPBACK_ENV[1]:
         log.warning("ray was imported before stair_es could keep a local Ray on 127.0.0.1; "
                     "set %s=%s before importing ray", *RAY_LOOPBACK_ENV)
@@ -624,7 +613,5 @@ def _run_ray(tasks: Iterator[ShardTask], ctx: WorkerContext, opts: EncodeCatalog
 
 
 def _ray_initialized() -> bool:
-    import sys
-
     ray = sys.modules.get("ray")
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())

@@ -125,8 +125,7 @@ def write_json_atomic(fs, path: str, obj: Any) -> None:
 
 
 def read_json(fs, path: str) -> Any | None:
-    info = fs.get_file_info(path)
-    if not info.is_file:
+    if not fs.get_file_info(path).is_file:
         return None
     with fs.open_input_stream(path) as fh:
         return json.loads(fh.read().decode("utf-8"))

@@ -14,7 +14,9 @@ import logging
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from ..catalog import CatalogEntry, CatalogItem
@@ -93,8 +95,6 @@ class ShardEncoder:
         # The decoding threads live as long as the worker: each keeps its malloc arena, grown
         # once. (New threads per shard took arenas that had to grow again: in a Ray actor, whose
         # own threads hold other arenas, 200-450 page faults per image in every shard.)
-        from concurrent.futures import ThreadPoolExecutor
-
         self._decoders = ThreadPoolExecutor(max_workers=max(1, ctx.decode_threads), thread_name_prefix="stair-es-decode")
         self.fs, self.folder = open_fs(ctx.out_dir)
         self.schema = IndexSchema()
@@ -197,8 +197,6 @@ def encoder_factory(name: str, **options: Any) -> Callable[[], Any]:
     """A picklable factory of encoder ``name`` for the workers. An encoder registered in this
     process only (``register_encoder`` with a class, not a ``"module:attr"`` string) travels as
     that class, so a worker process builds it without the registration."""
-    from functools import partial
-
     from ..encoders import base
 
     target = base.registered_factory(name)

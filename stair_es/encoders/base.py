@@ -10,6 +10,7 @@ This module must not know about any particular model or backend.
 
 from __future__ import annotations
 
+import sys
 from abc import ABC
 from importlib import import_module
 from typing import Any, Callable, Sequence
@@ -203,8 +204,6 @@ def single_threaded_blas():
 def tqdm_class() -> type:
     """tqdm's notebook-aware bar inside Jupyter, else the plain terminal bar (``tqdm.auto``
     imports asyncio, about 0.1 s of a command's start-up, to find out what we know already)."""
-    import sys
-
     if "ipykernel" in sys.modules:
         from tqdm.auto import tqdm
     else:

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import ModelError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
+from .colour import small_copy
 
 SCALE = 10.0
 HEAD_FILE = "clipart_head.npz"
@@ -50,13 +51,7 @@ GATE_LOW, GATE_RANGE = 0.15, 0.30
 def _flat_pixels(image: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """The picture at most ``GATE_SIDE`` px (int16 RGB) and which of its pixels (all but the first
     row and column) equal their upper and left neighbours; None for a picture under 2 x 2 px."""
-    from PIL import Image
-
-    im = image if image.mode == "RGB" else image.convert("RGB")
-    if max(im.size) > GATE_SIDE:
-        im = im.copy()
-        im.thumbnail((GATE_SIDE, GATE_SIDE), Image.Resampling.BOX)
-    a = np.asarray(im, dtype=np.int16)
+    a = np.asarray(small_copy(image, GATE_SIDE), dtype=np.int16)
     if a.shape[0] < 2 or a.shape[1] < 2:
         return None
     core = a[1:, 1:]

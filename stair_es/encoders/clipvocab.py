@@ -44,10 +44,12 @@ This module must not know about indices or backends.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -62,7 +64,18 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import TwoTowers, first_line, in_batches
+from .runtime import (
+    TowerSpec,
+    TwoTowers,
+    file_sha256,
+    first_line,
+    in_batches,
+    model_cache_dir,
+    publish,
+    runtime_choice,
+    verified_sidecar,
+    weights_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +283,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
     def __init__(self, model: str | None = None, *, vocab: Vocabulary | None = None, name: str | None = None,
                  **options: Any):
         super().__init__(vocab, name=name)
-        from .runtime import runtime_choice
         from .text import BagOfWordsEncoder
 
         o = ClipVocabOptions.from_kwargs(options, self.name)
@@ -336,8 +348,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
                        and not p.name.startswith(("tf_", "flax_")))
         if not files:
             raise ModelError(f"model {self.model!r}: no weights (.safetensors or .bin) in {folder}")
-        from .runtime import weights_digest
-
         weight_files = files + [folder / "config.json"]
         digest = weights_digest(weight_files)
         text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
@@ -406,8 +416,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
 
     # --- ONNX towers ------------------------------------------------------------------------
     def tower_specs(self) -> dict[str, Any]:
-        from .runtime import TowerSpec
-
         info = self._model_info()
         family, size = info["family"], info["image_size"]
         enc = self
@@ -489,8 +497,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
     def matrix_path(self) -> Path:
-        from .runtime import model_cache_dir
-
         return model_cache_dir() / f"clipvocab-matrix-{self.matrix_key()}.npy"
 
     def vocabulary_matrix(self, *, progress: bool = False) -> np.ndarray:
@@ -511,8 +517,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
 
     def _compute_matrix(self, path: Path, progress: bool) -> np.ndarray:
         global MATRIX_COMPUTATIONS
-        from .runtime import file_sha256, publish
-
         started = time.perf_counter()
         words, templates = self.word_list, self.templates
         prompts = [t.format(w) for w in words for t in templates]
@@ -558,8 +562,6 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         """Make sure every file the encoder needs at run time without torch is in the model
         cache (both ONNX towers with their sidecars, the vocabulary matrix with its sidecar)
         and return their paths (``stair-es models export`` bundles them)."""
-        import sys
-
         paths = self._tower_files()
 
         # a bar only on a terminal: `models export` piped to a log gets the one log line instead
@@ -578,10 +580,7 @@ class ClipVocabEncoder(TwoTowers, Encoder):
     # --- encoding ---------------------------------------------------------------------------
     def _word_vector(self, weights: np.ndarray) -> SparseVector:
         w = np.asarray(weights, np.float64)
-        if self.top_k < w.size:
-            keep = np.argpartition(-w, self.top_k - 1)[: self.top_k]
-        else:
-            keep = np.arange(w.size)
+        keep = np.argpartition(-w, self.top_k - 1)[: self.top_k] if self.top_k < w.size else np.arange(w.size)
         keep = keep[(w[keep] > 0) & (w[keep] >= self.min_weight)]
         return SparseVector.from_arrays(self.word_ids[keep], w[keep], self.vocab)
 
@@ -625,10 +624,8 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         for text, proj in zip(texts, projected):
             own = SparseVector.empty(self.vocab)
             if self.words:
-                try:
+                with contextlib.suppress(EmptyQueryError):  # a text of no known words keeps the projection alone
                     own = self._bow.encode_text(text, idf_arr)
-                except EmptyQueryError:
-                    own = SparseVector.empty(self.vocab)
             out.append({"words": own, "projection": proj})
         return out
 
@@ -666,8 +663,6 @@ def _features(out: Any) -> Any:
 
 def _read_matrix(path: Path, rows: int) -> np.ndarray | None:
     """A cached vocabulary matrix whose sha256 matches its sidecar, or None."""
-    from .runtime import verified_sidecar
-
     try:
         if verified_sidecar(path, "npy_sha256", "vocabulary matrix", "computing it again") is None:
             return None

@@ -42,6 +42,19 @@ SCALE = 10.0
 _SIDE = 64
 
 
+def small_copy(image: Any, side: int = _SIDE) -> Any:
+    """An area-averaged RGB copy of a PIL image at most ``side`` px: by default the 64 px one the
+    colour and the scene source read (the default encoder makes it once for both; a picture
+    already that small is used as it is)."""
+    from PIL import Image
+
+    img = image if image.mode == "RGB" else image.convert("RGB")
+    if max(img.size) > side:
+        img = img.copy()
+        img.thumbnail((side, side), Image.Resampling.BOX)
+    return img
+
+
 def _srgb_to_lab(rgb: np.ndarray) -> np.ndarray:
     """``(n, 3)`` sRGB in 0..255 -> CIELAB (D65)."""
     c = rgb.astype(np.float64) / 255.0
@@ -100,13 +113,7 @@ class ColourSource:
 
     def shares(self, image: Any) -> dict[str, float]:
         """Colour term -> share for one PIL image."""
-        from PIL import Image
-
-        img = image if image.mode == "RGB" else image.convert("RGB")
-        if max(img.size) > _SIDE:
-            img = img.copy()
-            img.thumbnail((_SIDE, _SIDE), Image.Resampling.BOX)
-        rgb = np.asarray(img, dtype=np.uint8).reshape(-1, 3)
+        rgb = np.asarray(small_copy(image), dtype=np.uint8).reshape(-1, 3)
         if rgb.size == 0:
             return {}
         lab = _srgb_to_lab(rgb)

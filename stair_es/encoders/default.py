@@ -21,11 +21,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import EncoderVersionError, InvalidInputError
+from ..errors import EncoderVersionError, InvalidInputError, StairError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, GroundingEncoder, check_recorded_version
-from .imagenet import ImageNetLabelEncoder
+from .clipart import drawing_gate, drawing_score
+from .colour import small_copy
+from .imagenet import ImageNetLabelEncoder, weights_file
 from .options import EncoderOptions
 from .text import SPLADE_TINY, BagOfWordsEncoder, SpladeEncoder, splade_available
 
@@ -69,19 +71,6 @@ def merge_max(vectors: Sequence[SparseVector], vocab: Vocabulary) -> SparseVecto
     # from_arrays keeps the largest weight of a repeated id
     return SparseVector.from_arrays(np.concatenate([v.ids for v in parts]), np.concatenate([v.weights for v in parts]),
                                     vocab, drop_special=True)
-
-
-def _small_copy(image: Any) -> Any:
-    """The 64 px area-averaged copy both the colour and the scene source read (made once)."""
-    from PIL import Image
-
-    from .colour import _SIDE
-
-    img = image if image.mode == "RGB" else image.convert("RGB")
-    if max(img.size) > _SIDE:
-        img = img.copy()
-        img.thumbnail((_SIDE, _SIDE), Image.Resampling.BOX)
-    return img
 
 
 @dataclass
@@ -296,12 +285,9 @@ class DefaultEncoder(GroundingEncoder):
             from .runtime import weights_digest
 
             if part == "image":
-                from .imagenet import weights_file
-
                 enc = self.image_encoder
                 files = [Path(enc.weights) if enc.weights else weights_file(enc.model)]
             elif self.text == "splade":
-                from ..errors import StairError
                 from .text import _WEIGHT_SUFFIXES, _model_folder
 
                 try:
@@ -337,14 +323,11 @@ class DefaultEncoder(GroundingEncoder):
         sides: list[dict[str, SparseVector]] = [{} for _ in chunk]
         gates = scores = None
         if any(s is not None for s in (self.clipart, self.ocr, self.scene, self.people, self.objects)):
-            # one drawing score serves all
-            from .clipart import drawing_gate, drawing_score
-
-            scores = [drawing_score(im) for im in chunk]
+            scores = [drawing_score(im) for im in chunk]  # one drawing score serves all
             if self.clipart is not None:
                 gates = np.array([drawing_gate(im, sc) for im, sc in zip(chunk, scores)], dtype=np.float32)
         for i, im in enumerate(chunk):
-            small = _small_copy(im) if self.colour is not None and self.scene is not None else im
+            small = small_copy(im) if self.colour is not None and self.scene is not None else im
             if self.colour is not None:
                 sides[i]["colour"] = self.colour.encode(small)
             if self.scene is not None:
@@ -429,16 +412,10 @@ class DefaultEncoder(GroundingEncoder):
         i = self.vocab.get(token)
         if i is not None and self.image_encoder.can_produce(i):
             out.append("imagenet")
-        if self.colour is not None and token in self.colour.tokens:
-            out.append("colour")
-        if self.clipart is not None and token in self.clipart.tokens:
-            out.append("clipart")
-        if self.scene is not None and token in self.scene.tokens:
-            out.append("scene")
-        if self.people is not None and token in self.people.tokens:
-            out.append("people")
-        if self.objects is not None and token in self.objects.tokens:
-            out.append("objects")
+        for name in ("colour", "clipart", "scene", "people", "objects"):  # the sources with a fixed word list
+            source = getattr(self, name)
+            if source is not None and token in source.tokens:
+                out.append(name)
         if self.ocr is not None and self.ocr.can_read(token):
             out.append("ocr")
         return out

@@ -307,12 +307,11 @@ def load_efficientnet(model: str = "lite0", weights: str | None = None, device: 
         try:
             net = EfficientNet.from_name(f"efficientnet-{model}", num_classes=1000)
             state = torch.load(str(path), map_location="cpu", weights_only=True)
-            result = net.load_state_dict(state, strict=True)
+            net.load_state_dict(state, strict=True)
         except FileNotFoundError:
             raise ModelError(f"EfficientNet weights file not found: {path}") from None
         except (RuntimeError, KeyError, ValueError, OSError) as e:
             raise ModelError(f"cannot load EfficientNet-{model} weights from {path}: {e}") from None
-        del result
         net.eval().to(device)
         _MODEL_CACHE[key] = net
         return net
@@ -515,11 +514,7 @@ class ImageNetLabelEncoder(Encoder):
     def classify(self, images: Sequence[Any], *, top: int = 5, batch_size: int = 16) -> list[list[tuple[str, float]]]:
         """The ``top`` ImageNet classes per image, as ``(class name, probability)``."""
         probs = self.class_probabilities(images, batch_size=batch_size)
-        result = []
-        for p in probs:
-            order = np.argsort(-p, kind="stable")[:top]
-            result.append([(self.classnames[i], float(p[i])) for i in order])
-        return result
+        return [[(self.classnames[i], float(p[i])) for i in np.argsort(-p, kind="stable")[:top]] for p in probs]
 
     def check_version(self) -> None:
         """Raise the recorded token map's EncoderVersionError, if any, before an image is encoded."""
@@ -569,10 +564,7 @@ class ImageNetLabelEncoder(Encoder):
         size = self.image_size
         w, h = image.size
         short = size + 32  # TF EfficientNet eval: centre crop of size/(size+32) of the shorter side
-        if w <= h:
-            nw, nh = short, max(short, round(h * short / w))
-        else:
-            nw, nh = max(short, round(w * short / h)), short
+        nw, nh = (short, max(short, round(h * short / w))) if w <= h else (max(short, round(w * short / h)), short)
         left, top = (nw - size) // 2, (nh - size) // 2
         # Resample only the centre crop (the box in source coordinates): the same pixels as
         # resizing to (nw, nh) and cropping, up to one grey level of rounding, at 2/3 the cost.

@@ -54,7 +54,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import threading
@@ -70,7 +72,8 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from . import faces
 from .base import read_packaged_map, shares_vector
-from .runtime import file_sha256
+from .clipart import drawing_score, foreground_flatness
+from .runtime import file_sha256, model_cache_dir, resolve_tower, runtime_choice
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +119,6 @@ def coco_token_map() -> dict[str, Any]:
 def settings_of_version(version: str | None) -> dict[str, Any]:
     """The rules, input size, threshold and gain an ``objects`` version string records
     (``objects-v1-s320-t0.3-g0.7:...`` -> rules 1, size 320, threshold 0.3, gain 0.7), or {}."""
-    import re
-
     m = re.match(r"objects-v(\d+)-s(\d+)-t([0-9.]+)-g([0-9.]+):", version or "")
     if not m or not 1 <= int(m.group(1)) <= SOURCE_VERSION:
         return {}  # another stair_es's rules: the version check says so
@@ -143,8 +144,6 @@ def _named_folder(model: str | None) -> Path | None:
 
 def cache_folder() -> Path:
     """Where a downloaded detector lives: in the model cache, named by its package and version."""
-    from .runtime import model_cache_dir
-
     return model_cache_dir() / f"human-models-{PACKAGE_VERSION}"  # (coco-centernet-human-*: the detector alone)
 
 
@@ -251,8 +250,6 @@ def model_folder(model: str | None = None, *, progress: bool | None = None) -> P
         if dest.is_dir():
             return check_model_folder(dest)
         if progress is None:
-            import sys
-
             progress = sys.stderr.isatty()
         return fetch_model(dest, progress=progress)
 
@@ -405,8 +402,6 @@ class ObjectsSource:
         """The detector's input for a batch: (batch size, the pictures that do not look drawn, their
         pixels, the pictures). Pixel work only (Pillow and numpy), so it can run ahead on another
         thread while the detector runs on the previous batch (:meth:`encode_prepared`)."""
-        from .clipart import drawing_score, foreground_flatness
-
         if flats is None:
             flats = [drawing_score(im) for im in images]
         photos = [i for i, f in enumerate(flats)
@@ -439,8 +434,6 @@ class ObjectsSource:
 def _runner_of(spec: Any, runtime: str | None) -> Any:
     """A function of numpy arrays (in the order of the spec's inputs) -> the tower's outputs: the
     exported ONNX tower, or the torch module when the runtime says so."""
-    from .runtime import resolve_tower, runtime_choice
-
     tower = resolve_tower(spec, runtime_choice(runtime))
     if tower is not None:
         return lambda *xs: tower.run_parallel(dict(zip(spec.input_names, xs)))

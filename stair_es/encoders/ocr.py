@@ -52,8 +52,10 @@ the drawing score of :mod:`stair_es.encoders.clipart`).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+from importlib.util import find_spec
 from typing import Any, Sequence
 
 import numpy as np
@@ -62,6 +64,7 @@ from ..errors import InvalidInputError, MissingDependencyError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
+from .clipart import drawing_score
 
 SCALE = 10.0
 REC_MIN_WIDTH = 96
@@ -79,8 +82,6 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 def ocr_available() -> bool:
-    from importlib.util import find_spec
-
     return find_spec("rapidocr") is not None and find_spec("onnxruntime") is not None
 
 
@@ -165,8 +166,6 @@ class OcrSource:
         return engine
 
     def _build_engine(self) -> Any:
-        import logging
-
         try:
             from rapidocr import RapidOCR
         except ImportError:
@@ -191,8 +190,6 @@ class OcrSource:
         ``score``: its drawing score, when the caller has it already)."""
         if self.images == "all":
             return True
-        from .clipart import drawing_score
-
         return (drawing_score(image) if score is None else score) >= DRAWING_FLAT
 
     def _prepared(self, image: Any) -> np.ndarray:

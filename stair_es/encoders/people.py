@@ -39,6 +39,7 @@ from ..errors import MissingDependencyError
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
+from .clipart import drawing_score
 
 #: recorded in an index's config: v2 = the cascade at 160 px (scaleFactor 1.1, minNeighbors 4)
 #: with no faces on pictures that look drawn; v1 (unrecorded) ran it at 320 px on every picture
@@ -112,11 +113,7 @@ class PeopleSource:
     def shares(self, image: Any, flat: float | None = None) -> dict[str, float]:
         """Person token -> share for one PIL image; ``flat`` is its drawing score when known.
         Pictures that look drawn get none: the cascade finds faces in cartoon eyes and mouths."""
-        if flat is None:
-            from .clipart import drawing_score
-
-            flat = drawing_score(image)
-        if flat >= self.max_flat:
+        if (drawing_score(image) if flat is None else flat) >= self.max_flat:
             return {}
         boxes, area = self.faces(image)
         if not boxes:

@@ -53,6 +53,7 @@ any tower means (the encoders give it the module, the inputs and the names).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -60,7 +61,8 @@ import shutil
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+import warnings
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -114,8 +116,6 @@ def ort_threads() -> int:
 
 
 def onnxruntime_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("onnxruntime") is not None
 
 
@@ -176,13 +176,11 @@ def _remembered_sha256(path: Path) -> str:
         return digest
     digest = file_sha256(path)
     known[key] = digest
-    try:  # best effort: a read-only cache folder only costs the hashing next time
+    with suppress(OSError):  # best effort: a read-only cache folder only costs the hashing next time
         book.parent.mkdir(parents=True, exist_ok=True)
         tmp = book.with_name(f".{book.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(known, indent=0, sort_keys=True), "utf-8")
         os.replace(tmp, book)
-    except OSError:
-        pass
     return digest
 
 
@@ -417,8 +415,6 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
     args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in spec.input_names)
     with _staged(path, f"exporting the {spec.kind} tower to ONNX") as tmp_dir:
         tmp = tmp_dir / "model.onnx"
-        import warnings
-
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
             reference = module(*args)

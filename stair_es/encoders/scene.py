@@ -50,7 +50,8 @@ import numpy as np
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
-from .colour import _SIDE, _srgb_to_lab  # one 64 px copy serves both sources
+from .clipart import drawing_score
+from .colour import _srgb_to_lab, small_copy  # one 64 px copy serves both sources
 
 VERSION = "scene-v1"
 SCENE_SHARE = 0.6
@@ -66,13 +67,7 @@ TEXTURED = 4.0
 
 def scene_features(image: Any) -> dict[str, float]:
     """The measurements behind the cues (areas as fractions), for one PIL image."""
-    from PIL import Image
-
-    img = image if image.mode == "RGB" else image.convert("RGB")
-    if max(img.size) > _SIDE:
-        img = img.copy()
-        img.thumbnail((_SIDE, _SIDE), Image.Resampling.BOX)
-    rgb = np.asarray(img, dtype=np.uint8)
+    rgb = np.asarray(small_copy(image), dtype=np.uint8)
     h, w = rgb.shape[:2]
     if h < 4 or w < 4:
         return {}
@@ -182,11 +177,7 @@ class SceneSource:
 
     def shares(self, image: Any, flat: float | None = None) -> dict[str, float]:
         """Scene token -> share for one PIL image; ``flat`` is its drawing score when known."""
-        if flat is None:
-            from .clipart import drawing_score
-
-            flat = drawing_score(image)
-        if flat >= self.max_flat:
+        if (drawing_score(image) if flat is None else flat) >= self.max_flat:
             return {}
         return scene_shares(scene_features(image))
 

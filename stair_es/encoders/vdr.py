@@ -55,9 +55,9 @@ import numpy as np
 
 from ..errors import EncoderVersionError, InvalidInputError, MissingDependencyError, ModelError, optional_import
 from ..sparse import SparseVector
-from ..vocab import Vocabulary, default_vocabulary
+from ..vocab import Vocabulary, default_vocabulary, hf_tokenizer
 from .base import Encoder
-from .runtime import TwoTowers, first_line, in_batches, runtime_choice
+from .runtime import TwoTowers, first_line, in_batches, runtime_choice, weights_digest
 
 log = logging.getLogger(__name__)
 
@@ -308,10 +308,7 @@ def preprocess_image(image: Any, resolution: int) -> np.ndarray:
 
     img = image.convert("RGB") if image.mode != "RGB" else image
     w, h = img.size
-    if w <= h:
-        size = (resolution, int(resolution * h / w))
-    else:
-        size = (int(resolution * w / h), resolution)
+    size = (resolution, int(resolution * h / w)) if w <= h else (int(resolution * w / h), resolution)
     if size != (w, h):
         img = img.resize(size, Image.BICUBIC)
     w, h = img.size
@@ -326,8 +323,6 @@ def load_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_len: int) ->
     """An HF ``tokenizers`` BERT tokenizer padding and truncating to ``max_len`` (as the reference's
     ``padding="max_length"``): the folder's ``tokenizer.json``, else its ``vocab.txt``, else the
     shipped bert-base-uncased vocabulary. Its ids must be the BERT uncased ids."""
-    from ..vocab import hf_tokenizer
-
     file = folder / "tokenizer.json"
     try:
         from tokenizers import Tokenizer
@@ -413,8 +408,6 @@ class VdrEncoder(TwoTowers, Encoder):
 
         folder, raw = model_config(self.model, kind="vdr", expected="a VDR cross-modal checkpoint folder or hub id")
         cfg = VdrConfig.from_json(raw, f"model {self.model!r}")
-        from .runtime import weights_digest
-
         files = [weight_file(folder, self.model), folder / "config.json"]
         digest = weights_digest(files)
         info = {"folder": folder, "config": cfg, "files": files, "digest": digest, "weights": digest[:16],

@@ -12,7 +12,8 @@ from ..errors import DamagedIndexError, IndexNotFoundError
 from ..errors import StairError as StairErrorBase
 from .manifest import (LOCK, MANIFEST, PREV_MANIFEST, files_of, manifest_checksum, missing_manifest_error,
                        read_tombstones, read_valid_manifest, take_writer_lock, validate_manifest, writer_version)
-from .storage import atomic_write_json
+from .segment import Segment
+from .storage import atomic_write_json, read_arrays, read_footer, verify_file
 
 
 def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
@@ -31,9 +32,6 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
     the file still names them). A damaged or missing manifest is repaired by rolling back to
     the previous commit (``manifest.prev.json``) when every file it names is whole.
     """
-    from .segment import Segment
-    from .storage import read_arrays
-
     path = Path(path)
     report: dict[str, Any] = {"path": str(path), "ok": True, "manifest": None, "segments": [], "orphans": [],
                               "repaired": False, "lost_docs": 0, "lost_ids": []}
@@ -74,12 +72,10 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
         try:
             for e in damaged_entries:
                 report["lost_docs"] += int(e["docs"]) - int(e.get("deleted", 0))
-                try:
+                with contextlib.suppress(Exception):  # the ids of a damaged file may be unreadable: report the count only
                     arrays, meta = read_arrays(path / e["file"])
                     seg = Segment(path / e["file"], arrays, meta)
                     report["lost_ids"] += [seg.doc_id(d) for d in range(seg.n_docs)]
-                except Exception:  # noqa: BLE001 - the ids of a damaged file may be unreadable: report the count only
-                    pass
             new = {**m, "segments": [e for e in m["segments"] if e not in damaged_entries],
                    "generation": int(m["generation"]) + 1, "writer": writer_version()}
             new["checksum"] = manifest_checksum(new)
@@ -92,9 +88,6 @@ def check_index(path: str | Path, *, repair: bool = False) -> dict[str, Any]:
 
 def _check_segments(path: Path, m: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
     """Per manifest entry: verify the segment file and its tombstones. Returns (rows, damaged entries)."""
-    from .segment import Segment
-    from .storage import read_arrays, read_footer, verify_file
-
     rows, damaged = [], []
     for e in m["segments"]:
         row = {"name": e["name"], "docs": e["docs"], "deleted": e.get("deleted", 0), "checksummed": False, "error": None}

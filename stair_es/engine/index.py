@@ -25,6 +25,7 @@ first; an update counts as a new insertion).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -63,6 +64,7 @@ from .segment import (
     columns_from_rows,
     encode_strings,
     segment_capacity,
+    take_columns,
 )
 from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, folder_bytes, manifest_checksum,
                        manifest_file, missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
@@ -111,9 +113,6 @@ class _SegState:
         return self._live_u8
 
 
-SegmentState = _SegState  # what a Snapshot lists: ``seg`` (postings, columns, stored fields), ``deleted``, ``live``
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """One commit of an index as its handle has loaded it: what sidecar indexes (dense vectors,
@@ -149,8 +148,6 @@ def _writes(method):
     """An OS error while writing (disk full, read-only folder, quota) becomes one clear
     :class:`IndexWriteError`: the commit protocol means the last commit is still intact, and
     the temporary files of the failed write are removed by the next writer."""
-    import functools
-
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         try:
@@ -781,8 +778,6 @@ def _metadata_columns(ids: list[str], metadata, columns) -> dict[str, Any]:
 
 
 def _slice_batch(b: Batch, lo: int, hi: int) -> Batch:
-    from .segment import take_columns
-
     rows = np.arange(lo, hi)
     gather = NP.build_kernel("gather_strings", int(b.id_offs[-1]))
     ib, io = gather(b.id_blob, b.id_offs, rows)

@@ -520,14 +520,10 @@ class Segment(SegmentFilters):
 
     # --- stored fields ------------------------------------------------------------------------
     def caption(self, d: int) -> str | None:
-        if self.a["cap_present"][d]:
-            return str_at(self.a["cap_blob"], self.a["cap_offs"], d)
-        return None
+        return str_at(self.a["cap_blob"], self.a["cap_offs"], d) if self.a["cap_present"][d] else None
 
     def source(self, d: int) -> str | None:
-        if self.a["src_present"][d]:
-            return str_at(self.a["src_blob"], self.a["src_offs"], d)
-        return None
+        return str_at(self.a["src_blob"], self.a["src_offs"], d) if self.a["src_present"][d] else None
 
     def column(self, name: str) -> dict[str, np.ndarray]:
         prefix = f"m.{name}."

@@ -117,57 +117,10 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
 
 
-def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], *, sync_dir: bool = True) -> int:
-    """Write named arrays + JSON-able ``meta`` atomically into one file; returns its size."""
-    layout: dict[str, list] = {}
-    offset = 0
-    items = []
-    for name, arr in arrays.items():
-        arr = np.ascontiguousarray(arr)
-        dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-        arr = arr.astype(dt, copy=False)
-        layout[name] = [arr.dtype.str, list(arr.shape), offset]
-        items.append((offset, arr))
-        offset += arr.nbytes
-        offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
-    header = json.dumps({"arrays": layout, "meta": dict(meta)}, separators=(",", ":")).encode("utf-8")
-    data_start = (_HEAD.size + len(header) + _ALIGN - 1) // _ALIGN * _ALIGN
-    chunks = _ChunkCrcs(CHUNK_SHIFT)
-    with atomic_file(path, sync_dir=sync_dir) as f:
-
-        def put(data) -> None:
-            f.write(data)
-            chunks.update(data)
-
-        put(_HEAD.pack(_MAGIC, len(header)))
-        put(header)
-        pos = _HEAD.size + len(header)
-        for off, arr in items:
-            target = data_start + off
-            if target > pos:
-                put(b"\0" * (target - pos))
-                pos = target
-            if arr.nbytes:
-                put(memoryview(arr.reshape(-1).view(np.uint8)))
-            pos += arr.nbytes
-        end = data_start + offset
-        if end > pos:
-            put(b"\0" * (end - pos))
-        table = chunks.table()
-        f.write(table.tobytes())
-        f.write(_FOOT2.pack(_FOOT2_MAGIC, crc32_of(table), CHUNK_SHIFT, end, table.size))
-    return end + table.nbytes + _FOOT2.size
-
-
-def write_arrays_streamed(path: Path, arrays: Mapping[str, Any], meta: Mapping[str, Any], fill, *,
-                          sync_dir: bool = True) -> int:
-    """:func:`write_arrays` for arrays too large to hold in memory at once: the same file, byte
-    for byte, when the same arrays are given. ``arrays`` maps names (in file order) to an array,
-    or to ``(dtype, length)`` of a 1-d array written in pieces by ``fill(put)``: ``put(name,
-    start, piece)`` writes ``piece`` at element ``start`` of that array (any order, each element
-    once; elements never written stay zero). The chunk checksums are computed from a read of the
-    written content (from the page cache), so memory stays what the pieces take. Atomic as
-    :func:`write_arrays`; returns the file size."""
+def _plan(arrays: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[dict[str, list], list, bytes, int, int]:
+    """Where each array goes in a container file: (the header's layout, ``(name, offset, array or
+    None)`` in file order, the header, where the arrays start, where they end). An array given as
+    ``(dtype, length)`` (:func:`write_arrays_streamed`) comes as None."""
     layout: dict[str, list] = {}
     offset = 0
     items = []
@@ -189,7 +142,48 @@ def write_arrays_streamed(path: Path, arrays: Mapping[str, Any], meta: Mapping[s
         offset = (offset + _ALIGN - 1) // _ALIGN * _ALIGN
     header = json.dumps({"arrays": layout, "meta": dict(meta)}, separators=(",", ":")).encode("utf-8")
     data_start = (_HEAD.size + len(header) + _ALIGN - 1) // _ALIGN * _ALIGN
-    end = data_start + offset
+    return layout, items, header, data_start, data_start + offset
+
+
+def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], *, sync_dir: bool = True) -> int:
+    """Write named arrays + JSON-able ``meta`` atomically into one file; returns its size."""
+    _, items, header, data_start, end = _plan(arrays, meta)
+    chunks = _ChunkCrcs(CHUNK_SHIFT)
+    with atomic_file(path, sync_dir=sync_dir) as f:
+
+        def put(data) -> None:
+            f.write(data)
+            chunks.update(data)
+
+        put(_HEAD.pack(_MAGIC, len(header)))
+        put(header)
+        pos = _HEAD.size + len(header)
+        for _, off, arr in items:
+            target = data_start + off
+            if target > pos:
+                put(b"\0" * (target - pos))
+                pos = target
+            if arr.nbytes:
+                put(memoryview(arr.reshape(-1).view(np.uint8)))
+            pos += arr.nbytes
+        if end > pos:
+            put(b"\0" * (end - pos))
+        table = chunks.table()
+        f.write(table.tobytes())
+        f.write(_FOOT2.pack(_FOOT2_MAGIC, crc32_of(table), CHUNK_SHIFT, end, table.size))
+    return end + table.nbytes + _FOOT2.size
+
+
+def write_arrays_streamed(path: Path, arrays: Mapping[str, Any], meta: Mapping[str, Any], fill, *,
+                          sync_dir: bool = True) -> int:
+    """:func:`write_arrays` for arrays too large to hold in memory at once: the same file, byte
+    for byte, when the same arrays are given. ``arrays`` maps names (in file order) to an array,
+    or to ``(dtype, length)`` of a 1-d array written in pieces by ``fill(put)``: ``put(name,
+    start, piece)`` writes ``piece`` at element ``start`` of that array (any order, each element
+    once; elements never written stay zero). The chunk checksums are computed from a read of the
+    written content (from the page cache), so memory stays what the pieces take. Atomic as
+    :func:`write_arrays`; returns the file size."""
+    layout, items, header, data_start, end = _plan(arrays, meta)
     with atomic_file(path, sync_dir=sync_dir) as f:
         fd = f.fileno()
         os.ftruncate(fd, end)  # (a sparse file: the gaps read as zeros)

@@ -48,6 +48,8 @@ import contextlib
 import logging
 import math
 import os
+import platform
+import struct
 import sys
 import threading
 import time
@@ -91,11 +93,9 @@ def lower_thread_priority(steps: int, policy: str = "normal") -> None:
 
     Then the thread's scheduling policy (:func:`set_worker_policy`)."""
     if steps > 0:
-        try:
+        with contextlib.suppress(AttributeError, OSError):
             base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
-        except (AttributeError, OSError):
-            pass
     set_worker_policy(policy)
     if _loop_slice_set:  # a thread started by the event loop's thread inherits its short slice: the kernel's default
         set_thread_slice(0)
@@ -191,16 +191,14 @@ def set_thread_slice(us: float) -> str | None:
     waking (the kernel's ``PREEMPT_SHORT``) instead of waiting for that one's slice to end at a
     scheduler tick; no privilege needed. Returns why it could not be done, or None."""
     import ctypes
-    import platform
-    import struct
 
     nr = _SYS_SCHED_SETATTR.get(platform.machine().lower()) if sys.platform == "linux" else None
     if nr is None:
         return "a thread's time slice can only be set on Linux (x86_64, arm64, riscv64, ppc64le, s390x)"
     try:
-        if os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK not in (os.SCHED_OTHER, os.SCHED_BATCH):
-            return "the thread is not an ordinary one (real-time or idle): its time slice is left alone"
         policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+        if policy not in (os.SCHED_OTHER, os.SCHED_BATCH):
+            return "the thread is not an ordinary one (real-time or idle): its time slice is left alone"
         nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         # struct sched_attr (version 0, 48 bytes): size, policy, flags, nice, priority, runtime, deadline, period
         attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, policy, 0, nice, 0, int(us * 1000), 0, 0))
@@ -481,10 +479,8 @@ class Admission:
                 try:
                     return fn(*args)
                 finally:
-                    try:
+                    with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits for the slot
                         loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0)
-                    except RuntimeError:  # the event loop is closed: nobody waits for the slot
-                        pass
 
             try:
                 cf = self._pool.submit(call)

@@ -45,22 +45,18 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        def applied(problem: str | None) -> bool:
+            """Whether a scheduling change of the event loop's thread took (why not is logged)."""
+            if problem:
+                log.warning("%s", problem)
+            return problem is None
+
         if config.loop_nice:  # this runs on the event loop's thread (uvicorn's main thread)
-            problem = set_loop_priority(config.loop_nice)
-            if problem:
-                log.warning("%s", problem)
-        realtime = False
-        if config.loop_realtime:  # the same thread; the threads it starts from now on are ordinary ones
-            problem = set_loop_realtime()
-            if problem:
-                log.warning("%s", problem)
-            realtime = problem is None
-        sliced = False
-        if config.loop_slice_us and not realtime:  # the same thread: preempts an ordinary one on waking
-            problem = set_loop_slice(config.loop_slice_us)
-            if problem:
-                log.warning("%s", problem)
-            sliced = problem is None
+            applied(set_loop_priority(config.loop_nice))
+        # the same thread; the threads it starts from now on are ordinary ones
+        realtime = bool(config.loop_realtime) and applied(set_loop_realtime())
+        # the same thread: preempts an ordinary one on waking
+        sliced = bool(config.loop_slice_us) and not realtime and applied(set_loop_slice(config.loop_slice_us))
         switch = sys.getswitchinterval()
         if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
             sys.setswitchinterval(config.switch_interval_ms / 1000.0)

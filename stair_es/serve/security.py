@@ -81,9 +81,7 @@ def key_from_headers(authorization: str | None, x_api_key: str | None) -> str | 
     """``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""
     if authorization:
         scheme, _, value = authorization.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        return None
+        return value.strip() if scheme.lower() == "bearer" and value.strip() else None
     return x_api_key.strip() if x_api_key else None
 
 
@@ -137,9 +135,7 @@ class ImageRoots:
             real = (p if p.is_absolute() else (self.roots[0] / p if self.roots else p)).resolve(strict=True)
         except (OSError, RuntimeError, ValueError):
             return None
-        if real.is_file() and any(real.is_relative_to(r) for r in self.roots):
-            return real
-        return None
+        return real if real.is_file() and any(real.is_relative_to(r) for r in self.roots) else None
 
 
 # --- Host header allow-list (DNS rebinding) and browser security headers ------------------------

@@ -34,9 +34,7 @@ def flops_loss(enc: torch.Tensor) -> torch.Tensor:
 
 def flops_weight(lam: float, step: int, warmup_steps: int) -> float:
     """lambda grows quadratically from 0 to ``lam`` over ``warmup_steps`` (as in SPLADE)."""
-    if warmup_steps <= 0:
-        return lam
-    return lam * min(1.0, step / warmup_steps) ** 2
+    return lam * min(1.0, step / warmup_steps) ** 2 if warmup_steps > 0 else lam
 
 
 def visualsparta_loss(image: torch.Tensor, text: torch.Tensor) -> torch.Tensor:

@@ -106,9 +106,7 @@ def top_k_gate(weights: torch.Tensor, k: int) -> torch.Tensor:
 
 def keep_top_n(weights: torch.Tensor, n: int) -> torch.Tensor:
     """Zero all but the ``n`` largest entries of each row (VisualSparta's top-n term pruning)."""
-    if n >= weights.shape[-1]:
-        return weights
-    return weights * top_k_gate(weights, n)
+    return weights if n >= weights.shape[-1] else weights * top_k_gate(weights, n)
 
 
 def pool_enc(logits: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -316,9 +316,7 @@ def train(
 # --- distributed ------------------------------------------------------------------------------
 def dist_info() -> tuple[int, int]:
     """(world size, rank); (1, 0) outside ``torchrun``."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+    return (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
 
 
 def init_distributed() -> str | None:

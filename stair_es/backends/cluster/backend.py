@@ -266,10 +266,9 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
             feats = src.pop(name, None)
             if feats:
                 vectors[name] = vector_from_features(feats, self.vocab, meta.keys)
-        caption = src.pop("caption_text", None)
-        source = src.pop("path", None)
-        dense = src.pop("dense", None)
-        return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), caption, source, dense)
+        # caption_text, path and dense are reserved names: never metadata
+        return Document(hit["_id"], vectors, self._metadata_out(src, meta.schema), src.get("caption_text"),
+                        src.get("path"), src.get("dense"))
 
     def _hit(self, h: Mapping[str, Any], meta: IndexMeta) -> Hit:
         src = h.get("_source") or {}
