@@ -125,5 +125,6 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
                    "the query's token weights with the image's.</p>")
     payload = json.dumps(body).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     out.append(f"<script id='query' type='application/json'>{payload}</script>")
-    out.append("<script src='/static/app.js' defer></script></main></body></html>")
+    out.append("<script src='/static/retry.js' defer></script><script src='/static/app.js' defer></script>"
+               "</main></body></html>")
     return "".join(out)
