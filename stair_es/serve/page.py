@@ -2,7 +2,9 @@
 on the server so the plain result list works with JavaScript disabled.
 
 ``static/app.js`` (no CDN, no framework) then adds per-hit token chips with contribution
-bars from ``POST /v1/explain``. Every value that reaches the HTML is escaped here.
+bars from ``POST /v1/explain``, asking again through ``static/retry.js`` for the explain calls
+and thumbnails a busy server shed (429/503). Every value that reaches the HTML is escaped here.
+This module knows the service's search and index listing, not the HTTP routes or admission.
 """
 
 from __future__ import annotations
@@ -125,5 +127,6 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
                    "the query's token weights with the image's.</p>")
     payload = json.dumps(body).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     out.append(f"<script id='query' type='application/json'>{payload}</script>")
-    out.append("<script src='/static/app.js' defer></script></main></body></html>")
+    out.append("<script src='/static/retry.js' defer></script><script src='/static/app.js' defer></script>"
+               "</main></body></html>")
     return "".join(out)
