@@ -25,9 +25,11 @@ shed in a millisecond, not after waiting the timeout.
 
 The queue timeout is on by default, derived from the service times seen (``"auto"``): a request
 may wait :data:`AUTO_FLOOR_MS` (20 ms), or :data:`AUTO_SERVICE_TIMES` (4) mean service times of
-its kind when that is longer. The two kinds are searches (the batcher's queue) and the worker
-pool's work (encoding, explain, the page), each with its own moving average, so a slow kind (an
-image encoding of 150 ms, a cluster's search) keeps a queue of its own length while a fast one
+its kind when that is longer. The kinds are searches (the batcher's queue), pictures
+(thumbnails and heatmaps: an image decoded and resized, 15-40 ms each) and the worker pool's
+other work (encoding, explain, the page), each with its own moving average, so a slow kind (an
+image encoding of 150 ms, a cluster's search, the thumbnails a results page asks for at once)
+keeps a queue of its own length while a fast one
 (a search of 5 ms on 1M documents) is held to the 20 ms that keep its p99 near 50 ms at 80 % of
 the server's capacity (measured in docs/serve.md, "Defaults that hold the p99").
 
@@ -215,8 +217,9 @@ def set_thread_slice(us: float) -> str | None:
 AUTO_FLOOR_MS = 20.0
 #: ... or this many mean service times of its kind, when that is longer.
 AUTO_SERVICE_TIMES = 4.0
-#: The kinds of work with a queue timeout of their own under ``auto``: searches through the batcher, and the pool's.
-KINDS = ("search", "pool")
+#: The kinds of work with a queue timeout of their own under ``auto``: searches through the batcher,
+#: pictures (thumbnails, heatmaps) and the pool's other work.
+KINDS = ("search", "media", "pool")
 #: Under ``auto``, a kind's queue is bounded only by ``--max-queue`` until this many of its requests were served
 #: (its service time is not known yet: a guess would refuse slow work, such as the first image encodings).
 AUTO_MIN_SAMPLES = 8
@@ -314,7 +317,7 @@ class Admission:
 
     # --- the numbers a refused client is told ----------------------------------------------------
     def observe(self, seconds: float, kind: str = "pool", cpu_wait: float = 0.0) -> None:
-        """One service time (seconds, wall) of ``kind`` (``search`` or ``pool``) into the moving
+        """One service time (seconds, wall) of ``kind`` (one of :data:`KINDS`) into the moving
         averages; ``cpu_wait``: the part of it the thread spent waiting for a core (:func:`cpu_wait_s`).
 
         The drain time told to refused clients and expected at the door follows the wall time (how
@@ -427,7 +430,7 @@ class Admission:
                                    f"(after {waited:.2f} s); retry later, send less work, or raise --request-timeout",
                                    self.retry_after_ms())
 
-    async def _slot(self, deadline: float | None, t0: float) -> None:
+    async def _slot(self, deadline: float | None, t0: float, kind: str = "pool") -> None:
         if self._busy < self.workers and not self._waiting:
             self._busy += 1
             return
@@ -439,11 +442,11 @@ class Admission:
             else:
                 await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.monotonic()))
             waited = time.monotonic() - t0
-            limit = self.queue_timeout("pool")
+            limit = self.queue_timeout(kind)
             if limit is not None and waited * 1000 > limit:
                 self.overdue += 1
                 self._free()  # the slot it was handed goes to the next in line
-                raise self.overdue_error(waited, "pool")
+                raise self.overdue_error(waited, kind)
         except (asyncio.TimeoutError, asyncio.CancelledError) as e:
             if fut.done() and not fut.cancelled():  # the slot was handed over just now: pass it on
                 self._free()
@@ -464,13 +467,14 @@ class Admission:
                 return
         self._busy -= 1
 
-    async def run(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` on a worker thread, admitted, queued first come first served, under the deadline."""
-        self.enter()
+    async def run(self, fn: Callable, *args: Any, kind: str = "pool") -> Any:
+        """``fn(*args)`` on a worker thread, admitted, queued first come first served, under the
+        deadline; ``kind`` (``pool`` or ``media``) chooses its queue timeout."""
+        self.enter(kind)
         try:
             t0 = time.monotonic()
             deadline = self.deadline()
-            await self._slot(deadline, t0)
+            await self._slot(deadline, t0, kind)
             loop = asyncio.get_running_loop()
             started = time.monotonic()
 
@@ -480,7 +484,7 @@ class Admission:
                     return fn(*args)
                 finally:
                     with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits for the slot
-                        loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0)
+                        loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0, kind)
 
             try:
                 cf = self._pool.submit(call)
@@ -498,8 +502,8 @@ class Admission:
         finally:
             self.leave()
 
-    def _done(self, took: float, cpu_wait: float = 0.0) -> None:
-        self.observe(took, "pool", cpu_wait)
+    def _done(self, took: float, cpu_wait: float = 0.0, kind: str = "pool") -> None:
+        self.observe(took, kind, cpu_wait)
         self._free()
 
     def close(self) -> None:

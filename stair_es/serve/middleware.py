@@ -339,7 +339,8 @@ class QueueFullGate:
         if scope["type"] == "http":
             path = scope.get("path", "")
             if path.startswith("/v1/") or path == "/":
-                kind = "search" if self.batched_search and path == "/v1/search" else "pool"
+                kind = ("search" if self.batched_search and path == "/v1/search"
+                        else "media" if path.startswith(("/v1/thumbnail/", "/v1/heatmap/")) else "pool")
                 if self.admission.full(kind):
                     ms = self.admission.retry_after_ms()
                     self.admission.shed += 1

@@ -87,7 +87,7 @@ async def indices(rt: Runtime = Depends(runtime)):
 @router.get("/v1/thumbnail/{index}/{doc_id:path}", responses={200: {"content": {"image/jpeg": {}}}})
 async def thumbnail(index: str, doc_id: str, size: int = Query(256, ge=32, le=1024), rt: Runtime = Depends(runtime)):
     """A JPEG thumbnail of a document's image (only images under the server's image roots)."""
-    data = await rt.run(rt.service.thumbnail, index, doc_id, size)
+    data = await rt.run(rt.service.thumbnail, index, doc_id, size, kind="media")
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=300"})
 
 
@@ -96,5 +96,5 @@ async def heatmap(index: str, doc_id: str, q: str = Query(..., min_length=1, max
                   size: int = Query(256, ge=32, le=1024), alpha: float = Query(0.5, ge=0, le=1),
                   rt: Runtime = Depends(runtime)):
     """A document's image with the STAIR localisation of query ``q`` over it (stair-encoder indices only)."""
-    data = await rt.run(rt.service.heatmap, index, doc_id, q, size, alpha)
+    data = await rt.run(rt.service.heatmap, index, doc_id, q, size, alpha, kind="media")
     return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})

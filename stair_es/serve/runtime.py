@@ -47,9 +47,10 @@ class Runtime:
         self._aside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stair-es-aside")
         self.stats = ServeStats() if config.debug_stats else None
 
-    async def run(self, fn: Callable, *args: Any) -> Any:
-        """A request's work: admitted, queued first come first served, under --request-timeout."""
-        return await self.admission.run(fn, *args)
+    async def run(self, fn: Callable, *args: Any, kind: str = "pool") -> Any:
+        """A request's work: admitted, queued first come first served, under --request-timeout
+        (``kind="media"``: a thumbnail or heatmap, with a queue timeout of its own)."""
+        return await self.admission.run(fn, *args, kind=kind)
 
     async def run_aside(self, fn: Callable, *args: Any) -> Any:
         """Work that must not wait behind requests nor be cut by their deadline: the warm-up at

@@ -948,6 +948,47 @@ def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
         off.close()
 
 
+@pytest.mark.process
+def test_a_results_pages_thumbnails_queue_by_their_own_service_time(home, image_root, monkeypatch):
+    """A results page asks for its thumbnails at once, after explain calls of about 2 ms taught the
+    pool's auto queue timeout its 20 ms floor. Thumbnails (here 40 ms each, two workers) are their
+    own kind of work: the burst waits up to about 120 ms in the queue and every thumbnail is
+    served, where a shared timeout shed the last ones (429) on an otherwise idle server."""
+    from stair_es.serve.admission import AUTO_MIN_SAMPLES
+    from stair_es.serve.service import Service
+
+    real = Service.thumbnail
+
+    def slow_thumbnail(self, *args):
+        time.sleep(0.04)
+        return real(self, *args)
+
+    monkeypatch.setattr(Service, "thumbnail", slow_thumbnail)
+    app = create_app(make_config(home, image_root, workers=2, allowed_hosts=["127.0.0.1"]))
+    srv = ThreadServer(app)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            for _ in range(AUTO_MIN_SAMPLES + 4):  # fast work of the pool: its timeout is the 20 ms floor
+                assert c.post("/v1/explain", json={"text": "red", "id": "red-car"}).status_code == 200
+            assert app.state.runtime.admission.queue_timeout("pool") == 20.0
+
+        def fetch(doc_id: str, out: list) -> None:
+            with httpx.Client(base_url=srv.url, timeout=30) as c:
+                out.append(c.get(f"/v1/thumbnail/pics/{doc_id}", params={"size": 64}).status_code)
+
+        for burst in range(2):  # before the thumbnails' own time is known, and after
+            codes: list[int] = []
+            threads = [threading.Thread(target=fetch, args=("red-car", codes)) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert codes == [200] * 6, (burst, codes)
+        assert app.state.runtime.admission.queue_timeout("media") >= 4 * 40
+    finally:
+        srv.close()
+
+
 def test_queue_timeout_auto_does_not_grow_when_other_processes_take_the_cores():
     """The auto queue timeout follows a request's own time, not the time its thread waited for a
     core: while another job takes a core and 4 ms searches take 20 ms of wall time, the searches'
