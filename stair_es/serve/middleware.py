@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..errors import InvalidInputError
 from .admission import within
 from .errors import error_body, retry_headers
+from .page import busy_page
 from .protocol import T_RECV
 from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
 from .stats import T_ENTRY
@@ -31,9 +32,12 @@ log = logging.getLogger("stair_es.serve")
 
 async def _send_error(send, status: int, body: dict, extra: list[tuple[bytes, bytes]] = ()) -> None:
     """Answers a refused request in the one error shape (``body`` from :func:`.errors.error_body`)."""
-    payload = json.dumps(body).encode()
+    await _send(send, status, "application/json", json.dumps(body).encode(), extra)
+
+
+async def _send(send, status: int, content_type: str, payload: bytes, extra: list[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(payload)).encode()),
                             *extra]})
     await send({"type": "http.response.body", "body": payload})
 
@@ -344,6 +348,11 @@ class QueueFullGate:
                 if self.admission.full(kind):
                     ms = self.admission.retry_after_ms()
                     self.admission.shed += 1
+                    if path == "/":  # a browser: a page that says so and reloads itself, not the API's JSON
+                        page = busy_page(self.admission.busy_message(kind), ms)
+                        security = {"Content-Security-Policy": content_security_policy(page), **HTML_HEADERS}
+                        return await _send(send, 429, "text/html; charset=utf-8", page, _retry(ms) + self._stamps(scope)
+                                           + [(k.lower().encode(), v.encode()) for k, v in security.items()])
                     return await _send_error(send, 429, error_body(5, "ServerBusyError",
                                                                    self.admission.busy_message(kind), ms),
                                              _retry(ms) + self._stamps(scope))

@@ -47,6 +47,18 @@ def filters_from_params(fields: Mapping[str, str], params: Mapping[str, str], wh
     return out
 
 
+def busy_page(message: str, retry_after_ms: int) -> bytes:
+    """The page a browser gets when the server sheds ``/`` (429): what happened, in HTML rather than
+    the API's JSON, and a refresh after the server's ``Retry-After`` (so it comes back by itself)."""
+    wait = max(1, -(-int(retry_after_ms) // 1000))
+    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='refresh' content='{wait}'><title>busy - stair-es</title>"
+            "<link rel='stylesheet' href='/static/style.css'></head><body>"
+            "<header><h1><a href='/'>stair-es</a></h1></header>"
+            f"<p class='error'>The server is busy; this page reloads in {wait} s. ({_e(message)})</p>"
+            "</body></html>").encode()
+
+
 def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> str:
     indices = [i for i in service.indices() if "error" not in i]
     names = [i["name"] for i in indices]

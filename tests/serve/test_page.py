@@ -119,6 +119,38 @@ def test_page_retries_a_shed_request_after_the_servers_delay_then_gives_up():
     assert not_ready["tries"] == 2 and not_ready["status"] == 200
 
 
+def test_a_shed_page_is_html_that_reloads_itself(home, image_root, monkeypatch):
+    """When the server sheds `/` (at the door or from the queue) a browser gets a page saying so,
+    with Retry-After and a refresh after it, not the API's JSON; the API keeps its JSON."""
+    from fastapi.testclient import TestClient
+
+    from stair_es.serve.errors import ServerBusyError
+    from stair_es.serve.runtime import Runtime
+
+    app = create_app(make_config(home, image_root, workers=1, max_queue=0))
+    with TestClient(app) as c:
+        adm = app.state.runtime.admission
+        adm.admitted += 1  # one request in progress fills a server of one worker and no queue
+        try:
+            r = c.get("/", params={"q": "red"})
+            assert r.status_code == 429 and r.headers["content-type"].startswith("text/html")
+            assert int(r.headers["retry-after"]) >= 1 and "default-src" in r.headers["content-security-policy"]
+            assert "The server is busy; this page reloads in" in r.text
+            assert f"<meta http-equiv='refresh' content='{r.headers['retry-after']}'>" in r.text
+            api = c.get("/v1/indices")
+            assert api.status_code == 429 and api.json()["error"]["type"] == "ServerBusyError"
+        finally:
+            adm.admitted -= 1
+
+        async def shed_from_the_queue(self, fn, *args, kind="pool"):
+            raise ServerBusyError("this request waited 31 ms in the queue <b>", 2500)
+
+        monkeypatch.setattr(Runtime, "run", shed_from_the_queue)
+        r = c.get("/", params={"q": "red"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "3"
+        assert "content='3'" in r.text and "waited 31 ms in the queue &lt;b&gt;" in r.text
+
+
 # --- the real browser ---------------------------------------------------------------------------
 def _browser(javascript: bool = True):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install 'stair-es[serve-test]')")
