@@ -301,3 +301,15 @@ def test_serve_leaves_token_queries_and_large_indices_in_sparse_order(home, hand
         big = c.post("/v1/search", json={"text": "sunset sky", "top_k": 4}).json()
         assert [h["id"] for h in big["hits"]] == ["beach", "car"]
         assert any("not re-ranked by meaning" in n and "--rerank semantic" in n for n in big["notes"])
+
+
+def test_serve_answers_each_text_of_a_batch_alone_when_one_has_nothing_to_search(home, hand_made):
+    """A batch's texts are encoded in one call; a text with nothing to search in the index (no
+    word it holds, no relative) gets its 400 alone, and the others their hits."""
+    from stair_es.serve.service import Service, ServeConfig
+
+    svc = Service(ServeConfig(backend="embedded", backend_options={"home": str(home)}, default_index="pics",
+                              rerank="off"))
+    out = svc.search_many([{"text": "sky", "top_k": 4}, {"text": "zzxqv", "top_k": 4}, {"text": "cat", "top_k": 4}])
+    assert [h["id"] for h in out[0]["hits"]][:1] == ["beach"] and [h["id"] for h in out[2]["hits"]][:1] == ["cat"]
+    assert isinstance(out[1], InvalidInputError) and "no searchable tokens" in str(out[1])

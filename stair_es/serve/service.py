@@ -481,20 +481,26 @@ class Service:
         encoders = {(index, id(enc)): enc for _, index, kind, _, _, _, enc in checked if kind == "text"}
         grounding: dict[int, list[dict[str, Any]]] = {}
         freqs: dict[int, Any] = {}  # the document frequencies a text was encoded with, for its re-ranking
+
+        def encode(enc: Encoder, index: str, part: list[tuple[int, str, list[str]]]) -> None:
+            notes: list[str] = []
+            read: dict[str, Any] = {}
+            encoded = encode_query_texts(enc, [t for _, t, _ in part], self._commits, index, notes=notes, freqs_out=read)
+            for (i, _, n), q in zip(part, encoded):
+                tokens[i] = q.vector.to_token_map()
+                grounding[i] = [step.to_dict() for step in q.grounding]
+                freqs[i] = read.get("doc_freqs")
+                n.extend(notes)
+
         for (index, key), group in texts.items():
-            try:  # one call of the encoder per index: words grounded on the index's, IDF as `stair-es search`
-                notes: list[str] = []
-                read: dict[str, Any] = {}
-                encoded = encode_query_texts(encoders[(index, key)], [t for _, t, _ in group], self._commits, index,
-                                             notes=notes, freqs_out=read)
-                for (i, _, n), q in zip(group, encoded):
-                    tokens[i] = q.vector.to_token_map()
-                    grounding[i] = [step.to_dict() for step in q.grounding]
-                    freqs[i] = read.get("doc_freqs")
-                    n.extend(notes)
-            except Exception as e:  # noqa: BLE001 - every request of the group gets the encoder's error
-                for i, _, _ in group:
-                    out[i] = e
+            try:  # one call of the encoder per index: words grounded on the index's, IDF, as `stair-es search`
+                encode(encoders[(index, key)], index, group)
+            except Exception:  # noqa: BLE001 - e.g. one text with nothing to search here: each alone, so
+                for one in group:  # only the request that caused an error gets it
+                    try:
+                        encode(encoders[(index, key)], index, [one])
+                    except Exception as e:  # noqa: BLE001 - handed back to its request
+                        out[one[0]] = e
         ready: list[tuple[int, str, SearchRequest, str | None, Any]] = []
         for i, index, kind, query, _, notes, _ in checked:
             if out[i] is not None:
