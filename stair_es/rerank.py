@@ -41,11 +41,13 @@ import dataclasses
 import os
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .encoders.base import single_threaded_blas
 from .errors import InvalidInputError, MissingDependencyError
 from .schema import Hit, SearchResult
 from .sparse import SparseVector
@@ -104,18 +106,47 @@ def meaning_scores(query: np.ndarray, docs: Sequence[tuple[np.ndarray, np.ndarra
     (``docs``: (token ids, weights) each); 0 for a document with no word in the table."""
     ids, emb = table
     out = np.zeros(len(docs), np.float32)
-    for n, (tok, w) in enumerate(docs):
-        tok = np.asarray(tok, np.int64)
-        pos = np.searchsorted(ids, tok)
-        ok = (pos < ids.size) & (ids[np.minimum(pos, ids.size - 1)] == tok)
-        if not ok.any():
-            continue
-        weights = np.asarray(w, np.float32)[ok] * idf[tok[ok]].astype(np.float32)
-        v = weights @ emb[pos[ok]].astype(np.float32)
-        norm = float(np.linalg.norm(v))
-        if norm > 0:
-            out[n] = float(v @ query) / norm
+    if not docs or not ids.size:
+        return out
+    tok = np.concatenate([np.asarray(t, np.int64) for t, _ in docs])
+    w = np.concatenate([np.asarray(x, np.float32) for _, x in docs])
+    owner = np.repeat(np.arange(len(docs)), [len(t) for t, _ in docs])
+    pos = np.searchsorted(ids, tok)
+    ok = (pos < ids.size) & (ids[np.minimum(pos, ids.size - 1)] == tok)
+    if not ok.any():
+        return out
+    tok, owner = tok[ok], owner[ok]
+    words, col = np.unique(pos[ok], return_inverse=True)  # the hits share most of their words
+    weights = np.zeros((len(docs), words.size), np.float32)
+    np.add.at(weights, (owner, col), w[ok] * idf[tok].astype(np.float32))
+    sums = weights @ emb[words].astype(np.float32, copy=False)  # one product, each word's row read once
+    norms = np.linalg.norm(sums, axis=1)
+    live = norms > 0
+    out[live] = (sums[live] @ query.astype(np.float32)) / norms[live]
     return out
+
+
+def held_table(df: np.ndarray, table: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the word table whose words the index holds (``df`` > 0), as float32: all that
+    :func:`candidate_words` and :func:`meaning_scores` read (a hit's words are words the index
+    holds). Remembered for the last few indices, so a server or ``rank-eval`` converts them once."""
+    ids, emb = table
+    held = df[ids] > 0
+    key = (id(emb), zlib.crc32(np.packbits(held).tobytes()), int(held.sum()))
+    with _HELD_LOCK:
+        hit = _HELD.get(key)
+        if hit is not None and hit[0] is emb:
+            return hit[1]
+    value = (ids[held], emb[held].astype(np.float32))
+    with _HELD_LOCK:
+        _HELD[key] = (emb, value)  # (emb kept: its id cannot be reused while remembered)
+        while len(_HELD) > 4:
+            _HELD.pop(next(iter(_HELD)))
+    return value
+
+
+_HELD: dict[tuple, tuple] = {}
+_HELD_LOCK = threading.Lock()
 
 
 def fused_order(meaning: np.ndarray, held: float, sparse_scores: np.ndarray | None = None
@@ -178,14 +209,13 @@ def candidate_words(query: np.ndarray, df: np.ndarray, table: tuple[np.ndarray, 
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, cosines): the :data:`CANDIDATE_WORDS` words the index holds (``df`` > 0) nearest
     to the query embedding, nearest first, cosine above 0."""
-    ids, emb = table
-    held = df[ids] > 0
-    if not held.any():
+    ids, emb = held_table(df, table)
+    if not ids.size:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
-    cos = emb[held].astype(np.float32) @ query
+    cos = emb @ query.astype(np.float32)
     top = np.argsort(-cos, kind="stable")[:CANDIDATE_WORDS]
     top = top[cos[top] > 0]
-    return ids[held][top], cos[top]
+    return ids[top], cos[top]
 
 
 def prepare(rerank: str | None = None, model: str | None = None) -> None:
@@ -274,7 +304,8 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
         for (i, _, (df, n_docs)), query in zip(group, embeddings):
             t0 = time.perf_counter()
             request = queries[i][1]
-            wide = widened(request, query, df, table)
+            with single_threaded_blas():  # small products, just after the model's ONNX run (see there)
+                wide = widened(request, query, df, table)
             out[i] = Planned(wide, Reranking(enc, query, df, n_docs, request.grounding, request.top_k,
                                              spent + time.perf_counter() - t0))
     return out
@@ -320,7 +351,8 @@ def rerank_result(backend: SearchBackend, index: str, result: SearchResult, quer
 
     empty = (np.zeros(0, np.int64), np.zeros(0, np.float32))
     docs = [(v.ids, v.weights) if v is not None else empty for v in backend.vectors_of(index, [h.id for h in hits], FIELD)]
-    meaning = meaning_scores(query, docs, idf_of(df, n_docs), enc.word_table())
+    with single_threaded_blas():
+        meaning = meaning_scores(query, docs, idf_of(df, n_docs), held_table(df, enc.word_table()))
     held = held_share(grounding)
     order, fused, meaning_rank = fused_order(meaning, held, np.array([h.score for h in hits]))
     out = []
