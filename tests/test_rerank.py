@@ -313,3 +313,27 @@ def test_serve_answers_each_text_of_a_batch_alone_when_one_has_nothing_to_search
     out = svc.search_many([{"text": "sky", "top_k": 4}, {"text": "zzxqv", "top_k": 4}, {"text": "cat", "top_k": 4}])
     assert [h["id"] for h in out[0]["hits"]][:1] == ["beach"] and [h["id"] for h in out[2]["hits"]][:1] == ["cat"]
     assert isinstance(out[1], InvalidInputError) and "no searchable tokens" in str(out[1])
+
+
+def test_serve_on_a_backend_without_commits_counts_document_frequencies_once_a_minute(hand_made, memory_backend,
+                                                                                      monkeypatch):
+    """On a cluster, document frequencies are a scan of the index: the server's text searches (IDF,
+    grounding, re-ranking) use one count for a minute instead of scanning for every query."""
+    from stair_es.serve import service as service_module
+    from stair_es.serve.service import Service, ServeConfig
+
+    memory_backend.create_index("pics", IndexSchema(encoder={"name": "bow"}))
+    memory_backend.ingest("pics", [Document(k, {"image": SparseVector.from_token_map(v)}) for k, v in DOCS.items()])
+    asked = []
+    real = memory_backend.doc_freqs
+    monkeypatch.setattr(memory_backend, "doc_freqs", lambda *a: asked.append(a) or real(*a))
+    svc = Service(ServeConfig(backend="memory", default_index="pics", rerank="semantic"), backend=memory_backend)
+    clock = [1000.0]
+    monkeypatch.setattr(service_module.time, "monotonic", lambda: clock[0])
+    first = svc.search({"text": "sunset sky", "top_k": 4})
+    assert [h["id"] for h in first["hits"]] == ["beach", "volcano", "car"]
+    svc.search({"text": "cat", "top_k": 4})
+    assert len(asked) == 1
+    clock[0] += service_module.UNVERSIONED_TTL_S
+    svc.search({"text": "cat", "top_k": 4})
+    assert len(asked) == 2

@@ -180,11 +180,18 @@ class PreparedSearch:
         return self.planned.finish(backend, self.index, result) if self.planned is not None else result
 
 
+#: On a backend without commit generations (a cluster), how long the server uses an index's
+#: schema and document frequencies before asking again: there they are a scan of the whole
+#: index, which every text query needs (IDF, words grounded on the index's).
+UNVERSIONED_TTL_S = 60.0
+
+
 class _CommitCache:
     """The backend as query preparation sees it. On backends that report a commit generation
     (the embedded engine), ``index_info`` and ``doc_freqs`` are remembered until the index
     changes, so a search neither re-lists the index folder for its schema nor recounts the
-    document frequencies of a whole index for IDF. Other backends are asked every time."""
+    document frequencies of a whole index for IDF. Other backends (a cluster, where counting
+    them is a scan of the index) are asked again after :data:`UNVERSIONED_TTL_S` seconds."""
 
     def __init__(self, backend: SearchBackend):
         self._backend = backend
@@ -210,8 +217,8 @@ class _CommitCache:
         gen = gens.get(index) if gens is not None else None
         if gen is None:
             gen = self._generation(index)  # a stat() of the manifest
-            if gen is None:
-                return compute()
+            if gen is None:  # no commits to follow: remembered for a while (negative: never a generation)
+                gen = -1 - int(time.monotonic() // UNVERSIONED_TTL_S)
             if gens is not None:
                 gens[index] = gen
         hit = memo.get(key)
