@@ -17,6 +17,9 @@ if "STAIR_ES_MODEL_CACHE" not in os.environ:
 # the suite's expectations are about the engine and the encoders, and the real sentence model
 # would be exported (and its word table computed) in every test run's fresh model cache.
 os.environ.setdefault("STAIR_ES_RERANK", "off")
+# A cluster's document frequencies are counted afresh unless a test asks for them to be remembered
+# (tests/integration/test_emulators.py): nothing of a test run lands in the user's data home.
+os.environ.setdefault("STAIR_ES_CLUSTER_STATS_TTL", "0")
 
 
 @pytest.fixture

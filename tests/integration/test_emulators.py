@@ -311,3 +311,49 @@ def test_cli_search_reranks_by_meaning_on_a_cluster_as_on_the_embedded_engine(cl
     finally:
         backend.delete_index(index)
         backend.close()
+
+
+def test_a_clusters_document_frequencies_are_counted_once_and_remembered(cluster, tmp_path, monkeypatch):
+    """Every text query needs the index's document frequencies, a scan of the whole index on a
+    cluster: they are remembered on this machine while the document count stays the same, and
+    counted again after an ingest (here, or by another process: the count changed)."""
+    from stair_es.backends.cluster import freqs
+    from stair_es.models import store
+
+    monkeypatch.setenv("STAIR_ES_CLUSTER_STATS_TTL", "3600")
+    monkeypatch.setattr(store, "data_home", lambda: tmp_path)
+    name, url = cluster
+    index = "stair-freqs"
+    backend = get_backend(name, urls=url, timeout=60)
+    try:
+        backend.delete_index(index)
+    except Exception:  # noqa: BLE001 - absent
+        pass
+    backend.create_index(index, IndexSchema())
+    assert not backend.ingest(index, [Document("a", {"image": SparseVector.from_token_map({"cat": 1.0})}),
+                                      Document("b", {"image": SparseVector.from_token_map({"cat": 1.0, "dog": 2.0})})]
+                              ).failures
+    scans = []
+    real = backend._scroll
+    monkeypatch.setattr(backend, "_scroll", lambda *a: scans.append(a) or real(*a))
+    try:
+        cat, dog = VOCAB.id("cat"), VOCAB.id("dog")
+        df, n = backend.doc_freqs(index, "image")
+        assert (n, df[cat], df[dog]) == (2, 2, 1) and len(scans) == 1
+        again = get_backend(name, urls=url, timeout=60)  # another command on this machine
+        df2, n2 = again.doc_freqs(index, "image")
+        assert n2 == 2 and np.array_equal(df, df2) and len(scans) == 1
+        assert len(list((tmp_path / "_cluster_stats").glob("*.npz"))) == 1
+        # another machine adds a document (nothing forgotten here): the count differs, so they are counted again
+        monkeypatch.setattr(again, "_forget_freqs", lambda index: None)
+        assert not again.ingest(index, [Document("c", {"image": SparseVector.from_token_map({"dog": 1.0})})]).failures
+        again.close()
+        df3, n3 = backend.doc_freqs(index, "image")
+        assert (n3, df3[dog]) == (3, 2) and len(scans) == 2
+        monkeypatch.setenv("STAIR_ES_CLUSTER_STATS_TTL", "0")  # off: every call counts
+        backend.doc_freqs(index, "image")
+        assert len(scans) == 3
+    finally:
+        backend.delete_index(index)
+        backend.close()
+    assert freqs.ttl_s() == 0

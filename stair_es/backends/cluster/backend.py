@@ -32,6 +32,7 @@ from ...schema import (
 from ...vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from ..base import IndexInfo, ProgressCallback, SearchBackend
 from ..codec import feature_map, stored_value, vector_from_features
+from . import freqs
 from .config import BulkPolicy, ClusterConfig, settings_from_options
 from .hybrid import ClusterHybrid
 from .mapping import META_KEY, IndexMeta, check_index_name, field_type_for, index_meta, mapping, metadata_properties
@@ -162,6 +163,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         return IndexInfo(index, meta.schema, int(count.get("count", 0)), size, extra)
 
     def delete_index(self, index: str) -> None:
+        with contextlib.suppress(StairError):  # (an index that is not stair_es's has none)
+            self._forget_freqs(index)
         self.request("DELETE", self._path(index), action=f"delete index {index!r}", index=index)
         self._meta_cache.pop(index, None)
 
@@ -202,6 +205,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         it = iter(docs)
         while batch := list(itertools.islice(it, self.bulk_policy.chunk_docs)):
             self._ingest_batch(index, meta, batch, report, on_batch)
+        self._forget_freqs(index)
         if self.config.refresh is True and report.succeeded:
             self.request("POST", self._path(index, "_refresh"), action=f"refresh {index!r}", index=index)
         return report
@@ -254,6 +258,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
             if not ok and err and ("not_found" in err or "404" in err):
                 err = f"document {i!r} not found"
             report.add(ItemResult(i, ok, err, action="delete"))
+        self._forget_freqs(index)
         if self.config.refresh is True and report.succeeded:
             self.request("POST", self._path(index, "_refresh"), action=f"refresh {index!r}", index=index)
         return report
@@ -403,13 +408,27 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 with contextlib.suppress(StairError):
                     self.request("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, action="clear scroll", retry=False)
 
+    def _freqs_key(self, index: str) -> tuple[Any, ...]:
+        return (self.adapter.engine, self.config.display_urls, index, repr(self._meta(index).schema.to_dict()))
+
+    def _forget_freqs(self, index: str) -> None:
+        """What this process changed in ``index`` makes its remembered frequencies stale."""
+        freqs.forget(self._freqs_key(index), self._meta(index).schema.sparse_fields)
+
     def doc_freqs(self, index: str, field: str) -> tuple[np.ndarray, int]:
         """Exact document frequencies by scanning the field's stored feature maps (one pass, 1000 docs/page).
 
-        Costs a full read of the index: fine for the CLI's IDF on small and medium indices.
+        Costs a full read of the index, so they are remembered on this machine while the index
+        holds the same number of documents, for up to an hour (:mod:`.freqs`).
         """
         meta = self._meta(index)
         meta.schema.check_sparse_field(field)
+        key = (*self._freqs_key(index), field)
+        count = int(self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
+                    .get("count", 0))
+        remembered = freqs.load(key, count)
+        if remembered is not None:
+            return remembered
         df = np.zeros(VOCAB_SIZE, dtype=np.int64)
         n = 0
         for hits in self._scroll(index, [field]):
@@ -418,6 +437,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 feats = (h.get("_source") or {}).get(field)
                 if feats:
                     df[vector_from_features(feats, self.vocab, meta.keys).ids] += 1
+        freqs.save(key, count, df, n)
         return df, n
 
     def scan(self, index: str, field: str) -> Iterator[tuple[np.ndarray, np.ndarray, list[str | None]]]:
