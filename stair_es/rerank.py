@@ -17,8 +17,8 @@ to :data:`WEIGHT_GROUNDED` when none is; ``w_s = 1 - w_m``.
 
 Measured on the four public sets (``python -m benchmarks.encoders.run --limit 300 --query default
 --rerank off|auto``; docs/encoders.md, "Re-ranking by meaning"), P@1 / MRR: photos 0.420 / 0.509
--> 0.439 / 0.538, sample photos 0.444 / 0.555 -> 0.611 / 0.694, Tux Paint 0.293 / 0.365 -> 0.293 /
-0.365, openclipart 0.277 / 0.320 -> 0.457 / 0.504.
+-> 0.439 / 0.538, sample photos 0.444 / 0.555 -> 0.611 / 0.687, Tux Paint 0.293 / 0.365 -> 0.283 /
+0.359, openclipart 0.277 / 0.320 -> 0.457 / 0.505.
 
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
@@ -281,8 +281,8 @@ def plan(backend: SearchBackend, index: str, request: SearchRequest, text: str |
 
 def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest, str | None, str | None]], *,
               model: str | None = None) -> list[Planned]:
-    """:func:`plan` for several ``(index, request, text, rerank)`` queries, their texts embedded in
-    one call of the sentence model (``stair-es serve`` plans a batch of searches at once)."""
+    """:func:`plan` for several ``(index, request, text, rerank)`` queries (``stair-es serve`` plans a
+    batch of searches at once); each text is embedded alone, so its hits do not depend on the batch."""
     out = [Planned(request) for _, request, _, _ in queries]
     ready: dict[tuple[str, str], tuple[SentenceEncoder | None, Any, str | None]] = {}
     groups: dict[int, list[tuple[int, SentenceEncoder, Any]]] = {}  # id(encoder) -> (query, encoder, (df, n_docs))
@@ -298,7 +298,7 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
     for group in groups.values():
         started = time.perf_counter()
         enc = group[0][1]
-        embeddings = enc.embed([queries[i][2] for i, _, _ in group])
+        embeddings = enc.embed([queries[i][2] for i, _, _ in group], batch_size=1)  # one by one: see embed
         table = enc.word_table()
         spent = (time.perf_counter() - started) / len(group)
         for (i, _, (df, n_docs)), query in zip(group, embeddings):

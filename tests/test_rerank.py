@@ -49,7 +49,7 @@ class HandMadeSentences:
 
     version = "hand-made"
 
-    def embed(self, texts):
+    def embed(self, texts, batch_size=256):
         out = []
         for t in texts:
             dirs = [MEANING[w] for w in t.lower().split() if w in MEANING]
@@ -337,3 +337,22 @@ def test_serve_on_a_backend_without_commits_counts_document_frequencies_once_a_m
     clock[0] += service_module.UNVERSIONED_TTL_S
     svc.search({"text": "cat", "top_k": 4})
     assert len(asked) == 2
+
+
+def test_each_query_is_embedded_alone_so_its_hits_do_not_depend_on_its_batch(home, hand_made, monkeypatch):
+    """The int8 sentence model quantises a call's activations with one scale, so a text embedded
+    with others gets another embedding: a batch of searches embeds each text alone."""
+    calls = []
+    real = hand_made.embed
+
+    def spy(texts, batch_size=256):
+        calls.append((len(texts), batch_size))
+        return real(texts, batch_size)
+
+    monkeypatch.setattr(hand_made, "embed", spy)
+    backend = EmbeddedBackend(home)
+    queries = [("pics", make_request(backend, "pics", QuerySpec(text=t, top_k=4))[0], t, "semantic")
+               for t in ("sunset sky", "cat", "car road")]
+    plans = rerank.plan_many(backend, queries)
+    assert all(p.reranking is not None for p in plans)
+    assert calls and all(batch_size == 1 for _, batch_size in calls)

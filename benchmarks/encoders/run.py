@@ -207,7 +207,7 @@ def _reranked(q: np.ndarray, texts: list[str], helds: list[float], img: np.ndarr
     from stair_es.rerank import CANDIDATE_WEIGHT, WINDOW, candidate_words, fused_order, meaning_scores
 
     idf, table = _idf(img), sentence.word_table()
-    queries = sentence.embed(texts)
+    queries = sentence.embed(texts, batch_size=1)  # as a search embeds its query (SentenceEncoder.embed)
     df = np.count_nonzero(img > 0, axis=0)
     q = q.copy()
     for n in range(len(texts)):
