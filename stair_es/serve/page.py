@@ -125,11 +125,15 @@ def render_page(service, params: Mapping[str, str], wheres: Sequence[str]) -> st
             heat = (f"<a class='heat' href='/v1/heatmap/{quote(index, safe='')}/{quote(h['id'], safe='')}?"
                     f"size=512&amp;q={quote(q, safe='')}' data-heat='1'>heatmap</a>") if stair else ""
             meta = " · ".join(f"{_e(k_)}={_e(_fmt(v))}" for k_, v in sorted((h.get("metadata") or {}).items()))
+            ranks = h.get("retrievers") or {}
+            why = (f" <span class='why' title='its rank by the words it carries, and by what the query means "
+                   f"(cosine {_e(ranks['meaning'].get('score'))})'>words #{_e(ranks['sparse'].get('rank'))} · "
+                   f"meaning #{_e(ranks['meaning'].get('rank'))}</span>") if {"sparse", "meaning"} <= ranks.keys() else ""
             out.append(f"<li class='hit' data-id='{_e(h['id'])}' data-score='{h['score']!r}'>"
                        f"<img class='thumb' src='{_e(thumb)}' alt='{_e(h.get('caption') or h['id'])}' loading='lazy' "
                        "width='256' height='256'>"
                        f"<div class='meta'><span class='rank'>{rank}.</span> <strong class='doc-id'>{_e(h['id'])}</strong>"
-                       f" <span class='score'>score {h['score']:.4f}</span>"
+                       f" <span class='score'>score {h['score']:.4f}</span>{why}"
                        + (f"<div class='caption'>{_e(h['caption'])}</div>" if h.get("caption") else "")
                        + (f"<div class='md'>{meta}</div>" if meta else "")
                        + heat + "<div class='chips' aria-label='token contributions'></div></div></li>")

@@ -151,6 +151,26 @@ def test_a_shed_page_is_html_that_reloads_itself(home, image_root, monkeypatch):
         assert "content='3'" in r.text and "waited 31 ms in the queue &lt;b&gt;" in r.text
 
 
+def test_a_reranked_page_says_each_hits_two_ranks(home, image_root, monkeypatch):
+    """With re-ranking by meaning, each hit shows its rank by the words it carries and by meaning
+    (a hit the meaning brought up may carry none of the query's words, so it has no bars)."""
+    from fastapi.testclient import TestClient
+    from test_rerank import HandMadeSentences  # tests/ is on the path
+
+    from stair_es import rerank
+
+    enc = HandMadeSentences()
+    monkeypatch.setattr(rerank, "semantic_encoder", lambda mode, model=None: None if mode == "off" else enc)
+    with TestClient(create_app(make_config(home, image_root, rerank="semantic"))) as c:
+        r = c.get("/", params={"q": "red", "k": 5})
+        assert r.status_code == 200
+        api = c.post("/v1/search", json={"text": "red", "top_k": 5}).json()["hits"]
+        ranks = re.findall(r"<span class='why'[^>]*>words #(\d+) · meaning #(\d+)</span>", r.text)
+        assert ranks and ranks == [(str(h["retrievers"]["sparse"]["rank"]), str(h["retrievers"]["meaning"]["rank"]))
+                                   for h in api]
+        assert "re-ranked the best" in r.text
+
+
 # --- the real browser ---------------------------------------------------------------------------
 def _browser(javascript: bool = True):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install 'stair-es[serve-test]')")
