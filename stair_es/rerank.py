@@ -285,29 +285,21 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
     batch of searches at once); each text is embedded alone, so its hits do not depend on the batch."""
     out = [Planned(request) for _, request, _, _ in queries]
     ready: dict[tuple[str, str], tuple[SentenceEncoder | None, Any, str | None]] = {}
-    groups: dict[int, list[tuple[int, SentenceEncoder, Any]]] = {}  # id(encoder) -> (query, encoder, (df, n_docs))
-    for i, (index, _, text, rerank) in enumerate(queries):
+    for i, (index, request, text, rerank) in enumerate(queries):
         mode = default_mode() if rerank is None else check_rerank(rerank)
         if not (isinstance(text, str) and text.strip()) or mode == "off":
             continue
         if (index, mode) not in ready:
-            ready[index, mode] = _index_ready(backend, index, mode, model, queries[i][1].doc_freqs)
+            ready[index, mode] = _index_ready(backend, index, mode, model, request.doc_freqs)
         enc, freqs, out[i].why_not = ready[index, mode]
-        if enc is not None:
-            groups.setdefault(id(enc), []).append((i, enc, freqs))
-    for group in groups.values():
+        if enc is None:
+            continue
         started = time.perf_counter()
-        enc = group[0][1]
-        embeddings = enc.embed([queries[i][2] for i, _, _ in group], batch_size=1)  # one by one: see embed
-        table = enc.word_table()
-        spent = (time.perf_counter() - started) / len(group)
-        for (i, _, (df, n_docs)), query in zip(group, embeddings):
-            t0 = time.perf_counter()
-            request = queries[i][1]
-            with single_threaded_blas():  # small products, just after the model's ONNX run (see there)
-                wide = widened(request, query, df, table)
-            out[i] = Planned(wide, Reranking(enc, query, df, n_docs, request.grounding, request.top_k,
-                                             spent + time.perf_counter() - t0))
+        query = enc.embed([text], batch_size=1)[0]  # alone, not with the batch's other texts: see SentenceEncoder.embed
+        with single_threaded_blas():  # small products, just after the model's ONNX run (see there)
+            wide = widened(request, query, freqs[0], enc.word_table())
+        out[i] = Planned(wide, Reranking(enc, query, *freqs, request.grounding, request.top_k,
+                                         time.perf_counter() - started))
     return out
 
 

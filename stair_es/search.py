@@ -88,11 +88,7 @@ def encode_query_texts(
                 from .encoders.grounding import IndexStats
 
                 stats = IndexStats(df, n, field)
-    if wants_stats:
-        return encoder.encode_queries(list(texts), idf=weights, index_stats=stats)
-    from .encoders.grounding import EncodedQuery  # lazy: the grounding map is read only by queries that need it
-
-    return [EncodedQuery(v) for v in encoder.encode_texts(list(texts), idf=weights)]
+    return encoder.encode_queries(list(texts), idf=weights, index_stats=stats)  # (no steps without grounding)
 
 
 def build_request(

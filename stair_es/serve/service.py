@@ -524,8 +524,8 @@ class Service:
         return out  # type: ignore[return-value]
 
     def _plan_reranking(self, out: list, ready: list[tuple[int, str, SearchRequest, str | None, Any]]) -> None:
-        """Text queries' best hits re-ranked by meaning, as `stair-es search --rerank` (their texts
-        embedded in one call); a request whose re-ranking fails gets that error alone."""
+        """Text queries' best hits re-ranked by meaning, as `stair-es search --rerank`; a request
+        whose re-ranking fails gets that error alone."""
         try:
             plans = plan_many(self._commits, [(index, request, text, mode) for _, index, request, text, mode in ready])
         except Exception:  # noqa: BLE001 - find which request failed, and let the others through

@@ -1,5 +1,5 @@
 """Walking built postings in numpy (twins of :mod:`..kernels.postings`): every posting of some
-terms, a term's documents, document frequencies, one document's row."""
+terms, a term's documents, document frequencies, documents' rows."""
 
 from __future__ import annotations
 
