@@ -24,7 +24,7 @@ from .admission import within
 from .errors import error_body, retry_headers
 from .page import busy_page
 from .protocol import T_RECV
-from .security import HTML_HEADERS, content_security_policy, host_allowed, key_from_headers, key_matches
+from .security import host_allowed, html_headers, key_from_headers, key_matches
 from .stats import T_ENTRY
 
 log = logging.getLogger("stair_es.serve")
@@ -42,8 +42,13 @@ async def _send(send, status: int, content_type: str, payload: bytes, extra: lis
     await send({"type": "http.response.body", "body": payload})
 
 
+def _raw(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Headers as ASGI sends them."""
+    return [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+
 def _retry(ms: int) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode(), v.encode()) for k, v in retry_headers(ms).items()]
+    return _raw(retry_headers(ms))
 
 
 # --- body guard (size and time caps before any route runs) -------------------------------------
@@ -213,9 +218,9 @@ class HostGuard:
                 if msg.get("more_body", False):
                     return None
                 html = b"".join(chunks)
-                extra = {"Content-Security-Policy": content_security_policy(html), **HTML_HEADERS}
+                extra = html_headers(html)
                 headers = [(k, v) for k, v in start.get("headers") or [] if k.decode("latin-1").title() not in extra]
-                headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+                headers += _raw(extra)
                 await send({**start, "headers": headers})
                 start = None
                 return await send({"type": "http.response.body", "body": html, "more_body": False})
@@ -350,9 +355,8 @@ class QueueFullGate:
                     self.admission.shed += 1
                     if path == "/":  # a browser: a page that says so and reloads itself, not the API's JSON
                         page = busy_page(self.admission.busy_message(kind), ms)
-                        security = {"Content-Security-Policy": content_security_policy(page), **HTML_HEADERS}
-                        return await _send(send, 429, "text/html; charset=utf-8", page, _retry(ms) + self._stamps(scope)
-                                           + [(k.lower().encode(), v.encode()) for k, v in security.items()])
+                        return await _send(send, 429, "text/html; charset=utf-8", page,
+                                           _retry(ms) + self._stamps(scope) + _raw(html_headers(page)))
                     return await _send_error(send, 429, error_body(5, "ServerBusyError",
                                                                    self.admission.busy_message(kind), ms),
                                              _retry(ms) + self._stamps(scope))

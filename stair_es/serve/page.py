@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
 from ..errors import StairError
+from .errors import retry_headers
 
 MAX_PAGE_K = 60
 
@@ -50,7 +51,7 @@ def filters_from_params(fields: Mapping[str, str], params: Mapping[str, str], wh
 def busy_page(message: str, retry_after_ms: int) -> bytes:
     """The page a browser gets when the server sheds ``/`` (429): what happened, in HTML rather than
     the API's JSON, and a refresh after the server's ``Retry-After`` (so it comes back by itself)."""
-    wait = max(1, -(-int(retry_after_ms) // 1000))
+    wait = retry_headers(retry_after_ms)["Retry-After"]  # whole seconds, as the header says
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta http-equiv='refresh' content='{wait}'><title>busy - stair-es</title>"
             "<link rel='stylesheet' href='/static/style.css'></head><body>"

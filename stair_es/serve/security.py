@@ -183,3 +183,8 @@ def content_security_policy(html: bytes) -> str:
 
 #: Sent with every HTML answer (with the Content-Security-Policy above).
 HTML_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
+
+
+def html_headers(html: bytes) -> dict[str, str]:
+    """The security headers of an HTML answer ``html``: its Content-Security-Policy and :data:`HTML_HEADERS`."""
+    return {"Content-Security-Policy": content_security_policy(html), **HTML_HEADERS}

@@ -153,14 +153,19 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
 
     def index_info(self, index: str) -> IndexInfo:
         meta = self._meta(index, fresh=True)
-        count = self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
+        count = self._count(index)
         size = None
         with contextlib.suppress(StairError, KeyError, TypeError, ValueError):
             stats = self.request("GET", self._path(index, "_stats", "store"), action="read index stats", index=index, retry=False)
             size = int(stats["_all"]["primaries"]["store"]["size_in_bytes"])
         extra = {"engine": self.adapter.engine, "field_type": meta.field_type,
                  "cluster_version": ".".join(map(str, self.version or ())), "url": self.config.display_urls}
-        return IndexInfo(index, meta.schema, int(count.get("count", 0)), size, extra)
+        return IndexInfo(index, meta.schema, count, size, extra)
+
+    def _count(self, index: str) -> int:
+        """The index's number of documents (``_count``)."""
+        return int(self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
+                   .get("count", 0))
 
     def delete_index(self, index: str) -> None:
         with contextlib.suppress(StairError):  # (an index that is not stair_es's has none)
@@ -424,8 +429,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         meta = self._meta(index)
         meta.schema.check_sparse_field(field)
         key = (*self._freqs_key(index), field)
-        count = int(self.request("GET", self._path(index, "_count"), action=f"count {index!r}", index=index)
-                    .get("count", 0))
+        count = self._count(index) if freqs.ttl_s() > 0 else -1  # (-1: not remembered, nothing to compare)
         remembered = freqs.load(key, count)
         if remembered is not None:
             return remembered
