@@ -72,6 +72,7 @@ from .runtime import (
     in_batches,
     model_cache_dir,
     publish,
+    quiet_model_libraries,
     runtime_choice,
     verified_sidecar,
     weights_digest,
@@ -394,17 +395,11 @@ class ClipVocabEncoder(TwoTowers, Encoder):
             optional_import("torch", what, "encoders", "transformers torch")
             transformers = optional_import("transformers", what, "encoders", "transformers torch")
             cls = transformers.CLIPModel if info["family"] == "clip" else transformers.SiglipModel
-            hf_logging = getattr(transformers.utils, "logging", None)
-            bar_was_on = bool(hf_logging and hf_logging.is_progress_bar_enabled())
-            if bar_was_on:
-                hf_logging.disable_progress_bar()  # library code must not draw on the user's terminal
             try:
-                model, loading = cls.from_pretrained(str(info["folder"]), output_loading_info=True)
+                with quiet_model_libraries():
+                    model, loading = cls.from_pretrained(str(info["folder"]), output_loading_info=True)
             except (OSError, ValueError, KeyError, RuntimeError) as e:
                 raise ModelError(f"cannot load {info['family']} model {self.model!r}: {first_line(e)}") from None
-            finally:
-                if bar_was_on:
-                    hf_logging.enable_progress_bar()
             bad = {k: v for k, v in loading.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
             if bad:
                 parts = [f"{k.replace('_', ' ')}: {', '.join(map(str, list(v)[:5]))}{' ...' if len(v) > 5 else ''}"

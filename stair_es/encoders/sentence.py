@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import ModelError
 from ..vocab import Vocabulary, default_vocabulary
 from .runtime import (
-    OnnxTower, TowerSpec, file_sha256, first_line, memo_tower, model_cache_dir, publish,
+    OnnxTower, TowerSpec, file_sha256, first_line, memo_tower, model_cache_dir, publish, quiet_model_libraries,
     runtime_choice, verified_sidecar, weights_digest
 )
 
@@ -103,7 +103,8 @@ class _Pooled:
         class Pooled(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.bert = AutoModel.from_pretrained(str(folder)).eval()
+                with quiet_model_libraries():
+                    self.bert = AutoModel.from_pretrained(str(folder)).eval()
 
             def forward(self, input_ids: Any, attention_mask: Any) -> Any:
                 h = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -191,7 +192,8 @@ class SentenceEncoder:
                 return False
             tmp = path.parent / f".{path.stem}.{os.getpid()}.onnx"
             try:
-                quantize_dynamic(str(float_tower.path), str(tmp), weight_type=QuantType.QInt8)
+                with quiet_model_libraries():
+                    quantize_dynamic(str(float_tower.path), str(tmp), weight_type=QuantType.QInt8)
                 meta = {"kind": "sentence-minilm-int8", "onnx_sha256": file_sha256(tmp), "from": float_tower.path.name}
                 publish(tmp, meta, path)
             except Exception as e:  # noqa: BLE001 - onnxruntime's quantiser raises many types

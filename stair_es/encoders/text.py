@@ -48,7 +48,7 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary, basic_tokenize, default_vocabulary
 from .base import GroundingEncoder, progress_bar
 from .options import EncoderOptions
-from .runtime import first_line
+from .runtime import first_line, quiet_model_libraries
 
 log = logging.getLogger(__name__)
 
@@ -298,15 +298,9 @@ def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = N
             raise MissingDependencyError("the splade text encoder", "encoders", "transformers torch") from None
         where, local = _resolve(model)
         try:
-            from transformers.utils import logging as hf_logging
-
-            bar_was_on = hf_logging.is_progress_bar_enabled()
-            hf_logging.disable_progress_bar()  # library code must not draw on the user's terminal
-        except (ImportError, AttributeError):
-            hf_logging, bar_was_on = None, False
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local or None)
-            mlm = AutoModelForMaskedLM.from_pretrained(where, local_files_only=local or None)
+            with quiet_model_libraries():
+                tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local or None)
+                mlm = AutoModelForMaskedLM.from_pretrained(where, local_files_only=local or None)
         except (OSError, ValueError, KeyError, EnvironmentError) as e:
             hint = (
                 "the folder lacks a config, tokenizer or weights"
@@ -316,9 +310,6 @@ def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = N
             )
             first = first_line(e)
             raise ModelError(f"cannot load masked-LM model {model!r}: {first}; {hint}") from None
-        finally:
-            if hf_logging is not None and bar_was_on:
-                hf_logging.enable_progress_bar()
         size = getattr(mlm.config, "vocab_size", None)
         if size != len(vocab):
             raise ModelError(

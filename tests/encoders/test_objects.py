@@ -20,6 +20,7 @@ from stair_es.errors import EncoderVersionError, InvalidInputError, ModelError
 torch = pytest.importorskip("torch")
 
 from stair_es.encoders import objects as obj  # noqa: E402
+from stair_es.encoders import runtime  # noqa: E402
 from stair_es.encoders.tfjs_graph import graph_module, read_graph_model  # noqa: E402
 
 
@@ -383,9 +384,13 @@ def test_the_default_encoder_counts_objects_only_once_its_detector_is_installed(
     _, files = _fake_package(tmp_path, monkeypatch)
     monkeypatch.delenv(obj.ENV_MODEL, raising=False)
     monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(runtime, "_WARNED", set())
     with caplog.at_level("WARNING"):
         assert "objects" not in default_sources()  # nothing downloaded behind the user's back
     assert obj.installed() is False
+    # the warning says what is missing, and claims no earlier install that is not there
+    assert "its models are not installed. `stair-es encoders export` fetches them" in caplog.text
+    assert "earlier stair_es" not in caplog.text
     folder = obj.cache_folder()
     folder.mkdir(parents=True)
     for name, data in files.items():

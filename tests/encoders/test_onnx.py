@@ -196,3 +196,14 @@ def test_int8_tower_is_made_once_cached_beside_the_float_one_and_stays_close(lit
     monkeypatch.setattr(runtime, "_SESSIONS", {})
     monkeypatch.setattr(runtime, "quantize_tower", lambda *a, **k: (_ for _ in ()).throw(AssertionError("made again")))
     assert ImageNetLabelEncoder(precision="int8").load().path == tower.path
+
+
+def test_making_a_model_once_keeps_the_libraries_own_output_off_the_terminal(caplog):
+    """ONNX Runtime's quantiser logs advice on the root logger at every call; a first search that
+    makes the int8 sentence model must not show it (stair_es says what it does itself)."""
+    with caplog.at_level(logging.WARNING), runtime.quiet_model_libraries():
+        logging.warning("Please consider to run pre-processing before quantization. Refer to example: ...")
+        logging.warning("a real problem")
+    assert "pre-processing" not in caplog.text and "a real problem" in caplog.text
+    logging.warning("Please consider to run pre-processing before quantization.")  # only while a model is made
+    assert "pre-processing" in caplog.text
