@@ -22,7 +22,8 @@ Measured on the four public sets (``python -m benchmarks.encoders.run --limit 30
 
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
-the meaning's rank and cosine. ``rerank="auto"`` (the default of ``stair-es search``,
+the meaning's rank and cosine (the dot product of the query as the user gave it, the candidate
+words' share taken out, so it is what ``stair-es explain`` sums to). ``rerank="auto"`` (the default of ``stair-es search``,
 ``rank-eval`` and ``serve``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices
 of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed (on a cluster only
 when the query encoder already read the index's document frequencies, a scan there: re-ranking
@@ -205,6 +206,33 @@ def widened(request: SearchRequest, query: np.ndarray, df: np.ndarray,
     return dataclasses.replace(request, clauses=clauses, top_k=max(request.top_k, WINDOW), notes=list(request.notes))
 
 
+def added_words(request: SearchRequest, wide: SearchRequest) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids sorted, weights) that :func:`widened` added to ``request``'s image clause: the
+    candidate words the query did not already have."""
+    ids, weights = [], []
+    for c, w in zip(request.clauses, wide.clauses):
+        if c.field == FIELD and w.vector is not c.vector:
+            new = ~np.isin(w.vector.ids, c.vector.ids)
+            ids.append(w.vector.ids[new])
+            weights.append(w.vector.weights[new])
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    ids_, weights_ = np.concatenate(ids).astype(np.int64), np.concatenate(weights).astype(np.float64)
+    order = np.argsort(ids_, kind="stable")
+    return ids_[order], weights_[order]
+
+
+def _own_score(score: float, doc: tuple[np.ndarray, np.ndarray], added: tuple[np.ndarray, np.ndarray]) -> float:
+    """A widened search's ``score`` of a document without the added candidate words' share: the
+    score of the query the user gave (0 for a picture only those words found)."""
+    ids, weights = added
+    if not ids.size or not doc[0].size:
+        return score
+    at = np.clip(np.searchsorted(ids, doc[0]), 0, ids.size - 1)
+    hit = ids[at] == doc[0]
+    return max(0.0, score - float(np.dot(weights[at[hit]], doc[1][hit])))
+
+
 def candidate_words(query: np.ndarray, df: np.ndarray, table: tuple[np.ndarray, np.ndarray]
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, cosines): the :data:`CANDIDATE_WORDS` words the index holds (``df`` > 0) nearest
@@ -248,11 +276,12 @@ class Reranking:
     grounding: Sequence[dict]
     top_k: int
     spent_s: float = 0.0  # time already spent on it (the query's embedding, the widening)
+    added: tuple[np.ndarray, np.ndarray] | None = None  # the candidate words the widening added (added_words)
 
     def apply(self, backend: SearchBackend, index: str, result: SearchResult) -> SearchResult:
         """The widened search's ``result`` re-ranked by meaning and cut to the asked ``top_k``."""
         return rerank_result(backend, index, result, self.query, self.grounding, self.top_k, self.enc, self.df,
-                             self.n_docs, spent_s=self.spent_s)
+                             self.n_docs, spent_s=self.spent_s, added=self.added)
 
 
 @dataclasses.dataclass
@@ -299,7 +328,7 @@ def plan_many(backend: SearchBackend, queries: Sequence[tuple[str, SearchRequest
         with single_threaded_blas():  # small products, just after the model's ONNX run (see there)
             wide = widened(request, query, freqs[0], enc.word_table())
         out[i] = Planned(wide, Reranking(enc, query, *freqs, request.grounding, request.top_k,
-                                         time.perf_counter() - started))
+                                         time.perf_counter() - started, added_words(request, wide)))
     return out
 
 
@@ -333,8 +362,9 @@ def search(backend: SearchBackend, index: str, request: SearchRequest, text: str
 
 def rerank_result(backend: SearchBackend, index: str, result: SearchResult, query: np.ndarray,
                   grounding: Sequence[dict], top_k: int, enc: SentenceEncoder, df: np.ndarray, n_docs: int,
-                  spent_s: float = 0.0) -> SearchResult:
-    """``result``'s hits (sparse order) re-ranked by meaning, cut to ``top_k``."""
+                  spent_s: float = 0.0, added: tuple[np.ndarray, np.ndarray] | None = None) -> SearchResult:
+    """``result``'s hits (sparse order) re-ranked by meaning, cut to ``top_k``; ``added``: the candidate
+    words the search was widened with, whose share each hit's reported sparse score leaves out."""
     started = time.perf_counter()
     hits = result.hits
     if len(hits) < 2:
@@ -350,7 +380,8 @@ def rerank_result(backend: SearchBackend, index: str, result: SearchResult, quer
     out = []
     for i in order[:top_k]:
         h = hits[i]
-        retrievers = {"sparse": {"rank": int(i) + 1, "score": h.score},
+        own = h.score if added is None else _own_score(h.score, docs[i], added)
+        retrievers = {"sparse": {"rank": int(i) + 1, "score": own},
                       "meaning": {"rank": int(meaning_rank[i]), "score": round(float(meaning[i]), 6)}}
         out.append(Hit(h.id, float(fused[i]), h.metadata, h.caption, h.source, retrievers))
     took = (time.perf_counter() - started + spent_s) * 1000

@@ -105,6 +105,11 @@ def test_a_picture_that_means_the_query_moves_up(home, hand_made):
     volcano = result.hits[1].retrievers
     assert volcano["sparse"]["rank"] == 3 and volcano["meaning"]["rank"] == 1
     assert any("re-ranked the best 3 hits" in n and "50% of the query's words" in n for n in result.notes)
+    # the sparse scores shown are the query's own (what `explain` sums to), not the widened search's:
+    # volcano carries no word of "sunset sky", so its own score is 0
+    own = {h.id: h.score for h in plain.hits}
+    assert {h.id: h.retrievers["sparse"]["score"] for h in result.hits} == pytest.approx({**own, "volcano": 0.0},
+                                                                                         abs=1e-6)
 
 
 def test_when_every_query_word_is_in_the_index_the_sparse_order_mostly_stands(home, hand_made):
