@@ -79,20 +79,12 @@ class ServeConfig:
     url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
     worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
-    # the worker threads' scheduling policy (Linux; stair_es.serve.admission.set_worker_policy): "idle"
-    # (SCHED_IDLE: preempted at once when the event loop's thread wakes), "batch" or "normal":
-    # $STAIR_ES_SERVE_WORKER_POLICY
-    worker_policy: str = field(default_factory=lambda: os.environ.get("STAIR_ES_SERVE_WORKER_POLICY", "normal"))
     # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
     # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
     loop_nice: int = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_NICE", 0, int))
     # the event loop's thread in the real-time class (SCHED_FIFO 1; Linux; root or CAP_SYS_NICE), so it runs at
     # once when it wakes instead of after the next scheduler tick: $STAIR_ES_SERVE_LOOP_REALTIME=1
     loop_realtime: bool = field(default_factory=lambda: bool(_env_number("STAIR_ES_SERVE_LOOP_REALTIME", 0, int)))
-    # the event loop's thread's own EEVDF time slice in microseconds (Linux 6.12+; the kernel clamps it to
-    # 100-100000; 0: the kernel's default), so it preempts an ordinary thread on its core when it wakes:
-    # $STAIR_ES_SERVE_LOOP_SLICE_US
-    loop_slice_us: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_SLICE_US", 0.0))
     # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
     # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
     switch_interval_ms: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
