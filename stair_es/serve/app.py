@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import sys
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -52,7 +51,8 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 log.warning("%s", problem)
             return problem is None
 
-        for gone in ("STAIR_ES_SERVE_WORKER_POLICY", "STAIR_ES_SERVE_LOOP_SLICE_US"):  # measured, did not pay
+        # measured in docs/serve.md, did not pay, removed: said, not silently ignored
+        for gone in ("STAIR_ES_SERVE_WORKER_POLICY", "STAIR_ES_SERVE_LOOP_SLICE_US", "STAIR_ES_SERVE_SWITCH_INTERVAL_MS"):
             if os.environ.get(gone, "").strip():
                 log.warning("$%s is no longer read (it did not pay in docs/serve.md's measures): the server runs "
                             "without it; unset it", gone)
@@ -60,9 +60,6 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
             applied(set_loop_priority(config.loop_nice))
         # the same thread; the threads it starts from now on are ordinary ones
         realtime = bool(config.loop_realtime) and applied(set_loop_realtime())
-        switch = sys.getswitchinterval()
-        if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
-            sys.setswitchinterval(config.switch_interval_ms / 1000.0)
         if config.load_encoder_at_start:
             try:
                 await rt.run_aside(svc.warm_up)  # models load once, before the first request
@@ -85,7 +82,6 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
         if realtime:
             unset_loop_realtime()
-        sys.setswitchinterval(switch)
         if rt.stats is not None:
             rt.stats.stop()
         rt.close()

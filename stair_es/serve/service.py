@@ -100,9 +100,6 @@ class ServeConfig:
     # the event loop's thread in the real-time class (SCHED_FIFO 1; Linux; root or CAP_SYS_NICE), so it runs at
     # once when it wakes instead of after the next scheduler tick: $STAIR_ES_SERVE_LOOP_REALTIME=1
     loop_realtime: bool = field(default_factory=lambda: bool(_env_number("STAIR_ES_SERVE_LOOP_REALTIME", 0, int)))
-    # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
-    # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
-    switch_interval_ms: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call
