@@ -65,12 +65,6 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 STALL_WARNING_S = 60
 MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls in a row is given up on
-#: Environment variables for each Ray actor's process, on top of the job's (none by default).
-#: ``MALLOC_ARENA_MAX=2`` was measured here: it halved the page faults of actors whose encoder
-#: started a new thread per batch (each took a malloc arena that had to grow again, in a process
-#: with ~20 threads of Ray's own); since the encoder keeps its threads, the faults are gone
-#: without it and the cap only added user time (docs/distributed.md).
-RAY_WORKER_ENV: dict[str, str] = {}
 
 
 @dataclass
@@ -503,8 +497,6 @@ def ray_actor_options(opts: EncodeCatalogOptions, cpus: int) -> dict[str, Any]:
     the call it was running is not retried by Ray (``max_task_retries=0``): the driver retries that
     shard itself, so it can count the attempts and charge a death to that shard alone."""
     out: dict[str, Any] = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 1}
-    if RAY_WORKER_ENV:  # merged by Ray with the job's own runtime_env env_vars
-        out["runtime_env"] = {"env_vars": dict(RAY_WORKER_ENV)}
     if opts.gpus_per_worker:
         out["num_gpus"] = opts.gpus_per_worker
     return out
