@@ -24,13 +24,12 @@ from fastapi.staticfiles import StaticFiles
 from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
-from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
 from .admission import set_loop_priority, set_loop_realtime, unset_loop_realtime
 from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
-from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
-from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate  # noqa: F401 - re-exported
-from .runtime import Runtime, dumps  # noqa: F401 - re-exported
+from .handlers import install_handlers
+from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate
+from .runtime import Runtime
 from .security import host_names
 from .service import ServeConfig, Service
 
