@@ -83,7 +83,25 @@ def make_photos(root: Path, n: int) -> Path:
     return root
 
 
+def cpu_split_ms_per_image(rep) -> dict[str, float]:
+    """Per input of a run's report, in CPU ms: the workers' parts (``CpuSplit``), their total, the
+    driver and its reader."""
+    inputs = sum(s["inputs"] for s in rep.shards)
+    if not inputs:
+        return {}
+    out: dict[str, float] = {}
+    for s in rep.shards:
+        for k, v in (s.get("cpu_split") or {}).items():
+            out[k] = out.get(k, 0.0) + v
+    out = {k: round(1000.0 * v / inputs, 2) for k, v in out.items()}
+    out["worker_total"] = round(1000.0 * sum(s["cpu_s"] for s in rep.shards) / inputs, 2)
+    out["driver"] = round(1000.0 * rep.driver_cpu_s / inputs, 2)
+    out["reader"] = round(1000.0 * rep.reader_cpu_s / inputs, 2)
+    return out
+
+
 def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shard: int, **extra) -> dict:
+    from stair_es.distributed.cpu import thread_cpu, thread_cpu_delta
     from stair_es.distributed.pipeline import EncodeCatalogOptions, encode_catalog
     from stair_es.encoders.base import get_encoder
 
@@ -91,21 +109,22 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
 
     shutil.rmtree(out, ignore_errors=True)
     label = engine
-    env = dict(pipeline.RAY_WORKER_ENV)
     label += extra.pop("ray_label", "")
     arenas = extra.pop("ray_arenas", None)
-    if arenas:  # ray:2:arenas2: MALLOC_ARENA_MAX=2 in the actors
-        pipeline.RAY_WORKER_ENV["MALLOC_ARENA_MAX"] = str(arenas)
+    actor_options = pipeline.ray_actor_options
+    if arenas:  # ray:2:arenas2: MALLOC_ARENA_MAX=2 in the actors (measured, then dropped: docs/distributed.md)
+        pipeline.ray_actor_options = lambda opts, cpus: {**actor_options(opts, cpus),
+                                                         "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": str(arenas)}}}
         label += f":arenas{arenas}"
     infra0 = ray_infra_cpu() if engine == "ray" else {}
-    t0 = time.time()
+    t0, th0 = time.time(), thread_cpu()
     rep = encode_catalog(str(src), str(out), functools.partial(get_encoder, "default"),
                          EncodeCatalogOptions(engine=engine, workers=workers, batch_size=batch, shard_size=shard,
                                               cpus_per_worker=1, **extra))  # a worker is one core: 1 vs 2 workers is 1 vs 2 cores
-    pipeline.RAY_WORKER_ENV.clear()
-    pipeline.RAY_WORKER_ENV.update(env)
+    driver_threads = thread_cpu_delta(th0, thread_cpu())  # the driver's CPU by thread name (Linux)
+    pipeline.ray_actor_options = actor_options
     s = rep.summary()
-    split = rep.cpu_split_ms_per_image()
+    split = cpu_split_ms_per_image(rep)
     n_in = max(1, s["inputs"])
     by_proc = {}
     if engine == "ray":  # Ray's own processes (raylet, GCS, agents): CPU they took during the run
@@ -121,7 +140,7 @@ def encode_run(src: Path, out: Path, engine: str, workers: int, batch: int, shar
         for name, c in (e.get("thread_cpu") or {}).items():
             worker_threads[name] = worker_threads.get(name, 0.0) + c
     worker_threads = {k: round(1000 * v / n_in, 2) for k, v in sorted(worker_threads.items(), key=lambda kv: -kv[1])}
-    driver_threads = {k: round(1000 * v / n_in, 2) for k, v in rep.driver_threads.items()}
+    driver_threads = {k: round(1000 * v / n_in, 2) for k, v in driver_threads.items()}
     ru: dict = {}
     for e in rep.shards:
         for k, v in (e.get("rusage") or {}).items():

@@ -84,12 +84,9 @@ def _retrievers(fused: Fused, names: Sequence[str]) -> dict[str, dict[str, Any]]
     return {r: {"rank": fused.ranks.get(r), "score": fused.scores.get(r)} for r in names}
 
 
-def fuse_results(lists: Mapping[str, Sequence[Hit]] | Sequence[Hit], bm25: Sequence[Hit] | None = None,
-                 opts: HybridOptions | None = None, top_k: int = 10) -> list[Hit]:
+def fuse_results(lists: Mapping[str, Sequence[Hit]], opts: HybridOptions | None = None, top_k: int = 10) -> list[Hit]:
     """Fuse hit lists (retriever name -> hits, best first) into the top ``top_k`` hits, each with its
-    retrievers' ranks and scores. ``fuse_results(sparse, bm25, opts, top_k)`` (two lists) still works."""
-    if not isinstance(lists, Mapping):
-        lists = {"sparse": lists, "bm25": bm25 or []}
+    retrievers' ranks and scores."""
     opts = opts or HybridOptions(retrievers=tuple(lists)).checked(top_k)
     names = tuple(opts.retrievers)
     by_id: dict[str, Hit] = {}

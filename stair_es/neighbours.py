@@ -52,21 +52,13 @@ DEFAULT_MIN_COUNT = 2
 
 
 # --- counting -----------------------------------------------------------------------------------
-def caption_token_ids(caption: str | None, vocab: Vocabulary | None = None) -> np.ndarray:
-    """The distinct WordPiece token ids of a caption, without special and punctuation-only tokens."""
-    if not caption or not caption.strip():
-        return np.zeros(0, np.int32)
-    vocab = vocab or default_vocabulary()
-    ids = {i for i in vocab.encode(caption) if not vocab.is_special(i) and _is_word(vocab.token(i))}
-    return np.asarray(sorted(ids), np.int32)
-
-
 def _is_word(token: str) -> bool:
     return any(ch.isalnum() for ch in token)
 
 
 def _caption_rows(captions: Sequence[str | None], vocab: Vocabulary) -> list[np.ndarray]:
-    """:func:`caption_token_ids` of many captions, tokenized in one batch call."""
+    """Each caption's distinct WordPiece token ids, without special and punctuation-only tokens
+    (none for a missing or blank caption), all tokenized in one batch call."""
     texts = [c for c in captions if c and c.strip()]
     encoded = iter(vocab.hf().encode_batch(texts, add_special_tokens=False)) if texts else iter(())
     keep = _word_mask(vocab)

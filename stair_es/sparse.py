@@ -4,17 +4,12 @@ A :class:`SparseVector` is a set of (token id, weight) pairs over a :class:`Voca
 ids sorted and unique, weights finite and strictly positive, no special tokens.
 Every encoder returns it, every backend consumes it, explain prints it.
 
-Serialisations:
-
-* JSON token map ``{"dog": 1.25, "##s": 0.5}`` (one per line in JSONL files);
-* a compact binary form: ``b"SSV1"``, uint32 nnz, then uint16 ids and float32 weights
-  (6 bytes per non-zero; the vocabulary has fewer than 65,536 entries).
+Serialisation: the JSON token map ``{"dog": 1.25, "##s": 0.5}`` (one per line in JSONL files).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -22,10 +17,6 @@ import numpy as np
 
 from .errors import InvalidVectorError
 from .vocab import Vocabulary, default_vocabulary
-
-_MAGIC = b"SSV1"
-_HEADER = struct.Struct("<4sI")
-
 
 #: The largest token weight a vector may carry: half precision's largest finite value, which
 #: the embedded engine stores; with clause weights <= MAX_CLAUSE_WEIGHT (stair_es.query) no
@@ -157,21 +148,6 @@ class SparseVector:
             raise InvalidVectorError(f"not a JSON token map: {e}") from None
         return cls.from_token_map(data, vocab)
 
-    @classmethod
-    def from_bytes(cls, data: bytes, vocab: Vocabulary | None = None) -> "SparseVector":
-        if len(data) < _HEADER.size:
-            raise InvalidVectorError("binary sparse vector is truncated (no header)")
-        magic, nnz = _HEADER.unpack_from(data)
-        if magic != _MAGIC:
-            raise InvalidVectorError("not a stair_es binary sparse vector (bad magic)")
-        need = _HEADER.size + nnz * 6
-        if len(data) != need:
-            raise InvalidVectorError(f"binary sparse vector has {len(data)} bytes, expected {need}")
-        off = _HEADER.size
-        ids = np.frombuffer(data, dtype="<u2", count=nnz, offset=off)
-        w = np.frombuffer(data, dtype="<f4", count=nnz, offset=off + 2 * nnz)
-        return cls.from_arrays(ids, w, vocab)
-
     # --- views --------------------------------------------------------------------------
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -202,13 +178,6 @@ class SparseVector:
 
     def to_json(self, top_k: int | None = None) -> str:
         return json.dumps(self.to_token_map(top_k), ensure_ascii=False)
-
-    def to_bytes(self) -> bytes:
-        return (
-            _HEADER.pack(_MAGIC, self.nnz)
-            + self.ids.astype("<u2").tobytes()
-            + self.weights.astype("<f4").tobytes()
-        )
 
     def to_dense(self) -> np.ndarray:
         out = np.zeros(len(self.vocab), dtype=np.float32)

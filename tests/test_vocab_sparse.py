@@ -85,17 +85,6 @@ def test_prune_top_k_and_min_weight():
     assert s.prune(top_k=0).nnz == 0
 
 
-def test_binary_round_trip_and_corruption():
-    s = SparseVector.from_token_map({"dog": 1.25, "cat": 3.5})
-    b = s.to_bytes()
-    assert len(b) == 8 + 6 * 2
-    assert SparseVector.from_bytes(b) == s
-    with pytest.raises(InvalidVectorError, match="bytes"):
-        SparseVector.from_bytes(b[:-1])
-    with pytest.raises(InvalidVectorError, match="magic"):
-        SparseVector.from_bytes(b"XXXX" + b[4:])
-
-
 def test_dot_and_contributions_sum():
     a = SparseVector.from_token_map({"dog": 2.0, "beach": 1.0, "cat": 0.5})
     b = SparseVector.from_token_map({"dog": 0.5, "beach": 3.0, "sea": 1.0})

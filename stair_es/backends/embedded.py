@@ -315,7 +315,7 @@ class EmbeddedBackend(SearchBackend):
             from ..lexical import search_embedded
 
             lists["bm25"] = [_hit(s, d, score) for s, d, score in search_embedded(ix, text, opts.window, req.filter, notes)]
-        hits = fuse_results(lists, None, opts, request.top_k)
+        hits = fuse_results(lists, opts, request.top_k)
         notes.append(fusion_note(opts, "in stair_es"))
         return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)  # fusion sees only the windows
 

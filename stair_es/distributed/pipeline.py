@@ -38,7 +38,6 @@ from typing import Any, Callable, Iterable, Iterator
 from ..catalog import CatalogItem, count_catalog
 from ..errors import InvalidInputError, optional_import
 from ..schema import ItemResult
-from .cpu import thread_cpu, thread_cpu_delta
 from .shards import (
     FORMAT,
     HEADER,
@@ -65,12 +64,6 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "ray")
 STALL_WARNING_S = 60
 MAX_PROBE_FAILURES = 20  # a Ray actor that fails this many "are you up?" calls in a row is given up on
-#: Environment variables for each Ray actor's process, on top of the job's (none by default).
-#: ``MALLOC_ARENA_MAX=2`` was measured here: it halved the page faults of actors whose encoder
-#: started a new thread per batch (each took a malloc arena that had to grow again, in a process
-#: with ~20 threads of Ray's own); since the encoder keeps its threads, the faults are gone
-#: without it and the cap only added user time (docs/distributed.md).
-RAY_WORKER_ENV: dict[str, str] = {}
 
 
 @dataclass
@@ -101,7 +94,6 @@ class EncodeCatalogReport:
     wall_s: float = 0.0
     failures: list[dict[str, Any]] = field(default_factory=list)  # inputs not usable (this run's shards)
     driver_cpu_s: float = 0.0  # CPU of the driver process over the run (all its threads; not the workers)
-    driver_threads: dict[str, float] = field(default_factory=dict)  # of which each thread name (Linux)
     reader_cpu_s: float = 0.0  # of which reading SOURCE and cutting it into shards
 
     def summary(self) -> dict[str, Any]:
@@ -119,21 +111,6 @@ class EncodeCatalogReport:
             "driver_cpu_s": round(self.driver_cpu_s, 3), "reader_cpu_s": round(self.reader_cpu_s, 3),
             "worker_startup_cpu_s": round(sum(s.get("worker_startup_cpu_s") or 0.0 for s in self.shards), 3),
         }
-
-    def cpu_split_ms_per_image(self) -> dict[str, float]:
-        """Per input, in CPU ms: the workers' parts (see :class:`CpuSplit`), their total, and the driver."""
-        inputs = sum(s["inputs"] for s in self.shards)
-        if not inputs:
-            return {}
-        out: dict[str, float] = {}
-        for s in self.shards:
-            for k, v in (s.get("cpu_split") or {}).items():
-                out[k] = out.get(k, 0.0) + v
-        out = {k: round(1000.0 * v / inputs, 2) for k, v in out.items()}
-        out["worker_total"] = round(1000.0 * sum(s["cpu_s"] for s in self.shards) / inputs, 2)
-        out["driver"] = round(1000.0 * self.driver_cpu_s / inputs, 2)
-        out["reader"] = round(1000.0 * self.reader_cpu_s / inputs, 2)
-        return out
 
 
 # --- the driver ------------------------------------------------------------------------------------
@@ -178,7 +155,7 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     if opts.engine == "local" and opts.gpus_per_worker:
         raise InvalidInputError("--gpus-per-worker needs --engine ray (the local pool does not schedule GPUs; "
                                 "with one GPU here, pass --encoder-option device=cuda instead)")
-    t0, c0, th0 = time.perf_counter(), time.process_time(), thread_cpu()
+    t0, c0 = time.perf_counter(), time.process_time()
     fs, folder = open_fs(out_dir)
     fs.create_dir(f"{folder}/{MANIFEST_DIR}", recursive=True)
     header = read_json(fs, f"{folder}/{HEADER}")
@@ -259,7 +236,6 @@ def encode_catalog(source: str, out_dir: str, encoder_factory: Callable[[], Any]
     report.shards_total = total_tasks
     report.wall_s = time.perf_counter() - t0
     report.driver_cpu_s = time.process_time() - c0
-    report.driver_threads = thread_cpu_delta(th0, thread_cpu())
     return report
 
 
@@ -503,8 +479,6 @@ def ray_actor_options(opts: EncodeCatalogOptions, cpus: int) -> dict[str, Any]:
     the call it was running is not retried by Ray (``max_task_retries=0``): the driver retries that
     shard itself, so it can count the attempts and charge a death to that shard alone."""
     out: dict[str, Any] = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 1}
-    if RAY_WORKER_ENV:  # merged by Ray with the job's own runtime_env env_vars
-        out["runtime_env"] = {"env_vars": dict(RAY_WORKER_ENV)}
     if opts.gpus_per_worker:
         out["num_gpus"] = opts.gpus_per_worker
     return out

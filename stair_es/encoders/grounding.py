@@ -76,7 +76,6 @@ MAX_RELATIVES = 3
 RELATIVE_RATIO = 0.6
 #: SPLADE expansion tokens weigh at most this fraction of the query's strongest own word
 EXPANSION_CAP = 0.1
-GROUNDING_CHOICES = ("on", "off")
 #: relations never used for grounding (names as in the map's header)
 SKIP_RELATIONS: frozenset[str] = frozenset()
 #: hyponyms further down than this are not used (a query word names the kind, not a rare sub-kind)

@@ -394,13 +394,6 @@ def _open_verified(path: Path, parallel: bool) -> OnnxTower | None:
     return tower
 
 
-def cached_tower_path(spec: TowerSpec, cache_dir: Path | None = None) -> Path | None:
-    """The path of an already exported, checksum-valid tower, or None (never exports)."""
-    folder = cache_dir or model_cache_dir()
-    path = folder / spec.file_name()
-    return path if verified_sidecar(path) is not None else None
-
-
 @contextmanager
 def _staged(path: Path, failed: str) -> Iterator[Path]:
     """A temporary folder beside ``path`` to make it in, removed afterwards whatever happens; an

@@ -21,7 +21,6 @@ MADV_WILLNEED = 3
 MADV_DONTNEED = 4
 MADV_HUGEPAGE = 14
 MADV_POPULATE_READ = 22
-HUGE = 2 << 20  # a PMD: what one page table entry maps when a file's page cache holds 2 MiB folios
 PAGE = mmap.PAGESIZE
 
 _libc = None  # loaded on the first hint (ctypes.CDLL(None): the C library Python runs on, no ldconfig call)

@@ -47,11 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import os
-import platform
-import struct
 import sys
 import threading
 import time
@@ -75,14 +72,7 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(aw, seconds)
 
 
-#: ``$STAIR_ES_SERVE_WORKER_POLICY``: the scheduling policy of the worker threads (Linux), by name (measured in
-#: docs/serve.md: none paid on a shared machine, and ``idle`` starved the server there).
-WORKER_POLICIES = ("idle", "batch", "normal")
-_policy_refused: list[str] = []  # why the kernel refused the policy (the first worker thread's reason), once
-_loop_slice_set: list[bool] = []  # the event loop's thread has a slice of its own ($STAIR_ES_SERVE_LOOP_SLICE_US)
-
-
-def lower_thread_priority(steps: int, policy: str = "normal") -> None:
+def lower_thread_priority(steps: int) -> None:
     """Run in a new worker thread: sets that thread's nice value ``steps`` above the process's
     main thread (Linux schedules threads one by one), so the event loop's thread, which
     accepts, sheds and answers, gets the CPU first when the workers saturate it. A no-op where
@@ -91,42 +81,11 @@ def lower_thread_priority(steps: int, policy: str = "normal") -> None:
     Counted from the main thread, not from the calling thread's own value: a thread inherits
     the nice value of the thread that starts it, which may itself be lowered already (until
     2026-11-27 the search threads were started by an already lowered dispatcher thread and ran
-    2 x ``steps`` below).
-
-    Then the thread's scheduling policy (:func:`set_worker_policy`)."""
+    2 x ``steps`` below)."""
     if steps > 0:
         with contextlib.suppress(AttributeError, OSError):
             base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread (its id is the process id)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + steps))
-    set_worker_policy(policy)
-    if _loop_slice_set:  # a thread started by the event loop's thread inherits its short slice: the kernel's default
-        set_thread_slice(0)
-
-
-def set_worker_policy(policy: str) -> str | None:
-    """Run in a worker thread: its Linux scheduling policy (``$STAIR_ES_SERVE_WORKER_POLICY``). ``idle``
-    (``SCHED_IDLE``): the kernel preempts the thread as soon as an ordinary thread wakes on its
-    core, so the event loop's thread (which accepts, sheds and answers) runs at once instead of
-    at the next scheduler tick; no privilege needed. ``batch`` (``SCHED_BATCH``): the thread is
-    treated as CPU-bound (it never preempts others on waking). ``normal``: unchanged. Where the
-    kernel refuses (not Linux, a sandbox), the thread runs unchanged and one warning says why;
-    returns that reason, or None."""
-    if policy not in WORKER_POLICIES:
-        raise InvalidInputError(f"worker policy {policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
-                                f"{', '.join(WORKER_POLICIES)}")
-    if policy == "normal":
-        return None
-    try:
-        os.sched_setscheduler(0, getattr(os, f"SCHED_{policy.upper()}"), os.sched_param(0))
-        return None
-    except (AttributeError, OSError) as e:
-        why = (f"the worker threads cannot run under SCHED_{policy.upper()} here "
-               f"({e.strerror if isinstance(e, OSError) and e.strerror else 'not supported'}); "
-               "they run as ordinary threads (STAIR_ES_SERVE_WORKER_POLICY=normal hides this warning)")
-    if not _policy_refused:
-        _policy_refused.append(why)
-        logging.getLogger("stair_es.serve").warning("%s", why)
-    return why
 
 
 def set_loop_priority(nice: int) -> str | None:
@@ -182,37 +141,6 @@ def cpu_wait_s() -> float:
         return 0.0
 
 
-#: ``sched_setattr``'s system call number by machine (Linux); elsewhere a custom slice is not set.
-_SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274, "arm64": 274, "riscv64": 274, "ppc64le": 355, "s390x": 345}
-
-
-def set_thread_slice(us: float) -> str | None:
-    """This thread's EEVDF time slice (Linux 6.12+, ``sched_attr.sched_runtime`` of an ordinary
-    thread; the kernel clamps it to 0.1 to 100 ms; 0: the kernel's default), keeping its nice
-    value. A thread with a shorter slice than the one running on its core preempts it on
-    waking (the kernel's ``PREEMPT_SHORT``) instead of waiting for that one's slice to end at a
-    scheduler tick; no privilege needed. Returns why it could not be done, or None."""
-    import ctypes
-
-    nr = _SYS_SCHED_SETATTR.get(platform.machine().lower()) if sys.platform == "linux" else None
-    if nr is None:
-        return "a thread's time slice can only be set on Linux (x86_64, arm64, riscv64, ppc64le, s390x)"
-    try:
-        policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
-        if policy not in (os.SCHED_OTHER, os.SCHED_BATCH):
-            return "the thread is not an ordinary one (real-time or idle): its time slice is left alone"
-        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        # struct sched_attr (version 0, 48 bytes): size, policy, flags, nice, priority, runtime, deadline, period
-        attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, policy, 0, nice, 0, int(us * 1000), 0, 0))
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.syscall(nr, 0, attr, 0) != 0:
-            err = ctypes.get_errno()
-            return f"this kernel does not take a thread's time slice ({os.strerror(err)}; Linux 6.12+ does)"
-    except (AttributeError, OSError) as e:
-        return f"a thread's time slice cannot be set here ({e})"
-    return None
-
-
 #: ``--queue-timeout-ms auto`` (the default): a request may wait this long in the queue ...
 AUTO_FLOOR_MS = 20.0
 #: ... or this many mean service times of its kind, when that is longer.
@@ -245,27 +173,6 @@ def queue_timeout_setting(value: Any) -> float | str | None:
     return value if value > 0 else None
 
 
-def set_loop_slice(us: float) -> str | None:
-    """Run on the event loop's thread: gives it a time slice of ``us`` microseconds
-    (``$STAIR_ES_SERVE_LOOP_SLICE_US``), so that when a request arrives or a search's answer is handed back
-    it preempts whatever ordinary thread holds its core (a search thread, another process)
-    instead of waiting for the next scheduler tick. The threads it starts afterwards (search
-    threads, the worker pool) take the kernel's default back. Returns why it could not be done
-    (the server runs on, unchanged), or None."""
-    problem = set_thread_slice(us)
-    if problem is None:
-        _loop_slice_set[:] = [True]
-        return None
-    return f"the event loop's thread keeps the kernel's time slice (STAIR_ES_SERVE_LOOP_SLICE_US={us:g}): {problem}"
-
-
-def unset_loop_slice() -> None:
-    """The kernel's default slice back (when the app stops: the thread may run other things after it)."""
-    if _loop_slice_set:
-        _loop_slice_set.clear()
-        set_thread_slice(0)
-
-
 def set_loop_realtime() -> str | None:
     """Run on the event loop's thread: puts it in the real-time class (``SCHED_FIFO``, the lowest
     real-time priority, 1), so that when it wakes (a request arrived, a search finished) it runs
@@ -294,10 +201,7 @@ def unset_loop_realtime() -> None:
 class Admission:
     def __init__(self, workers: int, max_queue: int, request_timeout: float | None = None, *,
                  name: str = "stair-es-worker", worker_nice: int = 0, max_wait_ms: float | None = None,
-                 queue_timeout_ms: float | str | None = None, worker_policy: str = "normal"):
-        if worker_policy not in WORKER_POLICIES:
-            raise InvalidInputError(f"worker policy {worker_policy!r} (STAIR_ES_SERVE_WORKER_POLICY): give one of "
-                                    f"{', '.join(WORKER_POLICIES)}")
+                 queue_timeout_ms: float | str | None = None):
         self.workers, self.max_queue = max(1, int(workers)), max(0, int(max_queue))
         self.max_wait_ms = float(max_wait_ms) if max_wait_ms and max_wait_ms > 0 else None
         # a fixed number of ms, "auto" (derived per kind of work from its service times) or None (off)
@@ -310,7 +214,7 @@ class Admission:
         self._kind_mean_s = dict.fromkeys(KINDS, 0.0)  # the same, per kind of work (for the auto queue timeout)
         self._kind_seen = dict.fromkeys(KINDS, 0)  # service times observed per kind
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
-                                        initializer=lower_thread_priority, initargs=(worker_nice, worker_policy))
+                                        initializer=lower_thread_priority, initargs=(worker_nice,))
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
+import os
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -24,13 +24,12 @@ from fastapi.staticfiles import StaticFiles
 from .. import __version__
 from ..errors import StairError
 from . import routes_clusters, routes_debug, routes_encode, routes_health, routes_page, routes_search
-from .errors import ServerBusyError, error_body, status_of  # noqa: F401 - re-exported
-from .admission import set_loop_priority, set_loop_realtime, set_loop_slice, unset_loop_realtime, unset_loop_slice
+from .admission import set_loop_priority, set_loop_realtime, unset_loop_realtime
 from .fastpath import SearchFastPath
 from .jsonbody import caps_of, parse_capped
-from .handlers import error_response, install_handlers  # noqa: F401 - re-exported
-from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate  # noqa: F401 - re-exported
-from .runtime import Runtime, dumps  # noqa: F401 - re-exported
+from .handlers import install_handlers
+from .middleware import BodyGuard, HostGuard, InFlightGate, KeyGate, QueueFullGate
+from .runtime import Runtime
 from .security import host_names
 from .service import ServeConfig, Service
 
@@ -51,15 +50,15 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
                 log.warning("%s", problem)
             return problem is None
 
+        # measured in docs/serve.md, did not pay, removed: said, not silently ignored
+        for gone in ("STAIR_ES_SERVE_WORKER_POLICY", "STAIR_ES_SERVE_LOOP_SLICE_US", "STAIR_ES_SERVE_SWITCH_INTERVAL_MS"):
+            if os.environ.get(gone, "").strip():
+                log.warning("$%s is no longer read (it did not pay in docs/serve.md's measures): the server runs "
+                            "without it; unset it", gone)
         if config.loop_nice:  # this runs on the event loop's thread (uvicorn's main thread)
             applied(set_loop_priority(config.loop_nice))
         # the same thread; the threads it starts from now on are ordinary ones
         realtime = bool(config.loop_realtime) and applied(set_loop_realtime())
-        # the same thread: preempts an ordinary one on waking
-        sliced = bool(config.loop_slice_us) and not realtime and applied(set_loop_slice(config.loop_slice_us))
-        switch = sys.getswitchinterval()
-        if config.switch_interval_ms > 0:  # process-wide; put back when the app stops
-            sys.setswitchinterval(config.switch_interval_ms / 1000.0)
         if config.load_encoder_at_start:
             try:
                 await rt.run_aside(svc.warm_up)  # models load once, before the first request
@@ -82,9 +81,6 @@ def create_app(config: ServeConfig | None = None, *, service: Service | None = N
         gc.unfreeze()  # collectable again once the app is gone (tests start many apps in one process)
         if realtime:
             unset_loop_realtime()
-        if sliced:
-            unset_loop_slice()
-        sys.setswitchinterval(switch)
         if rt.stats is not None:
             rt.stats.stop()
         rt.close()

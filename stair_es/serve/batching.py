@@ -137,10 +137,6 @@ class Batcher:
             return mw if mw and mw > 0 else None
         return mw
 
-    @property
-    def waiting(self) -> int:
-        return len(self._queue) + len(self._ready)
-
     async def submit(self, item: Any) -> tuple[Any, Timing]:
         loop = asyncio.get_running_loop()
         job = _Job(item, loop.create_future(), loop, time.perf_counter())

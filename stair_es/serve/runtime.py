@@ -39,7 +39,7 @@ class Runtime:
         self.config, self.service = config, service
         self.admission = Admission(config.workers, config.max_queue, config.request_timeout,
                                    worker_nice=config.worker_nice, max_wait_ms=config.max_queue_ms,
-                                   queue_timeout_ms=config.queue_timeout_ms, worker_policy=config.worker_policy)
+                                   queue_timeout_ms=config.queue_timeout_ms)
         self.fetcher = UrlFetcher(config.max_url_fetches, config.url_timeout, config.max_image_bytes,
                                   allow_private=config.allow_private_urls)
         self.batching = config.batches_searches(service.backend.in_process)
@@ -103,8 +103,7 @@ class Runtime:
             self._batchers.append(Batcher(svc.prepare_searches, functools.partial(svc.run_search_json, dumps=dumps),
                                           workers=config.workers, max_batch=config.max_batch,
                                           window=config.batch_window_ms / 1000.0, name="stair-es-search",
-                                          thread_init=functools.partial(lower_thread_priority, config.worker_nice,
-                                                                        config.worker_policy),
+                                          thread_init=functools.partial(lower_thread_priority, config.worker_nice),
                                           max_wait=functools.partial(self.admission.queue_timeout_s, "search"),
                                           overdue=functools.partial(self.admission.overdue_error, kind="search")))
         return self._batchers[0]

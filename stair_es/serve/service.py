@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..backends.base import SearchBackend, get_backend
 from ..backends.codec import feature_map
@@ -48,6 +48,21 @@ def _env_number(name: str, default: float, kind: type = float) -> Any:
     except ValueError:
         what = "an integer; set a whole number" if kind is int else "a number; set a number"
         raise InvalidInputError(f"${name}={value!r} is not {what} or unset it") from None
+
+
+def each_alone(items: Sequence[Any], batch: Callable[[list], Sequence[Any]], one: Callable[[Any], Any]) -> list[Any]:
+    """``batch(items)``, one result per item; when it fails, ``one(item)`` for each item alone, so
+    only the item that causes an error gets it (in its place) and the others go through."""
+    try:
+        return list(batch(list(items)))
+    except Exception:  # noqa: BLE001 - find which item failed, and let the others through
+        out: list[Any] = []
+        for item in items:
+            try:
+                out.append(one(item))
+            except Exception as e:  # noqa: BLE001 - handed back in that item's place
+                out.append(e)
+        return out
 
 
 @dataclass
@@ -79,23 +94,12 @@ class ServeConfig:
     url_timeout: float = 10.0  # seconds for one image URL fetch in total: connect, redirects, every byte
     header_timeout: float = 10.0  # seconds a client may take to send a request's headers (connection closed beyond)
     worker_nice: int = 5  # nice steps of the worker threads below the event loop's thread (Linux; 0: equal)
-    # the worker threads' scheduling policy (Linux; stair_es.serve.admission.set_worker_policy): "idle"
-    # (SCHED_IDLE: preempted at once when the event loop's thread wakes), "batch" or "normal":
-    # $STAIR_ES_SERVE_WORKER_POLICY
-    worker_policy: str = field(default_factory=lambda: os.environ.get("STAIR_ES_SERVE_WORKER_POLICY", "normal"))
     # the event loop's thread's own nice value (Linux; 0: the process's; negative: ahead of the machine's
     # other processes, which needs root or CAP_SYS_NICE): $STAIR_ES_SERVE_LOOP_NICE
     loop_nice: int = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_NICE", 0, int))
     # the event loop's thread in the real-time class (SCHED_FIFO 1; Linux; root or CAP_SYS_NICE), so it runs at
     # once when it wakes instead of after the next scheduler tick: $STAIR_ES_SERVE_LOOP_REALTIME=1
     loop_realtime: bool = field(default_factory=lambda: bool(_env_number("STAIR_ES_SERVE_LOOP_REALTIME", 0, int)))
-    # the event loop's thread's own EEVDF time slice in microseconds (Linux 6.12+; the kernel clamps it to
-    # 100-100000; 0: the kernel's default), so it preempts an ordinary thread on its core when it wakes:
-    # $STAIR_ES_SERVE_LOOP_SLICE_US
-    loop_slice_us: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_LOOP_SLICE_US", 0.0))
-    # the interpreter's thread switch interval in ms (sys.setswitchinterval; 0: Python's 5 ms): how long a
-    # thread running Python may keep the GIL from the event loop's thread: $STAIR_ES_SERVE_SWITCH_INTERVAL_MS
-    switch_interval_ms: float = field(default_factory=lambda: _env_number("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", 0.0))
     max_body_bytes: int = 16 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_inputs: int = 64  # inputs per encode call
@@ -489,7 +493,7 @@ class Service:
         grounding: dict[int, list[dict[str, Any]]] = {}
         freqs: dict[int, Any] = {}  # the document frequencies a text was encoded with, for its re-ranking
 
-        def encode(enc: Encoder, index: str, part: list[tuple[int, str, list[str]]]) -> None:
+        def encode(enc: Encoder, index: str, part: list[tuple[int, str, list[str]]]) -> list:
             notes: list[str] = []
             read: dict[str, Any] = {}
             encoded = encode_query_texts(enc, [t for _, t, _ in part], self._commits, index, notes=notes, freqs_out=read)
@@ -498,16 +502,16 @@ class Service:
                 grounding[i] = [step.to_dict() for step in q.grounding]
                 freqs[i] = read.get("doc_freqs")
                 n.extend(notes)
+            return part
 
         for (index, key), group in texts.items():
-            try:  # one call of the encoder per index: words grounded on the index's, IDF, as `stair-es search`
-                encode(encoders[(index, key)], index, group)
-            except Exception:  # noqa: BLE001 - e.g. one text with nothing to search here: each alone, so
-                for one in group:  # only the request that caused an error gets it
-                    try:
-                        encode(encoders[(index, key)], index, [one])
-                    except Exception as e:  # noqa: BLE001 - handed back to its request
-                        out[one[0]] = e
+            # one call of the encoder per index: words grounded on the index's, IDF, as `stair-es search`;
+            # when it fails (e.g. one text with nothing to search here), each text alone
+            enc = encoders[(index, key)]
+            for (i, _, _), done in zip(group, each_alone(group, lambda part: encode(enc, index, part),
+                                                         lambda one: encode(enc, index, [one])[0])):
+                if isinstance(done, Exception):
+                    out[i] = done
         ready: list[tuple[int, str, SearchRequest, str | None, Any]] = []
         for i, index, kind, query, _, notes, _ in checked:
             if out[i] is not None:
@@ -526,15 +530,8 @@ class Service:
     def _plan_reranking(self, out: list, ready: list[tuple[int, str, SearchRequest, str | None, Any]]) -> None:
         """Text queries' best hits re-ranked by meaning, as `stair-es search --rerank`; a request
         whose re-ranking fails gets that error alone."""
-        try:
-            plans = plan_many(self._commits, [(index, request, text, mode) for _, index, request, text, mode in ready])
-        except Exception:  # noqa: BLE001 - find which request failed, and let the others through
-            plans = []
-            for _, index, request, text, mode in ready:
-                try:
-                    plans.append(plan_many(self._commits, [(index, request, text, mode)])[0])
-                except Exception as e:  # noqa: BLE001
-                    plans.append(e)
+        plans = each_alone([r[1:] for r in ready], lambda rs: plan_many(self._commits, rs),
+                           lambda r: plan_many(self._commits, [r])[0])
         for (i, *_), planned in zip(ready, plans):
             if isinstance(planned, Exception):
                 out[i] = planned
@@ -565,15 +562,8 @@ class Service:
                 by_index.setdefault(p.index, []).append(i)
         for index, idxs in by_index.items():
             reqs = [prepared[i].search_request for i in idxs]  # type: ignore[union-attr]
-            try:
-                results: list[Any] = self.backend.search_batch(index, reqs, threads=threads)
-            except Exception:  # noqa: BLE001 - find which request failed, and let the others through
-                results = []
-                for r in reqs:
-                    try:
-                        results.append(self.backend.search(index, r))
-                    except Exception as e:  # noqa: BLE001
-                        results.append(e)
+            results = each_alone(reqs, lambda rs: self.backend.search_batch(index, rs, threads=threads),
+                                 lambda r: self.backend.search(index, r))
             for i, res in zip(idxs, results):
                 if isinstance(res, Exception):
                     out[i] = res

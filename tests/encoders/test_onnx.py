@@ -42,7 +42,7 @@ def test_a_damaged_cached_model_is_detected_and_exported_again(lite0, tmp_path, 
     data[len(data) // 2] ^= 0xFF
     tower.path.write_bytes(bytes(data))
     runtime._SESSIONS.clear()
-    assert runtime.cached_tower_path(spec) is None  # the checksum no longer matches
+    assert runtime.verified_sidecar(tower.path) is None  # the checksum no longer matches
     with caplog.at_level(logging.WARNING, logger="stair_es.encoders.runtime"):
         again = runtime.load_tower(spec)
     assert "does not match its checksum" in caplog.text

@@ -587,128 +587,25 @@ def test_the_event_loops_thread_can_run_real_time_and_its_searches_do_not(home, 
         pytest.skip("this process may not use SCHED_FIFO (needs root or CAP_SYS_NICE): only the refusal was checked")
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is a Linux scheduling policy")
-@pytest.mark.parametrize("policy", ["idle", "batch"])
-def test_worker_threads_run_under_the_worker_policy_and_the_loop_does_not(home, image_root, monkeypatch, policy):
-    """$STAIR_ES_SERVE_WORKER_POLICY idle|batch: the search threads and the worker pool run under SCHED_IDLE or
-    SCHED_BATCH (so the thread that accepts, sheds and answers preempts them when it wakes), at
-    --worker-nice below the loop as before; the event loop's thread stays ordinary. Choosing it
-    needs no privilege."""
-    import os
-
-    from fastapi.testclient import TestClient
-
-    want = {"idle": os.SCHED_IDLE, "batch": os.SCHED_BATCH}[policy]
-    monkeypatch.setenv("STAIR_ES_SERVE_WORKER_POLICY", policy)
-    config = make_config(home, image_root)
-    assert config.worker_policy == policy
-    with TestClient(create_app(config)) as c:
-        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
-        assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
-        rt = c.app.state.runtime
-        threads = [t.native_id for b in rt._batchers for t in b._threads] + [t.native_id
-                                                                          for t in rt.admission._pool._threads]
-        assert len(threads) >= 2
-        assert {os.sched_getscheduler(tid) for tid in threads} == {want}
-        loop_nice = c.portal.call(os.getpriority, os.PRIO_PROCESS, 0)
-        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {min(19, loop_nice + config.worker_nice)}
-        assert c.portal.call(os.sched_getscheduler, 0) & ~os.SCHED_RESET_ON_FORK == os.SCHED_OTHER
-    assert os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK == os.SCHED_OTHER
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is a Linux scheduling policy")
-def test_worker_policy_normal_leaves_the_threads_ordinary_and_a_refusal_warns_once(home, image_root, monkeypatch,
-                                                                                    caplog):
-    import os
-
-    from fastapi.testclient import TestClient
-
-    import stair_es.serve.admission as admission
-
-    def threads_of(c):
-        rt = c.app.state.runtime
-        return [t.native_id for b in rt._batchers for t in b._threads] + [t.native_id
-                                                                       for t in rt.admission._pool._threads]
-
-    with TestClient(create_app(make_config(home, image_root, worker_policy="normal"))) as c:
-        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
-        assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
-        assert {os.sched_getscheduler(tid) for tid in threads_of(c)} == {os.SCHED_OTHER}
-
-    def refused(*a):
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(admission.os, "sched_setscheduler", refused)
-    monkeypatch.setattr(admission, "_policy_refused", [])
-    caplog.clear()
-    with TestClient(create_app(make_config(home, image_root, worker_policy="idle"))) as c:
-        for _ in range(3):
-            assert c.post("/v1/search", json={"text": "red"}).status_code == 200
-        assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
-        assert {os.sched_getscheduler(tid) for tid in threads_of(c)} == {os.SCHED_OTHER}
-    warned = [r.getMessage() for r in caplog.records if "SCHED_IDLE" in r.getMessage()]
-    assert len(warned) == 1 and "ordinary threads" in warned[0] and "STAIR_ES_SERVE_WORKER_POLICY=normal" in warned[0]
-
-
-def _thread_slice_ns(tid: int = 0) -> int | None:
-    """A thread's EEVDF slice (``sched_getattr``), None where it cannot be read."""
-    import ctypes
-    import platform
-    import struct
+def test_removed_scheduling_settings_are_named_at_start_not_ignored(home, image_root, monkeypatch, caplog):
+    """$STAIR_ES_SERVE_WORKER_POLICY, $STAIR_ES_SERVE_LOOP_SLICE_US and $STAIR_ES_SERVE_SWITCH_INTERVAL_MS were
+    measured, did not pay and are no longer read: a server started with one set says so once per setting,
+    and serves as usual with Python's own switch interval."""
     import sys
 
-    nr = {"x86_64": 315, "aarch64": 275}.get(platform.machine().lower())
-    if sys.platform != "linux" or nr is None:
-        return None
-    buf = ctypes.create_string_buffer(56)
-    if ctypes.CDLL(None, use_errno=True).syscall(nr, tid, buf, 56, 0) != 0:
-        return None
-    return struct.unpack("IIQiIQQQ", buf.raw[:48])[5] or None
-
-
-def test_the_event_loops_thread_can_have_a_short_time_slice_and_its_workers_do_not(home, image_root, monkeypatch,
-                                                                                  caplog):
-    """$STAIR_ES_SERVE_LOOP_SLICE_US: the thread that accepts, sheds and answers gets a slice of its own (it then
-    preempts a busy thread on waking instead of waiting for a scheduler tick); the search and worker
-    threads, which inherit it from the thread that starts them, take the kernel's default back.
-    Where the kernel refuses, a warning says so and the server runs on."""
-    import os
-
     from fastapi.testclient import TestClient
 
-    import stair_es.serve.admission as admission
-
-    default = _thread_slice_ns()
-    if default is None or admission.set_thread_slice(0) is not None:
-        pytest.skip("this kernel has no per-thread time slice (Linux 6.12+ on x86_64/arm64)")
+    before = sys.getswitchinterval()
+    monkeypatch.setenv("STAIR_ES_SERVE_WORKER_POLICY", "batch")
     monkeypatch.setenv("STAIR_ES_SERVE_LOOP_SLICE_US", "200")
-    config = make_config(home, image_root, worker_policy="batch")
-    assert config.loop_slice_us == 200
-    with TestClient(create_app(config)) as c:
-        assert c.post("/v1/search", json={"text": "red"}).status_code == 200
-        assert c.post("/v1/encode", json={"inputs": [{"text": "red"}]}).status_code == 200
-        assert c.portal.call(_thread_slice_ns, 0) == 200_000
-        rt = c.app.state.runtime
-        threads = [t.native_id for b in rt._batchers for t in b._threads] + [t.native_id
-                                                                          for t in rt.admission._pool._threads]
-        assert threads and {_thread_slice_ns(tid) for tid in threads} == {default}
-        assert {os.sched_getscheduler(tid) for tid in threads} == {os.SCHED_BATCH}
-    assert not admission._loop_slice_set
-
-    monkeypatch.setattr(admission, "set_thread_slice", lambda us: "this kernel does not take a thread's time slice")
+    monkeypatch.setenv("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", "1")
     caplog.clear()
-    with TestClient(create_app(config)) as c:
+    with TestClient(create_app(make_config(home, image_root))) as c:
         assert c.post("/v1/search", json={"text": "red"}).status_code == 200
-        assert c.portal.call(_thread_slice_ns, 0) == default
-    assert any("STAIR_ES_SERVE_LOOP_SLICE_US=200" in r.getMessage() and "does not take" in r.getMessage() for r in caplog.records)
-
-
-def test_an_unknown_worker_policy_is_refused_with_the_choices(home, image_root):
-    from stair_es.errors import InvalidInputError
-    from stair_es.serve.admission import Admission
-
-    with pytest.raises(InvalidInputError, match="worker policy 'fifo' .STAIR_ES_SERVE_WORKER_POLICY.: give one of idle, batch, normal"):
-        Admission(1, 1, worker_policy="fifo")
+        assert sys.getswitchinterval() == before
+    warned = [r.getMessage() for r in caplog.records if "no longer read" in r.getMessage()]
+    assert len(warned) == 3 and "STAIR_ES_SERVE_WORKER_POLICY" in warned[0] and "unset it" in warned[0]
+    assert "STAIR_ES_SERVE_LOOP_SLICE_US" in warned[1] and "STAIR_ES_SERVE_SWITCH_INTERVAL_MS" in warned[2]
 
 
 def test_probes_and_warm_up_never_wait_behind_requests(home, image_root, caplog):
@@ -1038,24 +935,3 @@ def test_a_threads_wait_for_a_core_is_read_per_thread():
     t.start()
     t.join()
     assert got and 0.0 <= got[0]
-
-
-def test_switch_interval_from_the_environment_while_the_app_runs(home, image_root, monkeypatch):
-    """$STAIR_ES_SERVE_SWITCH_INTERVAL_MS: how long a search thread running Python may keep the
-    GIL from the event loop's thread; set while the app runs, put back when it stops."""
-    import sys
-
-    from fastapi.testclient import TestClient
-
-    from stair_es.errors import InvalidInputError
-
-    before = sys.getswitchinterval()
-    monkeypatch.setenv("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", "1")
-    app = create_app(make_config(home, image_root, load_encoder_at_start=False))
-    with TestClient(app) as http:
-        assert abs(sys.getswitchinterval() - 0.001) < 1e-9
-        assert http.post("/v1/search", json={"tokens": {"red": 1.0}}).status_code == 200
-    assert sys.getswitchinterval() == before
-    monkeypatch.setenv("STAIR_ES_SERVE_SWITCH_INTERVAL_MS", "fast")
-    with pytest.raises(InvalidInputError, match="STAIR_ES_SERVE_SWITCH_INTERVAL_MS"):
-        make_config(home, image_root)

@@ -174,6 +174,6 @@ class ClusterHybrid:
                          else "by the cluster (hybrid query + search pipeline)")
                 notes.append(fusion_note(opts, where))
                 return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)
-        hits = fuse_results(component_lists(), None, opts, req.top_k)
+        hits = fuse_results(component_lists(), opts, req.top_k)
         notes.append(fusion_note(opts, "in stair_es"))
         return SearchResult(hits, None, (time.perf_counter() - t0) * 1000.0, notes)
