@@ -168,7 +168,10 @@ def test_sigkill_during_bm25_writes_never_loses_acknowledged_documents(tmp_path)
         assert found == {f"b{last}-{i}" for i in range(10)}
         req = SearchRequest([SparseClause("image", SparseVector.from_token_map({"dog": 1.0}))], top_k=10)
         res = hybrid_search(be, "x", req, f"batch{last}")
-        assert len(res.hits) == 10 and res.hits[0].retrievers["bm25"]["rank"] is not None
+        # the recovered BM25 side takes part in the fusion (which hit comes first is a tie between the two
+        # lists' first hits, 1/61 each, once the sparse window no longer holds the last batch)
+        by_bm25 = {h.id for h in res.hits if h.retrievers["bm25"]["rank"] is not None}
+        assert len(res.hits) == 10 and by_bm25 and by_bm25 <= {f"b{last}-{i}" for i in range(10)}
         be.close()
 
 
