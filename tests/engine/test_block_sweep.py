@@ -11,8 +11,9 @@ import pytest
 
 from stair_es.engine import EngineIndex
 from stair_es.engine import kernels as K
-from stair_es.engine.layout import STRATEGY_BLOCKMAX, TopK
+from stair_es.engine.kernels import blockmax
 from stair_es.engine.kernels.seed import PLACEHOLDER_SEQ
+from stair_es.engine.layout import STRATEGY_BLOCKMAX, TopK
 from stair_es.schema import IndexSchema
 from stair_es.vocab import default_vocabulary
 
@@ -103,3 +104,31 @@ def test_block_ranges_with_and_without_a_head_equal_brute_force(segment):
             assert got == want, f"query {qi} (head {head}, blocks [{lo}, {hi}), floor {floor})"
             swept += int(state[3])
     assert swept > 0
+
+
+def test_bound_pass_equals_pair_by_pair_float32_sums(segment):
+    """The bound pass (8 pairs a call where the CPU converts float16, with its prefetches) leaves
+    every block's and sub-block's bound bit for bit as adding each (term, block) pair's query weight
+    x block maximum x sub-block level in float32, term by term in query order, does: the sweep's
+    margins assume exactly those sums."""
+    seg, _, p, rng = segment
+    a = seg.kernel_arrays()
+    assert a.pair_sub.size > 0
+    n_blocks = (N_DOCS + 255) >> 8
+    levels = K.SUB_FRACTIONS
+    for qi in range(30):
+        ranks = np.sort(rng.choice(TOKENS.size, size=int(rng.integers(1, 40)), replace=False, p=p))
+        toks = TOKENS[ranks]
+        qw = (np.log1p(rng.lognormal(size=toks.size)) + 0.05).astype(np.float32)
+        q_j = seg.term_index(0, toks)
+        keep = q_j >= 0
+        q_j, q_w = np.ascontiguousarray(q_j[keep]), np.ascontiguousarray(qw[keep], np.float32)
+        want = np.zeros((n_blocks, K.SUB_BLOCKS), np.float32)
+        for j, w in zip(q_j, q_w):
+            pr = slice(a.pair_ptr[j], a.pair_ptr[j + 1])
+            m = (np.float32(w) * a.pair_max[pr].view(np.float16).astype(np.float32)).astype(np.float32)
+            blocks = a.pair_block[pr].astype(np.int64)  # distinct within a term
+            want[blocks] = (want[blocks] + (m[:, None] * levels[a.pair_sub[pr]]).astype(np.float32)).astype(np.float32)
+        ub, ubs = blockmax._block_plan(q_j, q_w, a, np.zeros(0, np.uint8), 0, 0, -1)[:2]
+        assert (ubs.view(np.uint32) == want.ravel().view(np.uint32)).all(), f"query {qi}"
+        assert (ub.view(np.uint32) == want.max(axis=1).view(np.uint32)).all(), f"query {qi}"

@@ -220,3 +220,41 @@ def test_term_maxima_filled_at_once_are_those_the_search_finds_itself(index):
         for j in np.flatnonzero(pp[1:] > pp[:-1])[:50]:
             assert full[j] == seg.pair_max[pp[j]:pp[j + 1]].max()
     assert [_hits(index.search(r)) for r in reqs] == want
+
+
+def test_candidates_scored_as_the_search_sums_a_hit(index):
+    """The seed's scores of a segment's candidates (two passes: the runs found, then read) are
+    each document's weights of the query terms times their query weights, summed in query order
+    in float32, bit for bit, for documents anywhere in the segment (first and last block, a term
+    absent from a document's block, documents of one block); and its search for a block's pair
+    finds the first pair at or after the block wherever it starts."""
+    from stair_es.engine.kernels.seed import _first_pair_at, score_docs
+
+    rng = np.random.default_rng(5)
+    seg = index._segs[0].seg
+    a = seg.kernel_arrays()
+    n_blocks = (seg.n_docs + (1 << seg.bshift) - 1) >> seg.bshift
+    for _ in range(40):
+        t = np.sort(rng.choice(USABLE[:80], size=int(rng.integers(1, 20)), replace=False))
+        q_j = seg.term_index(0, t)
+        q_j = np.ascontiguousarray(q_j[q_j >= 0], np.int64)
+        q_w = (np.log1p(rng.lognormal(size=q_j.size)) + 0.01).astype(np.float32)
+        docs = np.unique(np.concatenate([[0, seg.n_docs - 1], rng.integers(0, seg.n_docs, int(rng.integers(1, 12)))]))
+        got = np.zeros(docs.size, np.float32)
+        score_docs(q_j, q_w, a, None, docs.astype(np.int64), got)
+        want = np.zeros(docs.size, np.float32)
+        for j, w in zip(q_j, q_w):
+            pr = np.arange(a.pair_ptr[j], a.pair_ptr[j + 1])
+            starts = a.post_ptr[j] + np.concatenate([[0], np.cumsum(a.pair_cnt[pr].astype(np.int64) + 1)])
+            for y, d in enumerate(docs):
+                b = d >> seg.bshift
+                at = int(np.searchsorted(a.pair_block[pr], b))
+                for lo in (a.pair_ptr[j], a.pair_ptr[j] + at // 2, a.pair_ptr[j] + at):
+                    assert _first_pair_at(a.pair_block, lo, a.pair_ptr[j + 1], b, n_blocks) == a.pair_ptr[j] + at
+                if at < pr.size and a.pair_block[pr[at]] == b:
+                    offs = a.post_off[starts[at]:starts[at + 1]]
+                    hit = np.flatnonzero(offs == (d & ((1 << seg.bshift) - 1)))
+                    if hit.size:
+                        v = a.post_w[starts[at] + hit[0]:starts[at] + hit[0] + 1].view(np.float16).astype(np.float32)[0]
+                        want[y] = np.float32(want[y] + np.float32(w) * v)
+        assert (got.view(np.uint32) == want.view(np.uint32)).all()

@@ -8,7 +8,8 @@ from numba import njit
 
 from ..layout import SUB_BLOCKS, SUB_FRACTIONS
 from .heap import push
-from .simd import HAVE_F16C, SCATTER_LANES, _add_scaled4, _scatter_add8, f16_value
+from .simd import (BOUND_LANES, HAVE_F16C, SCATTER_LANES, _add_scaled4, _bound_add8, _prefetch, _scatter_add8,
+                   f16_value)
 from .verify import check_run, prepare_terms
 
 LOOKUP_COST = 64  # one binary-search lookup in a cold (term, block) run costs about this many streamed postings
@@ -47,7 +48,8 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
     * the *tail*, ``tail`` (block order: sequential reads), whose runs the kernel finds with one
       cursor per term walking that term's (block, count) table: no per-(block, term) table is
       built, so this set-up pass costs one read of the query terms' block tables (~2 ns per
-      (term, block) pair) instead of a scattered write per pair.
+      (term, block) pair as first written, ~0.8 since it adds 8 pairs a call: 2026-11-28) instead
+      of a scattered write per pair.
 
     ``dense`` (returned last): no head and no filter, so the tail is every block of [block_lo,
     block_hi) with a positive bound, in order: ``tail`` is then left empty and the sweep walks
@@ -72,9 +74,27 @@ def _block_plan(q_j, q_w, seg, allowed, head_blocks, block_lo, block_hi):
         j = q_j[i]
         w = q_w[i]
         t = 0.0
+        if i + 1 < nq:
+            # the next term's first pairs, requested now: a term's pairs are read in order, which the
+            # CPU prefetches once under way, but each of the ~20 terms a segment starts cold (3 arrays;
+            # at 10M documents the pass took 0.90x the time with this, 256 pairs ahead: 128 x0.92,
+            # 1024 x0.94)
+            a = pair_ptr[q_j[i + 1]]
+            for r in range(a, min(a + 256, pair_ptr[q_j[i + 1] + 1]), 32):
+                _prefetch(pair_block, r)
+                _prefetch(pair_max, r)
+                if has_sub and ((r - a) & 32) == 0:  # (1 byte a pair: a line every 64)
+                    _prefetch(pair_sub, r)
         if has_sub:
-            for p in range(pair_ptr[j], pair_ptr[j + 1]):
-                m = w * f16[pair_max[p]]
+            p0 = pair_ptr[j]
+            e = pair_ptr[j + 1]
+            # (t only orders the terms below: summed 8 at a time, its rounding changes no result)
+            if HAVE_F16C:  # 8 pairs a call: the same adds in the same order (see _bound_add8)
+                while p0 + BOUND_LANES <= e:
+                    t += _bound_add8(ubs, _SUB_FRACTIONS_FLAT, pair_block, pair_max, pair_sub, p0, w)
+                    p0 += BOUND_LANES
+            for p in range(p0, e):
+                m = w * f16_value(f16, pair_max[p])
                 # ubs[block's 4 sub-blocks] += m x the code's 4 levels
                 _add_scaled4(ubs, np.int64(pair_block[p]) * SUB_BLOCKS, _SUB_FRACTIONS_FLAT,
                              np.int64(pair_sub[p]) * SUB_BLOCKS, m)

@@ -34,6 +34,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .blockmax import _find_weight
+from .simd import _prefetch
 
 #: placeholders' sequence number: higher than any document's, so they lose every tie
 PLACEHOLDER_SEQ = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -145,45 +146,111 @@ def heaviest_docs(j, sel, seg, chk, docs):
     return -1
 
 
+@njit(cache=True, inline="always")
+def _first_pair_at(pair_block, lo, hi, b, n_blocks):
+    """The first pair of [lo, hi) whose block is >= b (``hi``: none), one term's pairs (blocks
+    ascending, below ``n_blocks``). Interpolation first: the pair at the position b would have if
+    the term's remaining pairs were spread evenly over the blocks from ``pair_block[lo]`` to the
+    last, then a gallop from there and a binary search inside the bracket. The query terms of a
+    large segment are mostly in a large share of its blocks, so the guess lands within a few pairs
+    of the answer: one or two cache lines of ``pair_block`` read, where a binary search over
+    thousands of pairs read a dozen, each a likely miss (the seed's lookups read cold tables:
+    ~650 ns a (term, document) before this, docs/scale.md)."""
+    if lo >= hi:
+        return hi
+    b0 = np.int64(pair_block[lo])
+    if b0 >= b:
+        return lo
+    # pair_block[lo] < b <= n_blocks - 1, so the divisor is positive
+    g = lo + ((b - b0) * (hi - lo)) // max(n_blocks - b0, 1)
+    g = min(max(g, lo + 1), hi - 1)
+    if g <= lo:
+        return hi  # (hi == lo + 1: the one pair is below b)
+    if np.int64(pair_block[g]) < b:
+        a = g  # pair_block[a] < b; gallop forward for the first at or after b
+        step = 1
+        z = g + 1
+        while z < hi and np.int64(pair_block[z]) < b:
+            a = z
+            step <<= 1
+            z = g + step
+        z = min(z, hi)
+    else:
+        z = g  # pair_block[z] >= b; gallop back for one below b
+        step = 1
+        a = g - 1
+        while a > lo and np.int64(pair_block[a]) >= b:
+            z = a
+            step <<= 1
+            a = max(g - step, lo)
+    while z - a > 1:  # pair_block[a] < b; z == hi or pair_block[z] >= b
+        mid = (a + z) >> 1
+        if np.int64(pair_block[mid]) < b:
+            a = mid
+        else:
+            z = mid
+    return z
+
+
 @njit(cache=True)
 def score_docs(q_j, q_w, seg, chk, docs, out):
     """Exact scores of local docs ``docs`` (ascending, distinct) into ``out``: per doc, the
     weights of the query terms ``q_j`` (query order) times ``q_w`` summed in that order in
-    float32, as :func:`.blockmax._canonical_score` sums a hit's. Each term's (block, count)
-    pairs are walked once for all the docs; a run not verified yet is left out of the sums (see
-    the module's notes). Returns -1."""
+    float32, as :func:`.blockmax._canonical_score` sums a hit's. A run not verified yet is left
+    out of the sums (see the module's notes). Returns -1.
+
+    Two passes: the first finds each (term, doc)'s run (:func:`_first_pair_at` from the last pair
+    found, the postings before it counted) and asks for its first lines of offsets and weights at
+    once; the second reads the weights. Every table read here is cold (a few documents of each
+    term in each segment), so the misses are what costs: the next term's first guesses are
+    requested while this term is searched, and the runs' lines all come in while the searches go
+    on, instead of one miss after the other."""
     post_ptr, pair_ptr, pair_block, pair_cnt, post_off, post_w, f16 = (
         seg.post_ptr, seg.pair_ptr, seg.pair_block, seg.pair_cnt, seg.post_off, seg.post_w, seg.f16)
     bshift = seg.bshift
     mask = (np.int64(1) << bshift) - 1
-    for y in range(docs.size):
+    n_blocks = (seg.n_docs + mask) >> bshift
+    nq = q_j.size
+    nd = docs.size
+    runs = np.full((nq, nd), -1, np.int64)  # per (term, doc): posting start << 9 | count, -1: none
+    for y in range(nd):
         out[y] = np.float32(0.0)
-    for i in range(q_j.size):
+    for i in range(nq):
+        if i + 1 < nq:  # where _first_pair_at will look first for the next term (a term from block 0)
+            a = pair_ptr[q_j[i + 1]]
+            n = pair_ptr[q_j[i + 1] + 1] - a
+            if n > 0:
+                for y in range(nd):
+                    _prefetch(pair_block, a + min(((docs[y] >> bshift) * n) // n_blocks, n - 1))
         j = q_j[i]
-        p = pair_ptr[j]
+        p = pair_ptr[j]  # the posting start of pair p is q
         e = pair_ptr[j + 1]
         q = post_ptr[j]
-        for y in range(docs.size):
+        for y in range(nd):
             b = docs[y] >> bshift
-            # the first pair at or after block b: binary search from p, the skipped postings summed
-            lo = p
-            hi = e
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if np.int64(pair_block[mid]) < b:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            q += _count_sum(pair_cnt, p, lo)
-            p = lo
-            if p >= e:
+            lo = _first_pair_at(pair_block, p, e, b, n_blocks)
+            if lo >= e:
                 break
-            if np.int64(pair_block[p]) != b:
+            if np.int64(pair_block[lo]) != b:
                 continue
+            # the run's first posting: the skipped pairs' postings counted from p forward, or from
+            # the term's end backward when that is nearer (fewer counts read)
+            if lo - p <= e - lo:
+                q += _count_sum(pair_cnt, p, lo)
+            else:
+                q = post_ptr[j + 1] - _count_sum(pair_cnt, lo, e)
+            p = lo
             c = np.int64(pair_cnt[p]) + 1
             if not run_verified(chk, q, c):
                 continue
-            w = _find_weight(post_off, post_w, f16, q, c, docs[y] & mask)
-            if w > 0:
-                out[y] += q_w[i] * w
+            runs[i, y] = (q << 9) | c
+            _prefetch(post_off, q)
+            _prefetch(post_w, q)
+    for i in range(nq):  # query order: the canonical sums
+        for y in range(nd):
+            sl = runs[i, y]
+            if sl >= 0:
+                w = _find_weight(post_off, post_w, f16, sl >> 9, sl & 511, docs[y] & mask)
+                if w > 0:
+                    out[y] += q_w[i] * w
     return -1
