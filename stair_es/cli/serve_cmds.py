@@ -64,7 +64,8 @@ def _queue_timeout(value: Any) -> float | str | None:
               help="Answer 429 (with Retry-After) instead of running a request that has waited longer than this in "
                    "the queue when its turn comes, and refuse at once one expected to wait longer, so that latency "
                    "stays bounded under overload and after a stall. auto: 20 ms, or 4 mean service times of its kind "
-                   "(searches, thumbnails and heatmaps, other work) when longer; off or 0: no limit (only --max-queue counts).")
+                   "(searches, thumbnails and heatmaps, other work) when longer, at the door; one the door let in is "
+                   "refused from the queue only past twice that; off or 0: no limit (only --max-queue counts).")
 @click.option("--request-timeout", default=30.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds to an answer: beyond, 504, and work still queued is dropped (0: no limit).")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000000),

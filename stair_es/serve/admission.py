@@ -25,7 +25,10 @@ shed in a millisecond, not after waiting the timeout.
 
 The queue timeout is on by default, derived from the service times seen (``"auto"``): a request
 may wait :data:`AUTO_FLOOR_MS` (20 ms), or :data:`AUTO_SERVICE_TIMES` (4) mean service times of
-its kind when that is longer. The kinds are searches (the batcher's queue), pictures
+its kind when that is longer. Under ``auto`` the door refuses a request expected to wait past it,
+and one the door let in is refused from the queue only past :data:`AUTO_OVERDUE_SLACK` (2) times
+it: refusals then come back in about a millisecond, and a misjudged request is served a little
+late rather than refused after its wait (docs/serve.md, "Refused at the door, not after the wait"). The kinds are searches (the batcher's queue), pictures
 (thumbnails and heatmaps: an image decoded and resized, 15-40 ms each) and the worker pool's
 other work (encoding, explain, the page), each with its own moving average, so a slow kind (an
 image encoding of 150 ms, a cluster's search, the thumbnails a results page asks for at once)
@@ -145,6 +148,11 @@ def cpu_wait_s() -> float:
 AUTO_FLOOR_MS = 20.0
 #: ... or this many mean service times of its kind, when that is longer.
 AUTO_SERVICE_TIMES = 4.0
+#: Under ``auto``, a request the door let in is refused from the queue only once it has waited this many
+#: times its queue timeout: the door already refuses one expected to wait past it, so what still waits
+#: longer is a misjudged one, which is better served a little late than refused after its wait (a
+#: refusal from the queue comes back only after that wait; one at the door in about a millisecond).
+AUTO_OVERDUE_SLACK = 2.0
 #: The kinds of work with a queue timeout of their own under ``auto``: searches through the batcher,
 #: pictures (thumbnails, heatmaps) and the pool's other work.
 KINDS = ("search", "media", "pool")
@@ -253,6 +261,12 @@ class Admission:
         ms = self.queue_timeout(kind)
         return None if ms is None else ms / 1000
 
+    def overdue_after_s(self, kind: str = "pool") -> float | None:
+        """How long a request of ``kind`` the door let in may wait in the queue before it is refused
+        (None: no limit): its queue timeout, times :data:`AUTO_OVERDUE_SLACK` under ``auto``."""
+        s = self.queue_timeout_s(kind)
+        return s if s is None or self.queue_timeout_ms != "auto" else s * AUTO_OVERDUE_SLACK
+
     def _timeout_named(self, ms: float) -> str:
         if self.queue_timeout_ms == "auto":
             return (f"its queue timeout of {ms:.0f} ms (--queue-timeout-ms auto: {AUTO_FLOOR_MS:g} ms, or "
@@ -315,9 +329,11 @@ class Admission:
         timeout. Safe to call from a search thread: it only reads numbers."""
         ms = waited * 1000
         limit = self.queue_timeout(kind)
-        return ServerBusyError(f"the server is busy: this request waited {ms:.0f} ms in the queue, more than "
-                               f"{self._timeout_named(limit if limit is not None else 0.0)}, and was not run; retry "
-                               f"after {self.retry_after_ms()} ms", self.retry_after_ms(),
+        named = self._timeout_named(limit if limit is not None else 0.0)
+        if self.queue_timeout_ms == "auto":
+            named = f"{AUTO_OVERDUE_SLACK:g} x {named}"
+        return ServerBusyError(f"the server is busy: this request waited {ms:.0f} ms in the queue, more than {named}, "
+                               f"and was not run; retry after {self.retry_after_ms()} ms", self.retry_after_ms(),
                                server_timing=f"queue;dur={ms:.2f}")
 
     def leave(self) -> None:
@@ -346,8 +362,8 @@ class Admission:
             else:
                 await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - time.monotonic()))
             waited = time.monotonic() - t0
-            limit = self.queue_timeout(kind)
-            if limit is not None and waited * 1000 > limit:
+            limit = self.overdue_after_s(kind)
+            if limit is not None and waited > limit:
                 self.overdue += 1
                 self._free()  # the slot it was handed goes to the next in line
                 raise self.overdue_error(waited, kind)

@@ -104,7 +104,7 @@ class Runtime:
                                           workers=config.workers, max_batch=config.max_batch,
                                           window=config.batch_window_ms / 1000.0, name="stair-es-search",
                                           thread_init=functools.partial(lower_thread_priority, config.worker_nice),
-                                          max_wait=functools.partial(self.admission.queue_timeout_s, "search"),
+                                          max_wait=functools.partial(self.admission.overdue_after_s, "search"),
                                           overdue=functools.partial(self.admission.overdue_error, kind="search")))
         return self._batchers[0]
 

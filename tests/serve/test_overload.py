@@ -829,8 +829,11 @@ def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
         with pytest.raises(ServerBusyError, match="auto"):
             adm.enter("search")
         adm.enter("pool")
-        late = adm.overdue_error(0.7, "pool")
-        assert late.status == 429 and "waited 700 ms" in str(late) and "--queue-timeout-ms auto" in str(late)
+        late = adm.overdue_error(1.3, "pool")
+        assert late.status == 429 and "waited 1300 ms" in str(late) and "2 x its queue timeout of 600 ms" in str(late)
+        # the door refuses what would wait past the timeout; one it let in is refused only past twice that
+        assert adm.overdue_after_s("search") == 2 * AUTO_FLOOR_MS / 1000
+        assert abs(adm.overdue_after_s("pool") - 1.2) < 1e-3
     finally:
         adm.close()
     with pytest.raises(Exception, match="'auto' or 'off'"):
@@ -840,9 +843,14 @@ def test_queue_timeout_auto_follows_each_kind_of_works_service_time():
         off._mean_s = 1.0
         for _ in range(10):
             off.enter()
-        assert off.queue_timeout("search") is None and not off.full("search")
+        assert off.queue_timeout("search") is None and not off.full("search") and off.overdue_after_s() is None
     finally:
         off.close()
+    fixed = Admission(workers=1, max_queue=64, queue_timeout_ms=30)
+    try:
+        assert fixed.overdue_after_s("search") == 0.030  # a number given is the limit as given
+    finally:
+        fixed.close()
 
 
 @pytest.mark.process
