@@ -23,8 +23,8 @@ Measured on the four public sets (``python -m benchmarks.encoders.run --limit 30
 Only the order changes: the hits are the sparse search's (its filter, its deletions), each hit's
 ``score`` becomes the fused score and ``retrievers`` keeps the sparse rank and dot product beside
 the meaning's rank and cosine (the dot product of the query as the user gave it, the candidate
-words' share taken out, so it is what ``stair-es explain`` sums to). ``rerank="auto"`` (the default of ``stair-es search``,
-``rank-eval`` and ``serve``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices
+words' share taken out, so it is what ``stair-es explain`` sums to). ``rerank="auto"`` (the
+default of ``stair-es search``, ``rank-eval`` and ``serve``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices
 of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed (on a cluster only
 when the query encoder already read the index's document frequencies, a scan there: re-ranking
 reuses them), and leaves others alone; ``"semantic"`` requires it and re-ranks any index; ``"off"`` never re-ranks.

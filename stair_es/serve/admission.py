@@ -28,7 +28,8 @@ may wait :data:`AUTO_FLOOR_MS` (20 ms), or :data:`AUTO_SERVICE_TIMES` (4) mean s
 its kind when that is longer. Under ``auto`` the door refuses a request expected to wait past it,
 and one the door let in is refused from the queue only past :data:`AUTO_OVERDUE_SLACK` (2) times
 it: refusals then come back in about a millisecond, and a misjudged request is served a little
-late rather than refused after its wait (docs/serve.md, "Refused at the door, not after the wait"). The kinds are searches (the batcher's queue), pictures
+late rather than refused after its wait (docs/serve.md, "Refused at the door, not after the
+wait"). The kinds are searches (the batcher's queue), pictures
 (thumbnails and heatmaps: an image decoded and resized, 15-40 ms each) and the worker pool's
 other work (encoding, explain, the page), each with its own moving average, so a slow kind (an
 image encoding of 150 ms, a cluster's search, the thumbnails a results page asks for at once)
