@@ -25,7 +25,8 @@ Only the order changes: the hits are the sparse search's (its filter, its deleti
 the meaning's rank and cosine (the dot product of the query as the user gave it, the candidate
 words' share taken out, so it is what ``stair-es explain`` sums to). ``rerank="auto"`` (the
 default of ``stair-es search``, ``rank-eval`` and ``serve``; ``$STAIR_ES_RERANK`` sets another) re-ranks text queries on indices
-of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed (on a cluster only
+of at most :data:`AUTO_MAX_DOCS` documents when the sentence model is installed and prepared
+(:meth:`SentenceEncoder.prepared`: never made behind a search; on a cluster only
 when the query encoder already read the index's document frequencies, a scan there: re-ranking
 reuses them), and leaves others alone; ``"semantic"`` requires it and re-ranks any index; ``"off"`` never re-ranks.
 Its cost on a cold one-shot ``stair-es search`` (``benchmarks/cold_search.py``, same run, load
@@ -252,10 +253,20 @@ def prepare(rerank: str | None = None, model: str | None = None) -> None:
     re-ranking is off or the model is not here. :func:`search` then finds them loaded."""
     try:
         enc = semantic_encoder(rerank, model)
+        if enc is None or _unprepared(enc, default_mode() if rerank is None else check_rerank(rerank)):
+            return
     except Exception:  # noqa: BLE001 - search() reports the same problem with its own message
         return
-    if enc is not None:
-        threading.Thread(target=_warm, args=(enc,), name="stair-es-rerank-warm", daemon=True).start()
+    threading.Thread(target=_warm, args=(enc,), name="stair-es-rerank-warm", daemon=True).start()
+
+
+def _unprepared(enc: SentenceEncoder, mode: str) -> str | None:
+    """Why ``auto`` leaves the hits in sparse order with this model, or None: its int8 tower or word
+    table is not made yet (PyTorch and about 20 s, never behind a search under ``auto``)."""
+    if mode != "auto" or enc.prepared():
+        return None
+    return ("the sentence model is not prepared in this data home: `stair-es encoders export` prepares it once "
+            "(about 20 s); --rerank semantic prepares it now")
 
 
 def _warm(enc: SentenceEncoder) -> None:
@@ -340,6 +351,9 @@ def _index_ready(backend: SearchBackend, index: str, mode: str, model: str | Non
     enc = semantic_encoder(mode, model)
     if enc is None:
         return None, None, None
+    why = _unprepared(enc, mode)
+    if why:
+        return None, None, why
     if mode == "auto" and known is None and backend.index_folder(index) is None:
         return None, None, ("--rerank auto asks a cluster for its document frequencies only when the query "
                             "encoder needed them (they are a scan of the index there); --rerank semantic re-ranks anyway")

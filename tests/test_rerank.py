@@ -48,6 +48,10 @@ class HandMadeSentences:
     first word that MEANING knows; every vocabulary word in MEANING has its direction, others none."""
 
     version = "hand-made"
+    made = True  # its tower and word table are in the model cache (SentenceEncoder.prepared)
+
+    def prepared(self):
+        return self.made
 
     def embed(self, texts, batch_size=256):
         out = []
@@ -117,6 +121,17 @@ def test_when_every_query_word_is_in_the_index_the_sparse_order_mostly_stands(ho
     result = ranked(backend, "cat", "semantic")
     assert result.hits[0].id == "cat" and result.hits[0].retrievers["sparse"]["rank"] == 1
     assert any("weight 0.10" in n for n in result.notes)
+
+
+def test_auto_never_makes_the_model_behind_a_search_and_says_so(home, hand_made):
+    """Making the int8 tower and word table takes PyTorch and about 20 s: `auto` leaves the hits in
+    sparse order until `stair-es encoders export` has made them; `semantic` uses the model anyway."""
+    backend = EmbeddedBackend(home)
+    hand_made.made = False
+    plain = ranked(backend, "sunset sky", "auto")
+    assert plain.hits[0].retrievers is None
+    assert any("not prepared in this data home" in n and "stair-es encoders export" in n for n in plain.notes)
+    assert ranked(backend, "sunset sky", "semantic").hits[0].retrievers is not None
 
 
 def test_rerank_off_is_the_backends_own_search(home, hand_made):
@@ -216,6 +231,7 @@ def test_a_sentence_model_folder_gives_unit_embeddings_and_a_cached_word_table(t
 
     monkeypatch.setenv("STAIR_ES_MODEL_CACHE", str(tmp_path / "cache"))
     enc = SentenceEncoder(str(tiny_model))
+    assert not enc.prepared()  # nothing made yet: `--rerank auto` would leave hits in sparse order
     e = enc.embed(["a cat on a sofa", "sunset", "a cat on a sofa"])
     assert e.shape == (3, 16) and np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
     assert np.allclose(e[0], e[2]) and not np.allclose(e[0], e[1])
@@ -230,6 +246,7 @@ def test_a_sentence_model_folder_gives_unit_embeddings_and_a_cached_word_table(t
         raise AssertionError("the word table was computed again")
 
     again = SentenceEncoder(str(tiny_model))
+    assert again.prepared()  # tower and word table made: usable under `auto`
     monkeypatch.setattr(again, "embed", no_second_computation)
     assert np.array_equal(again.word_table()[1], table)
 

@@ -334,6 +334,12 @@ def _sidecar(path: Path, key: str = "onnx_sha256") -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and isinstance(meta.get(key), str) else None
 
 
+def has_sidecar(path: Path, key: str = "onnx_sha256") -> bool:
+    """Whether a cached file and its sidecar are there (not checked against each other: loading does
+    that), for a cheap "is it made?" before deciding to use it."""
+    return _sidecar(path, key) is not None
+
+
 def verified_sidecar(path: Path, key: str = "onnx_sha256", what: str = "ONNX model", redo: str = "exporting it again"
                      ) -> dict[str, Any] | None:
     """The sidecar of a cached file whose sha256 (``key``) matches it, or None (a mismatch is logged)."""

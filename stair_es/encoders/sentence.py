@@ -45,8 +45,8 @@ import numpy as np
 from ..errors import ModelError
 from ..vocab import Vocabulary, default_vocabulary
 from .runtime import (
-    OnnxTower, TowerSpec, file_sha256, first_line, memo_tower, model_cache_dir, publish, quiet_model_libraries,
-    runtime_choice, verified_sidecar, weights_digest
+    OnnxTower, TowerSpec, file_sha256, first_line, has_sidecar, memo_tower, model_cache_dir, publish,
+    quiet_model_libraries, runtime_choice, verified_sidecar, weights_digest
 )
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ class SentenceEncoder:
                              "tokenizer.json and model.safetensors or pytorch_model.bin)")
         self.files = [self.folder / "config.json", *weights]
         self._towers: dict[str, Any] = {}
+        self._prepared = False  # its int8 tower and word table were found made (prepared())
         self._tok: Any = None
         self._torch: Any = None
         self._table: tuple[np.ndarray, np.ndarray] | None = None
@@ -180,7 +181,7 @@ class SentenceEncoder:
         and on the four public sets as good as the float model (docs/encoders.md). Made once; a
         search opens only this file."""
         spec = self.tower_spec()
-        path = model_cache_dir() / f"sentence-minilm-int8-{spec.cache_key()}-q{INT8_VERSION}.onnx"
+        path = self._int8_path(spec)
         meta = verified_sidecar(path)
         if meta is None:
             float_tower = memo_tower(self._towers, "float", lambda: spec, self.runtime)  # exported and checked once
@@ -231,12 +232,35 @@ class SentenceEncoder:
                 self._table = self._load_table(vocab or default_vocabulary())
             return self._table
 
-    def _load_table(self, vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.array([i for i, t in enumerate(vocab.tokens) if len(t) >= 2 and t.isalpha() and t.islower()], np.int64)
-        side = "int8" if self._tower() else "torch"  # the table is made by the tower that embeds queries
+    def _int8_path(self, spec: TowerSpec | None = None) -> Path:
+        return model_cache_dir() / f"sentence-minilm-int8-{(spec or self.tower_spec()).cache_key()}-q{INT8_VERSION}.onnx"
+
+    def _table_path(self, vocab: Vocabulary, ids: np.ndarray, side: str) -> Path:
         key = hashlib.sha256(f"{weights_digest(self.files)}|{vocab.name}|{len(vocab.tokens)}|{ids.sum()}|"
                              f"words{WORDS_VERSION}|{side}{INT8_VERSION}".encode()).hexdigest()[:20]
-        path = model_cache_dir() / f"sentence-words-{key}.npy"
+        return model_cache_dir() / f"sentence-words-{key}.npy"
+
+    @staticmethod
+    def _word_ids(vocab: Vocabulary) -> np.ndarray:
+        return np.array([i for i, t in enumerate(vocab.tokens) if len(t) >= 2 and t.isalpha() and t.islower()], np.int64)
+
+    def prepared(self, vocab: Vocabulary | None = None) -> bool:
+        """Whether a search can use this model without making anything first: its int8 tower and
+        its word table are in the model cache (``stair-es encoders export`` makes both; making them
+        takes PyTorch and about 20 s, which ``--rerank auto`` never does behind a search)."""
+        if self._prepared:
+            return True
+        if self.runtime == "torch" or not importlib.util.find_spec("onnxruntime"):
+            return False
+        vocab = vocab or default_vocabulary()
+        self._prepared = (has_sidecar(self._int8_path())
+                          and has_sidecar(self._table_path(vocab, self._word_ids(vocab), "int8"), "npy_sha256"))
+        return self._prepared
+
+    def _load_table(self, vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
+        ids = self._word_ids(vocab)
+        side = "int8" if self._tower() else "torch"  # the table is made by the tower that embeds queries
+        path = self._table_path(vocab, ids, side)
         with _LOCK:
             table = None
             if path.is_file() and verified_sidecar(path, "npy_sha256", "word table", "computing it again") is not None:
