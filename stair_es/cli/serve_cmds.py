@@ -98,7 +98,8 @@ def _queue_timeout(value: Any) -> float | str | None:
               help="How long a batch's first search waits for others (0: a batch is whatever waits).")
 @click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
               help="Re-rank the best 100 hits of a text search by meaning, as `stair-es search --rerank` does: auto (the "
-                   "default, or $STAIR_ES_RERANK) when the sentence model is installed and the index holds at most "
+                   "default, or $STAIR_ES_RERANK) when the sentence model is installed and prepared (`stair-es encoders "
+                   "export`) and the index holds at most "
                    "1,000,000 documents, semantic on any index, off for the sparse order. A request's "
                    "\"rerank\" field overrides it.")
 @click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),
