@@ -186,9 +186,6 @@ class EngineIndex(Searcher):
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
         self._auto_seen: dict[str, np.ndarray] = {}  # see Searcher._auto_options, Searcher._auto_row
-        # map a query's postings with madvise before their first read (Segment.prefetch_terms): off, as it
-        # maps whole terms that block-max mostly skips (docs/scale.md, "The first query")
-        self.prefetch = False
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1
