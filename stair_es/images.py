@@ -56,13 +56,8 @@ def _describe(source: object) -> str:
     return f"<{len(source)} bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
-def load_image(
-    source: str | os.PathLike | bytes | Image.Image,
-    *,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    target_max_side: int | None = DEFAULT_TARGET_MAX_SIDE,
-    min_side: int | None = None,
-) -> Image.Image:
+def load_image(source: str | os.PathLike | bytes | Image.Image, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+               target_max_side: int | None = DEFAULT_TARGET_MAX_SIDE, min_side: int | None = None) -> Image.Image:
     """Load ``source`` (a path, raw file bytes, or a PIL image) as a decoded RGB image.
 
     ``max_pixels``: refuse images with more pixels than this (checked from the header,
@@ -137,10 +132,8 @@ def _bomb_message(name: str, err: Exception, max_pixels: int | None) -> str:
     )
 
 
-def _finish(
-    img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool,
-    min_side: int | None = None,
-) -> Image.Image:
+def _finish(img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool,
+            min_side: int | None = None) -> Image.Image:
     w, h = img.size
     if w <= 0 or h <= 0:
         raise ImageError(f"{name}: image has no pixels ({w}x{h})")

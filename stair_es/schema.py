@@ -220,14 +220,10 @@ class IndexSchema:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "IndexSchema":
-        return cls(
-            fields=dict(d.get("fields", {})),
-            sparse_fields=tuple(d.get("sparse_fields", DEFAULT_SPARSE_FIELDS)),
-            vocab_name=d.get("vocab_name", "bert-base-uncased"),
-            vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"),
-            encoder=d.get("encoder"),
-            dense=d.get("dense"),
-        )
+        return cls(fields=dict(d.get("fields", {})), sparse_fields=tuple(d.get("sparse_fields", DEFAULT_SPARSE_FIELDS)),
+                   vocab_name=d.get("vocab_name", "bert-base-uncased"),
+                   vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"), encoder=d.get("encoder"),
+                   dense=d.get("dense"))
 
     def field_type(self, name: str) -> str:
         try:
@@ -238,9 +234,7 @@ class IndexSchema:
 
     def check_sparse_field(self, name: str) -> str:
         if name not in self.sparse_fields:
-            raise UnknownFieldError(
-                f"unknown sparse field {name!r}; this index has: {', '.join(self.sparse_fields)}"
-            )
+            raise UnknownFieldError(f"unknown sparse field {name!r}; this index has: {', '.join(self.sparse_fields)}")
         return name
 
     def normalize_metadata(self, metadata: Mapping[str, Any] | None, *, infer: bool = True) -> tuple[dict[str, Any], dict[str, str]]:

@@ -64,19 +64,8 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import (
-    TowerSpec,
-    TwoTowers,
-    file_sha256,
-    first_line,
-    in_batches,
-    model_cache_dir,
-    publish,
-    quiet_model_libraries,
-    runtime_choice,
-    verified_sidecar,
-    weights_digest,
-)
+from .runtime import (TowerSpec, TwoTowers, file_sha256, first_line, in_batches, model_cache_dir, publish,
+                      quiet_model_libraries, runtime_choice, verified_sidecar, weights_digest)
 
 log = logging.getLogger(__name__)
 

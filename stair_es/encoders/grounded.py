@@ -69,18 +69,9 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
     name = "grounded"
     modalities = frozenset({"text"})
 
-    def __init__(
-        self,
-        *,
-        expansion: float = DEFAULT_EXPANSION,
-        stopwords: Iterable[str] | None = None,
-        k1: float = BOW_K1,
-        expansion_map: str | None = None,
-        allow_version_mismatch: bool = False,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-        grounding: Any = "on",
-    ):
+    def __init__(self, *, expansion: float = DEFAULT_EXPANSION, stopwords: Iterable[str] | None = None,
+                 k1: float = BOW_K1, expansion_map: str | None = None, allow_version_mismatch: bool = False,
+                 vocab: Vocabulary | None = None, name: str | None = None, grounding: Any = "on"):
         super().__init__(stopwords=stopwords, k1=k1, vocab=vocab, name=name, grounding=grounding)
         if not (isinstance(expansion, (int, float)) and 0 <= expansion <= 1):
             raise InvalidInputError(f"expansion must be a number in [0, 1], got {expansion!r}")

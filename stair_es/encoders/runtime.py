@@ -451,11 +451,10 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             reference = [r.detach().float().cpu().numpy() for r in reference]
             # The TorchScript-based exporter: works offline, no onnxscript needed, and handles
             # the dynamic batch / sequence axes these towers need.
-            torch.onnx.export(
-                module, args, str(tmp), input_names=list(spec.input_names), output_names=list(spec.output_names),
-                dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()}, opset_version=OPSET,
-                do_constant_folding=True, dynamo=False,
-            )
+            torch.onnx.export(module, args, str(tmp), input_names=list(spec.input_names),
+                              output_names=list(spec.output_names),
+                              dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()}, opset_version=OPSET,
+                              do_constant_folding=True, dynamo=False)
         session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
         got = session.run(None, {name: sample[name] for name in spec.input_names})
         diff = max(float(np.max(np.abs(g.astype(np.float64) - r))) if r.size else 0.0 for g, r in zip(got, reference))

@@ -132,16 +132,8 @@ class BagOfWordsEncoder(GroundingEncoder):
     name = "bow"
     modalities = frozenset({"text"})
 
-    def __init__(
-        self,
-        *,
-        stopwords: Iterable[str] | None = None,
-        k1: float = BOW_K1,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-        grounding: Any = "on",
-        similar_words: float | None = None,
-    ):
+    def __init__(self, *, stopwords: Iterable[str] | None = None, k1: float = BOW_K1, vocab: Vocabulary | None = None,
+                 name: str | None = None, grounding: Any = "on", similar_words: float | None = None):
         super().__init__(vocab, name=name)
         from .grounding import parse_grounding
 

@@ -37,16 +37,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import (
-    DamagedIndexError,
-    DocumentNotFoundError,
-    IndexWriteError,
-    IncompatibleIndexError,
-    IndexExistsError,
-    IndexNotFoundError,
-    InvalidInputError,
-    InvalidVectorError,
-)
+from ..errors import (DamagedIndexError, DocumentNotFoundError, IndexWriteError, IncompatibleIndexError,
+                      IndexExistsError, IndexNotFoundError, InvalidInputError, InvalidVectorError)
 from ..query import SearchRequest
 from ..schema import ColumnValueError, Document, Explanation, IndexSchema, ItemResult, TokenContribution
 from ..sparse import SparseVector
@@ -56,16 +48,8 @@ from .npkernels import K
 from .ids import HashedIds, locate_in
 from .merge import merge_segments_to_file, pack_groups
 from .searcher import Searcher
-from .segment import (
-    Batch,
-    Segment,
-    build_segment,
-    column_arrays,
-    columns_from_rows,
-    encode_strings,
-    segment_capacity,
-    take_columns,
-)
+from .segment import (Batch, Segment, build_segment, column_arrays, columns_from_rows, encode_strings, segment_capacity,
+                      take_columns)
 from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, folder_bytes, manifest_checksum,
                        manifest_file, missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
                        validate_manifest, writer_version)

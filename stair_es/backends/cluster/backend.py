@@ -21,14 +21,12 @@ from urllib.parse import quote
 import numpy as np
 
 from ...dense import DENSE_FIELD, DenseSpec, prepare
-from ...errors import (
-    BackendError, DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError, StairError
-)
+from ...errors import (BackendError, DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError,
+                       StairError)
 from ...lexical import TEXT_FIELD, document_text
 from ...query import SearchRequest
-from ...schema import (
-    Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult, TokenContribution, format_date
-)
+from ...schema import (Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult,
+                       TokenContribution, format_date)
 from ...vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from ..base import IndexInfo, ProgressCallback, SearchBackend
 from ..codec import feature_map, stored_value, vector_from_features

@@ -41,15 +41,9 @@ def _mapping_file(engine: str, field_type: str, prune: bool) -> str:
     return f"{prefix}_{field_type}.json"
 
 
-def mapping(
-    engine: str = "elasticsearch",
-    field_type: str = "rank_features",
-    schema: IndexSchema | None = None,
-    *,
-    prune: bool = False,
-    dense_dims: int | None = None,
-    version: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
+def mapping(engine: str = "elasticsearch", field_type: str = "rank_features", schema: IndexSchema | None = None, *,
+            prune: bool = False, dense_dims: int | None = None,
+            version: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The create-index body (``settings`` + ``mappings``) for ``schema``; pure, no client needed.
 
     Built from the JSON files in ``stair_es.mappings`` (``es_rank_features.json`` ...): every
