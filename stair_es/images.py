@@ -38,10 +38,9 @@ from .errors import ImageError
 __all__ = ["IMAGE_EXTENSIONS", "load_image", "iter_image_files", "to_rgb"]
 
 #: File extensions treated as images when scanning folders (lower case, with the dot).
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".tif", ".tiff",
-    ".webp", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif", ".heic",
-)
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".tif", ".tiff",
+                                     ".webp", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif",
+                                     ".heic")
 
 DEFAULT_MAX_PIXELS = 64_000_000
 DEFAULT_TARGET_MAX_SIDE = 1024

@@ -341,12 +341,10 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         weight_files = files + [folder / "config.json"]
         digest = weights_digest(weight_files)
         text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
-        info = {
-            "folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
-            "weights": digest[:16], "record": model_record(folder),
-            "image_size": int(vision_cfg.get("image_size", 224)),
-            "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64)),
-        }
+        info = {"folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
+                "weights": digest[:16], "record": model_record(folder),
+                "image_size": int(vision_cfg.get("image_size", 224)),
+                "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64))}
         self._check_recorded_weights("clip-vocab", info["weights"], "its words are not comparable")
         self._info = info
         return info

@@ -676,15 +676,10 @@ def _doc_arrays(batch: Batch, arrays: dict[str, Any]) -> dict[str, str]:
         sorted_hashes = hashes[order]
     none = (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))  # no document has one
     caps, srcs = batch.captions or none, batch.sources or none
-    arrays.update({
-        "seq": batch.seq.astype(np.uint64),
-        "id_blob": batch.id_blob,
-        "id_offs": batch.id_offs,
-        "id_hash": sorted_hashes,
-        "id_order": order.astype(np.uint32),
-        "cap_blob": caps[0], "cap_offs": caps[1], "cap_present": caps[2],
-        "src_blob": srcs[0], "src_offs": srcs[1], "src_present": srcs[2],
-    })
+    arrays.update({"seq": batch.seq.astype(np.uint64), "id_blob": batch.id_blob, "id_offs": batch.id_offs,
+                   "id_hash": sorted_hashes, "id_order": order.astype(np.uint32), "cap_blob": caps[0],
+                   "cap_offs": caps[1], "cap_present": caps[2], "src_blob": srcs[0], "src_offs": srcs[1],
+                   "src_present": srcs[2]})
     col_types = {}
     for cname, (ftype, cols) in batch.columns.items():
         col_types[cname] = ftype
