@@ -137,10 +137,8 @@ def _finish(img: Image.Image, name: str, max_pixels: int | None, target_max_side
     if w <= 0 or h <= 0:
         raise ImageError(f"{name}: image has no pixels ({w}x{h})")
     if max_pixels is not None and w * h > max_pixels:
-        raise ImageError(
-            f"{name}: image is {w}x{h} = {w * h:,} pixels, more than the limit of {max_pixels:,} "
-            "(possible decompression bomb; raise max_pixels if the file is trusted)"
-        )
+        raise ImageError(f"{name}: image is {w}x{h} = {w * h:,} pixels, more than the limit of {max_pixels:,} "
+                         "(possible decompression bomb; raise max_pixels if the file is trusted)")
     try:
         if getattr(img, "is_animated", False):
             img.seek(0)  # first frame of GIF / APNG / WebP animations

@@ -119,10 +119,8 @@ class SparseVector:
         if missing and unknown == "error":
             shown = ", ".join(repr(m) for m in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise InvalidVectorError(
-                f"unknown tokens {shown}{more}: not in the {vocab.name} vocabulary "
-                "(WordPiece tokens are lower-case; sub-words start with '##')"
-            )
+            raise InvalidVectorError(f"unknown tokens {shown}{more}: not in the {vocab.name} vocabulary "
+                                     "(WordPiece tokens are lower-case; sub-words start with '##')")
         return cls.from_arrays(ids, weights, vocab)
 
     @classmethod

@@ -66,10 +66,8 @@ class Vocabulary:
         try:
             return self._index[token]
         except KeyError:
-            raise InvalidInputError(
-                f"unknown token {token!r}: not in the {self.name} vocabulary "
-                f"(use `stair-es encode --text ...` to see how a word is tokenized)"
-            ) from None
+            raise InvalidInputError(f"unknown token {token!r}: not in the {self.name} vocabulary "
+                                    f"(use `stair-es encode --text ...` to see how a word is tokenized)") from None
 
     def same_ids(self, table: dict[str, int]) -> bool:
         """Whether ``table`` (token -> id, e.g. a tokenizer's) maps exactly our tokens to our ids."""

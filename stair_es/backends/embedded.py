@@ -88,10 +88,8 @@ def default_home() -> Path:
 
 def check_index_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidInputError(
-            f"invalid index name {name!r}: use lowercase letters, digits, '-' and '_' "
-            "(starting with a letter or digit, at most 128 characters)"
-        )
+        raise InvalidInputError(f"invalid index name {name!r}: use lowercase letters, digits, '-' and '_' "
+                                "(starting with a letter or digit, at most 128 characters)")
     return name
 
 

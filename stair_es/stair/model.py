@@ -418,15 +418,11 @@ def _read_vocab(path: Path, config: StairConfig) -> Vocabulary:
     if vocab.digest == default.digest:
         vocab = default
     if len(vocab) != config.vocab_size:
-        raise ModelError(
-            f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "
-            f"but its vocabulary has {len(vocab)} tokens"
-        )
+        raise ModelError(f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "
+                         f"but its vocabulary has {len(vocab)} tokens")
     if vocab.digest != default.digest:
-        raise ModelError(
-            f"checkpoint {path} uses another vocabulary ({len(vocab)} tokens, md5 {vocab.digest}); "
-            f"stair_es indexes over the {len(default)}-token {default.name} WordPiece vocabulary"
-        )
+        raise ModelError(f"checkpoint {path} uses another vocabulary ({len(vocab)} tokens, md5 {vocab.digest}); "
+                         f"stair_es indexes over the {len(default)}-token {default.name} WordPiece vocabulary")
     return vocab
 
 

@@ -164,7 +164,5 @@ def check_index_name(index: str) -> None:
     bad = set('\\/*?"<>| ,#:')
     if (not isinstance(index, str) or not index or index != index.lower() or index.startswith(("-", "_", "+"))
             or any(c in bad for c in index) or index in (".", "..") or len(index.encode()) > 255):
-        raise InvalidInputError(
-            f"invalid index name {index!r}: use lower-case letters, digits, '-' or '_' "
-            "(not starting with '-', '_' or '+'), at most 255 bytes"
-        )
+        raise InvalidInputError(f"invalid index name {index!r}: use lower-case letters, digits, '-' or '_' "
+                                "(not starting with '-', '_' or '+'), at most 255 bytes")

@@ -128,18 +128,14 @@ class Transport:
             )
         if kind in ("connection", "timeout"):
             what = "timed out" if kind == "timeout" else "could not connect"
-            return ConnectionFailedError(
-                f"{label} at {where} {what} ({action}): {reason or type(e).__name__}. "
-                "Is the cluster running and the URL right (--url / STAIR_ES_URL)?"
-            )
+            return ConnectionFailedError(f"{label} at {where} {what} ({action}): {reason or type(e).__name__}. "
+                                         "Is the cluster running and the URL right (--url / STAIR_ES_URL)?")
         if kind == "product":
             other = "opensearch" if self.adapter.engine == "elasticsearch" else "elasticsearch"
             return BackendError(f"{where} is not {label} ({reason}); if it is {other}, use --backend {other}")
         if status == 401:
-            return BackendError(
-                f"{label} at {where} refused the credentials ({self.config.auth_kind}); "
-                "check --api-key/--username/--password (or STAIR_ES_* variables)"
-            )
+            return BackendError(f"{label} at {where} refused the credentials ({self.config.auth_kind}); "
+                                "check --api-key/--username/--password (or STAIR_ES_* variables)")
         if status == 403:
             return BackendError(f"{label} at {where}: {self.config.auth_kind} is not allowed to {action}: {reason}")
         if status == 404 and index is not None:
