@@ -109,8 +109,7 @@ def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, A
     if have and want and have.get("name") != "precomputed" and want.get("name") != "precomputed" and have != want:
         raise InvalidInputError(
             f"index {index!r} was built with encoder {have}, not {want}; vectors from different encoders "
-            "are not comparable: use the same --encoder/--model or another index"
-        )
+            "are not comparable: use the same --encoder/--model or another index")
     return schema
 
 

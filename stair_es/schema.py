@@ -57,8 +57,7 @@ def parse_date(value: Any, field_name: str = "") -> int:
             dt = _dt.datetime.fromisoformat(s)
         except ValueError:
             raise InvalidInputError(
-                f"invalid date {value!r}{where}: use ISO 8601, e.g. 2024-05-01 or 2024-05-01T12:30:00Z"
-            ) from None
+                f"invalid date {value!r}{where}: use ISO 8601, e.g. 2024-05-01 or 2024-05-01T12:30:00Z") from None
     else:
         raise InvalidInputError(f"expected a date{where}, got {type(value).__name__}")
     if dt.tzinfo is None:
@@ -86,8 +85,7 @@ def infer_type(value: Any) -> str:
         return "keyword"
     raise InvalidInputError(
         f"metadata of type {type(value).__name__} is not supported: use a string (or list of strings), "
-        "a number, a boolean or an ISO date string in a field declared as date"
-    )
+        "a number, a boolean or an ISO date string in a field declared as date")
 
 
 def normalize_value(ftype: str, value: Any, field_name: str) -> Any:

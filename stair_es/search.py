@@ -35,8 +35,7 @@ def query_encoder(schema: IndexSchema, name: str | None = None, **options: Any) 
     if not recorded or recorded == "precomputed":
         raise InvalidInputError(
             "this index holds precomputed vectors and records no encoder: pass --encoder (e.g. bow) to encode "
-            "query text, or give the query as a token map with --tokens"
-        )
+            "query text, or give the query as a token map with --tokens")
     config.update(options)
     return get_encoder(recorded, **config)
 

@@ -59,8 +59,7 @@ class SparseVector:
             bad = ids[w > MAX_WEIGHT][:5]
             raise InvalidVectorError(
                 f"weights must be at most {MAX_WEIGHT:g} (the largest value an index stores: half precision); "
-                f"got {float(w.max()):.3g} for {_names(vocab, bad)}. Learned sparse weights are usually below 10"
-            )
+                f"got {float(w.max()):.3g} for {_names(vocab, bad)}. Learned sparse weights are usually below 10")
         if w.size and np.any(w < 0):
             bad = ids[w < 0][:5]
             raise InvalidVectorError(f"weights must be non-negative; got negative weights for {_names(vocab, bad)}")
@@ -72,8 +71,7 @@ class SparseVector:
             if np.any(special & keep):
                 if not drop_special:
                     raise InvalidVectorError(
-                        f"special tokens are never indexed or scored: {_names(vocab, ids[special & keep][:5])}"
-                    )
+                        f"special tokens are never indexed or scored: {_names(vocab, ids[special & keep][:5])}")
                 keep &= ~special
         ids, w = ids[keep], w[keep].astype(np.float32)
         # float64 -> float32 can underflow a tiny positive weight to 0: drop those too

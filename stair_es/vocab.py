@@ -166,10 +166,8 @@ def _build_hf_tokenizer(tokens: tuple[str, ...]):
                                                 lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])],
-    )
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])])
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok
 

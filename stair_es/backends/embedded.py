@@ -115,8 +115,7 @@ class EmbeddedBackend(SearchBackend):
             return EngineIndex.open(path, writable=writable)
         except IndexNotFoundError:
             raise IndexNotFoundError(
-                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`"
-            ) from None
+                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`") from None
 
     def _reader(self, index: str) -> EngineIndex:
         if index in self._writers:  # the freshest view this process has

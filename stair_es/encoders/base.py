@@ -158,8 +158,7 @@ def check_recorded_version(what: str, recorded: str | None, installed: str, allo
     if recorded is not None and recorded != installed and not allow_mismatch:
         raise EncoderVersionError(
             f"the index was built with {what} {recorded!r}, but this stair_es has {installed!r}: {why}. Re-ingest the "
-            "catalog into a new index, install the stair_es version that built it, or pass --force to search it anyway"
-        )
+            "catalog into a new index, install the stair_es version that built it, or pass --force to search it anyway")
 
 
 class _NoBar:

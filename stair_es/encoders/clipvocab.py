@@ -279,8 +279,7 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         if not isinstance(model, str) or not model.strip():
             raise InvalidInputError(
                 "the clip-vocab encoder needs a CLIP or SigLIP model: --model ID (e.g. openai/clip-vit-base-patch32, "
-                "see `stair-es models list`) or a local folder"
-            )
+                "see `stair-es models list`) or a local folder")
         if not (isinstance(o.top_k, int) and o.top_k >= 1):
             raise InvalidInputError(f"top_k must be a whole number >= 1, got {o.top_k!r}")
         if not (o.min_weight >= 0 and np.isfinite(o.min_weight)):

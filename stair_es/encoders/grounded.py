@@ -124,8 +124,7 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
         if not weights:
             raise EmptyQueryError(
                 f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation, unknown characters, "
-                "or words that occur in no document)"
-            )
+                "or words that occur in no document)")
         ids = np.fromiter(weights.keys(), np.int64, len(weights))
         vec = SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
                                        drop_special=True)

@@ -460,8 +460,7 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
         diff = max(float(np.max(np.abs(g.astype(np.float64) - r))) if r.size else 0.0 for g, r in zip(got, reference))
         if not np.isfinite(diff) or diff > spec.tolerance:
             raise ModelError(
-                f"the ONNX export of {spec.kind} differs from PyTorch by {diff:.3g} (tolerance {spec.tolerance:g})"
-            )
+                f"the ONNX export of {spec.kind} differs from PyTorch by {diff:.3g} (tolerance {spec.tolerance:g})")
         meta = {
             "kind": spec.kind,
             "onnx_sha256": file_sha256(tmp),
@@ -571,8 +570,7 @@ class TwoTowers:
             raise EncoderVersionError(
                 f"the index was built with the {kind} model {was!r} (weights {self._recorded_weights}), but "
                 f"{self.model!r} has weights {weights}: {why}. Search with the model the index was built with, "
-                "re-ingest into a new index, or pass --force to search it anyway"
-            )
+                "re-ingest into a new index, or pass --force to search it anyway")
 
     def onnx_spec(self):
         """The image tower's export spec (``stair-es encoders export``)."""

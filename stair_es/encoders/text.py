@@ -193,8 +193,7 @@ class BagOfWordsEncoder(GroundingEncoder):
         counts = self.counts(text)
         if not counts:
             raise EmptyQueryError(
-                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)"
-            )
+                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)")
         weights = {i: c * (self.k1 + 1.0) / (c + self.k1) for i, c in counts.items()}
         plan = None
         if stats is not None:

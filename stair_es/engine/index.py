@@ -142,8 +142,7 @@ def _writes(method):
                 f"cannot write to the index at {self.path}: {e.strerror or e}"
                 f"{' (' + str(e.filename) + ')' if getattr(e, 'filename', None) else ''}. "
                 f"Nothing of this change was committed; the last commit (generation {generation}) is intact. "
-                "Free disk space or fix permissions, then run the same command again (ingest resumes)"
-            ) from None
+                "Free disk space or fix permissions, then run the same command again (ingest resumes)") from None
     return run
 
 

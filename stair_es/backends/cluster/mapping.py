@@ -135,8 +135,7 @@ def index_meta(engine: str, index: str, res: Any, where: str) -> IndexMeta:
         if actual != ftype:
             raise IncompatibleIndexError(
                 f"index {index!r}: sparse field {name!r} is mapped as {actual!r}, expected {ftype!r}; "
-                "the mapping was changed outside stair_es -- reindex into a new index"
-            )
+                "the mapping was changed outside stair_es -- reindex into a new index")
     keys = raw.get("keys", "id" if (engine == "opensearch" and ftype == "sparse_vector") else "token")
     dense_prop = props.get("dense") or {}
     if schema.dense is None and dense_prop.get("type") in ("dense_vector", "knn_vector"):

@@ -126,8 +126,7 @@ def translate(request: SearchRequest, *, engine: str = "elasticsearch", field_ty
     if budget < 1:
         raise InvalidInputError(
             f"the filter alone needs {ctx.clauses} clauses, over the cluster's limit of {max_clauses} "
-            "(indices.query.bool.max_clause_count); use fewer tokens in --require/--exclude"
-        )
+            "(indices.query.bool.max_clause_count); use fewer tokens in --require/--exclude")
     clauses = _fit_clauses(request.clauses, budget, notes, max_clauses)
     should: list[dict[str, Any]] = []
     for c in clauses:

@@ -124,8 +124,7 @@ class Transport:
         if kind == "tls":
             return BackendError(
                 f"TLS error talking to {label} at {where}: {reason}. Check --ca-certs (STAIR_ES_CA_CERTS) or, "
-                "for a test cluster only, --insecure"
-            )
+                "for a test cluster only, --insecure")
         if kind in ("connection", "timeout"):
             what = "timed out" if kind == "timeout" else "could not connect"
             return ConnectionFailedError(f"{label} at {where} {what} ({action}): {reason or type(e).__name__}. "
@@ -143,8 +142,7 @@ class Transport:
         if status == 400 and "compatib" in reason.lower():
             return BackendError(
                 f"{label} at {where} refused the client's API version ({reason}); install the client matching "
-                "the server's major version, e.g. pip install 'elasticsearch>=8.15,<9' for an 8.x cluster"
-            )
+                "the server's major version, e.g. pip install 'elasticsearch>=8.15,<9' for an 8.x cluster")
         return BackendError(f"{label} at {where} failed to {action}: {f'HTTP {status}: ' if status else ''}{reason}")
 
     def call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
