@@ -61,6 +61,8 @@ def encode_catalog(source, out_dir, encoder, model, encoder_opts, no_captions, r
 
     if options["address"] and options["engine"] != "ray":
         raise InvalidInputError("--address is for --engine ray")
+    if options["pin_workers"] and options["engine"] != "local":
+        raise InvalidInputError("--pin-workers is for --engine local (Ray places its actors itself)")
     if encoder not in list_encoders():  # here, before any worker starts
         raise UnknownNameError(f"unknown encoder {encoder!r}; available: {', '.join(list_encoders())}")
     kwargs = encoder_kwargs(model, encoder_opts)
