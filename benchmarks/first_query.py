@@ -6,7 +6,7 @@ once (the *first pass*: each query's terms are read for the first time, or nearl
 again (*steady*), and reports both p50 (wall clock) and their ratio. The variants take the
 first pass apart:
 
-* ``today``: a reader as it starts (the default: kernels loaded on first use, no prefetch, the
+* ``today``: a reader as it starts (the default: kernels loaded on first use, the
   resident pages of big segments mapped by a background thread from the open on, racing the first
   queries): kernel load, checksums of the first-read chunks and what faults are left;
 * ``no-map-ahead``: the same with ``STAIR_ES_MAP_AHEAD=0`` (every first read of a page faults);
@@ -14,12 +14,10 @@ first pass apart:
   pages but leaves their chunk checksums to the searches that first read them;
 * ``mapped``: ``today`` once the background mapping is done (``EngineIndex.mapping_done``; a
   service that has been up a second or so at 10M documents);
-* ``kernels-loaded``: the numba kernels loaded before the first pass (untimed), prefetch off:
+* ``kernels-loaded``: the numba kernels loaded before the first pass (untimed):
   the first pass then pays checksums and page faults only;
-* ``no-verify``: kernels loaded, ``STAIR_ES_VERIFY=size`` (no chunk checksums), prefetch off:
+* ``no-verify``: kernels loaded, ``STAIR_ES_VERIFY=size`` (no chunk checksums):
   page faults only;
-* ``prefetch``: ``EngineIndex.prefetch = True``: each query's postings mapped with one
-  ``madvise`` per range before their first read (``Segment.prefetch_terms``);
 * ``warm``: ``EngineIndex.warm()`` first (timed apart): every page mapped, every byte verified,
   the kernels loaded;
 * ``warm-huge``: ``EngineIndex.warm(huge_pages=True)``: the same, the segments first read again
@@ -48,8 +46,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-VARIANTS = ("today", "no-map-ahead", "no-map-verify", "mapped", "kernels-loaded", "no-verify", "prefetch", "warm",
-            "warm-huge")
+VARIANTS = ("today", "no-map-ahead", "no-map-verify", "mapped", "kernels-loaded", "no-verify", "warm", "warm-huge")
 
 
 def worker(args) -> None:
@@ -70,7 +67,6 @@ def worker(args) -> None:
     t = time.perf_counter()
     ix = EngineIndex.open(Path(args.index))
     out["open_s"] = time.perf_counter() - t
-    ix.prefetch = args.variant == "prefetch"
     if args.variant == "mapped":
         t = time.perf_counter()
         ix.mapping_done()

@@ -16,12 +16,10 @@ from .schema import Document, Hit, IndexSchema, SearchResult  # noqa: E402
 from .sparse import SparseVector  # noqa: E402
 from .vocab import Vocabulary, default_vocabulary  # noqa: E402
 
-__all__ = [
-    "__version__", "StairError", "SparseVector", "Vocabulary", "default_vocabulary", "Document", "Hit",
-    "IndexSchema", "SearchResult", "SearchRequest", "SparseClause", "Filter", "Term", "Terms", "Range",
-    "Exists", "HasTokens", "And", "Or", "Not", "whitelist", "blacklist", "parse_token_expression", "parse_where",
-    "get_backend", "get_encoder",
-]
+__all__ = ["__version__", "StairError", "SparseVector", "Vocabulary", "default_vocabulary", "Document", "Hit",
+           "IndexSchema", "SearchResult", "SearchRequest", "SparseClause", "Filter", "Term", "Terms", "Range", "Exists",
+           "HasTokens", "And", "Or", "Not", "whitelist", "blacklist", "parse_token_expression", "parse_where",
+           "get_backend", "get_encoder"]
 
 
 def get_backend(name: str = "embedded", **options):

@@ -28,8 +28,7 @@ from .errors import InvalidInputError
 from .schema import MAX_CAPTION_CHARS, ItemResult
 
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".jfif"}
-)
+    {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".jfif"})
 SIDECAR_EXTENSIONS = frozenset({".txt", ".json"})
 
 
@@ -74,8 +73,7 @@ def read_catalog(source: str | Path) -> Iterator[CatalogItem]:
         yield from read_glob(text)
     elif p.exists():
         raise InvalidInputError(
-            f"{text}: a catalog is a folder, a glob pattern (quote it) or a JSONL manifest ending in .jsonl"
-        )
+            f"{text}: a catalog is a folder, a glob pattern (quote it) or a JSONL manifest ending in .jsonl")
     else:
         raise InvalidInputError(f"{text}: no such file or folder")
 

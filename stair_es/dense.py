@@ -165,8 +165,7 @@ def query_vector(spec: DenseSpec, index: str, *, text: str | None = None, vector
     if not spec.encoder:
         raise InvalidInputError(
             f"index {index!r} records no dense model to encode the query text (its vectors came with the catalog): "
-            "give the query vector with --vector-file FILE (API: vector=...)"
-        )
+            "give the query vector with --vector-file FILE (API: vector=...)")
     if not text or not text.strip():
         raise InvalidInputError("the dense retriever needs a query TEXT (encoded by the index's dense model) or --vector-file")
     return prepare(dense_encoder(spec.encoder).encode_texts([text])[0], spec, "the query's dense vector")
@@ -220,8 +219,7 @@ def _load(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     except (StairError, OSError, ValueError) as e:
         raise DamagedIndexError(
             f"the dense vector file {path} is damaged ({str(e).splitlines()[0][:160]}); its vectors cannot be "
-            "recovered from the segments: ingest the catalog again with --reindex (or restore a backup)"
-        ) from None
+            "recovered from the segments: ingest the catalog again with --reindex (or restore a backup)") from None
 
 
 def _live(ix: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -38,10 +38,9 @@ from .errors import ImageError
 __all__ = ["IMAGE_EXTENSIONS", "load_image", "iter_image_files", "to_rgb"]
 
 #: File extensions treated as images when scanning folders (lower case, with the dot).
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".tif", ".tiff",
-    ".webp", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif", ".heic",
-)
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".tif", ".tiff",
+                                     ".webp", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif",
+                                     ".heic")
 
 DEFAULT_MAX_PIXELS = 64_000_000
 DEFAULT_TARGET_MAX_SIDE = 1024
@@ -56,13 +55,8 @@ def _describe(source: object) -> str:
     return f"<{len(source)} bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
-def load_image(
-    source: str | os.PathLike | bytes | Image.Image,
-    *,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    target_max_side: int | None = DEFAULT_TARGET_MAX_SIDE,
-    min_side: int | None = None,
-) -> Image.Image:
+def load_image(source: str | os.PathLike | bytes | Image.Image, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+               target_max_side: int | None = DEFAULT_TARGET_MAX_SIDE, min_side: int | None = None) -> Image.Image:
     """Load ``source`` (a path, raw file bytes, or a PIL image) as a decoded RGB image.
 
     ``max_pixels``: refuse images with more pixels than this (checked from the header,
@@ -137,18 +131,14 @@ def _bomb_message(name: str, err: Exception, max_pixels: int | None) -> str:
     )
 
 
-def _finish(
-    img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool,
-    min_side: int | None = None,
-) -> Image.Image:
+def _finish(img: Image.Image, name: str, max_pixels: int | None, target_max_side: int | None, *, opened_here: bool,
+            min_side: int | None = None) -> Image.Image:
     w, h = img.size
     if w <= 0 or h <= 0:
         raise ImageError(f"{name}: image has no pixels ({w}x{h})")
     if max_pixels is not None and w * h > max_pixels:
-        raise ImageError(
-            f"{name}: image is {w}x{h} = {w * h:,} pixels, more than the limit of {max_pixels:,} "
-            "(possible decompression bomb; raise max_pixels if the file is trusted)"
-        )
+        raise ImageError(f"{name}: image is {w}x{h} = {w * h:,} pixels, more than the limit of {max_pixels:,} "
+                         "(possible decompression bomb; raise max_pixels if the file is trusted)")
     try:
         if getattr(img, "is_animated", False):
             img.seek(0)  # first frame of GIF / APNG / WebP animations

@@ -109,19 +109,13 @@ def ensure_index(backend: SearchBackend, index: str, encoder_config: dict[str, A
     if have and want and have.get("name") != "precomputed" and want.get("name") != "precomputed" and have != want:
         raise InvalidInputError(
             f"index {index!r} was built with encoder {have}, not {want}; vectors from different encoders "
-            "are not comparable: use the same --encoder/--model or another index"
-        )
+            "are not comparable: use the same --encoder/--model or another index")
     return schema
 
 
-def ingest_catalog(
-    backend: SearchBackend,
-    index: str,
-    source: str | Path,
-    encoder_factory: EncoderFactory | None,
-    options: IngestOptions | None = None,
-    on_items: Callable[[list[ItemResult]], None] | None = None,
-) -> IngestReport:
+def ingest_catalog(backend: SearchBackend, index: str, source: str | Path, encoder_factory: EncoderFactory | None,
+                   options: IngestOptions | None = None,
+                   on_items: Callable[[list[ItemResult]], None] | None = None) -> IngestReport:
     """Ingest a folder, glob or JSONL manifest into ``index`` (created if missing).
 
     A folder of Parquet shards written by ``stair-es encode-catalog`` is recognised and its
@@ -240,14 +234,8 @@ def ingest_catalog(
     return report
 
 
-def build_documents(
-    entries: Sequence[CatalogEntry],
-    encoder: Encoder | None,
-    schema: IndexSchema,
-    opts: IngestOptions,
-    decoded: dict[str, Future],
-    dense_enc: Any = None,
-) -> tuple[list[Document], list[ItemResult]]:
+def build_documents(entries: Sequence[CatalogEntry], encoder: Encoder | None, schema: IndexSchema, opts: IngestOptions,
+                    decoded: dict[str, Future], dense_enc: Any = None) -> tuple[list[Document], list[ItemResult]]:
     """One batch of catalog entries as documents (token maps, image and caption vectors, dense
     vectors), and the entries that failed with their reasons; ``stair-es ingest`` and
     ``encode-catalog``'s workers (:mod:`stair_es.distributed.pipeline`) both build with it."""

@@ -129,13 +129,11 @@ class Cooccurrence:
         cap = _binary_rows([np.unique(np.asarray(r, np.int64)) for r in caption_rows])
         captioned = np.asarray(cap.getnnz(axis=1) > 0)
         img_c = img[captioned]
-        return cls(
-            n_docs=len(image_rows), n_captioned=int(captioned.sum()),
-            word_df=np.asarray(cap.sum(axis=0)).ravel().astype(np.int64),
-            image_df=np.asarray(img.sum(axis=0)).ravel().astype(np.int64),
-            image_df_captioned=np.asarray(img_c.sum(axis=0)).ravel().astype(np.int64),
-            word_image=(cap.T @ img).tocsr(), image_image=(img.T @ img).tocsr(),
-        )
+        return cls(n_docs=len(image_rows), n_captioned=int(captioned.sum()),
+                   word_df=np.asarray(cap.sum(axis=0)).ravel().astype(np.int64),
+                   image_df=np.asarray(img.sum(axis=0)).ravel().astype(np.int64),
+                   image_df_captioned=np.asarray(img_c.sum(axis=0)).ravel().astype(np.int64),
+                   word_image=(cap.T @ img).tocsr(), image_image=(img.T @ img).tocsr())
 
     @classmethod
     def from_documents(cls, docs: Iterable[tuple[np.ndarray, str | None]], vocab: Vocabulary | None = None,

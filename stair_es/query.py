@@ -289,8 +289,7 @@ class SearchRequest:
         if not clauses:
             raise EmptyQueryError(
                 "the query has no tokens left to score with (it tokenized to nothing, or every token was "
-                "dropped or pruned); try other words or relax --exclude-query/--query-top-k"
-            )
+                "dropped or pruned); try other words or relax --exclude-query/--query-top-k")
         flt = self.filter.resolve(schema, vocab) if self.filter is not None else None
         return replace(self, clauses=clauses, filter=flt, drop_tokens=(), query_top_k=None, query_min_weight=None, notes=notes)
 

@@ -57,8 +57,7 @@ def parse_date(value: Any, field_name: str = "") -> int:
             dt = _dt.datetime.fromisoformat(s)
         except ValueError:
             raise InvalidInputError(
-                f"invalid date {value!r}{where}: use ISO 8601, e.g. 2024-05-01 or 2024-05-01T12:30:00Z"
-            ) from None
+                f"invalid date {value!r}{where}: use ISO 8601, e.g. 2024-05-01 or 2024-05-01T12:30:00Z") from None
     else:
         raise InvalidInputError(f"expected a date{where}, got {type(value).__name__}")
     if dt.tzinfo is None:
@@ -86,8 +85,7 @@ def infer_type(value: Any) -> str:
         return "keyword"
     raise InvalidInputError(
         f"metadata of type {type(value).__name__} is not supported: use a string (or list of strings), "
-        "a number, a boolean or an ISO date string in a field declared as date"
-    )
+        "a number, a boolean or an ISO date string in a field declared as date")
 
 
 def normalize_value(ftype: str, value: Any, field_name: str) -> Any:
@@ -220,14 +218,10 @@ class IndexSchema:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "IndexSchema":
-        return cls(
-            fields=dict(d.get("fields", {})),
-            sparse_fields=tuple(d.get("sparse_fields", DEFAULT_SPARSE_FIELDS)),
-            vocab_name=d.get("vocab_name", "bert-base-uncased"),
-            vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"),
-            encoder=d.get("encoder"),
-            dense=d.get("dense"),
-        )
+        return cls(fields=dict(d.get("fields", {})), sparse_fields=tuple(d.get("sparse_fields", DEFAULT_SPARSE_FIELDS)),
+                   vocab_name=d.get("vocab_name", "bert-base-uncased"),
+                   vocab_md5=d.get("vocab_md5", "64800d5d8528ce344256daf115d4965e"), encoder=d.get("encoder"),
+                   dense=d.get("dense"))
 
     def field_type(self, name: str) -> str:
         try:
@@ -238,9 +232,7 @@ class IndexSchema:
 
     def check_sparse_field(self, name: str) -> str:
         if name not in self.sparse_fields:
-            raise UnknownFieldError(
-                f"unknown sparse field {name!r}; this index has: {', '.join(self.sparse_fields)}"
-            )
+            raise UnknownFieldError(f"unknown sparse field {name!r}; this index has: {', '.join(self.sparse_fields)}")
         return name
 
     def normalize_metadata(self, metadata: Mapping[str, Any] | None, *, infer: bool = True) -> tuple[dict[str, Any], dict[str, str]]:

@@ -35,17 +35,15 @@ def query_encoder(schema: IndexSchema, name: str | None = None, **options: Any) 
     if not recorded or recorded == "precomputed":
         raise InvalidInputError(
             "this index holds precomputed vectors and records no encoder: pass --encoder (e.g. bow) to encode "
-            "query text, or give the query as a token map with --tokens"
-        )
+            "query text, or give the query as a token map with --tokens")
     config.update(options)
     return get_encoder(recorded, **config)
 
 
-def encode_query_text(
-    encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None, field: str = "image",
-    notes: list[str] | None = None, grounding: list[dict[str, Any]] | None = None,
-    freqs_out: dict[str, Any] | None = None,
-) -> SparseVector:
+def encode_query_text(encoder: Encoder, text: str, backend: SearchBackend | None = None, index: str | None = None,
+                      field: str = "image", notes: list[str] | None = None,
+                      grounding: list[dict[str, Any]] | None = None,
+                      freqs_out: dict[str, Any] | None = None) -> SparseVector:
     """Encode a query for ``index`` (:func:`encode_query_texts` for one text); ``grounding``
     receives one dict per query word saying what it became."""
     encoded = encode_query_texts(encoder, [text], backend, index, field, notes, freqs_out)[0]
@@ -54,10 +52,9 @@ def encode_query_text(
     return encoded.vector
 
 
-def encode_query_texts(
-    encoder: Encoder, texts: Sequence[str], backend: SearchBackend | None = None, index: str | None = None,
-    field: str = "image", notes: list[str] | None = None, freqs_out: dict[str, Any] | None = None,
-) -> list[Any]:
+def encode_query_texts(encoder: Encoder, texts: Sequence[str], backend: SearchBackend | None = None,
+                       index: str | None = None, field: str = "image", notes: list[str] | None = None,
+                       freqs_out: dict[str, Any] | None = None) -> list[Any]:
     """Encode queries for ``index`` in one call of the encoder: one
     :class:`~stair_es.encoders.grounding.EncodedQuery` (vector, grounding steps) per text.
     Encoders that weight by IDF get the index's; encoders that ground query words on the index's
@@ -91,15 +88,9 @@ def encode_query_texts(
     return encoder.encode_queries(list(texts), idf=weights, index_stats=stats)  # (no steps without grounding)
 
 
-def build_request(
-    vectors: Mapping[str, tuple[SparseVector, float]],
-    *,
-    filter: Filter | None = None,
-    top_k: int = 10,
-    drop_tokens: tuple[str, ...] = (),
-    query_top_k: int | None = None,
-    query_min_weight: float | None = None,
-) -> SearchRequest:
+def build_request(vectors: Mapping[str, tuple[SparseVector, float]], *, filter: Filter | None = None, top_k: int = 10,
+                  drop_tokens: tuple[str, ...] = (), query_top_k: int | None = None,
+                  query_min_weight: float | None = None) -> SearchRequest:
     """One clause per field: ``{"image": (vector, 1.0), "caption": (vector, 0.5)}``."""
     clauses = [SparseClause(f, v, w) for f, (v, w) in vectors.items() if w > 0 and v.nnz]
     return SearchRequest(clauses, filter, top_k, drop_tokens, query_top_k, query_min_weight)

@@ -36,14 +36,8 @@ class SparseVector:
         return cls(np.zeros(0, np.int32), np.zeros(0, np.float32), vocab or default_vocabulary())
 
     @classmethod
-    def from_arrays(
-        cls,
-        ids: Sequence[int] | np.ndarray,
-        weights: Sequence[float] | np.ndarray,
-        vocab: Vocabulary | None = None,
-        *,
-        drop_special: bool = False,
-    ) -> "SparseVector":
+    def from_arrays(cls, ids: Sequence[int] | np.ndarray, weights: Sequence[float] | np.ndarray,
+                    vocab: Vocabulary | None = None, *, drop_special: bool = False) -> "SparseVector":
         """Build from parallel arrays; duplicate ids keep their maximum weight.
 
         Zero weights are dropped (they mean "absent"). NaN, infinite or negative weights,
@@ -60,20 +54,15 @@ class SparseVector:
             raise InvalidVectorError(f"ids and weights differ in length ({ids.size} vs {w.size})")
         if w.size and not np.all(np.isfinite(w)):
             bad = ids[~np.isfinite(w)][:5]
-            raise InvalidVectorError(
-                f"weights must be finite; got NaN/inf for {_names(vocab, bad)}"
-            )
+            raise InvalidVectorError(f"weights must be finite; got NaN/inf for {_names(vocab, bad)}")
         if w.size and np.any(w > MAX_WEIGHT):
             bad = ids[w > MAX_WEIGHT][:5]
             raise InvalidVectorError(
                 f"weights must be at most {MAX_WEIGHT:g} (the largest value an index stores: half precision); "
-                f"got {float(w.max()):.3g} for {_names(vocab, bad)}. Learned sparse weights are usually below 10"
-            )
+                f"got {float(w.max()):.3g} for {_names(vocab, bad)}. Learned sparse weights are usually below 10")
         if w.size and np.any(w < 0):
             bad = ids[w < 0][:5]
-            raise InvalidVectorError(
-                f"weights must be non-negative; got negative weights for {_names(vocab, bad)}"
-            )
+            raise InvalidVectorError(f"weights must be non-negative; got negative weights for {_names(vocab, bad)}")
         if ids.size and (ids.min() < 0 or ids.max() >= len(vocab)):
             raise InvalidVectorError(f"token ids must lie in [0, {len(vocab)}) for the {vocab.name} vocabulary")
         keep = w > 0
@@ -82,8 +71,7 @@ class SparseVector:
             if np.any(special & keep):
                 if not drop_special:
                     raise InvalidVectorError(
-                        f"special tokens are never indexed or scored: {_names(vocab, ids[special & keep][:5])}"
-                    )
+                        f"special tokens are never indexed or scored: {_names(vocab, ids[special & keep][:5])}")
                 keep &= ~special
         ids, w = ids[keep], w[keep].astype(np.float32)
         # float64 -> float32 can underflow a tiny positive weight to 0: drop those too
@@ -107,13 +95,8 @@ class SparseVector:
         return cls.from_arrays(nz, dense[nz], vocab, drop_special=drop_special)
 
     @classmethod
-    def from_token_map(
-        cls,
-        token_map: Mapping[str, float],
-        vocab: Vocabulary | None = None,
-        *,
-        unknown: str = "error",
-    ) -> "SparseVector":
+    def from_token_map(cls, token_map: Mapping[str, float], vocab: Vocabulary | None = None, *,
+                       unknown: str = "error") -> "SparseVector":
         """Build from ``{"token": weight}``. ``unknown="error"`` (default) or ``"ignore"``."""
         vocab = vocab or default_vocabulary()
         if not isinstance(token_map, Mapping):
@@ -134,10 +117,8 @@ class SparseVector:
         if missing and unknown == "error":
             shown = ", ".join(repr(m) for m in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise InvalidVectorError(
-                f"unknown tokens {shown}{more}: not in the {vocab.name} vocabulary "
-                "(WordPiece tokens are lower-case; sub-words start with '##')"
-            )
+            raise InvalidVectorError(f"unknown tokens {shown}{more}: not in the {vocab.name} vocabulary "
+                                     "(WordPiece tokens are lower-case; sub-words start with '##')")
         return cls.from_arrays(ids, weights, vocab)
 
     @classmethod

@@ -66,10 +66,8 @@ class Vocabulary:
         try:
             return self._index[token]
         except KeyError:
-            raise InvalidInputError(
-                f"unknown token {token!r}: not in the {self.name} vocabulary "
-                f"(use `stair-es encode --text ...` to see how a word is tokenized)"
-            ) from None
+            raise InvalidInputError(f"unknown token {token!r}: not in the {self.name} vocabulary "
+                                    f"(use `stair-es encode --text ...` to see how a word is tokenized)") from None
 
     def same_ids(self, table: dict[str, int]) -> bool:
         """Whether ``table`` (token -> id, e.g. a tokenizer's) maps exactly our tokens to our ids."""
@@ -164,15 +162,12 @@ def _build_hf_tokenizer(tokens: tuple[str, ...]):
         if needed not in index:
             raise ModelError(f"the vocabulary has no {needed} token; a BERT WordPiece vocabulary is required")
     tok = Tokenizer(models.WordPiece(index, unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
-    )
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=True,
+                                                lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])],
-    )
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])])
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok
 
@@ -184,9 +179,7 @@ def default_vocabulary() -> Vocabulary:
     data = ref.read_bytes()
     digest = hashlib.md5(data).hexdigest()
     if digest != VOCAB_MD5:
-        raise ModelError(
-            f"the packaged vocabulary is damaged (md5 {digest}, expected {VOCAB_MD5}); reinstall stair-es"
-        )
+        raise ModelError(f"the packaged vocabulary is damaged (md5 {digest}, expected {VOCAB_MD5}); reinstall stair-es")
     tokens = data.decode("utf-8").split("\n")
     if tokens[-1] == "":
         tokens.pop()

@@ -103,8 +103,7 @@ def check_weights(vector: SparseVector, what: str = "vector") -> None:
         tok = vector.vocab.tokens[int(vector.ids[i])]
         raise InvalidVectorError(
             f"{what}: weight {float(w[i])!r} of token {tok!r} cannot be stored by Elasticsearch/OpenSearch "
-            f"(weights must be finite and at least {FLOAT32_MIN_NORMAL:.3g}); drop or rescale it"
-        )
+            f"(weights must be finite and at least {FLOAT32_MIN_NORMAL:.3g}); drop or rescale it")
 
 
 def feature_map(vector: SparseVector, keys: str = "token") -> dict[str, float]:

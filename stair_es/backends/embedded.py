@@ -88,10 +88,8 @@ def default_home() -> Path:
 
 def check_index_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise InvalidInputError(
-            f"invalid index name {name!r}: use lowercase letters, digits, '-' and '_' "
-            "(starting with a letter or digit, at most 128 characters)"
-        )
+        raise InvalidInputError(f"invalid index name {name!r}: use lowercase letters, digits, '-' and '_' "
+                                "(starting with a letter or digit, at most 128 characters)")
     return name
 
 
@@ -117,8 +115,7 @@ class EmbeddedBackend(SearchBackend):
             return EngineIndex.open(path, writable=writable)
         except IndexNotFoundError:
             raise IndexNotFoundError(
-                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`"
-            ) from None
+                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`") from None
 
     def _reader(self, index: str) -> EngineIndex:
         if index in self._writers:  # the freshest view this process has

@@ -21,8 +21,7 @@ def _runner():
         if not (root / "run.py").exists():
             raise click.ClickException(
                 "the benchmarks ship with the stair_es source checkout, not the installed package; "
-                "run `stair-es bench` from a clone (pip install -e '.[bench]')"
-            ) from None
+                "run `stair-es bench` from a clone (pip install -e '.[bench]')") from None
         # Load the checkout's `benchmarks` package by its location, without editing sys.path
         # (which would let any module in the checkout shadow installed ones).
         import importlib.util

@@ -169,15 +169,13 @@ class ShardEncoder:
             else:  # an earlier attempt of this shard that was given up on left one
                 remove_failures(self.fs, self.folder, task.k)
         cpu = time.process_time() - c0
-        entry = {
-            "shard": task.k, "file": f"part-{task.k:05d}.parquet", "rows": len(rows.ids), "bytes": size,
-            "inputs": len(task.items), "failures": sum(1 for p in problems if not p.ok),
-            "skipped": sum(1 for p in problems if p.ok), "ids_digest": task.digest, "encoder": self.config,
-            "cpu_s": round(cpu, 4), "wall_s": round(time.perf_counter() - t0, 4), "cpu_split": split.result(cpu),
-            "thread_cpu": thread_cpu_delta(th0, thread_cpu(), total=cpu), "rusage": rusage_delta(ru0, rusage()),
-            "worker_startup_cpu_s": round(self.startup_cpu_s, 4) if self.startup_cpu_s is not None else None,
-            "host": socket.gethostname(), "pid": os.getpid(), "written_at": time.time(),
-        }
+        entry = {"shard": task.k, "file": f"part-{task.k:05d}.parquet", "rows": len(rows.ids), "bytes": size,
+                 "inputs": len(task.items), "failures": sum(1 for p in problems if not p.ok),
+                 "skipped": sum(1 for p in problems if p.ok), "ids_digest": task.digest, "encoder": self.config,
+                 "cpu_s": round(cpu, 4), "wall_s": round(time.perf_counter() - t0, 4), "cpu_split": split.result(cpu),
+                 "thread_cpu": thread_cpu_delta(th0, thread_cpu(), total=cpu), "rusage": rusage_delta(ru0, rusage()),
+                 "worker_startup_cpu_s": round(self.startup_cpu_s, 4) if self.startup_cpu_s is not None else None,
+                 "host": socket.gethostname(), "pid": os.getpid(), "written_at": time.time()}
         self.startup_cpu_s = None
         # the manifest entry last: only now is the shard finished
         write_json_atomic(self.fs, f"{self.folder}/{MANIFEST_DIR}/part-{task.k:05d}.json", entry)

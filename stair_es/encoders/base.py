@@ -52,14 +52,8 @@ class Encoder(ABC):
         """``images``: PIL images (RGB). Returns one vector per image, in order."""
         raise InvalidInputError(f"encoder {self.name!r} does not encode images; choose an image encoder (see `stair-es encoders`)")
 
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-    ) -> list[SparseVector]:
+    def encode_texts(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                     idf: np.ndarray | None = None) -> list[SparseVector]:
         """``idf``: optional per-token inverse document frequency from the target index."""
         raise InvalidInputError(f"encoder {self.name!r} does not encode texts; choose a text encoder (see `stair-es encoders`)")
 
@@ -164,8 +158,7 @@ def check_recorded_version(what: str, recorded: str | None, installed: str, allo
     if recorded is not None and recorded != installed and not allow_mismatch:
         raise EncoderVersionError(
             f"the index was built with {what} {recorded!r}, but this stair_es has {installed!r}: {why}. Re-ingest the "
-            "catalog into a new index, install the stair_es version that built it, or pass --force to search it anyway"
-        )
+            "catalog into a new index, install the stair_es version that built it, or pass --force to search it anyway")
 
 
 class _NoBar:

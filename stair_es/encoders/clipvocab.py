@@ -64,19 +64,8 @@ from ..sparse import SparseVector
 from ..vocab import Vocabulary
 from .base import Encoder, check_recorded_version, progress_bar, read_packaged_map
 from .options import EncoderOptions
-from .runtime import (
-    TowerSpec,
-    TwoTowers,
-    file_sha256,
-    first_line,
-    in_batches,
-    model_cache_dir,
-    publish,
-    quiet_model_libraries,
-    runtime_choice,
-    verified_sidecar,
-    weights_digest,
-)
+from .runtime import (TowerSpec, TwoTowers, file_sha256, first_line, in_batches, model_cache_dir, publish,
+                      quiet_model_libraries, runtime_choice, verified_sidecar, weights_digest)
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +279,7 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         if not isinstance(model, str) or not model.strip():
             raise InvalidInputError(
                 "the clip-vocab encoder needs a CLIP or SigLIP model: --model ID (e.g. openai/clip-vit-base-patch32, "
-                "see `stair-es models list`) or a local folder"
-            )
+                "see `stair-es models list`) or a local folder")
         if not (isinstance(o.top_k, int) and o.top_k >= 1):
             raise InvalidInputError(f"top_k must be a whole number >= 1, got {o.top_k!r}")
         if not (o.min_weight >= 0 and np.isfinite(o.min_weight)):
@@ -352,12 +340,10 @@ class ClipVocabEncoder(TwoTowers, Encoder):
         weight_files = files + [folder / "config.json"]
         digest = weights_digest(weight_files)
         text_cfg, vision_cfg = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
-        info = {
-            "folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
-            "weights": digest[:16], "record": model_record(folder),
-            "image_size": int(vision_cfg.get("image_size", 224)),
-            "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64)),
-        }
+        info = {"folder": folder, "family": family, "weight_files": weight_files, "digest": digest,
+                "weights": digest[:16], "record": model_record(folder),
+                "image_size": int(vision_cfg.get("image_size", 224)),
+                "max_length": int(text_cfg.get("max_position_embeddings", 77 if family == "clip" else 64))}
         self._check_recorded_weights("clip-vocab", info["weights"], "its words are not comparable")
         self._info = info
         return info

@@ -33,9 +33,8 @@ from ..vocab import Vocabulary, default_vocabulary
 from .base import shares_vector
 
 #: Tokens this source can produce (all whole BERT tokens).
-COLOUR_TOKENS: tuple[str, ...] = (
-    "black", "white", "grey", "gray", "red", "orange", "brown", "yellow", "green", "blue", "purple", "pink",
-)
+COLOUR_TOKENS: tuple[str, ...] = ("black", "white", "grey", "gray", "red", "orange", "brown", "yellow", "green", "blue",
+                                  "purple", "pink")
 COLOUR_SHARE = 0.6
 MONOCHROME_SHARE = 0.5
 SCALE = 10.0

@@ -69,18 +69,9 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
     name = "grounded"
     modalities = frozenset({"text"})
 
-    def __init__(
-        self,
-        *,
-        expansion: float = DEFAULT_EXPANSION,
-        stopwords: Iterable[str] | None = None,
-        k1: float = BOW_K1,
-        expansion_map: str | None = None,
-        allow_version_mismatch: bool = False,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-        grounding: Any = "on",
-    ):
+    def __init__(self, *, expansion: float = DEFAULT_EXPANSION, stopwords: Iterable[str] | None = None,
+                 k1: float = BOW_K1, expansion_map: str | None = None, allow_version_mismatch: bool = False,
+                 vocab: Vocabulary | None = None, name: str | None = None, grounding: Any = "on"):
         super().__init__(stopwords=stopwords, k1=k1, vocab=vocab, name=name, grounding=grounding)
         if not (isinstance(expansion, (int, float)) and 0 <= expansion <= 1):
             raise InvalidInputError(f"expansion must be a number in [0, 1], got {expansion!r}")
@@ -133,8 +124,7 @@ class GroundedQueryEncoder(BagOfWordsEncoder):
         if not weights:
             raise EmptyQueryError(
                 f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation, unknown characters, "
-                "or words that occur in no document)"
-            )
+                "or words that occur in no document)")
         ids = np.fromiter(weights.keys(), np.int64, len(weights))
         vec = SparseVector.from_arrays(ids, np.fromiter(weights.values(), np.float64, len(weights)), self.vocab,
                                        drop_special=True)

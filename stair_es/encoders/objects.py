@@ -163,8 +163,7 @@ def check_model_folder(folder: Path) -> Path:
             raise ModelError(
                 f"{path} is not the detector this stair_es was built for (sha256 {got[:12]}..., expected "
                 f"{digest[:12]}...: {PACKAGE} {PACKAGE_VERSION}); other weights would give other vectors under the "
-                f"same index version. {_carry_hint()}"
-            )
+                f"same index version. {_carry_hint()}")
     return folder
 
 

@@ -451,18 +451,16 @@ def export_tower(spec: TowerSpec, path: Path) -> dict[str, Any]:
             reference = [r.detach().float().cpu().numpy() for r in reference]
             # The TorchScript-based exporter: works offline, no onnxscript needed, and handles
             # the dynamic batch / sequence axes these towers need.
-            torch.onnx.export(
-                module, args, str(tmp), input_names=list(spec.input_names), output_names=list(spec.output_names),
-                dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()}, opset_version=OPSET,
-                do_constant_folding=True, dynamo=False,
-            )
+            torch.onnx.export(module, args, str(tmp), input_names=list(spec.input_names),
+                              output_names=list(spec.output_names),
+                              dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()}, opset_version=OPSET,
+                              do_constant_folding=True, dynamo=False)
         session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
         got = session.run(None, {name: sample[name] for name in spec.input_names})
         diff = max(float(np.max(np.abs(g.astype(np.float64) - r))) if r.size else 0.0 for g, r in zip(got, reference))
         if not np.isfinite(diff) or diff > spec.tolerance:
             raise ModelError(
-                f"the ONNX export of {spec.kind} differs from PyTorch by {diff:.3g} (tolerance {spec.tolerance:g})"
-            )
+                f"the ONNX export of {spec.kind} differs from PyTorch by {diff:.3g} (tolerance {spec.tolerance:g})")
         meta = {
             "kind": spec.kind,
             "onnx_sha256": file_sha256(tmp),
@@ -572,8 +570,7 @@ class TwoTowers:
             raise EncoderVersionError(
                 f"the index was built with the {kind} model {was!r} (weights {self._recorded_weights}), but "
                 f"{self.model!r} has weights {weights}: {why}. Search with the model the index was built with, "
-                "re-ingest into a new index, or pass --force to search it anyway"
-            )
+                "re-ingest into a new index, or pass --force to search it anyway")
 
     def onnx_spec(self):
         """The image tower's export spec (``stair-es encoders export``)."""

@@ -44,10 +44,8 @@ import numpy as np
 
 from ..errors import ModelError
 from ..vocab import Vocabulary, default_vocabulary
-from .runtime import (
-    OnnxTower, TowerSpec, file_sha256, first_line, has_sidecar, memo_tower, model_cache_dir, publish,
-    quiet_model_libraries, runtime_choice, verified_sidecar, weights_digest
-)
+from .runtime import (OnnxTower, TowerSpec, file_sha256, first_line, has_sidecar, memo_tower, model_cache_dir, publish,
+                      quiet_model_libraries, runtime_choice, verified_sidecar, weights_digest)
 
 log = logging.getLogger(__name__)
 

@@ -132,16 +132,8 @@ class BagOfWordsEncoder(GroundingEncoder):
     name = "bow"
     modalities = frozenset({"text"})
 
-    def __init__(
-        self,
-        *,
-        stopwords: Iterable[str] | None = None,
-        k1: float = BOW_K1,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-        grounding: Any = "on",
-        similar_words: float | None = None,
-    ):
+    def __init__(self, *, stopwords: Iterable[str] | None = None, k1: float = BOW_K1, vocab: Vocabulary | None = None,
+                 name: str | None = None, grounding: Any = "on", similar_words: float | None = None):
         super().__init__(vocab, name=name)
         from .grounding import parse_grounding
 
@@ -201,8 +193,7 @@ class BagOfWordsEncoder(GroundingEncoder):
         counts = self.counts(text)
         if not counts:
             raise EmptyQueryError(
-                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)"
-            )
+                f"the text {text[:60]!r} has no searchable tokens (only stopwords, punctuation or unknown characters)")
         weights = {i: c * (self.k1 + 1.0) / (c + self.k1) for i, c in counts.items()}
         plan = None
         if stats is not None:
@@ -312,17 +303,13 @@ def load_masked_lm(model: str, device: str = "cpu", vocab: Vocabulary | None = N
             raise ModelError(f"cannot load masked-LM model {model!r}: {first}; {hint}") from None
         size = getattr(mlm.config, "vocab_size", None)
         if size != len(vocab):
-            raise ModelError(
-                f"model {model!r} has a vocabulary of {size} tokens; SPLADE in stair_es needs the "
-                f"{len(vocab)}-token {vocab.name} vocabulary"
-            )
+            raise ModelError(f"model {model!r} has a vocabulary of {size} tokens; SPLADE in stair_es needs the "
+                             f"{len(vocab)}-token {vocab.name} vocabulary")
         tok_vocab = tokenizer.get_vocab()
         n_bad, examples = (0, []) if vocab.same_ids(tok_vocab) else vocab.mismatches(tok_vocab)
         if n_bad:
-            raise ModelError(
-                f"model {model!r} uses a different vocabulary than {vocab.name} "
-                f"({n_bad} tokens differ, e.g. {examples}); use a bert-base-uncased based model"
-            )
+            raise ModelError(f"model {model!r} uses a different vocabulary than {vocab.name} "
+                             f"({n_bad} tokens differ, e.g. {examples}); use a bert-base-uncased based model")
         mlm.eval().to(device)
         _CACHE[key] = (tokenizer, mlm)
         return tokenizer, mlm
@@ -615,10 +602,8 @@ def _model_folder(model: str) -> Path:
         return Path(snapshot_download(where, allow_patterns=["*.json", "*.txt", "*.safetensors"]))
     except Exception as e:  # the hub client raises many types; all mean "cannot get the files"
         first = first_line(e)
-        raise ModelError(
-            f"cannot load masked-LM model {model!r}: {first}; check the hub id and the network "
-            "(HF_HUB_OFFLINE=1 allows only models already in the cache), or pass a local folder"
-        ) from None
+        raise ModelError(f"cannot load masked-LM model {model!r}: {first}; check the hub id and the network "
+                         "(HF_HUB_OFFLINE=1 allows only models already in the cache), or pass a local folder") from None
 
 
 def _fast_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_length: int) -> Any:
@@ -638,11 +623,9 @@ def _fast_tokenizer(folder: Path, vocab: Vocabulary, model: str, max_length: int
     table = tok.get_vocab(with_added_tokens=True)
     if not vocab.same_ids(table):  # one dict comparison in C; the per-token list only on failure
         n_bad, examples = vocab.mismatches(table)
-        raise ModelError(
-            f"model {model!r} uses a different vocabulary than {vocab.name} "
-            f"({n_bad} of its tokens differ, e.g. {examples}; {len(table)} tokens against {len(vocab)}); "
-            "use a bert-base-uncased based model"
-        )
+        raise ModelError(f"model {model!r} uses a different vocabulary than {vocab.name} "
+                         f"({n_bad} of its tokens differ, e.g. {examples}; {len(table)} tokens against {len(vocab)}); "
+                         "use a bert-base-uncased based model")
     tok.no_padding()
     tok.enable_truncation(max_length=max_length)
     return tok

@@ -35,11 +35,10 @@ import numpy as np
 from ..errors import ModelError
 
 #: ops this interpreter runs
-SUPPORTED_OPS = frozenset({
-    "Const", "Placeholder", "Identity", "_FusedConv2D", "Conv2D", "FusedDepthwiseConv2dNative",
-    "DepthwiseConv2dNative", "Add", "AddV2", "Sub", "Mul", "Relu", "Relu6", "Sigmoid", "Mean", "ConcatV2",
-    "ResizeBilinear", "MaxPool", "Pad", "Reshape", "Minimum", "Maximum", "_FusedMatMul", "Softmax",
-})
+SUPPORTED_OPS = frozenset({"Const", "Placeholder", "Identity", "_FusedConv2D", "Conv2D", "FusedDepthwiseConv2dNative",
+                           "DepthwiseConv2dNative", "Add", "AddV2", "Sub", "Mul", "Relu", "Relu6", "Sigmoid", "Mean",
+                           "ConcatV2", "ResizeBilinear", "MaxPool", "Pad", "Reshape", "Minimum", "Maximum",
+                           "_FusedMatMul", "Softmax"})
 _CONVS = ("_FusedConv2D", "Conv2D", "FusedDepthwiseConv2dNative", "DepthwiseConv2dNative")
 _NCHW_AXIS = (0, 2, 3, 1)
 

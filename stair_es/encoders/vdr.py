@@ -118,12 +118,10 @@ class VdrConfig:
                 "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0}
         bert.update({key: q[key] for key in bert if key in q})
         try:
-            out = cls(
-                resolution=int(p.get("resolution", 224)), patch_size=int(p.get("patch_size", 32)),
-                width=int(p.get("width", 768)), layers=int(p.get("layers", 12)), heads=int(p.get("heads", 12)),
-                image_topk=int(p.get("topk") or 768), bert=bert, max_len=int(q.get("max_len", 256)),
-                text_topk=int(q.get("topk") or 768),
-            )
+            out = cls(resolution=int(p.get("resolution", 224)), patch_size=int(p.get("patch_size", 32)),
+                      width=int(p.get("width", 768)), layers=int(p.get("layers", 12)), heads=int(p.get("heads", 12)),
+                      image_topk=int(p.get("topk") or 768), bert=bert, max_len=int(q.get("max_len", 256)),
+                      text_topk=int(q.get("topk") or 768))
         except (TypeError, ValueError) as e:
             raise ModelError(f"{where}: config.json has a malformed tower setting ({e})") from None
         if out.resolution % out.patch_size or out.width % out.heads or bert["hidden_size"] % bert["num_attention_heads"]:
@@ -356,19 +354,9 @@ class VdrEncoder(TwoTowers, Encoder):
     name = "vdr"
     modalities = frozenset({"image", "text"})
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        *,
-        top_k: int | None = None,
-        min_weight: float = 0.0,
-        runtime: str | None = None,
-        weights: str | None = None,
-        model_record: dict[str, Any] | None = None,
-        allow_version_mismatch: bool = False,
-        vocab: Vocabulary | None = None,
-        name: str | None = None,
-    ):
+    def __init__(self, model: str = DEFAULT_MODEL, *, top_k: int | None = None, min_weight: float = 0.0,
+                 runtime: str | None = None, weights: str | None = None, model_record: dict[str, Any] | None = None,
+                 allow_version_mismatch: bool = False, vocab: Vocabulary | None = None, name: str | None = None):
         super().__init__(vocab, name=name)
         if not isinstance(model, str) or not model.strip():
             raise InvalidInputError(f"the vdr encoder needs a model: --model {DEFAULT_MODEL} (a hub id) or a checkpoint folder")
@@ -537,14 +525,8 @@ class VdrEncoder(TwoTowers, Encoder):
         ids, mask = self._tokenize(list(texts))
         return self._run("text", {"input_ids": ids, "attention_mask": mask}), ids
 
-    def encode_texts(
-        self,
-        texts: Sequence[str],
-        *,
-        batch_size: int = 32,
-        progress: bool = False,
-        idf: np.ndarray | None = None,
-    ) -> list[SparseVector]:
+    def encode_texts(self, texts: Sequence[str], *, batch_size: int = 32, progress: bool = False,
+                     idf: np.ndarray | None = None) -> list[SparseVector]:
         """``idf`` is ignored: the model weights tokens itself."""
         from .text import _check_texts
 

@@ -37,16 +37,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import (
-    DamagedIndexError,
-    DocumentNotFoundError,
-    IndexWriteError,
-    IncompatibleIndexError,
-    IndexExistsError,
-    IndexNotFoundError,
-    InvalidInputError,
-    InvalidVectorError,
-)
+from ..errors import (DamagedIndexError, DocumentNotFoundError, IndexWriteError, IncompatibleIndexError,
+                      IndexExistsError, IndexNotFoundError, InvalidInputError, InvalidVectorError)
 from ..query import SearchRequest
 from ..schema import ColumnValueError, Document, Explanation, IndexSchema, ItemResult, TokenContribution
 from ..sparse import SparseVector
@@ -56,16 +48,8 @@ from .npkernels import K
 from .ids import HashedIds, locate_in
 from .merge import merge_segments_to_file, pack_groups
 from .searcher import Searcher
-from .segment import (
-    Batch,
-    Segment,
-    build_segment,
-    column_arrays,
-    columns_from_rows,
-    encode_strings,
-    segment_capacity,
-    take_columns,
-)
+from .segment import (Batch, Segment, build_segment, column_arrays, columns_from_rows, encode_strings, segment_capacity,
+                      take_columns)
 from .manifest import (FORMAT_VERSION, LOCK, MANIFEST, PREV_MANIFEST, files_of, folder_bytes, manifest_checksum,
                        manifest_file, missing_manifest_error, read_tombstones, read_valid_manifest, take_writer_lock,
                        validate_manifest, writer_version)
@@ -158,8 +142,7 @@ def _writes(method):
                 f"cannot write to the index at {self.path}: {e.strerror or e}"
                 f"{' (' + str(e.filename) + ')' if getattr(e, 'filename', None) else ''}. "
                 f"Nothing of this change was committed; the last commit (generation {generation}) is intact. "
-                "Free disk space or fix permissions, then run the same command again (ingest resumes)"
-            ) from None
+                "Free disk space or fix permissions, then run the same command again (ingest resumes)") from None
     return run
 
 
@@ -186,9 +169,6 @@ class EngineIndex(Searcher):
         self.numpy_max_postings = NP.NUMPY_MAX_POSTINGS
         self._scratch = threading.local()  # per-thread TAAT accumulator, reused across searches
         self._auto_seen: dict[str, np.ndarray] = {}  # see Searcher._auto_options, Searcher._auto_row
-        # map a query's postings with madvise before their first read (Segment.prefetch_terms): off, as it
-        # maps whole terms that block-max mostly skips (docs/scale.md, "The first query")
-        self.prefetch = False
         #: threads one query may use (block-max work of a large segment is split by block ranges);
         #: ``search(..., threads=N)`` overrides it per call
         self.search_threads = 1

@@ -98,8 +98,7 @@ def take_writer_lock(path: Path, when_busy: str):
     except OSError as e:
         raise DamagedIndexError(
             f"cannot take the writer lock {path / LOCK} ({e.strerror or e}): it must be a file the writer can "
-            "create and lock; remove what is there if no stair-es process is writing, and check permissions"
-        ) from None
+            "create and lock; remove what is there if no stair-es process is writing, and check permissions") from None
     return lock
 
 

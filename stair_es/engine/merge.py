@@ -155,11 +155,9 @@ def merge_segments_to_file(path: Path, name: str, segs: Sequence[Segment], keeps
     post_ptr = np.concatenate(([0], np.cumsum(cnt_post[has]))).astype(np.int64)
     pair_ptr = np.concatenate(([0], np.cumsum(cnt_pair[has]))).astype(np.int64)
     P, N = int(pair_ptr[-1]), int(post_ptr[-1])
-    arrays: dict[str, Any] = {
-        "keys": keys_u[has], "post_ptr": post_ptr, "pair_ptr": pair_ptr,
-        "pair_block": (np.uint16, P), "pair_cnt": (np.uint8, P), "pair_max": (np.uint16, P), "pair_sub": (np.uint8, P),
-        "post_off": (np.uint8, N), "post_w": (np.uint16, N),
-    }
+    arrays: dict[str, Any] = {"keys": keys_u[has], "post_ptr": post_ptr, "pair_ptr": pair_ptr,
+                              "pair_block": (np.uint16, P), "pair_cnt": (np.uint8, P), "pair_max": (np.uint16, P),
+                              "pair_sub": (np.uint8, P), "post_off": (np.uint8, N), "post_w": (np.uint16, N)}
     col_types = _doc_arrays(batch, arrays)
     del batch
     meta = {"format": SEGMENT_FORMAT, "name": name, "n_docs": int(out_base), "bshift": bshift, "fields": list(fields),

@@ -61,22 +61,6 @@ def advise(addr: int, nbytes: int) -> bool:
     return lib.madvise(a, n, MADV_WILLNEED) == 0
 
 
-def advise_ranges(base: int, starts, ends, gap: int = 16 * PAGE) -> int:
-    """:func:`advise` the byte ranges [starts[i], ends[i]) past address ``base``, neighbours
-    less than ``gap`` apart merged into one call. Returns the number of calls made."""
-    spans = sorted((int(s), int(e)) for s, e in zip(starts, ends) if e > s)
-    calls = 0
-    i = 0
-    while i < len(spans):
-        lo, hi = spans[i]
-        i += 1
-        while i < len(spans) and spans[i][0] - hi < gap:
-            hi = max(hi, spans[i][1])
-            i += 1
-        calls += advise(base + lo, hi - lo)
-    return calls
-
-
 def map_resident(addr: int, nbytes: int, stop=None, step: int = 32 << 20, on_run=None) -> int:
     """Map now the pages of [addr, addr + nbytes) (a read-only file mapping) that are in the page
     cache already, ``step`` bytes at a time (``mincore`` says which; each run of resident pages is

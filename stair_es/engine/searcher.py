@@ -453,8 +453,8 @@ class Searcher:
     def _search_fused(self, req: SearchRequest, segs: list, which, terms: list, strategy: int):
         """:meth:`_search_segments` in one compiled call (``kernels.multi.search_segments``), or
         None when it does not apply (see :meth:`_fused`; also: numba not loaded yet and ``auto``,
-        which may leave every segment to numpy; tokens outside the vocabulary; madvise prefetch)."""
-        if strategy == NP.STRATEGY_NUMPY or self.prefetch or not (NP.numba_loaded() or strategy != NP.STRATEGY_AUTO):
+        which may leave every segment to numpy; tokens outside the vocabulary)."""
+        if strategy == NP.STRATEGY_NUMPY or not (NP.numba_loaded() or strategy != NP.STRATEGY_AUTO):
             return None
         fused = self._fused(segs)
         if fused is None:
@@ -579,8 +579,6 @@ class Searcher:
             q_w = np.ascontiguousarray(q_w, np.float32)
             allowed = self._allowed(s, req.filter)
             seg = s.seg
-            if self.prefetch:
-                seg.prefetch_terms(q_j)  # their pages mapped in a few calls, not faulted in one by one
             postings = NP.postings_touched(q_j, seg.post_ptr)
             if strategy == NP.STRATEGY_NUMPY or (strategy == NP.STRATEGY_AUTO and postings <= self.numpy_max_postings):
                 # small work: numpy is about as fast, and a new process never pays for starting numba

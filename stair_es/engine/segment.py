@@ -93,7 +93,6 @@ class Segment(SegmentFilters):
         self._doc_rows: tuple | None = None  # the same as int64 tables, for kernels.verify_docs
         self._chk: tuple | None = None  # see kernel_check
         self._arrays: SegmentArrays | None = None  # see kernel_arrays
-        self._mapped: np.ndarray | None = None  # per term: its postings asked for with madvise (prefetch_terms)
         self._table_layout: tuple | None = None  # see verify_term_tables
         self._term_max: np.ndarray | None = None  # see term_max
         self.outdated = False  # written in an older container or segment format (set by open)
@@ -216,24 +215,6 @@ class Segment(SegmentFilters):
                              np.int64(self.offsets["post_off"]), np.int64(self.offsets["post_w"])))
         return self._chk[1]
 
-    def prefetch_terms(self, js: np.ndarray) -> None:
-        """Map the postings and block tables of terms ``js`` now, a few ``madvise`` calls for all
-        of them (:mod:`.pages`), rather than page by page as the kernel first reads them. Once
-        per term and process; a hint only."""
-        if self._mapped is None:
-            self._mapped = np.zeros(self.keys.size, bool)
-        js = np.asarray(js, np.int64)
-        js = js[~self._mapped[js]]
-        if js.size == 0:
-            return
-        for name in ("post_off", "post_w") + self._table_names():
-            arr = self.a.get(name)
-            if arr is None or arr.size == 0:
-                continue
-            ptr = self.post_ptr if name.startswith("post_") else self.pair_ptr
-            pages.advise_ranges(arr.ctypes.data, ptr[js] * arr.itemsize, ptr[js + 1] * arr.itemsize)
-        self._mapped[js] = True
-
     def release_pages(self) -> None:
         """Unmap this segment's pages from the process (:func:`.pages.release`; they stay in the
         page cache): after a merge read it whole, its resident memory falls back."""
@@ -247,7 +228,6 @@ class Segment(SegmentFilters):
         for arr in self.a.values():
             if arr.size:
                 pages.advise(arr.ctypes.data, arr.nbytes)
-        self._mapped = np.ones(self.keys.size, bool)
 
     def term_max(self) -> np.ndarray:
         """Per term, the stored float16 bits of its highest block maximum in this segment (0: not
@@ -696,15 +676,10 @@ def _doc_arrays(batch: Batch, arrays: dict[str, Any]) -> dict[str, str]:
         sorted_hashes = hashes[order]
     none = (np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.uint8))  # no document has one
     caps, srcs = batch.captions or none, batch.sources or none
-    arrays.update({
-        "seq": batch.seq.astype(np.uint64),
-        "id_blob": batch.id_blob,
-        "id_offs": batch.id_offs,
-        "id_hash": sorted_hashes,
-        "id_order": order.astype(np.uint32),
-        "cap_blob": caps[0], "cap_offs": caps[1], "cap_present": caps[2],
-        "src_blob": srcs[0], "src_offs": srcs[1], "src_present": srcs[2],
-    })
+    arrays.update({"seq": batch.seq.astype(np.uint64), "id_blob": batch.id_blob, "id_offs": batch.id_offs,
+                   "id_hash": sorted_hashes, "id_order": order.astype(np.uint32), "cap_blob": caps[0],
+                   "cap_offs": caps[1], "cap_present": caps[2], "src_blob": srcs[0], "src_offs": srcs[1],
+                   "src_present": srcs[2]})
     col_types = {}
     for cname, (ftype, cols) in batch.columns.items():
         col_types[cname] = ftype

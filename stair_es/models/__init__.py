@@ -42,16 +42,12 @@ computes (the encoders do). One job a module: :mod:`.catalog` (the models stair_
 from .bundle import encoder_artifacts, export, import_bundle
 from .catalog import CATALOG, DEFAULT_PATTERNS, CatalogEntry, catalog_entry
 from .download import model_config, pull, resolve_model
-from .store import (
-    BUNDLE_FORMAT, ENTRY_FILE, ENTRY_FORMAT, FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE_SUFFIXES, Progress,
-    StoreEntry, carry_hint, check_id, check_revision, data_home, entries, files_digest, find_entry, listing,
-    model_files, model_record, offline, remove, split_model, store_dir, verify
-)
+from .store import (BUNDLE_FORMAT, ENTRY_FILE, ENTRY_FORMAT, FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE_SUFFIXES,
+                    Progress, StoreEntry, carry_hint, check_id, check_revision, data_home, entries, files_digest,
+                    find_entry, listing, model_files, model_record, offline, remove, split_model, store_dir, verify)
 
-__all__ = [
-    "BUNDLE_FORMAT", "CATALOG", "DEFAULT_PATTERNS", "ENTRY_FILE", "ENTRY_FORMAT", "FORMAT_VERSION", "MANIFEST_FILE",
-    "MODEL_FILE_SUFFIXES", "CatalogEntry", "Progress", "StoreEntry", "carry_hint", "catalog_entry", "check_id",
-    "check_revision", "data_home", "encoder_artifacts", "entries", "export", "files_digest", "find_entry",
-    "import_bundle", "listing", "model_config", "model_files", "model_record", "offline", "pull", "remove",
-    "resolve_model", "split_model", "store_dir", "verify",
-]
+__all__ = ["BUNDLE_FORMAT", "CATALOG", "DEFAULT_PATTERNS", "ENTRY_FILE", "ENTRY_FORMAT", "FORMAT_VERSION",
+           "MANIFEST_FILE", "MODEL_FILE_SUFFIXES", "CatalogEntry", "Progress", "StoreEntry", "carry_hint",
+           "catalog_entry", "check_id", "check_revision", "data_home", "encoder_artifacts", "entries", "export",
+           "files_digest", "find_entry", "import_bundle", "listing", "model_config", "model_files", "model_record",
+           "offline", "pull", "remove", "resolve_model", "split_model", "store_dir", "verify"]

@@ -20,11 +20,9 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InvalidInputError, MissingDependencyError, ModelError
-from .store import (
-    BUNDLE_FORMAT, ENTRY_FILE, FORMAT_VERSION, MANIFEST_FILE, InstallLock, StoreEntry, byte_bar, check_id,
-    check_revision, clear_stale, commit_entry, copy_hashing, copy_stream, files_digest, hash_file, installed_entry,
-    now_utc, os_errors, read_entry_meta, tmp_dir, verify_entry
-)
+from .store import (BUNDLE_FORMAT, ENTRY_FILE, FORMAT_VERSION, MANIFEST_FILE, InstallLock, StoreEntry, byte_bar,
+                    check_id, check_revision, clear_stale, commit_entry, copy_hashing, copy_stream, files_digest,
+                    hash_file, installed_entry, now_utc, os_errors, read_entry_meta, tmp_dir, verify_entry)
 
 log = logging.getLogger(__name__)
 

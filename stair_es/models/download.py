@@ -17,11 +17,9 @@ from typing import Any, Iterable
 
 from ..errors import InvalidInputError, ModelError, optional_import
 from .catalog import DEFAULT_PATTERNS, catalog_entry
-from .store import (
-    HEX40, HEX64, NOT_WEIGHTS, WEIGHT_SUFFIXES, InstallLock, Progress, StoreEntry, byte_bar, carry_hint, check_id,
-    check_present, check_revision, clear_stale, commit_entry, copy_hashing, entry_meta, find_entry, hash_file,
-    now_utc, offline, os_errors, split_model, tmp_dir, walk_files
-)
+from .store import (HEX40, HEX64, NOT_WEIGHTS, WEIGHT_SUFFIXES, InstallLock, Progress, StoreEntry, byte_bar, carry_hint,
+                    check_id, check_present, check_revision, clear_stale, commit_entry, copy_hashing, entry_meta,
+                    find_entry, hash_file, now_utc, offline, os_errors, split_model, tmp_dir, walk_files)
 
 def resolve_model(model: str, *, kind: str | None = None) -> Path:
     """The local folder of ``model``: a folder as given; an id (``ORG/NAME`` or ``ORG/NAME@REV``)

@@ -159,13 +159,8 @@ def decode_image(src: Any, size: int, name: str | None = None) -> np.ndarray:
         raise ImageError(f"image {name} cannot be decoded: {e}" if name else f"cannot be decoded: {e}") from e
 
 
-def load_caption_data(
-    path: str | Path,
-    *,
-    image_size: int,
-    max_length: int = 77,
-    vocab: Vocabulary | None = None,
-) -> CaptionData:
+def load_caption_data(path: str | Path, *, image_size: int, max_length: int = 77,
+                      vocab: Vocabulary | None = None) -> CaptionData:
     """Read, decode and tokenize a whole data file into memory (the CPU-scale recipe)."""
     vocab = vocab or default_vocabulary()
     report = DataReport(source=str(path))

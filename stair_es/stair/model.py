@@ -143,28 +143,16 @@ class StairModel(nn.Module):
         # lazy: the towers bring torch and transformers; loaded only when a model is built
         from . import towers
 
-        tcfg = tf.BertConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.text_width,
-            num_hidden_layers=config.text_layers,
-            num_attention_heads=config.text_heads,
-            intermediate_size=config.text_width * config.mlp_ratio,
-            max_position_embeddings=config.text_max_length,
-            hidden_dropout_prob=config.dropout,
-            attention_probs_dropout_prob=config.dropout,
-            pad_token_id=self.vocab.get("[PAD]", 0),
-        )
-        icfg = tf.ViTConfig(
-            image_size=config.image_size,
-            patch_size=config.patch_size,
-            num_channels=3,
-            hidden_size=config.image_width,
-            num_hidden_layers=config.image_layers,
-            num_attention_heads=config.image_heads,
-            intermediate_size=config.image_width * config.mlp_ratio,
-            hidden_dropout_prob=config.dropout,
-            attention_probs_dropout_prob=config.dropout,
-        )
+        tcfg = tf.BertConfig(vocab_size=config.vocab_size, hidden_size=config.text_width,
+                             num_hidden_layers=config.text_layers, num_attention_heads=config.text_heads,
+                             intermediate_size=config.text_width * config.mlp_ratio,
+                             max_position_embeddings=config.text_max_length, hidden_dropout_prob=config.dropout,
+                             attention_probs_dropout_prob=config.dropout, pad_token_id=self.vocab.get("[PAD]", 0))
+        icfg = tf.ViTConfig(image_size=config.image_size, patch_size=config.patch_size, num_channels=3,
+                            hidden_size=config.image_width, num_hidden_layers=config.image_layers,
+                            num_attention_heads=config.image_heads,
+                            intermediate_size=config.image_width * config.mlp_ratio, hidden_dropout_prob=config.dropout,
+                            attention_probs_dropout_prob=config.dropout)
         if config.text_tower_config:
             self.text = towers.build_text_backbone(config.text_tower_config)
         else:
@@ -430,15 +418,11 @@ def _read_vocab(path: Path, config: StairConfig) -> Vocabulary:
     if vocab.digest == default.digest:
         vocab = default
     if len(vocab) != config.vocab_size:
-        raise ModelError(
-            f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "
-            f"but its vocabulary has {len(vocab)} tokens"
-        )
+        raise ModelError(f"checkpoint {path} is inconsistent: config.json says vocab_size {config.vocab_size} "
+                         f"but its vocabulary has {len(vocab)} tokens")
     if vocab.digest != default.digest:
-        raise ModelError(
-            f"checkpoint {path} uses another vocabulary ({len(vocab)} tokens, md5 {vocab.digest}); "
-            f"stair_es indexes over the {len(default)}-token {default.name} WordPiece vocabulary"
-        )
+        raise ModelError(f"checkpoint {path} uses another vocabulary ({len(vocab)} tokens, md5 {vocab.digest}); "
+                         f"stair_es indexes over the {len(default)}-token {default.name} WordPiece vocabulary")
     return vocab
 
 

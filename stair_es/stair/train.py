@@ -116,16 +116,8 @@ def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * max(0.0, (total - step) / max(1, total - warmup))
 
 
-def train(
-    model: StairModel,
-    data: CaptionData | PairStream,
-    tc: TrainConfig,
-    out_dir: str | Path,
-    *,
-    resume: bool = False,
-    eval_data: CaptionData | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
+def train(model: StairModel, data: CaptionData | PairStream, tc: TrainConfig, out_dir: str | Path, *,
+          resume: bool = False, eval_data: CaptionData | None = None, progress: bool = True) -> dict[str, Any]:
     """Train ``model`` in place through ``tc.stages``; saves the final model into ``out_dir``.
 
     ``data`` is in memory (:class:`CaptionData`, sampled with distinct images per batch) or a

@@ -21,14 +21,12 @@ from urllib.parse import quote
 import numpy as np
 
 from ...dense import DENSE_FIELD, DenseSpec, prepare
-from ...errors import (
-    BackendError, DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError, StairError
-)
+from ...errors import (BackendError, DocumentNotFoundError, IncompatibleIndexError, IndexExistsError, InvalidInputError,
+                       StairError)
 from ...lexical import TEXT_FIELD, document_text
 from ...query import SearchRequest
-from ...schema import (
-    Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult, TokenContribution, format_date
-)
+from ...schema import (Document, Explanation, Hit, IndexSchema, IngestReport, ItemResult, SearchResult,
+                       TokenContribution, format_date)
 from ...vocab import VOCAB_SIZE, Vocabulary, default_vocabulary
 from ..base import IndexInfo, ProgressCallback, SearchBackend
 from ..codec import feature_map, stored_value, vector_from_features
@@ -134,14 +132,12 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
                 if tuple(meta.schema.sparse_fields) != tuple(schema.sparse_fields):
                     raise IncompatibleIndexError(
                         f"index {index!r} exists with sparse fields {list(meta.schema.sparse_fields)}, "
-                        f"not {list(schema.sparse_fields)}"
-                    ) from None
+                        f"not {list(schema.sparse_fields)}") from None
                 for name, ftype_ in schema.fields.items():
                     have = meta.schema.fields.get(name)
                     if have is not None and have != ftype_:
                         raise IncompatibleIndexError(
-                            f"index {index!r} exists with field {name!r} of type {have}, not {ftype_}"
-                        ) from None
+                            f"index {index!r} exists with field {name!r} of type {have}, not {ftype_}") from None
                 return
             raise self.transport.map_error(e, f"create index {index!r}") from None
         self._meta_cache.pop(index, None)
@@ -380,8 +376,7 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
         notes = list(req.notes) + tr.notes
         notes.append(
             f"document weights are shown as {self.adapter.label} stores them: float32 truncated to 9 significant "
-            "bits (relative error < 0.4%); the score is sum(query weight * stored weight)"
-        )
+            "bits (relative error < 0.4%); the score is sum(query weight * stored weight)")
         notes.extend(self._explain_notes(index, meta, tr, doc))
         if hits:
             score, matched = float(hits[0].get("_score") or 0.0), True

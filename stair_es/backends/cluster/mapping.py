@@ -41,15 +41,9 @@ def _mapping_file(engine: str, field_type: str, prune: bool) -> str:
     return f"{prefix}_{field_type}.json"
 
 
-def mapping(
-    engine: str = "elasticsearch",
-    field_type: str = "rank_features",
-    schema: IndexSchema | None = None,
-    *,
-    prune: bool = False,
-    dense_dims: int | None = None,
-    version: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
+def mapping(engine: str = "elasticsearch", field_type: str = "rank_features", schema: IndexSchema | None = None, *,
+            prune: bool = False, dense_dims: int | None = None,
+            version: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The create-index body (``settings`` + ``mappings``) for ``schema``; pure, no client needed.
 
     Built from the JSON files in ``stair_es.mappings`` (``es_rank_features.json`` ...): every
@@ -141,8 +135,7 @@ def index_meta(engine: str, index: str, res: Any, where: str) -> IndexMeta:
         if actual != ftype:
             raise IncompatibleIndexError(
                 f"index {index!r}: sparse field {name!r} is mapped as {actual!r}, expected {ftype!r}; "
-                "the mapping was changed outside stair_es -- reindex into a new index"
-            )
+                "the mapping was changed outside stair_es -- reindex into a new index")
     keys = raw.get("keys", "id" if (engine == "opensearch" and ftype == "sparse_vector") else "token")
     dense_prop = props.get("dense") or {}
     if schema.dense is None and dense_prop.get("type") in ("dense_vector", "knn_vector"):
@@ -170,7 +163,5 @@ def check_index_name(index: str) -> None:
     bad = set('\\/*?"<>| ,#:')
     if (not isinstance(index, str) or not index or index != index.lower() or index.startswith(("-", "_", "+"))
             or any(c in bad for c in index) or index in (".", "..") or len(index.encode()) > 255):
-        raise InvalidInputError(
-            f"invalid index name {index!r}: use lower-case letters, digits, '-' or '_' "
-            "(not starting with '-', '_' or '+'), at most 255 bytes"
-        )
+        raise InvalidInputError(f"invalid index name {index!r}: use lower-case letters, digits, '-' or '_' "
+                                "(not starting with '-', '_' or '+'), at most 255 bytes")

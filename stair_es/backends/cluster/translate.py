@@ -104,18 +104,9 @@ class Translation:
     request: SearchRequest  # after clause-limit pruning: what the engine scores with
 
 
-def translate(
-    request: SearchRequest,
-    *,
-    engine: str = "elasticsearch",
-    field_type: str = "rank_features",
-    form: str | None = None,
-    max_clauses: int = DEFAULT_MAX_CLAUSES,
-    vocab: Vocabulary | None = None,
-    text: str | None = None,
-    text_weight: float = 1.0,
-    seismic: "SeismicParams | None" = None,
-) -> Translation:
+def translate(request: SearchRequest, *, engine: str = "elasticsearch", field_type: str = "rank_features",
+              form: str | None = None, max_clauses: int = DEFAULT_MAX_CLAUSES, vocab: Vocabulary | None = None,
+              text: str | None = None, text_weight: float = 1.0, seismic: "SeismicParams | None" = None) -> Translation:
     """Translate a prepared request; see :func:`query_dsl`. ``seismic`` sets ``method_parameters``
     of ``neural_sparse`` queries on OpenSearch ``sparse_vector`` (SEISMIC) fields; they get the
     defaults without it."""
@@ -135,8 +126,7 @@ def translate(
     if budget < 1:
         raise InvalidInputError(
             f"the filter alone needs {ctx.clauses} clauses, over the cluster's limit of {max_clauses} "
-            "(indices.query.bool.max_clause_count); use fewer tokens in --require/--exclude"
-        )
+            "(indices.query.bool.max_clause_count); use fewer tokens in --require/--exclude")
     clauses = _fit_clauses(request.clauses, budget, notes, max_clauses)
     should: list[dict[str, Any]] = []
     for c in clauses:
@@ -241,18 +231,9 @@ def _value(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
-def query_dsl(
-    request: SearchRequest,
-    engine: str = "elasticsearch",
-    field_type: str = "rank_features",
-    *,
-    schema: IndexSchema | None = None,
-    form: str | None = None,
-    max_clauses: int = DEFAULT_MAX_CLAUSES,
-    text: str | None = None,
-    text_weight: float = 1.0,
-    vocab: Vocabulary | None = None,
-) -> dict[str, Any]:
+def query_dsl(request: SearchRequest, engine: str = "elasticsearch", field_type: str = "rank_features", *,
+              schema: IndexSchema | None = None, form: str | None = None, max_clauses: int = DEFAULT_MAX_CLAUSES,
+              text: str | None = None, text_weight: float = 1.0, vocab: Vocabulary | None = None) -> dict[str, Any]:
     """The query DSL fragment (the value of ``"query"``) for ``request``; pure, no client needed.
 
     Put it in your own ``_search`` body, or inside your own ``bool`` query. With ``schema``

@@ -124,22 +124,17 @@ class Transport:
         if kind == "tls":
             return BackendError(
                 f"TLS error talking to {label} at {where}: {reason}. Check --ca-certs (STAIR_ES_CA_CERTS) or, "
-                "for a test cluster only, --insecure"
-            )
+                "for a test cluster only, --insecure")
         if kind in ("connection", "timeout"):
             what = "timed out" if kind == "timeout" else "could not connect"
-            return ConnectionFailedError(
-                f"{label} at {where} {what} ({action}): {reason or type(e).__name__}. "
-                "Is the cluster running and the URL right (--url / STAIR_ES_URL)?"
-            )
+            return ConnectionFailedError(f"{label} at {where} {what} ({action}): {reason or type(e).__name__}. "
+                                         "Is the cluster running and the URL right (--url / STAIR_ES_URL)?")
         if kind == "product":
             other = "opensearch" if self.adapter.engine == "elasticsearch" else "elasticsearch"
             return BackendError(f"{where} is not {label} ({reason}); if it is {other}, use --backend {other}")
         if status == 401:
-            return BackendError(
-                f"{label} at {where} refused the credentials ({self.config.auth_kind}); "
-                "check --api-key/--username/--password (or STAIR_ES_* variables)"
-            )
+            return BackendError(f"{label} at {where} refused the credentials ({self.config.auth_kind}); "
+                                "check --api-key/--username/--password (or STAIR_ES_* variables)")
         if status == 403:
             return BackendError(f"{label} at {where}: {self.config.auth_kind} is not allowed to {action}: {reason}")
         if status == 404 and index is not None:
@@ -147,8 +142,7 @@ class Transport:
         if status == 400 and "compatib" in reason.lower():
             return BackendError(
                 f"{label} at {where} refused the client's API version ({reason}); install the client matching "
-                "the server's major version, e.g. pip install 'elasticsearch>=8.15,<9' for an 8.x cluster"
-            )
+                "the server's major version, e.g. pip install 'elasticsearch>=8.15,<9' for an 8.x cluster")
         return BackendError(f"{label} at {where} failed to {action}: {f'HTTP {status}: ' if status else ''}{reason}")
 
     def call(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None,
