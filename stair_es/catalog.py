@@ -174,15 +174,17 @@ def _file_entry(file: Path, root: Path) -> CatalogItem:
     caption = warning = None
     meta: dict[str, Any] = {}
     txt, js = file.with_suffix(".txt"), file.with_suffix(".json")
+    side = txt
     try:
         if txt.is_file():
             caption, warning = clean_caption(txt.read_text(encoding="utf-8", errors="replace"), origin)
+        side = js
         if js.is_file():
             meta = json.loads(js.read_text(encoding="utf-8"))
             if not isinstance(meta, dict):
-                raise InvalidInputError(f"{js.name}: metadata sidecar must be a JSON object")
+                raise InvalidInputError(f"it holds a JSON {type(meta).__name__}, not an object")
     except (OSError, json.JSONDecodeError, InvalidInputError) as e:
-        return ItemResult(rel, False, f"sidecar file unusable: {e}", source=origin)
+        return ItemResult(rel, False, f"sidecar file {side.name} unusable ({e}): fix or remove it", source=origin)
     return CatalogEntry(rel, file, caption, meta, None, origin, warning)
 
 

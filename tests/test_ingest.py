@@ -42,6 +42,19 @@ def test_folder_catalog_reports_every_file(catalog):
     assert "red.txt" not in by_id and "red.json" not in by_id  # sidecars are part of red.jpg
 
 
+def test_a_bad_metadata_sidecar_is_named_in_its_pictures_failure(tmp_path):
+    _img(tmp_path / "a.jpg")
+    _img(tmp_path / "b.jpg")
+    (tmp_path / "a.json").write_text("{bad json")
+    (tmp_path / "b.json").write_text("[1, 2]")
+    by_id = {i.id: i for i in read_catalog(tmp_path)}
+    for name, why in (("a", "Expecting property name"), ("b", "JSON list, not an object")):
+        item = by_id[f"{name}.jpg"]
+        assert isinstance(item, ItemResult) and not item.ok
+        assert f"sidecar file {name}.json unusable" in item.error and why in item.error
+        assert "fix or remove it" in item.error
+
+
 def test_ingest_folder_reports_bad_files_and_keeps_the_rest(catalog):
     be = MemoryBackend()
     report = ingest_catalog(be, "photos", catalog, ColorEncoder, IngestOptions(batch_size=2))
