@@ -37,7 +37,9 @@ This module knows asyncio, not FastAPI; admission (429 when too many wait) is th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -68,6 +70,7 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     t_submit: float
+    inbox: _Inbox | None = None  # where its answer goes (None: loop.call_soon_threadsafe)
 
 
 @dataclass
@@ -90,6 +93,74 @@ def _deliver(fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
         fut.set_exception(result)
     else:
         fut.set_result((result, timing))
+
+
+class _Inbox:
+    """The search threads' answers for one event loop, handed over without holding the GIL
+    while the loop is woken.
+
+    ``loop.call_soon_threadsafe`` wakes the loop with a system call made while holding the GIL
+    (uvloop's ``uv_async_send``, asyncio's self-pipe write): the woken loop's thread then often
+    took the core from the search thread at that very call, found the GIL still held by it, and
+    slept until the search thread, whose nice value puts it behind, ran again; every request
+    waiting at the door waited as long. Here a search thread appends the answer to a deque and,
+    when the loop has not been woken since its last drain, writes a byte to a pipe with
+    ``os.write``, which lets the GIL go during the call; the loop reads the pipe (``add_reader``)
+    and delivers every answer waiting."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._items: deque[tuple[asyncio.Future, Any, Timing | None]] = deque()
+        self._r, self._w = os.pipe()
+        try:
+            for fd in (self._r, self._w):
+                os.set_blocking(fd, False)
+            loop.add_reader(self._r, self._drain)  # NotImplementedError where the loop cannot watch a pipe
+        except BaseException:
+            os.close(self._r)
+            os.close(self._w)
+            raise
+        self._signalled = False  # a byte is in the pipe, or about to be, since the last drain
+        self._closed = False
+
+    def put(self, fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
+        """From a search thread: ``result`` for ``fut``, delivered on the loop."""
+        if self._closed:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits for this answer
+                self.loop.call_soon_threadsafe(_deliver, fut, result, timing)
+            return
+        self._items.append((fut, result, timing))  # before the flag is read: a drain that clears it after sees this
+        if not self._signalled:
+            self._signalled = True
+            with contextlib.suppress(BlockingIOError, OSError):  # full: bytes are waiting; closed: see close()
+                os.write(self._w, b"\0")
+
+    def _drain(self) -> None:
+        """On the loop: every answer waiting, delivered in order."""
+        self._signalled = False  # first: an answer appended from now on writes a byte again
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            os.read(self._r, 4096)
+        items = self._items
+        while items:
+            _deliver(*items.popleft())
+
+    def close(self) -> None:
+        """No more reading; answers still waiting (or coming) go through ``call_soon_threadsafe``."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):  # the loop is closed already (or gone): nothing to unregister
+            self.loop.remove_reader(self._r)
+        if self._items:
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._deliver_left)
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _deliver_left(self) -> None:
+        while self._items:
+            _deliver(*self._items.popleft())
 
 
 class Batcher:
@@ -120,6 +191,7 @@ class Batcher:
         self._preparing = False  # a thread is preparing the head of the queue: the others wait for it
         self._closed = False
         self._thread_init = thread_init
+        self._inboxes: dict[asyncio.AbstractEventLoop, _Inbox | None] = {}  # per event loop (None: cannot watch a pipe)
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self.overdue = 0
@@ -137,9 +209,22 @@ class Batcher:
             return mw if mw and mw > 0 else None
         return mw
 
+    def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox | None:
+        """On ``loop``'s thread: that loop's inbox, made at its first request."""
+        try:
+            return self._inboxes[loop]
+        except KeyError:
+            pass
+        try:
+            inbox = _Inbox(loop)
+        except (NotImplementedError, OSError):  # e.g. Windows' proactor loop: call_soon_threadsafe instead
+            inbox = None
+        self._inboxes[loop] = inbox
+        return inbox
+
     async def submit(self, item: Any) -> tuple[Any, Timing]:
         loop = asyncio.get_running_loop()
-        job = _Job(item, loop.create_future(), loop, time.perf_counter())
+        job = _Job(item, loop.create_future(), loop, time.perf_counter(), self._inbox(loop))
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -152,6 +237,8 @@ class Batcher:
 
     @staticmethod
     def _answer(job: _Job, result: Any, timing: Timing | None) -> None:
+        if job.inbox is not None:
+            return job.inbox.put(job.future, result, timing)
         try:
             job.loop.call_soon_threadsafe(_deliver, job.future, result, timing)
         except RuntimeError:  # that event loop is closed: nobody waits for this answer
@@ -274,3 +361,6 @@ class Batcher:
         end = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, end - time.monotonic()))
+        for inbox in self._inboxes.values():
+            if inbox is not None:
+                inbox.close()
