@@ -137,9 +137,11 @@ class _Inbox:
 
     def _drain(self) -> None:
         """On the loop: every answer waiting, delivered in order."""
-        self._signalled = False  # first: an answer appended from now on writes a byte again
         with contextlib.suppress(BlockingIOError, InterruptedError):
             os.read(self._r, 4096)
+        # after the read (a byte written meanwhile may be read with the others) and before the deque is
+        # drained: an answer appended from now on writes a byte again; one appended before is drained below
+        self._signalled = False
         items = self._items
         while items:
             _deliver(*items.popleft())
