@@ -70,7 +70,7 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     t_submit: float
-    inbox: _Inbox | None = None  # where its answer goes (None: loop.call_soon_threadsafe)
+    inbox: LoopInbox | None = None  # where its answer goes (None: loop.call_soon_threadsafe)
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _deliver(fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
         fut.set_result((result, timing))
 
 
-class _Inbox:
+class LoopInbox:
     """The search threads' answers for one event loop, handed over without holding the GIL
     while the loop is woken.
 
@@ -193,7 +193,7 @@ class Batcher:
         self._preparing = False  # a thread is preparing the head of the queue: the others wait for it
         self._closed = False
         self._thread_init = thread_init
-        self._inboxes: dict[asyncio.AbstractEventLoop, _Inbox | None] = {}  # per event loop (None: cannot watch a pipe)
+        self._inboxes: dict[asyncio.AbstractEventLoop, LoopInbox | None] = {}  # per event loop (None: cannot watch a pipe)
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self.overdue = 0
@@ -211,14 +211,14 @@ class Batcher:
             return mw if mw and mw > 0 else None
         return mw
 
-    def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox | None:
+    def _inbox(self, loop: asyncio.AbstractEventLoop) -> LoopInbox | None:
         """On ``loop``'s thread: that loop's inbox, made at its first request."""
         try:
             return self._inboxes[loop]
         except KeyError:
             pass
         try:
-            inbox = _Inbox(loop)
+            inbox = LoopInbox(loop)
         except (NotImplementedError, OSError):  # e.g. Windows' proactor loop: call_soon_threadsafe instead
             inbox = None
         self._inboxes[loop] = inbox
