@@ -1,14 +1,13 @@
 """A thread's CPU time for `stair-es serve`, read without holding the GIL.
 
 The search threads time their own work (``engine_cpu`` and ``answer_cpu`` in ``Server-Timing``).
-``time.thread_time()`` is a system call made while holding the GIL, and it comes right after the
-engine's kernel, which runs without the GIL for milliseconds: the kernel's scheduler accounts
-that time at the call and, the thread's share used up, often switches it out right there, with
-the GIL in its hands, so every other thread (the event loop, which answers and sheds) waited
-until the search thread got a core again (py-spy, ``--gil``, at 1.5·S on 1M documents: a
-quarter of the search threads' GIL time on that line; docs/serve.md, "What held the door").
-:func:`thread_cpu_s` makes the same system call through ctypes, which lets the GIL go
-meanwhile.
+``time.thread_time()`` is a system call made while holding the GIL, right after the engine's
+kernel, which ran without the GIL for milliseconds: on a loaded machine the search thread,
+niced below the event loop (``--worker-nice``), was often switched out at that call with the
+GIL in its hands, and the event loop, which answers and sheds, slept until it ran again (py-spy
+``--gil`` at 1.5·S on 1M documents: about 30 % of the search threads' GIL samples were on that
+line; docs/serve.md, "What held the door"). :func:`thread_cpu_s` makes the same system call
+through ctypes, which releases the GIL meanwhile.
 
 This module knows the C library and Python's clocks, nothing of serving.
 """
