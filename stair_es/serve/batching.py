@@ -9,7 +9,8 @@ in one call of the model), runs the first of them at once and leaves the others,
 at the head of the queue, where the next free thread (itself included) takes them in order.
 While one thread prepares, the others do not take later requests: searches start strictly in
 arrival order. ``run`` runs on the search thread (the embedded engine's kernel runs without the
-GIL, so the threads search in parallel), which hands its answer to the event loop at once.
+GIL, so the threads search in parallel), which hands its answer to the event loop at once,
+through the loop's :class:`LoopInbox` (a pipe written without holding the GIL).
 
 Why no dispatcher thread (until 2026-11-27 one took each batch, prepared it and handed each
 request to a pool's free thread): on two cores it was a fourth busy thread beside the event
@@ -100,10 +101,11 @@ class LoopInbox:
     while the loop is woken.
 
     ``loop.call_soon_threadsafe`` wakes the loop with a system call made while holding the GIL
-    (uvloop's ``uv_async_send``, asyncio's self-pipe write): the woken loop's thread then often
-    took the core from the search thread at that very call, found the GIL still held by it, and
-    slept until the search thread, whose nice value puts it behind, ran again; every request
-    waiting at the door waited as long. Here a search thread appends the answer to a deque and,
+    (uvloop's ``uv_async_send``, an eventfd write): at 1.5·S on 1M documents a fifth of the
+    search threads' GIL samples were on that call, which takes a microsecond; the thread was,
+    it seems, switched out there (its own wake-up of the loop, or its share used up) with the GIL
+    in its hands, and the loop, which answers and sheds, slept until a thread niced below it ran
+    again (docs/serve.md, "What held the door"). Here a search thread appends the answer to a deque and,
     when the loop has not been woken since its last drain, writes a byte to a pipe with
     ``os.write``, which lets the GIL go during the call; the loop reads the pipe (``add_reader``)
     and delivers every answer waiting."""
