@@ -105,8 +105,8 @@ class LoopInbox:
     search threads' GIL samples were on that call, which takes a microsecond; the thread was,
     it seems, switched out there (its own wake-up of the loop, or its share used up) with the GIL
     in its hands, and the loop, which answers and sheds, slept until a thread niced below it ran
-    again (docs/serve.md, "What held the door"). Here a search thread appends the answer to a deque and,
-    when the loop has not been woken since its last drain, writes a byte to a pipe with
+    again (docs/serve.md, "What held the door"). Here a search thread appends the answer to a
+    deque and, when the loop has not been woken since its last drain, writes a byte to a pipe with
     ``os.write``, which lets the GIL go during the call; the loop reads the pipe (``add_reader``)
     and delivers every answer waiting."""
 
@@ -134,8 +134,13 @@ class LoopInbox:
         self._items.append((fut, result, timing))  # before the flag is read: a drain that clears it after sees this
         if not self._signalled:
             self._signalled = True
-            with contextlib.suppress(BlockingIOError, OSError):  # full: bytes are waiting; closed: see close()
+            try:
                 os.write(self._w, b"\0")
+            except BlockingIOError:  # the pipe is full: bytes are waiting, the loop drains them and this
+                pass
+            except OSError:  # the pipe is gone (closed at shutdown): never left waiting for a byte
+                with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits for it
+                    self.loop.call_soon_threadsafe(self._deliver_left)
 
     def _drain(self) -> None:
         """On the loop: every answer waiting, delivered in order."""
@@ -195,7 +200,8 @@ class Batcher:
         self._preparing = False  # a thread is preparing the head of the queue: the others wait for it
         self._closed = False
         self._thread_init = thread_init
-        self._inboxes: dict[asyncio.AbstractEventLoop, LoopInbox | None] = {}  # per event loop (None: cannot watch a pipe)
+        # where the answers go, per event loop (None: that loop cannot watch a pipe)
+        self._inboxes: dict[asyncio.AbstractEventLoop, LoopInbox | None] = {}
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self.overdue = 0
