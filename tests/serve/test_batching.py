@@ -231,7 +231,7 @@ def _loops():
 
 
 @pytest.mark.parametrize("new_loop", _loops(), ids=lambda f: f.__module__.split(".")[0])
-def test_answers_from_two_search_threads_all_reach_the_loop_in_order(new_loop):
+def test_answers_from_two_search_threads_all_reach_the_loop_with_their_own_values(new_loop):
     """The search threads hand answers over through the batcher's pipe (not call_soon_threadsafe):
     every one arrives, with its own value, however the threads and the loop interleave."""
 
