@@ -4,7 +4,9 @@ one-by-one searches, and an index that changes under a running server."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 
 import pytest
 
@@ -14,7 +16,7 @@ from stair_es.encoders.base import register_encoder
 from stair_es.errors import IndexNotFoundError, InvalidInputError
 from stair_es.schema import Document
 from stair_es.serve.app import create_app
-from stair_es.serve.batching import Batcher
+from stair_es.serve.batching import Batcher, LoopInbox
 from stair_es.serve.service import Service
 from stair_es.sparse import SparseVector
 
@@ -216,6 +218,89 @@ def test_batch_window_gathers_requests():
     assert sizes == [5]  # the window closes as soon as the batch is full, not after 1 s
 
 
+def _loops():
+    """The event loops the server may run on: asyncio's own, and uvloop (uvicorn's choice when installed)."""
+    factories = [asyncio.new_event_loop]
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        factories.append(uvloop.new_event_loop)
+    return factories
+
+
+@pytest.mark.parametrize("new_loop", _loops(), ids=lambda f: f.__module__.split(".")[0])
+def test_answers_from_two_search_threads_all_reach_the_loop_with_their_own_values(new_loop):
+    """The search threads hand answers over through the batcher's pipe (not call_soon_threadsafe):
+    every one arrives, with its own value, however the threads and the loop interleave."""
+
+    def run(x):
+        time.sleep(0.0002 * (x % 3))  # the two threads finish in varying order
+        return x * 2
+
+    b = Batcher(lambda items: items, run, workers=2, max_batch=4)
+
+    async def rounds():
+        for k in range(40):
+            n = 1 + (k * 7) % 23
+            got = await asyncio.wait_for(asyncio.gather(*(b.submit(i) for i in range(n))), 10)
+            assert [a for a, _ in got] == [2 * i for i in range(n)]
+
+    loop = new_loop()
+    try:
+        loop.run_until_complete(rounds())
+    finally:
+        b.close()
+        loop.close()
+
+
+def test_an_answer_handed_over_while_the_loop_reads_the_pipe_is_not_stranded(monkeypatch):
+    """A search thread that writes its wake-up byte while the loop is reading the pipe: the loop
+    reads both bytes at once; the next answer must still wake the loop (it waited forever when
+    the loop cleared its flag before the read)."""
+    from stair_es.serve import batching
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = LoopInbox(loop)
+        first, during, after = (loop.create_future() for _ in range(3))
+        real_read = os.read
+        hooked = True
+
+        def read_during_put(fd, n):
+            nonlocal hooked
+            if hooked:
+                hooked = False
+                inbox.put(during, "during", None)  # as a search thread would, in the middle of the read
+            return real_read(fd, n)
+
+        monkeypatch.setattr(batching.os, "read", read_during_put)
+        inbox.put(first, "first", None)
+        assert (await asyncio.wait_for(first, 2))[0] == "first"
+        assert (await asyncio.wait_for(during, 2))[0] == "during"
+        inbox.put(after, "after", None)
+        try:
+            return (await asyncio.wait_for(after, 2))[0]
+        finally:
+            inbox.close()
+
+    assert asyncio.run(main()) == "after"
+
+
+def test_answers_handed_over_after_the_inbox_closed_are_still_delivered():
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = LoopInbox(loop)
+        waiting, late = loop.create_future(), loop.create_future()
+        inbox.put(waiting, "waiting", None)  # in the pipe when the inbox closes
+        inbox.close()
+        inbox.put(late, "late", None)  # after close: through call_soon_threadsafe
+        return [(await asyncio.wait_for(f, 2))[0] for f in (waiting, late)]
+
+    assert asyncio.run(main()) == ["waiting", "late"]
+
+
 # --- the service ------------------------------------------------------------------------------
 def test_search_many_equals_one_by_one_and_keeps_errors_apart(config):
     svc = Service(config)
@@ -337,3 +422,19 @@ def test_batched_searches_past_the_queue_get_429(home, image_root):
     shed = next(r for r in answers if r.status_code == 429)
     assert int(shed.headers["retry-after"]) >= 1 and int(shed.headers["retry-after-ms"]) >= 1
     assert shed.json()["error"]["retry_after_ms"] == int(shed.headers["retry-after-ms"])
+
+
+def test_the_search_threads_cpu_clock_agrees_with_thread_time():
+    """``engine_cpu`` and ``answer_cpu`` are read by :func:`thread_cpu_s` (the system call made
+    with the GIL released): the same clock as ``time.thread_time()``, not the process's nor the wall's."""
+    from stair_es.serve.clocks import thread_cpu_s
+
+    c0, t0 = thread_cpu_s(), time.thread_time()
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:  # 50 ms of this thread's own CPU
+        pass
+    c1, t1 = thread_cpu_s(), time.thread_time()
+    assert abs((c1 - c0) - (t1 - t0)) < 0.005
+    slept0 = thread_cpu_s()
+    time.sleep(0.05)  # waiting is not CPU
+    assert thread_cpu_s() - slept0 < 0.01
