@@ -285,3 +285,11 @@ def test_index_optimize_merges_into_at_most_max_segments(run, shop):
     assert "in 1 segment(s)" in run("index", "optimize", "shop").output
     r = run("index", "optimize", "shop", "--max-segments", "0")
     assert r.exit_code == 2 and "--max-segments" in r.output
+
+
+@pytest.mark.parametrize("args", [("search", "nope", "dog"), ("index", "stats", "nope"), ("index", "check", "nope"),
+                                  ("get", "nope", "x")])
+def test_a_missing_index_says_how_to_make_one_the_same_way_everywhere(run, args):
+    r = run(*args)
+    assert r.exit_code != 0
+    assert "no index named 'nope'" in r.output and "`stair-es ingest nope SOURCE`" in r.output, r.output

@@ -114,8 +114,11 @@ class EmbeddedBackend(SearchBackend):
         try:
             return EngineIndex.open(path, writable=writable)
         except IndexNotFoundError:
-            raise IndexNotFoundError(
-                f"no index named {index!r} in {self.home}; create it with `stair-es index create {index}`") from None
+            raise self._not_found(index) from None
+
+    def _not_found(self, index: str) -> IndexNotFoundError:
+        return IndexNotFoundError(f"no index named {index!r} in {self.home}; create it with `stair-es ingest {index} "
+                                  f"SOURCE` or `stair-es index create {index}`")
 
     def _reader(self, index: str) -> EngineIndex:
         if index in self._writers:  # the freshest view this process has
@@ -323,6 +326,8 @@ class EmbeddedBackend(SearchBackend):
         from ..dense import check_files
 
         path = self._path(index)
+        if not path.exists():
+            raise self._not_found(index)
         self._forget(index)  # a repair rewrites the commit: no cached handle may outlive it
         report = check_index(path, repair=repair)
         dense = check_files(path, repair=repair) if path.is_dir() else None
