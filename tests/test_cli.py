@@ -293,3 +293,24 @@ def test_a_missing_index_says_how_to_make_one_the_same_way_everywhere(run, args)
     r = run(*args)
     assert r.exit_code != 0
     assert "no index named 'nope'" in r.output and "`stair-es ingest nope SOURCE`" in r.output, r.output
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly():
+    """`stair-es search ... | head`: once head has its lines, writing more fails with a broken pipe.
+    The command stops with the status a shell gives a tool stopped that way, and no "internal error"."""
+    import click
+
+    from stair_es.cli.common import StairGroup
+
+    @click.group(cls=StairGroup)
+    def group():
+        pass
+
+    @group.command()
+    def talk():
+        click.echo("first line")
+        raise BrokenPipeError(32, "Broken pipe")
+
+    r = CliRunner().invoke(group, ["talk"])
+    assert r.exit_code == 141
+    assert "internal error" not in r.output and "Broken pipe" not in r.output

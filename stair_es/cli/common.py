@@ -36,6 +36,10 @@ class StairGroup(click.Group):
             ctx.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:  # the reader went away (`stair-es search ... | head`): stop quietly, as Unix tools do
+            with contextlib.suppress(OSError, ValueError):  # nothing more may reach the closed pipe, not even at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(141)  # 128 + SIGPIPE, the status a shell reports for a tool stopped by a closed pipe
         except Exception as e:  # noqa: BLE001 - a bug: one line unless debugging
             if os.environ.get("STAIR_ES_DEBUG"):
                 raise
