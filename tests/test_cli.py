@@ -314,3 +314,36 @@ def test_a_reader_that_goes_away_stops_the_command_quietly():
     r = CliRunner().invoke(group, ["talk"])
     assert r.exit_code == 141
     assert "internal error" not in r.output and "Broken pipe" not in r.output
+
+
+_PIPE_PROGRAM = """
+import sys, click
+from stair_es.cli.common import StairGroup
+
+@click.group(cls=StairGroup)
+def group():
+    pass
+
+@group.command()
+def lines():
+    for i in range(200_000):  # far more than a pipe holds: the writes go on after the reader has gone
+        click.echo(f"line {i}")
+
+@group.command()
+def other_pipe():
+    raise BrokenPipeError(32, "Broken pipe")  # not standard output's: a bug
+
+group(sys.argv[1:])
+"""
+
+
+def test_a_closed_pipe_of_the_commands_own_is_still_an_internal_error(tmp_path):
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", _PIPE_PROGRAM, "lines"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    gone.stdout.readline()
+    gone.stdout.close()  # as `head -1` does
+    assert gone.wait(30) == 141 and b"internal error" not in gone.stderr.read()
+    other = subprocess.run([sys.executable, "-c", _PIPE_PROGRAM, "other-pipe"], capture_output=True, text=True, timeout=30)
+    assert other.returncode == 70 and "internal error: BrokenPipeError" in other.stderr

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import os
+import select
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -36,15 +37,33 @@ class StairGroup(click.Group):
             ctx.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except BrokenPipeError:  # the reader went away (`stair-es search ... | head`): stop quietly, as Unix tools do
+        except BrokenPipeError as e:
+            if not _stdout_gone():  # a pipe of the command's own broke: a bug like any other
+                self._internal_error(ctx, e)
+            # the reader went away (`stair-es search ... | head`): stop quietly, as Unix tools do
             with contextlib.suppress(OSError, ValueError):  # nothing more may reach the closed pipe, not even at exit
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(141)  # 128 + SIGPIPE, the status a shell reports for a tool stopped by a closed pipe
         except Exception as e:  # noqa: BLE001 - a bug: one line unless debugging
-            if os.environ.get("STAIR_ES_DEBUG"):
-                raise
-            click.echo(f"Error: internal error: {type(e).__name__}: {e} (set STAIR_ES_DEBUG=1 for the traceback)", err=True)
-            ctx.exit(70)
+            self._internal_error(ctx, e)
+
+    @staticmethod
+    def _internal_error(ctx: click.Context, e: Exception) -> None:
+        if os.environ.get("STAIR_ES_DEBUG"):
+            raise e
+        click.echo(f"Error: internal error: {type(e).__name__}: {e} (set STAIR_ES_DEBUG=1 for the traceback)", err=True)
+        ctx.exit(70)
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on it); True
+    when that cannot be told (no real file descriptor, no poll)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
 #: The keyword names :func:`cluster_connection_options` adds to a command, and the flag of each.
