@@ -225,6 +225,10 @@ class Batcher:
             return self._inboxes[loop]
         except KeyError:
             pass
+        for gone in [lp for lp in self._inboxes if lp.is_closed()]:  # a loop that ended keeps no pipe open
+            old = self._inboxes.pop(gone)
+            if old is not None:
+                old.close()
         try:
             inbox = LoopInbox(loop)
         except (NotImplementedError, OSError):  # e.g. Windows' proactor loop: call_soon_threadsafe instead

@@ -438,3 +438,26 @@ def test_the_search_threads_cpu_clock_agrees_with_thread_time():
     slept0 = thread_cpu_s()
     time.sleep(0.05)  # waiting is not CPU
     assert thread_cpu_s() - slept0 < 0.01
+
+
+def test_a_batcher_used_from_loop_after_loop_keeps_no_pipe_of_the_ended_ones():
+    """Each event loop gets its own inbox (a pipe); once a loop has ended, the next loop's first request closes
+    the ended one's, so a batcher driven from many short-lived loops does not gather open descriptors."""
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("counts open descriptors in /proc/self/fd (Linux)")
+    b = Batcher(lambda items: items, lambda x: x + 1, workers=1, max_batch=1)
+    try:
+        counts = []
+        for i in range(6):
+            loop = asyncio.new_event_loop()
+            try:
+                assert loop.run_until_complete(b.submit(i))[0] == i + 1
+            finally:
+                loop.close()
+            counts.append(open_fds())
+        assert counts[-1] == counts[1], counts  # flat after the first loops (it grew by a pipe a loop before)
+    finally:
+        b.close()
