@@ -96,6 +96,13 @@ def _deliver(fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
         fut.set_result((result, timing))
 
 
+def _soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """``loop.call_soon_threadsafe(fn, *args)``, from any thread; nothing once that loop is closed
+    (nobody waits for its answers any more)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
 class LoopInbox:
     """The search threads' answers for one event loop, handed over without holding the GIL
     while the loop is woken.
@@ -128,9 +135,7 @@ class LoopInbox:
     def put(self, fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
         """From a search thread: ``result`` for ``fut``, delivered on the loop."""
         if self._closed:
-            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits for this answer
-                self.loop.call_soon_threadsafe(_deliver, fut, result, timing)
-            return
+            return _soon(self.loop, _deliver, fut, result, timing)
         self._items.append((fut, result, timing))  # before the flag is read: a drain that clears it after sees this
         if not self._signalled:
             self._signalled = True
@@ -139,8 +144,7 @@ class LoopInbox:
             except BlockingIOError:  # the pipe is full: bytes are waiting, the loop drains them and this
                 pass
             except OSError:  # the pipe is gone (closed at shutdown): never left waiting for a byte
-                with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits for it
-                    self.loop.call_soon_threadsafe(self._deliver_left)
+                _soon(self.loop, self._deliver_left)
 
     def _drain(self) -> None:
         """On the loop: every answer waiting, delivered in order."""
@@ -149,9 +153,7 @@ class LoopInbox:
         # after the read (a byte written meanwhile may be read with the others) and before the deque is
         # drained: an answer appended from now on writes a byte again; one appended before is drained below
         self._signalled = False
-        items = self._items
-        while items:
-            _deliver(*items.popleft())
+        self._deliver_left()
 
     def close(self) -> None:
         """No more reading; answers still waiting (or coming) go through ``call_soon_threadsafe``."""
@@ -161,13 +163,13 @@ class LoopInbox:
         with contextlib.suppress(Exception):  # the loop is closed already (or gone): nothing to unregister
             self.loop.remove_reader(self._r)
         if self._items:
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self._deliver_left)
+            _soon(self.loop, self._deliver_left)
         for fd in (self._r, self._w):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def _deliver_left(self) -> None:
+        """On the loop: every answer waiting, delivered in order."""
         while self._items:
             _deliver(*self._items.popleft())
 
@@ -253,10 +255,7 @@ class Batcher:
     def _answer(job: _Job, result: Any, timing: Timing | None) -> None:
         if job.inbox is not None:
             return job.inbox.put(job.future, result, timing)
-        try:
-            job.loop.call_soon_threadsafe(_deliver, job.future, result, timing)
-        except RuntimeError:  # that event loop is closed: nobody waits for this answer
-            pass
+        _soon(job.loop, _deliver, job.future, result, timing)
 
     def _late(self, job: _Job, now: float, ready: _Ready | None = None) -> bool:
         """Answers ``job`` with ``overdue`` if it waited past ``max_wait``; True then. A prepared
