@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInputError
 from .errors import RequestTimeoutError, ServerBusyError
+from .inbox import Inboxes
 
 
 if sys.version_info >= (3, 11):
@@ -224,6 +225,7 @@ class Admission:
         self._kind_seen = dict.fromkeys(KINDS, 0)  # service times observed per kind
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=name,
                                         initializer=lower_thread_priority, initargs=(worker_nice,))
+        self._inboxes = Inboxes()  # how the workers' answers reach the event loop
         self.shed = 0  # counters, for tests and curious operators
         self.timed_out = 0
         self.overdue = 0  # answered 429 past --queue-timeout-ms (the search batcher counts its own)
@@ -397,22 +399,24 @@ class Admission:
             deadline = self.deadline()
             await self._slot(deadline, t0, kind)
             loop = asyncio.get_running_loop()
-            started = time.monotonic()
+            job, hand, started = loop.create_future(), self._inboxes.hand(loop), time.monotonic()
 
-            def call() -> Any:
+            def call() -> None:  # on a worker thread: its end goes to the loop in one hand-over (.inbox)
                 w0 = cpu_wait_s()
                 try:
-                    return fn(*args)
-                finally:
-                    with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits for the slot
-                        loop.call_soon_threadsafe(self._done, time.monotonic() - started, cpu_wait_s() - w0, kind)
+                    out, err = fn(*args), None
+                except BaseException as e:  # noqa: BLE001 - this request's error, for its caller
+                    out, err = None, e
+                hand(self._finished, job, out, err, time.monotonic() - started, cpu_wait_s() - w0, kind)
 
             try:
                 cf = self._pool.submit(call)
             except BaseException:
                 self._free()
                 raise
-            job = asyncio.wrap_future(cf)
+            # cancelled before it ran (the pool shut down): the slot is freed and the caller told
+            cf.add_done_callback(lambda f: f.cancelled() and hand(self._finished, job, None, asyncio.CancelledError(),
+                                                                  None, 0.0, kind))
             if deadline is None:
                 return await job
             try:
@@ -423,9 +427,20 @@ class Admission:
         finally:
             self.leave()
 
-    def _done(self, took: float, cpu_wait: float = 0.0, kind: str = "pool") -> None:
-        self.observe(took, kind, cpu_wait)
+    def _finished(self, job: asyncio.Future, out: Any, err: BaseException | None, took: float | None,
+                  cpu_wait: float, kind: str) -> None:
+        """On the loop: a worker's job ended (``took`` None: it never ran); its slot goes to the next
+        in line and its caller, if still waiting, gets ``out`` or ``err``."""
+        if took is not None:
+            self.observe(took, kind, cpu_wait)
         self._free()
+        if job.done():  # the caller went away (the client left)
+            return
+        if err is None:
+            job.set_result(out)
+        else:
+            job.set_exception(err)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._inboxes.close()

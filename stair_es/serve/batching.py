@@ -10,7 +10,7 @@ at the head of the queue, where the next free thread (itself included) takes the
 While one thread prepares, the others do not take later requests: searches start strictly in
 arrival order. ``run`` runs on the search thread (the embedded engine's kernel runs without the
 GIL, so the threads search in parallel), which hands its answer to the event loop at once,
-through the loop's :class:`LoopInbox` (a pipe written without holding the GIL).
+through the loop's inbox (:mod:`.inbox`: a pipe written without holding the GIL).
 
 Why no dispatcher thread (until 2026-11-27 one took each batch, prepared it and handed each
 request to a pool's free thread): on two cores it was a fourth busy thread beside the event
@@ -38,9 +38,7 @@ This module knows asyncio, not FastAPI; admission (429 when too many wait) is th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -48,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .admission import cpu_wait_s
+from .inbox import Inboxes
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,8 @@ class Timing:
 class _Job:
     item: Any
     future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
     t_submit: float
-    inbox: LoopInbox | None = None  # where its answer goes (None: loop.call_soon_threadsafe)
+    hand: Callable[..., None]  # runs a call on the loop, from any thread (.inbox)
 
 
 @dataclass
@@ -94,84 +92,6 @@ def _deliver(fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
         fut.set_exception(result)
     else:
         fut.set_result((result, timing))
-
-
-def _soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
-    """``loop.call_soon_threadsafe(fn, *args)``, from any thread; nothing once that loop is closed
-    (nobody waits for its answers any more)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(fn, *args)
-
-
-class LoopInbox:
-    """The search threads' answers for one event loop, handed over without holding the GIL
-    while the loop is woken.
-
-    ``loop.call_soon_threadsafe`` wakes the loop with a system call made while holding the GIL
-    (uvloop's ``uv_async_send``, an eventfd write): at 1.5·S on 1M documents a fifth of the
-    search threads' GIL samples were on that call, which takes a microsecond; the thread was,
-    it seems, switched out there (its own wake-up of the loop, or its share used up) with the GIL
-    in its hands, and the loop, which answers and sheds, slept until a thread niced below it ran
-    again (docs/serve.md, "What held the door"). Here a search thread appends the answer to a
-    deque and, when the loop has not been woken since its last drain, writes a byte to a pipe with
-    ``os.write``, which lets the GIL go during the call; the loop reads the pipe (``add_reader``)
-    and delivers every answer waiting."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._items: deque[tuple[asyncio.Future, Any, Timing | None]] = deque()
-        self._r, self._w = os.pipe()
-        try:
-            for fd in (self._r, self._w):
-                os.set_blocking(fd, False)
-            loop.add_reader(self._r, self._drain)  # NotImplementedError where the loop cannot watch a pipe
-        except BaseException:
-            os.close(self._r)
-            os.close(self._w)
-            raise
-        self._signalled = False  # a byte is in the pipe, or about to be, since the last drain
-        self._closed = False
-
-    def put(self, fut: asyncio.Future, result: Any, timing: Timing | None) -> None:
-        """From a search thread: ``result`` for ``fut``, delivered on the loop."""
-        if self._closed:
-            return _soon(self.loop, _deliver, fut, result, timing)
-        self._items.append((fut, result, timing))  # before the flag is read: a drain that clears it after sees this
-        if not self._signalled:
-            self._signalled = True
-            try:
-                os.write(self._w, b"\0")
-            except BlockingIOError:  # the pipe is full: bytes are waiting, the loop drains them and this
-                pass
-            except OSError:  # the pipe is gone (closed at shutdown): never left waiting for a byte
-                _soon(self.loop, self._deliver_left)
-
-    def _drain(self) -> None:
-        """On the loop: every answer waiting, delivered in order."""
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            os.read(self._r, 4096)
-        # after the read (a byte written meanwhile may be read with the others) and before the deque is
-        # drained: an answer appended from now on writes a byte again; one appended before is drained below
-        self._signalled = False
-        self._deliver_left()
-
-    def close(self) -> None:
-        """No more reading; answers still waiting (or coming) go through ``call_soon_threadsafe``."""
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(Exception):  # the loop is closed already (or gone): nothing to unregister
-            self.loop.remove_reader(self._r)
-        if self._items:
-            _soon(self.loop, self._deliver_left)
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _deliver_left(self) -> None:
-        """On the loop: every answer waiting, delivered in order."""
-        while self._items:
-            _deliver(*self._items.popleft())
 
 
 class Batcher:
@@ -202,8 +122,7 @@ class Batcher:
         self._preparing = False  # a thread is preparing the head of the queue: the others wait for it
         self._closed = False
         self._thread_init = thread_init
-        # where the answers go, per event loop (None: that loop cannot watch a pipe)
-        self._inboxes: dict[asyncio.AbstractEventLoop, LoopInbox | None] = {}
+        self._inboxes = Inboxes()  # where the answers go, per event loop
         self.batches = 0  # counters, for tests and curious operators
         self.items = 0
         self.overdue = 0
@@ -221,26 +140,9 @@ class Batcher:
             return mw if mw and mw > 0 else None
         return mw
 
-    def _inbox(self, loop: asyncio.AbstractEventLoop) -> LoopInbox | None:
-        """On ``loop``'s thread: that loop's inbox, made at its first request."""
-        try:
-            return self._inboxes[loop]
-        except KeyError:
-            pass
-        for gone in [lp for lp in self._inboxes if lp.is_closed()]:  # a loop that ended keeps no pipe open
-            old = self._inboxes.pop(gone)
-            if old is not None:
-                old.close()
-        try:
-            inbox = LoopInbox(loop)
-        except (NotImplementedError, OSError):  # e.g. Windows' proactor loop: call_soon_threadsafe instead
-            inbox = None
-        self._inboxes[loop] = inbox
-        return inbox
-
     async def submit(self, item: Any) -> tuple[Any, Timing]:
         loop = asyncio.get_running_loop()
-        job = _Job(item, loop.create_future(), loop, time.perf_counter(), self._inbox(loop))
+        job = _Job(item, loop.create_future(), time.perf_counter(), self._inboxes.hand(loop))
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -253,9 +155,7 @@ class Batcher:
 
     @staticmethod
     def _answer(job: _Job, result: Any, timing: Timing | None) -> None:
-        if job.inbox is not None:
-            return job.inbox.put(job.future, result, timing)
-        _soon(job.loop, _deliver, job.future, result, timing)
+        job.hand(_deliver, job.future, result, timing)
 
     def _late(self, job: _Job, now: float, ready: _Ready | None = None) -> bool:
         """Answers ``job`` with ``overdue`` if it waited past ``max_wait``; True then. A prepared
@@ -374,6 +274,4 @@ class Batcher:
         end = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, end - time.monotonic()))
-        for inbox in self._inboxes.values():
-            if inbox is not None:
-                inbox.close()
+        self._inboxes.close()

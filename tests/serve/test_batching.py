@@ -16,7 +16,8 @@ from stair_es.encoders.base import register_encoder
 from stair_es.errors import IndexNotFoundError, InvalidInputError
 from stair_es.schema import Document
 from stair_es.serve.app import create_app
-from stair_es.serve.batching import Batcher, LoopInbox
+from stair_es.serve.batching import Batcher, _deliver
+from stair_es.serve.inbox import LoopInbox
 from stair_es.serve.service import Service
 from stair_es.sparse import SparseVector
 
@@ -259,7 +260,7 @@ def test_an_answer_handed_over_while_the_loop_reads_the_pipe_is_not_stranded(mon
     """A search thread that writes its wake-up byte while the loop is reading the pipe: the loop
     reads both bytes at once; the next answer must still wake the loop (it waited forever when
     the loop cleared its flag before the read)."""
-    from stair_es.serve import batching
+    from stair_es.serve import inbox as inbox_module
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -272,14 +273,14 @@ def test_an_answer_handed_over_while_the_loop_reads_the_pipe_is_not_stranded(mon
             nonlocal hooked
             if hooked:
                 hooked = False
-                inbox.put(during, "during", None)  # as a search thread would, in the middle of the read
+                inbox.call(_deliver, during, "during", None)  # as a search thread would, in the middle of the read
             return real_read(fd, n)
 
-        monkeypatch.setattr(batching.os, "read", read_during_put)
-        inbox.put(first, "first", None)
+        monkeypatch.setattr(inbox_module.os, "read", read_during_put)
+        inbox.call(_deliver, first, "first", None)
         assert (await asyncio.wait_for(first, 2))[0] == "first"
         assert (await asyncio.wait_for(during, 2))[0] == "during"
-        inbox.put(after, "after", None)
+        inbox.call(_deliver, after, "after", None)
         try:
             return (await asyncio.wait_for(after, 2))[0]
         finally:
@@ -293,9 +294,9 @@ def test_answers_handed_over_after_the_inbox_closed_are_still_delivered():
         loop = asyncio.get_running_loop()
         inbox = LoopInbox(loop)
         waiting, late = loop.create_future(), loop.create_future()
-        inbox.put(waiting, "waiting", None)  # in the pipe when the inbox closes
+        inbox.call(_deliver, waiting, "waiting", None)  # in the pipe when the inbox closes
         inbox.close()
-        inbox.put(late, "late", None)  # after close: through call_soon_threadsafe
+        inbox.call(_deliver, late, "late", None)  # after close: through call_soon_threadsafe
         return [(await asyncio.wait_for(f, 2))[0] for f in (waiting, late)]
 
     assert asyncio.run(main()) == ["waiting", "late"]
@@ -461,3 +462,69 @@ def test_a_batcher_used_from_loop_after_loop_keeps_no_pipe_of_the_ended_ones():
         assert counts[-1] == counts[1], counts  # flat after the first loops (it grew by a pipe a loop before)
     finally:
         b.close()
+
+
+# --- the worker pool (encoding, explain, thumbnails) hands its answers over the same way ---------------
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop that counts ``call_soon_threadsafe`` (the hand-over that holds the GIL while it wakes the loop)."""
+
+    threadsafe_calls = 0
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        type(self).threadsafe_calls += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_the_worker_pools_answers_and_errors_reach_the_loop_through_its_inbox():
+    """Each pool job ends with one hand-over through the loop's pipe (before: two call_soon_threadsafe
+    per job, the slot's release and the result); results, errors and the freed slots all arrive."""
+    from stair_es.serve.admission import Admission
+
+    adm = Admission(workers=2, max_queue=64)
+
+    def work(x):
+        time.sleep(0.0003 * (x % 3))
+        if x % 5 == 4:
+            raise ValueError(f"bad input {x}")
+        return x * 3
+
+    async def main():
+        return await asyncio.gather(*(adm.run(work, i) for i in range(30)), return_exceptions=True)
+
+    loop = _CountingLoop()
+    _CountingLoop.threadsafe_calls = 0
+    try:
+        got = loop.run_until_complete(main())
+    finally:
+        adm.close()
+        loop.close()
+    for i, g in enumerate(got):
+        if i % 5 == 4:
+            assert isinstance(g, ValueError) and str(g) == f"bad input {i}"
+        else:
+            assert g == i * 3
+    assert _CountingLoop.threadsafe_calls == 0
+    assert adm.admitted == 0 and adm._busy == 0 and not adm._waiting  # every slot given back
+
+
+@pytest.mark.parametrize("new_loop", _loops(), ids=lambda f: f.__module__.split(".")[0])
+def test_a_pool_job_past_its_deadline_frees_its_slot_when_it_ends(new_loop):
+    """A job answered 504 keeps its worker until it ends (a thread cannot be stopped); then its slot goes to
+    the next in line, whose answer arrives."""
+    from stair_es.serve.admission import Admission
+    from stair_es.serve.errors import RequestTimeoutError
+
+    adm = Admission(workers=1, max_queue=8, request_timeout=0.05)
+
+    async def main():
+        slow = await asyncio.gather(adm.run(time.sleep, 0.2), return_exceptions=True)
+        await asyncio.sleep(0.3)  # the slow job ends meanwhile, on its worker
+        return slow[0], await adm.run(lambda: "next")  # would wait past its own deadline if the slot stayed held
+
+    loop = new_loop()
+    try:
+        slow, after = loop.run_until_complete(main())
+    finally:
+        adm.close()
+        loop.close()
+    assert isinstance(slow, RequestTimeoutError) and after == "next"
