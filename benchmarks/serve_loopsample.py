@@ -280,8 +280,8 @@ def print_split(head: list[tuple[str, dict]], slowest: list[dict], threshold: fl
     print("| door 429s | n | " + " | ".join(cols) + " |")
     print("|---|---:|" + "---:|" * len(cols))
     for label, p in head + [(f"#{i + 1} slowest", {**r, "n": 1, **shares(r["calls"])}) for i, r in enumerate(slowest)]:
-        shares = " | ".join("-" if p.get(f"{c}_pct") is None else f"{p[f'{c}_pct']:.0f}" for c in SHARES)
-        print(f"| {label} | {p['n']} | " + " | ".join(_ms(p[c]) for c in COLS) + f" | {p.get('samples', 0)} | {shares} |")
+        pct = " | ".join("-" if p.get(f"{c}_pct") is None else f"{p[f'{c}_pct']:.0f}" for c in SHARES)
+        print(f"| {label} | {p['n']} | " + " | ".join(_ms(p[c]) for c in COLS) + f" | {p.get('samples', 0)} | {pct} |")
     print()
     for label, p in head:
         if p.get("other_calls"):
