@@ -286,6 +286,8 @@ def print_split(head: list[tuple[str, dict]], slowest: list[dict], threshold: fl
     for label, p in head:
         if p.get("other_calls"):
             print(f"- {label}, 'other' samples: " + ", ".join(f"{k} {v}" for k, v in p["other_calls"].items()))
+    print("- loop slept = to_loop - ran - waited; below 0 where the loop was already waiting for a core when the "
+          "bytes were written (run delay counts a wait whole when it ends)")
     print(f"- {threshold:g} ms is --threshold-ms; from written = to_loop + in_server + back (the generator's lateness "
           "and connects left out); a 429 whose to_loop the sampler did not cover counts in n, not in the thread columns")
     print()
