@@ -21,6 +21,7 @@ from their write (the generator's own lateness left out) and over all door 429s,
 five one by one, the machine's other load, and a JSON line of the same.
 
     python -m benchmarks.serve_loopsample --home /work/scratch/serve11 --rate 940 --seconds 20
+    python -m benchmarks.serve_loopsample --rate 940 --hog 1 --server-args=--loop-realtime
 
 The sampler is not free: about 0.4 ms apart it takes a share of a core (printed), and the
 counters have their own grain: ``schedstat``'s run time of a thread that is on a core is brought
@@ -53,6 +54,7 @@ import numpy as np
 from benchmarks.common import git_commit
 from benchmarks.corpora import CACHE_DIR
 from benchmarks.serve_load import (
+    GENERATOR,
     build_index,
     query_maps,
     run_generator,
@@ -286,8 +288,8 @@ def print_split(head: list[tuple[str, dict]], slowest: list[dict], threshold: fl
     for label, p in head:
         if p.get("other_calls"):
             print(f"- {label}, 'other' samples: " + ", ".join(f"{k} {v}" for k, v in p["other_calls"].items()))
-    print("- loop slept = to_loop - ran - waited; below 0 where the loop was already waiting for a core when the "
-          "bytes were written (run delay counts a wait whole when it ends)")
+    print("- loop slept = to_loop - ran - waited; below 0 where a wait for a core or a run that began before the "
+          "window is counted whole (both counters grow when the stretch ends)")
     print(f"- {threshold:g} ms is --threshold-ms; from written = to_loop + in_server + back (the generator's lateness "
           "and connects left out); a 429 whose to_loop the sampler did not cover counts in n, not in the thread columns")
     print()
@@ -325,12 +327,16 @@ def main() -> None:
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2, help="stair-es serve --workers.")
     ap.add_argument("--top-k", type=int, default=10)
-    ap.add_argument("--server-args", default="", help="More stair-es serve options (--debug-stats is always on).")
+    ap.add_argument("--server-args", default="", help="More stair-es serve options (--debug-stats is always on); "
+                                                "one that starts with -- goes after '=': --server-args=--loop-realtime")
     ap.add_argument("--hog", type=int, default=0, help="Processes that spin at nice --hog-nice throughout, as another "
                                                        "job taking a core (default 0: none; counted in 'others').")
     ap.add_argument("--hog-nice", type=int, default=0)
+    ap.add_argument("--generator-realtime", action="store_true",
+                    help="Run the load generator in SCHED_FIFO 1 (root or CAP_SYS_NICE; see serve_load).")
     ap.add_argument("--json", type=Path, help="Also write every door 429's split here.")
     args = ap.parse_args()
+    GENERATOR.update(realtime=args.generator_realtime)
     name = f"load-{args.docs}"
     corpus = build_index(args.home, name, args.docs)
     work = Path(tempfile.mkdtemp(prefix="stair-serve-loopsample-"))
@@ -340,6 +346,7 @@ def main() -> None:
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {args.docs:,} docs, {args.rate:g} searches/s "
           f"offered for {args.seconds:g} s (after {args.warm_seconds:g} s not counted), --max-queue {args.max_queue}, "
           f"--workers {args.workers}, --debug-stats {args.server_args}, sampled every {args.period_ms:g} ms"
+          f"{', the generator in SCHED_FIFO 1' if args.generator_realtime else ''}"
           f"{f', {args.hog} busy-looping process(es) at nice {args.hog_nice} throughout' if args.hog else ''}", flush=True)
     proc, url = start_server(args.home, name, args.workers, "auto", None, 0.0, max_queue=args.max_queue,
                              extra=["--debug-stats", *args.server_args.split()])
