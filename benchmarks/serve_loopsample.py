@@ -298,6 +298,8 @@ def print_split(head: list[tuple[str, dict]], slowest: list[dict], threshold: fl
 def whole_run(s: dict) -> str:
     """The loop thread over the sampled time, and how well the sampler kept its period."""
     ts, sched, calls = s["t"], s["sched"], s["calls"]
+    if len(ts) < 2:
+        return f"# the sampler took {len(ts)} sample(s) ({s['why']}): nothing to say of the loop's thread"
     dur = ts[-1] - ts[0]
     gaps = np.diff(ts) * 1000
     states: dict[str, int] = {}
