@@ -438,6 +438,8 @@ class Admission:
             return
         if err is None:
             job.set_result(out)
+        elif isinstance(err, asyncio.CancelledError):  # it never ran: the pool shut down
+            job.cancel()
         else:
             job.set_exception(err)
 

@@ -528,3 +528,31 @@ def test_a_pool_job_past_its_deadline_frees_its_slot_when_it_ends(new_loop):
         adm.close()
         loop.close()
     assert isinstance(slow, RequestTimeoutError) and after == "next"
+
+
+def test_a_pool_job_dropped_at_shutdown_is_cancelled_and_frees_its_slot():
+    """A job still waiting in the pool when it shuts down never runs: its caller is cancelled (not left waiting
+    forever) and its slot is given back."""
+    import threading
+
+    from stair_es.serve.admission import Admission
+
+    adm = Admission(workers=1, max_queue=8)
+    gate = threading.Event()
+    adm._pool.submit(gate.wait, 5)  # the pool's one thread kept busy outside the admission: the next job waits
+
+    async def main():
+        job = asyncio.ensure_future(adm.run(lambda: "never run"))
+        await asyncio.sleep(0.05)
+        adm._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            return await asyncio.wait_for(job, 2)
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        gate.set()
+        adm.close()
+    assert got == "cancelled" and adm._busy == 0 and adm.admitted == 0
