@@ -14,6 +14,7 @@ import json
 import shutil
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,11 +41,12 @@ class FakeHub:
             (folder / name).write_bytes(data)
         return folder
 
-    def list_repo_files(self, repo_id, *, revision=None, **kw):
+    def model_info(self, repo_id, *, revision=None, **kw):
         if not self.reachable:
             raise OSError("no connection")
         src = self.root / repo_id.replace("/", "--")
-        return sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+        names = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+        return SimpleNamespace(id=repo_id, siblings=[SimpleNamespace(rfilename=n) for n in names])
 
     def snapshot_download(self, repo_id, *, revision=None, allow_patterns=None, local_files_only=False, **kw):
         self.calls.append({"repo_id": repo_id, "revision": revision, "allow_patterns": allow_patterns,
@@ -99,7 +101,7 @@ def hub(tmp_path, monkeypatch, no_network, home):
 
     fake = FakeHub(tmp_path / "hub", tmp_path / "hf-cache")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake.snapshot_download)
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", fake.list_repo_files)
+    monkeypatch.setattr(huggingface_hub, "model_info", fake.model_info)
     # pulls are what a user with internet runs: online for the fake hub, the sockets stay guarded
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     return fake
@@ -153,6 +155,29 @@ def test_the_real_hub_client_offline_gives_the_same_message(home, no_network):
     pytest.importorskip("huggingface_hub")
     with pytest.raises(ModelError, match=r"models pull acme/unseen.*models import DIR"):
         models.resolve_model("acme/unseen")
+
+
+def test_an_unreachable_hub_answers_at_once_without_the_clients_retries(home, no_network, monkeypatch, caplog):
+    """No DNS (a machine without internet that did not set HF_HUB_OFFLINE): the real client's
+    first request fails, and the carry message comes without its retry loop (about 20 s of
+    "Retrying in 8s" warnings with the repository-tree listing)."""
+    hub = pytest.importorskip("huggingface_hub")
+    import huggingface_hub.utils._http as hub_http
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    # (the no_network fixture's AssertionError is not what a client sees: it never retries on it)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(socket, "create_connection", no_dns)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    sleeps: list[float] = []
+    monkeypatch.setattr(hub_http.time, "sleep", sleeps.append)
+    with pytest.raises(ModelError, match=r"the hub cannot be reached; .*models pull acme/unseen.*models import DIR"):
+        models.resolve_model("acme/unseen")
+    assert sleeps == []
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
 
 
 def test_bad_ids_are_refused(home, no_network):

@@ -72,7 +72,7 @@ def test_import_ingest_search_and_serve_with_the_network_disabled(tmp_path, monk
     hub = FakeHub(tmp_path / "hub", tmp_path / "hf-cache")
     hub.add("acme/tiny-clip", {p.name: p.read_bytes() for p in tiny.iterdir() if p.is_file()})
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", hub.list_repo_files)
+    monkeypatch.setattr(huggingface_hub, "model_info", hub.model_info)
 
     # --- the machine with internet: pull and export (derived files made in the test run's model cache)
     monkeypatch.setenv("STAIR_ES_HOME", str(tmp_path / "online"))
