@@ -10,6 +10,7 @@ This module must not know about any particular model or backend.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from abc import ABC
 from importlib import import_module
@@ -130,7 +131,25 @@ def get_encoder(name: str = "default", **options: Any) -> Encoder:
     if isinstance(target, str):
         module, _, attr = target.partition(":")
         target = getattr(import_module(module), attr)
+    _check_option_names(name, target, options)
     return target(**options)
+
+
+def _check_option_names(name: str, factory: Callable[..., Encoder], options: dict[str, Any]) -> None:
+    """Refuse an option the factory's signature does not take, listing the ones it does (a
+    factory taking ``**options`` checks its own, see :mod:`stair_es.encoders.options`): a typo in
+    ``--encoder-option`` is the user's mistake, not a TypeError from deep inside."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: let it judge its options
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise InvalidInputError(f"the {name!r} encoder does not take the option{'s' * (len(unknown) > 1)} "
+                                f"{', '.join(unknown)}; its options are {', '.join(valid)}")
 
 
 def shares_vector(shares: dict[str, float], vocab: Vocabulary, scale: float = 10.0) -> SparseVector:

@@ -250,6 +250,17 @@ def test_splade_unknown_option_names_the_valid_ones():
         get_encoder("splade", model="splade-tiny", query_idf=True)  # the default encoder's name for idf
 
 
+@pytest.mark.parametrize("name, typo, listed", [("bow", "K1", "stopwords, k1, vocab"),
+                                                 ("vdr", "topk", "model, top_k, min_weight, runtime")])
+def test_an_option_an_encoder_does_not_take_is_named_with_the_ones_it_does(run, name, typo, listed):
+    """Encoders whose constructors list their options (no ``**options``) answer a typo in
+    ``--encoder-option`` as the others do, instead of an internal TypeError."""
+    result = run("encode", "--text", "a red square", "--encoder", name, "--encoder-option", f"{typo}=5")
+    assert result.exit_code == 2, result.output
+    assert f"the {name!r} encoder does not take the option {typo}; its options are " in result.output
+    assert listed in result.output and "internal error" not in result.output
+
+
 # --- the real offline SPLADE-tiny -----------------------------------------------------------------
 @pytest.fixture(scope="session")
 def splade_tiny():
