@@ -57,8 +57,17 @@ def test_json_config_and_default_location(tmp_path, monkeypatch):
     d.mkdir(parents=True)
     (d / "config.toml").write_text('url = "http://home:9200"\n')
     assert ClusterConfig.resolve("elasticsearch").urls == ["http://home:9200"]
-    with pytest.raises(InvalidInputError, match="does not exist"):
+    with pytest.raises(InvalidInputError, match="does not exist; give the path of a TOML or JSON file"):
         ClusterConfig.resolve("elasticsearch", tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("name, text, where", [("c.toml", 'url = "http://h:9200"\napi_key = s3cr3t-key\n', "line 2 column 11"),
+                                               ("c.json", '{"url": "http://h:9200",\n "api_key": s3cr3t-key}', "line 2 column 13")])
+def test_a_config_file_that_does_not_parse_says_where_but_not_what(tmp_path, name, text, where):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InvalidInputError, match=f"Error at {where}\\); check its syntax") as e:
+        ClusterConfig.resolve("elasticsearch", tmp_path / name)
+    assert "s3cr3t" not in str(e.value)
 
 
 def test_bad_settings_are_input_errors():

@@ -76,7 +76,7 @@ def test_round_trip_search_explain_get(fake):
 def test_index_errors(fake):
     b = backend(fake)
     b.create_index("a", IndexSchema())
-    with pytest.raises(IndexExistsError):
+    with pytest.raises(IndexExistsError, match="already exists on http://.*; delete it first or pick another name"):
         b.create_index("a", IndexSchema())
     b.create_index("a", IndexSchema(), exist_ok=True)
     with pytest.raises(IncompatibleIndexError):
@@ -84,8 +84,14 @@ def test_index_errors(fake):
     b.adapter.request(b.client, "PUT", "/theirs", {"mappings": {"properties": {"x": {"type": "keyword"}}}})
     with pytest.raises(IncompatibleIndexError, match="not created by stair_es"):
         b.search("theirs", SearchRequest([SparseClause("image", SparseVector.from_token_map({"dog": 1.0}))]))
-    with pytest.raises(IndexNotFoundError):
+    # a missing index says how to make it, whichever request found it missing
+    make_it = r"index 'missing' does not exist on http://\S+; create it with `stair-es ingest missing SOURCE` or `stair-es index create missing`"
+    with pytest.raises(IndexNotFoundError, match=make_it):
         b.ingest("missing", corpus(1))
+    with pytest.raises(IndexNotFoundError, match=make_it):
+        b.index_info("missing")
+    with pytest.raises(IndexNotFoundError, match=make_it):
+        b.delete_index("missing")
     with pytest.raises(InvalidInputError, match="invalid index name"):
         b.create_index("Bad Name", IndexSchema())
 

@@ -6,7 +6,7 @@ import pytest
 
 from stair_es.backends.elasticsearch import mapping, query_dsl
 from stair_es.backends.cluster.translate import translate
-from stair_es.errors import InvalidInputError
+from stair_es.errors import BackendError, InvalidInputError
 from stair_es.query import HasTokens, Not, Range, SearchRequest, SparseClause, Term, Terms, parse_token_expression
 from stair_es.schema import IndexSchema
 from stair_es.sparse import SparseVector
@@ -106,3 +106,5 @@ def test_sparse_vector_mappings():
     assert dense["mappings"]["properties"]["dense"]["dimension"] == 8 and dense["settings"]["index"]["knn"] is True
     with pytest.raises(InvalidInputError):
         mapping("opensearch", "rank_features", SCHEMA, prune=True)
+    with pytest.raises(BackendError, match=r"Elasticsearch 8\.15\.0 has no index-time pruning .*; leave prune off"):
+        mapping("elasticsearch", "sparse_vector", SCHEMA, prune=True, version=(8, 15, 0))

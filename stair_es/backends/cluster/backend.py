@@ -127,7 +127,8 @@ class ClusterBackend(ClusterHybrid, SearchBackend):
             kind, status, reason = self.adapter.classify(e)
             if status == 400 and "already_exists" in reason + str(getattr(e, "error", "")) + repr(e):
                 if not exist_ok:
-                    raise IndexExistsError(f"index {index!r} already exists on {self.config.display_urls}") from None
+                    raise IndexExistsError(f"index {index!r} already exists on {self.config.display_urls}; delete it "
+                                           "first or pick another name") from None
                 meta = self._meta(index, fresh=True)
                 if tuple(meta.schema.sparse_fields) != tuple(schema.sparse_fields):
                     raise IncompatibleIndexError(

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -219,14 +220,18 @@ def _read_config_file(engine: str, path: str | os.PathLike | None) -> dict[str, 
     p = Path(path).expanduser() if explicit else DEFAULT_CONFIG.expanduser()
     if not p.exists():
         if explicit:
-            raise InvalidInputError(f"config file {str(p)!r} does not exist")
+            raise InvalidInputError(f"config file {str(p)!r} does not exist; give the path of a TOML or JSON file "
+                                    f"of connection settings, or leave --config out to use {DEFAULT_CONFIG} when it exists")
         return {}
     parser = json if p.suffix.lower() == ".json" else _toml(p)
     try:
         data = parser.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        # the message of a parse error can quote the line, which may hold a secret: keep only its type
-        raise InvalidInputError(f"cannot read config file {str(p)!r} ({type(e).__name__}); check its syntax") from None
+        # the message of a parse error can quote the line, which may hold a secret: keep only its
+        # type and where it is
+        where = re.search(r"line \d+,? column \d+", str(e)) if isinstance(e, ValueError) else None
+        at = f" at {where.group(0).replace(',', '')}" if where else ""
+        raise InvalidInputError(f"cannot read config file {str(p)!r} ({type(e).__name__}{at}); check its syntax") from None
     if not isinstance(data, dict):
         raise InvalidInputError(f"config file {str(p)!r} must hold a table/object of settings")
     out = {k: v for k, v in data.items() if not isinstance(v, dict)}

@@ -64,7 +64,8 @@ def mapping(engine: str = "elasticsearch", field_type: str = "rank_features", sc
         props.pop(name, None)
     if engine == "elasticsearch" and field_type == "sparse_vector" and version is not None and not _es_has_index_options(version):
         if prune:
-            raise BackendError(f"Elasticsearch {'.'.join(map(str, version))} has no index-time pruning option (8.19 / 9.1+)")
+            raise BackendError(f"Elasticsearch {'.'.join(map(str, version))} has no index-time pruning option (8.19 / 9.1+); "
+                               "leave prune off (sparse_vector without pruning is exact) or upgrade the cluster")
         template = {k: v for k, v in template.items() if k != "index_options"}
     for name in schema.sparse_fields:
         props[name] = json.loads(json.dumps(template))
@@ -113,10 +114,17 @@ class IndexMeta:
     has_dense: bool = False  # the mapping has the dense vector field
 
 
+def index_not_found(index: str, where: str) -> IndexNotFoundError:
+    """The error for an index the cluster at ``where`` does not have, with the way to make it."""
+    return IndexNotFoundError(f"index {index!r} does not exist on {where}; create it with `stair-es ingest {index} "
+                              f"SOURCE` or `stair-es index create {index}` (same --backend and --url), or see "
+                              "`stair-es index list`")
+
+
 def index_meta(engine: str, index: str, res: Any, where: str) -> IndexMeta:
     """Read the :class:`IndexMeta` from a ``GET <index>/_mapping`` response (``where``: the cluster, for errors)."""
     if not isinstance(res, Mapping) or not res:
-        raise IndexNotFoundError(f"index {index!r} does not exist on {where}")
+        raise index_not_found(index, where)
     # an alias resolves to the concrete index name: take the single entry
     mappings = next(iter(res.values())).get("mappings", {})
     raw = (mappings.get("_meta") or {}).get(META_KEY)

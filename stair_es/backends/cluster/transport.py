@@ -15,8 +15,9 @@ import importlib
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ...errors import BackendError, ConnectionFailedError, IndexNotFoundError, MissingDependencyError, StairError
+from ...errors import BackendError, ConnectionFailedError, MissingDependencyError, StairError
 from .config import BulkPolicy, ClusterConfig
+from .mapping import index_not_found
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Transport:
         if status == 403:
             return BackendError(f"{label} at {where}: {self.config.auth_kind} is not allowed to {action}: {reason}")
         if status == 404 and index is not None:
-            return IndexNotFoundError(f"index {index!r} does not exist on {where}")
+            return index_not_found(index, where)
         if status == 400 and "compatib" in reason.lower():
             return BackendError(
                 f"{label} at {where} refused the client's API version ({reason}); install the client matching "
