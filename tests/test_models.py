@@ -180,6 +180,21 @@ def test_an_unreachable_hub_answers_at_once_without_the_clients_retries(home, no
     assert not [r for r in caplog.records if "Retry" in r.getMessage()]
 
 
+def test_a_revision_not_in_the_store_offline_names_it_and_what_the_store_has(hub, monkeypatch):
+    """An index built elsewhere with another commit: the answer names the revision asked for,
+    the ones installed here, and carries that revision in its pull and export commands."""
+    hub.add("acme/tiny", TINY)
+    models.pull("acme/tiny")
+    shutil.rmtree(hub.cache)  # (the fake cache answers any revision with what it holds)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError) as e:
+        models.resolve_model("acme/tiny@abcdef0")
+    message = str(e.value)
+    assert message.startswith(f"cannot get model acme/tiny at revision abcdef0 (the store has it at {COMMIT[:12]} only")
+    assert "`stair-es models pull acme/tiny --revision abcdef0`" in message
+    assert "`stair-es models export acme/tiny@abcdef0 DIR`" in message
+
+
 def test_bad_ids_are_refused(home, no_network):
     for bad in ("a/b/c", "../x", "a--b/c"):
         with pytest.raises((InvalidInputError, ModelError)):

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from ..errors import InvalidInputError, ModelError, optional_import
 from .catalog import DEFAULT_PATTERNS, catalog_entry
 from .store import (HEX40, HEX64, NOT_WEIGHTS, WEIGHT_SUFFIXES, InstallLock, Progress, StoreEntry, byte_bar, carry_hint,
-                    check_id, check_present, check_revision, clear_stale, commit_entry, copy_hashing, entry_meta,
+                    check_id, check_present, check_revision, clear_stale, commit_entry, copy_hashing, entries, entry_meta,
                     find_entry, hash_file, now_utc, offline, os_errors, split_model, tmp_dir, walk_files)
 
 def resolve_model(model: str, *, kind: str | None = None) -> Path:
@@ -73,15 +73,16 @@ def _link_or_copy(src: Path, dst: Path, progress: Progress | None = None) -> str
 
 
 # --- pull ---------------------------------------------------------------------------------------------
-def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_only: bool) -> Path:
-    """``huggingface_hub.snapshot_download`` into the Hugging Face cache (which resumes partial files)."""
+def _snapshot(model_id: str, revision: str, patterns: Iterable[str], *, local_only: bool, asked: str | None) -> Path:
+    """``huggingface_hub.snapshot_download`` into the Hugging Face cache (which resumes partial files);
+    ``asked``: the revision the user named, if any (for the error)."""
     hub = optional_import("huggingface_hub", f"pulling {model_id!r} from the Hugging Face hub", "encoders",
                           "huggingface-hub")
     try:
         return Path(hub.snapshot_download(model_id, revision=revision, allow_patterns=list(patterns),
                                       local_files_only=local_only))
     except Exception as e:  # the hub client raises many types
-        raise ModelError(_download_failure(model_id, e, local_only)) from None
+        raise ModelError(_download_failure(model_id, e, local_only, asked)) from None
 
 
 def _prefer_safetensors(model_id: str, revision: str, patterns: list[str]) -> list[str]:
@@ -104,7 +105,7 @@ def _prefer_safetensors(model_id: str, revision: str, patterns: list[str]) -> li
     return patterns
 
 
-def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
+def _download_failure(model_id: str, e: BaseException, local_only: bool, revision: str | None = None) -> str:
     name = type(e).__name__
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
         return (f"the hub has no model {model_id!r} this machine may read (check the id, or for a gated model "
@@ -112,7 +113,11 @@ def _download_failure(model_id: str, e: BaseException, local_only: bool) -> str:
     if name == "RevisionNotFoundError":
         return f"the hub has no such revision of {model_id!r}; check --revision"
     why = "offline (HF_HUB_OFFLINE/STAIR_ES_OFFLINE is set)" if local_only else "the hub cannot be reached"
-    return f"cannot get model {model_id}: {why}; {carry_hint(model_id)}"
+    what = f"{model_id} at revision {revision}" if revision else model_id
+    held = [entry.revision[:12] for entry in entries(model_id)]
+    # a model in the store at another revision than the one asked for (an index built elsewhere)
+    other = f" (the store has it at {', '.join(held)} only: `stair-es models list`)" if revision and held else ""
+    return f"cannot get model {what}{other}: {why}; {carry_hint(model_id, revision)}"
 
 
 @os_errors("pulling the model")
@@ -136,7 +141,7 @@ def pull(model_id: str, *, revision: str | None = None, kind: str | None = None,
     patterns = list(known.patterns if known else DEFAULT_PATTERNS)
     if not local_only:
         patterns = _prefer_safetensors(model_id, requested, patterns)
-    snapshot = _snapshot(model_id, requested, patterns, local_only=local_only)
+    snapshot = _snapshot(model_id, requested, patterns, local_only=local_only, asked=revision)
     commit = snapshot.name if HEX40.match(snapshot.name) else requested
     with InstallLock(model_id):
         existing = find_entry(model_id, commit)  # already there, or another process finished meanwhile

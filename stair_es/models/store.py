@@ -218,9 +218,11 @@ def files_digest(files: dict[str, dict[str, Any]]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def carry_hint(model_id: str) -> str:
-    return (f"on a machine with internet run `stair-es models pull {model_id}` and "
-            f"`stair-es models export {model_id} DIR`, then `stair-es models import DIR` here")
+def carry_hint(model_id: str, revision: str | None = None) -> str:
+    """How to carry ``model_id`` (at ``revision`` when one was asked for) into this machine."""
+    pull_rev, export_id = (f" --revision {revision}", f"{model_id}@{revision}") if revision else ("", model_id)
+    return (f"on a machine with internet run `stair-es models pull {model_id}{pull_rev}` and "
+            f"`stair-es models export {export_id} DIR`, then `stair-es models import DIR` here")
 
 
 # --- hashing and copying -------------------------------------------------------------------------
