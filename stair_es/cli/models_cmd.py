@@ -55,7 +55,8 @@ def list_cmd(as_json: bool) -> None:
 
 @models_group.command("pull")
 @click.argument("model_id", metavar="ID")
-@click.option("--revision", help="Branch, tag or commit to pull (default: the catalog's pinned revision, else main).")
+@click.option("--revision", help="Branch, tag or commit to pull (default: the 'pull revision' of `models list` "
+                                 "for a catalog model, else main).")
 @click.option("--encoder", "kind", help="Encoder the model is for, for ids not in the catalog (e.g. vdr, clip-vocab).")
 @click.option("--refresh", is_flag=True,
               help="Ask the hub what the revision (a branch such as main) points at now and pull that commit if it "
