@@ -22,6 +22,7 @@ from ..errors import EncoderVersionError, InvalidInputError, ModelError, Unknown
 from ..plugins import entry_points
 from ..sparse import SparseVector
 from ..vocab import Vocabulary, default_vocabulary
+from .options import refuse_unknown
 
 
 class Encoder(ABC):
@@ -145,11 +146,7 @@ def _check_option_names(name: str, factory: Callable[..., Encoder], options: dic
         return
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return
-    valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = [k for k in options if k not in valid]
-    if unknown:
-        raise InvalidInputError(f"the {name!r} encoder does not take the option{'s' * (len(unknown) > 1)} "
-                                f"{', '.join(unknown)}; its options are {', '.join(valid)}")
+    refuse_unknown(options, [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)], name)
 
 
 def shares_vector(shares: dict[str, float], vocab: Vocabulary, scale: float = 10.0) -> SparseVector:

@@ -18,6 +18,15 @@ from ..errors import InvalidInputError
 _O = TypeVar("_O", bound="EncoderOptions")
 
 
+def refuse_unknown(options: dict[str, Any], valid: list[str], encoder: str) -> None:
+    """An InvalidInputError naming ``encoder``, the names in ``options`` it does not take and the
+    ``valid`` ones, when there are any."""
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise InvalidInputError(f"the {encoder!r} encoder does not take the option{'s' * (len(unknown) > 1)} "
+                                f"{', '.join(unknown)}; its options are {', '.join(valid)}")
+
+
 class EncoderOptions:
     """Base of the per-encoder option dataclasses (subclasses are ``@dataclass``es)."""
 
@@ -28,9 +37,5 @@ class EncoderOptions:
     def from_kwargs(cls: type[_O], options: dict[str, Any], encoder: str) -> _O:
         """The options named in ``options``, the defaults for the rest; an InvalidInputError
         naming ``encoder`` and listing the valid names when one is unknown."""
-        valid = [*cls.positional, *(f.name for f in fields(cls))]  # type: ignore[arg-type]
-        unknown = [k for k in options if k not in valid]
-        if unknown:
-            raise InvalidInputError(f"the {encoder!r} encoder does not take the option{'s' * (len(unknown) > 1)} "
-                                    f"{', '.join(unknown)}; its options are {', '.join(valid)}")
+        refuse_unknown(options, [*cls.positional, *(f.name for f in fields(cls))], encoder)  # type: ignore[arg-type]
         return cls(**options)
