@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -62,7 +63,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInputError
 from .errors import RequestTimeoutError, ServerBusyError
-from .inbox import Inboxes
+from .inbox import Inboxes, submit
 
 
 if sys.version_info >= (3, 11):
@@ -399,24 +400,20 @@ class Admission:
             deadline = self.deadline()
             await self._slot(deadline, t0, kind)
             loop = asyncio.get_running_loop()
-            job, hand, started = loop.create_future(), self._inboxes.hand(loop), time.monotonic()
+            job, started, spent = loop.create_future(), time.monotonic(), [0.0, 0.0]
 
-            def call() -> None:  # on a worker thread: its end goes to the loop in one hand-over (.inbox)
+            def timed() -> Any:  # on a worker thread: its service time and its waits for a core, for _ended
                 w0 = cpu_wait_s()
                 try:
-                    out, err = fn(*args), None
-                except BaseException as e:  # noqa: BLE001 - this request's error, for its caller
-                    out, err = None, e
-                hand(self._finished, job, out, err, time.monotonic() - started, cpu_wait_s() - w0, kind)
+                    return fn(*args)
+                finally:
+                    spent[:] = [time.monotonic() - started, cpu_wait_s() - w0]
 
             try:
-                cf = self._pool.submit(call)
+                submit(self._pool, self._inboxes.hand(loop), job, timed, ended=functools.partial(self._ended, spent, kind))
             except BaseException:
                 self._free()
                 raise
-            # cancelled before it ran (the pool shut down): the slot is freed and the caller told
-            cf.add_done_callback(lambda f: f.cancelled() and hand(self._finished, job, None, asyncio.CancelledError(),
-                                                                  None, 0.0, kind))
             if deadline is None:
                 return await job
             try:
@@ -427,21 +424,12 @@ class Admission:
         finally:
             self.leave()
 
-    def _finished(self, job: asyncio.Future, out: Any, err: BaseException | None, took: float | None,
-                  cpu_wait: float, kind: str) -> None:
-        """On the loop: a worker's job ended (``took`` None: it never ran); its slot goes to the next
-        in line and its caller, if still waiting, gets ``out`` or ``err``."""
-        if took is not None:
-            self.observe(took, kind, cpu_wait)
+    def _ended(self, spent: list[float], kind: str, ran: bool) -> None:
+        """On the loop: a worker's job ended (``ran`` False: the pool dropped it); its time is
+        counted and its slot goes to the next in line."""
+        if ran:
+            self.observe(spent[0], kind, spent[1])
         self._free()
-        if job.done():  # the caller went away (the client left)
-            return
-        if err is None:
-            job.set_result(out)
-        elif isinstance(err, asyncio.CancelledError):  # it never ran: the pool shut down
-            job.cancel()
-        else:
-            job.set_exception(err)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

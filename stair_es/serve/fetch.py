@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import http.client
 import ipaddress
 import socket
@@ -41,6 +42,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..errors import ImageError, InvalidInputError
 from .errors import ServerBusyError
+from .inbox import Inboxes, submit
 
 MAX_REDIRECTS = 5
 
@@ -321,6 +323,7 @@ class UrlFetcher:
         self.allow_private = bool(allow_private)
         self._slots: asyncio.Semaphore | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.max_fetches, thread_name_prefix="stair-es-url-fetch")
+        self._inboxes = Inboxes()  # how the fetches' bytes reach the event loop
         self.in_progress = 0
 
     async def fetch(self, url: str) -> bytes:
@@ -337,14 +340,14 @@ class UrlFetcher:
         self.in_progress += 1
         left = max(0.001, self.timeout - (time.monotonic() - t0))
         loop = asyncio.get_running_loop()
-
-        def done(_f) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(self._release)
-
-        cf = self._pool.submit(fetch_blocking, url, self.max_bytes, left, self.timeout, allow_private=self.allow_private)
-        cf.add_done_callback(done)  # the slot is free when the thread is, not before
-        job = asyncio.wrap_future(cf)
+        job = loop.create_future()
+        try:  # the slot is free when the thread is, not before
+            submit(self._pool, self._inboxes.hand(loop), job, functools.partial(
+                fetch_blocking, url, self.max_bytes, left, self.timeout, allow_private=self.allow_private),
+                ended=lambda ran: self._release())
+        except BaseException:
+            self._release()
+            raise
         try:
             return await asyncio.wait_for(asyncio.shield(job), left + 1.0)
         except asyncio.TimeoutError:  # the thread keeps its own deadline; this is a backstop (DNS)
@@ -358,3 +361,4 @@ class UrlFetcher:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._inboxes.close()

@@ -11,6 +11,9 @@ loop has not been woken since its last drain, writes a byte to a pipe with ``os.
 lets the GIL go during the call; the loop reads the pipe (``add_reader``) and runs every call
 waiting, in order.
 
+:func:`submit` runs a call on a thread pool with its end handed over that way (the worker pool of
+:mod:`.admission`, the URL fetches of :mod:`.fetch`).
+
 This module knows asyncio and nothing of what is handed over.
 """
 
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
+from concurrent.futures import Executor
 from typing import Any, Callable
 
 
@@ -122,3 +126,33 @@ class Inboxes:
         for inbox in self._by_loop.values():
             if inbox is not None:
                 inbox.close()
+
+
+def submit(pool: Executor, hand: Callable[..., None], job: asyncio.Future, fn: Callable[..., Any], *args: Any,
+           ended: Callable[[bool], None]) -> None:
+    """``fn(*args)`` on ``pool``; its end reaches ``job``'s loop in one hand-over (``hand``, from
+    :meth:`Inboxes.hand`), where ``ended(True)`` runs first (a slot freed, a time counted), then
+    ``job`` gets the result or the error, unless its caller has gone. A call the pool drops before
+    it runs (shut down) gives ``ended(False)`` and a cancelled ``job``. Raises what
+    ``pool.submit`` raises (a pool shut down already), with nothing run."""
+    def call() -> None:
+        try:
+            out, err = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 - the caller's error, raised in the caller
+            out, err = None, e
+        hand(_end, job, out, err, ended, True)
+
+    pool.submit(call).add_done_callback(
+        lambda f: f.cancelled() and hand(_end, job, None, asyncio.CancelledError(), ended, False))
+
+
+def _end(job: asyncio.Future, out: Any, err: BaseException | None, ended: Callable[[bool], None], ran: bool) -> None:
+    ended(ran)
+    if job.done():  # the caller went away (the client left, its deadline passed)
+        return
+    if err is None:
+        job.set_result(out)
+    elif isinstance(err, asyncio.CancelledError):  # it never ran
+        job.cancel()
+    else:
+        job.set_exception(err)
